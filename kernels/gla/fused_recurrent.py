@@ -1,0 +1,107 @@
+"""Fused recurrent GLA: the recurrence in one Triton kernel, state kept in registers.
+
+One program owns one (batch, head, V-tile): it loads the [K, BV] fp32 state tile once,
+walks the T tokens in order (decay, rank-1 update, read-out), and writes the state back
+once. With T = 1 this is the decode step: one HBM read and one write of the state.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common import INTERPRET
+from .naive import check_gla_inputs
+
+if INTERPRET:
+    _CONFIGS = [triton.Config({"BV": 32}, num_warps=4)]
+else:
+    _CONFIGS = [triton.Config({"BV": bv}, num_warps=w) for bv in (16, 32, 64) for w in (2, 4, 8)]
+
+
+def _prune(configs, named_args, **kwargs):
+    # Keep the state tile at <= 128 fp32 registers per thread, and BV no wider than V needs.
+    BK, V = kwargs.get("BK", named_args.get("BK")), named_args["V"]
+    keep = [c for c in configs
+            if BK * c.kwargs["BV"] <= 128 * 32 * c.num_warps and c.kwargs["BV"] <= max(16, triton.next_power_of_2(V))]
+    return keep or configs[:1]
+
+
+@triton.autotune(configs=_CONFIGS, key=["BK", "V", "NBH", "T_ONE"], prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def _fused_recurrent_gla_kernel(
+    q, k, v, gk, o, h0, ht, scale,
+    T, H, K: tl.constexpr, V: tl.constexpr, NBH, T_ONE,
+    BK: tl.constexpr, BV: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_h = m_k[:, None] & m_v[None, :]
+
+    # the [BK, BV] state tile: fp32, in registers for the whole sequence
+    p_h = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
+    if USE_H0:
+        b_h = tl.load(h0 + p_h, mask=m_h, other=0.0)
+    else:
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+
+    # token t of (b, h) lives at ((b*T + t)*H + h)*D in the [B, T, H, D] layout
+    base_k = (i_b * T * H + i_h) * K
+    base_v = (i_b * T * H + i_h) * V
+    for t in range(0, T):
+        b_q = tl.load(q + base_k + o_k, mask=m_k, other=0.0).to(tl.float32) * scale
+        b_k = tl.load(k + base_k + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_g = tl.load(gk + base_k + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_v = tl.load(v + base_v + o_v, mask=m_v, other=0.0).to(tl.float32)
+        # S = Diag(exp(gk)) S + k v^T ; gk <= 0 so exp never overflows
+        b_h = b_h * tl.exp(b_g)[:, None] + b_k[:, None] * b_v[None, :]
+        # o = S^T (q * scale): a reduction over the key axis
+        b_o = tl.sum(b_h * b_q[:, None], axis=0)
+        tl.store(o + base_v + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+        base_k += H * K
+        base_v += H * V
+
+    if STORE_HT:
+        tl.store(ht + p_h, b_h, mask=m_h)
+
+
+def fused_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False):
+    """Fused recurrent GLA forward (Triton); with T = 1 it is the decode step.
+
+    q, k, gk: [B, T, H, K]; v: [B, T, H, V]; gk = log of the per-channel decay (<= 0,
+    not checked: that would need a GPU sync). Any float dtype; math and state in fp32.
+    scale defaults to K**-0.5. initial_state / final state: fp32 [B, H, K, V].
+    Returns (o [B, T, H, V] in v's dtype, final_state fp32 [B, H, K, V] or None).
+
+        >>> q, k, v, gk = torch.randn(4, 1, 1, 32, 128, device="cuda").unbind(0)
+        >>> S = torch.zeros(1, 32, 128, 128, device="cuda")
+        >>> o, S = fused_recurrent_gla(q, k, v, -gk.abs(), initial_state=S, output_final_state=True)
+    """
+    B, T, H, K, V, scale = check_gla_inputs(q, k, v, gk, scale, initial_state)
+    if not q.is_contiguous():
+        q = q.contiguous()
+    if not k.is_contiguous():
+        k = k.contiguous()
+    if not v.is_contiguous():
+        v = v.contiguous()
+    if not gk.is_contiguous():
+        gk = gk.contiguous()
+    if initial_state is not None and not initial_state.is_contiguous():
+        initial_state = initial_state.contiguous()
+    o = torch.empty_like(v)
+    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    BK = max(16, triton.next_power_of_2(K))
+
+    def grid(meta):
+        return (triton.cdiv(V, meta["BV"]), B * H)
+
+    _fused_recurrent_gla_kernel[grid](
+        q, k, v, gk, o, initial_state, ht, scale,
+        T, H, K, V, B * H, 1 if T == 1 else 2,
+        BK=BK, USE_H0=initial_state is not None, STORE_HT=output_final_state,
+    )
+    return o, ht

@@ -1,0 +1,151 @@
+"""The book's one figure: a results table drawn the same way in every chapter.
+
+Log-2 length axis, one line per provider with a colour fixed per provider (the
+book's own kernels always in the same blue), the roofline as a dashed grey line,
+and a title that names the GPU and the shape.
+"""
+from __future__ import annotations
+
+import itertools
+
+import matplotlib
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+BOOK_COLOR = "#1f5fbf"
+# Peers keep their colour across chapters, so a reader learns them once.
+PEER_COLORS = {
+    "SDPA flash": "#e6862e",
+    "SDPA cuDNN": "#2e9e5b",
+    "eager": "#9e9e9e",
+    "PyTorch": "#9e9e9e",
+    "fla": "#c0392b",
+    "FlashMLA": "#8e44ad",
+}
+_FALLBACK = ["#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#d62728"]
+BOOK_STYLES = ["-", "--", ":", "-."]
+UNITS = {"ms": "time (ms)", "us": "time (µs)", "tflops": "TFLOP/s", "gbps": "GB/s", "pct_roofline": "% of roofline"}
+
+matplotlib.rcParams.update({
+    "figure.dpi": 110, "savefig.dpi": 110, "axes.spines.top": False, "axes.spines.right": False,
+    "axes.grid": True, "grid.alpha": 0.3, "font.size": 10, "legend.frameon": False,
+})
+
+
+def is_book(provider: str) -> bool:
+    """The book's own kernels are labelled 'book' or 'book: <variant>'."""
+    return provider == "book" or provider.startswith("book:")
+
+
+def provider_style(providers) -> dict:
+    """provider -> (colour, linestyle, linewidth): book kernels blue and thick, peers fixed."""
+    style, fallback, book_ls = {}, itertools.cycle(_FALLBACK), itertools.cycle(BOOK_STYLES)
+    for p in providers:
+        if is_book(p):
+            style[p] = (BOOK_COLOR, next(book_ls), 2.4)
+        else:
+            base = next((c for k, c in PEER_COLORS.items() if p == k or p.startswith(k + " ")), None)
+            style[p] = (base or next(fallback), "-", 1.6)
+    return style
+
+
+def plot_results(df: pd.DataFrame, x: str = "N", y: str = "tflops", col: str | None = None,
+                 title: str = "", roofline: bool = True, logy: bool = False, xlabel: str | None = None):
+    """Draw `y` against `x` (log-2 axis), one line per provider, one panel per value of `col`.
+
+    df: a table from `kernels.bench.run_or_load` (its metadata names the GPU).
+    y: 'ms', 'us', 'tflops', 'gbps' or 'pct_roofline'. The roofline is drawn for ms/us,
+        tflops and gbps: the fastest any implementation could go for that shape.
+    Returns the matplotlib Figure (a notebook shows it as PNG).
+    """
+    data = df.copy()
+    data["us"] = data["ms"] * 1000
+    panels = sorted(data[col].unique(), key=str) if col else [None]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 3.8), squeeze=False, sharey=True)
+    providers = list(dict.fromkeys(data["provider"]))
+    styles = provider_style(providers)
+    for ax, value in zip(axes[0], panels):
+        part = data if col is None else data[data[col] == value]
+        for p in providers:
+            rows = part[part["provider"] == p].sort_values(x)
+            if rows[y].notna().any():
+                c, ls, lw = styles[p]
+                ax.plot(rows[x], rows[y], ls, color=c, lw=lw, marker="o", ms=3.5, label=p)
+        if roofline and y in ("ms", "us", "tflops", "gbps"):
+            ref = part.drop_duplicates(x).sort_values(x)
+            scale = {"ms": 1.0, "us": 1000.0}.get(y)
+            roof = ref["roofline_ms"] * scale if scale else ref[y] * ref["ms"] / ref["roofline_ms"]
+            if y in ("tflops", "gbps"):  # any row with a time gives the ceiling in y's units
+                timed = part[part["ms"].notna()].drop_duplicates(x).sort_values(x)
+                roof, ref = timed[y] * timed["ms"] / timed["roofline_ms"], timed
+            ax.plot(ref[x], roof, "--", color="#555555", lw=1.2, label="roofline")
+        ax.set_xscale("log", base=2)
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel or x)
+        if col:
+            ax.set_title(f"{col} = {value}", fontsize=10)
+    axes[0][0].set_ylabel(UNITS.get(y, y))
+    if y in ("tflops", "gbps", "pct_roofline") and not logy:
+        axes[0][0].set_ylim(bottom=0)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    gpu = df.attrs.get("meta", {}).get("gpu", "")
+    fig.suptitle(f"{title} — {gpu}" if gpu else title, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+class _Explorer:
+    """Widget plus static figure: the figure is a plain PNG output, so the rendered
+    (static) book shows it, while a live kernel also gets the controls."""
+
+    def __init__(self, widget):
+        self.widget = widget
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        bundle["text/plain"] = "Interactive explorer: run the notebook in Jupyter to use the controls."
+        return bundle
+
+
+def explore(df: pd.DataFrame, x: str = "N", title: str = "", filters: tuple[str, ...] = ()):
+    """Show the standard figure, then ipywidgets controls to change the metric and filters.
+
+    In the rendered HTML only the static figure appears (the widget needs a kernel).
+    """
+    import ipywidgets as w
+    from IPython.display import display
+
+    metrics = [m for m in ("tflops", "gbps", "ms", "pct_roofline") if df[m].notna().any()]
+    choices = {f: sorted(df[f].unique().tolist(), key=str) for f in filters}
+
+    def draw(metric, logy, **picked):
+        part = df
+        for f, v in picked.items():
+            part = part[part[f] == v]
+        part.attrs = df.attrs
+        plt.show(plot_results(part, x=x, y=metric, title=title, logy=logy))
+
+    first = {f: v[0] for f, v in choices.items()}
+    display(plot_results(_subset(df, first), x=x, y=metrics[0], title=title))
+    plt.close("all")
+    controls = {"metric": w.Dropdown(options=metrics, value=metrics[0]), "logy": w.Checkbox(value=False)}
+    controls.update({f: w.Dropdown(options=v, value=v[0]) for f, v in choices.items()})
+    out = w.interactive_output(draw, controls)
+    return _Explorer(w.VBox([w.HBox(list(controls.values())), out]))
+
+
+def _subset(df, picked):
+    part = df
+    for f, v in picked.items():
+        part = part[part[f] == v]
+    part = part.copy()
+    part.attrs = df.attrs
+    return part

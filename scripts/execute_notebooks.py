@@ -1,0 +1,48 @@
+"""Execute chapter notebooks in place (on the GPU box), printing progress per cell.
+
+    python scripts/execute_notebooks.py book/flash_attention.ipynb book/gla.ipynb
+
+Widget state is dropped after execution: the rendered book shows the static figures,
+and saved widget state would make the site load widget JavaScript from a CDN.
+Exit status 1 if any notebook raised; its partial outputs are still written, so the
+traceback can be read.
+"""
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+
+def execute(path: Path) -> bool:
+    nb = nbformat.read(path, as_version=4)
+    start = time.time()
+    n_code = sum(c.cell_type == "code" for c in nb.cells)
+    done = 0
+
+    def on_cell_executed(cell, cell_index, execute_reply):
+        nonlocal done
+        if cell.cell_type == "code":
+            done += 1
+            print(f"  {path.name}: cell {done}/{n_code} done at {time.time() - start:6.1f} s", flush=True)
+
+    client = NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
+                            on_cell_executed=on_cell_executed)
+    ok = True
+    try:
+        client.execute()
+    except CellExecutionError as e:
+        ok = False
+        print(f"{path}: FAILED\n{str(e)[-3000:]}", flush=True)
+    nb.metadata.pop("widgets", None)
+    nbformat.write(nb, path)
+    print(f"{path}: {'ok' if ok else 'error'} in {time.time() - start:.0f} s", flush=True)
+    return ok
+
+
+if __name__ == "__main__":
+    paths = [Path(p) for p in sys.argv[1:]] or sorted(Path("book").glob("*.ipynb"))
+    results = [execute(p) for p in paths]
+    sys.exit(0 if all(results) else 1)
