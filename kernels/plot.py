@@ -61,7 +61,7 @@ def plot_results(df: pd.DataFrame, x: str = "N", y: str = "tflops", col: str | N
     """
     data = df.copy()
     data["us"] = data["ms"] * 1000
-    panels = sorted(data[col].unique(), key=str) if col else [None]
+    panels = sorted(data[col].unique(), key=_order) if col else [None]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 3.8), squeeze=False, sharey=True)
     providers = list(dict.fromkeys(data["provider"]))
     styles = provider_style(providers)
@@ -124,7 +124,7 @@ def explore(df: pd.DataFrame, x: str = "N", title: str = "", filters: tuple[str,
     from IPython.display import display
 
     metrics = [m for m in ("tflops", "gbps", "ms", "pct_roofline") if df[m].notna().any()]
-    choices = {f: sorted(df[f].unique().tolist(), key=str) for f in filters}
+    choices = {f: sorted(df[f].unique().tolist(), key=_order) for f in filters}
 
     def draw(metric, logy, **picked):
         part = df
@@ -140,6 +140,11 @@ def explore(df: pd.DataFrame, x: str = "N", title: str = "", filters: tuple[str,
     controls.update({f: w.Dropdown(options=v, value=v[0]) for f, v in choices.items()})
     out = w.interactive_output(draw, controls)
     return _Explorer(w.VBox([w.HBox(list(controls.values())), out]))
+
+
+def _order(value):
+    """Numbers in numeric order, then strings: panels read 1, 32, 128, not 1, 128, 32."""
+    return (isinstance(value, str), value if not isinstance(value, str) else 0, str(value))
 
 
 def _subset(df, picked):

@@ -65,3 +65,41 @@ def attention_eager(q, k, v, causal=False, softmax_scale=None):
     if causal:
         s = s.masked_fill(~causal_mask(T, S, device=q.device), float("-inf"))
     return torch.einsum("bhts,bshd->bthd", torch.softmax(s, dim=-1), v)
+
+
+def online_softmax_steps(x: torch.Tensor, block: int):
+    """The online softmax on one row of scores, a block at a time (the forward kernel's inner
+    loop, without the V product). Returns (steps, p): steps is a list of dicts with the block's
+    scores, the running max m and running sum l after that block (l = sum exp(x_j - m) so far);
+    p = exp(x - m) / l is the softmax computed from the final (m, l) alone.
+
+    >>> steps, p = online_softmax_steps(torch.randn(12, dtype=torch.float64), block=4)
+    >>> torch.allclose(p, torch.softmax(x, 0))   # the block-wise result is the full softmax
+    """
+    m, l, steps = float("-inf"), 0.0, []
+    for start in range(0, x.numel(), block):
+        xb = x[start:start + block]
+        m_new = max(m, xb.max().item())
+        l = l * math.exp(m - m_new) + torch.exp(xb - m_new).sum().item()  # rescale the old sum
+        m = m_new
+        steps.append({"block": start // block, "scores": xb.tolist(), "m": m, "l": l})
+    return steps, torch.exp(x - m) / l
+
+
+def online_softmax_explorer(x: torch.Tensor, block: int):
+    """ipywidgets step-through of `online_softmax_steps`: a slider picks how many blocks have been
+    seen; it prints the running max and sum and the partial softmax they imply so far."""
+    import ipywidgets as w
+
+    steps, _ = online_softmax_steps(x, block)
+
+    def show(seen):
+        s = steps[seen - 1]
+        n = min(seen * block, x.numel())
+        partial = torch.exp(x[:n] - s["m"]) / s["l"]
+        print(f"after block {seen - 1}: m = {s['m']:.4f}, l = {s['l']:.4f}")
+        print("softmax over the keys seen so far:", " ".join(f"{p:.3f}" for p in partial.tolist()))
+        if seen == len(steps):
+            print("all blocks seen: equals torch.softmax(x):", torch.allclose(partial, torch.softmax(x, 0)))
+
+    return w.interact(show, seen=w.IntSlider(value=1, min=1, max=len(steps), description="blocks seen"))

@@ -1,0 +1,251 @@
+"""FlashAttention-2 backward in Triton: recompute P from Q, K and the saved log-sum-exp.
+
+Three launches:
+1. `_attn_bwd_preprocess`: delta_i = rowsum(dO_i * O_i), the softmax correction term.
+2. `_attn_bwd_dkdv_kernel`: one program per block of BN keys of one KV head. It keeps K, V,
+   dK, dV in registers and loops over the query blocks of *every* query head of its GQA group,
+   so the group's sum lands in dK/dV without atomics.
+3. `_attn_bwd_dq_kernel`: one program per block of BM queries; loops over key blocks like the
+   forward and accumulates dQ.
+With P = exp2(s * scale * log2e - lse), dP = dO Vᵀ, dS = P ∘ (dP - delta):
+dV = Pᵀ dO, dK = scale · dSᵀ Q, dQ = scale · dS K.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common import INTERPRET
+from .forward import LOG2E, SMEM_LIMIT, _key_ranges, length_bucket
+
+PRE_BM = 16 if INTERPRET else 64
+
+
+@triton.jit
+def _attn_bwd_preprocess(o, do, delta, stride_ob, stride_ot, stride_oh, stride_db, stride_dt, stride_dh,
+                         T, HQ, D: tl.constexpr, BM: tl.constexpr):
+    """delta[b, h, t] = sum_d dO[b, t, h, d] * O[b, t, h, d] (fp32)."""
+    i_m, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b = (i_bh // HQ).to(tl.int64)
+    i_h = i_bh % HQ
+    o_m = i_m * BM + tl.arange(0, BM)
+    o_d = tl.arange(0, D)
+    m_m = o_m < T
+    b_o = tl.load(o + i_b * stride_ob + i_h * stride_oh + o_m[:, None] * stride_ot + o_d[None, :],
+                  mask=m_m[:, None], other=0.0).to(tl.float32)
+    b_do = tl.load(do + i_b * stride_db + i_h * stride_dh + o_m[:, None] * stride_dt + o_d[None, :],
+                   mask=m_m[:, None], other=0.0).to(tl.float32)
+    tl.store(delta + i_bh.to(tl.int64) * T + o_m, tl.sum(b_o * b_do, 1), mask=m_m)
+
+
+# ---------------------------------------------------------------- dK, dV
+def _dkdv_configs():
+    if INTERPRET:
+        return [triton.Config({"BN": 32, "BM": 16}, num_warps=4, num_stages=1)]
+    pairs = [(128, 32), (128, 64), (64, 64), (64, 32), (32, 32)]  # (keys BN, queries BM)
+    return [triton.Config({"BN": bn, "BM": bm}, num_warps=w, num_stages=s)
+            for bn, bm in pairs for w in (4, 8) for s in ((2, 3, 4) if bm == 32 else (2, 3))]
+
+
+def _prune_dkdv(configs, nargs, **kw):
+    D, elt = kw["D"], nargs["q"].element_size()
+    keep = []
+    for c in configs:
+        bn, bm, st = c.kwargs["BN"], c.kwargs["BM"], c.num_stages
+        if D <= 128 and (bn, bm) in ((64, 32), (32, 32)):
+            continue  # small tiles only where big ones do not fit (D = 256)
+        if D > 128 and bn == 128:
+            continue
+        if (2 * bn * D + st * 2 * bm * D) * elt <= SMEM_LIMIT:  # K, V resident + pipelined Q, dO
+            keep.append(c)
+    return keep or [configs[-1]]
+
+
+@triton.jit
+def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_do0, p_lse0, p_delta0, stride_qt, stride_dt,
+                         o_n, o_d, lo, hi, T, shift, qk_scale, BM: tl.constexpr, MASKED: tl.constexpr):
+    """Visit query blocks [lo, hi) for one key block: recompute Pᵀ, accumulate dV and dK."""
+    o_mb = tl.arange(0, BM)
+    for i_m in range(lo, hi, BM):
+        o_m = i_m + o_mb
+        m_m = o_m < T  # rows past T load as zeros: they add nothing to dK, dV
+        b_q = tl.load(p_q0 + o_m[:, None] * stride_qt + o_d[None, :], mask=m_m[:, None], other=0.0)
+        b_lse = tl.load(p_lse0 + o_m, mask=m_m, other=0.0)
+        b_pT = tl.math.exp2(tl.dot(b_k, tl.trans(b_q)) * qk_scale - b_lse[None, :])  # [BN, BM]
+        if MASKED:  # causal diagonal: key j reaches query i iff j <= i + S - T
+            b_pT = tl.where(o_n[:, None] <= o_m[None, :] + shift, b_pT, 0.0)
+        b_do = tl.load(p_do0 + o_m[:, None] * stride_dt + o_d[None, :], mask=m_m[:, None], other=0.0)
+        b_dv = tl.dot(b_pT.to(b_do.dtype), b_do, b_dv)
+        b_delta = tl.load(p_delta0 + o_m, mask=m_m, other=0.0)
+        b_dpT = tl.dot(b_v, tl.trans(b_do))  # [BN, BM] = (dO Vᵀ)ᵀ
+        b_dsT = b_pT * (b_dpT - b_delta[None, :])
+        b_dk = tl.dot(b_dsT.to(b_q.dtype), b_q, b_dk)
+    return b_dk, b_dv
+
+
+@triton.autotune(configs=_dkdv_configs(), key=["D", "CAUSAL", "T_BUCKET", "S_BUCKET"],
+                 prune_configs_by={"early_config_prune": _prune_dkdv})
+@triton.jit
+def _attn_bwd_dkdv_kernel(q, k, v, do, dk, dv, lse, delta,
+                          stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
+                          stride_vb, stride_vs, stride_vh, stride_db, stride_dt, stride_dh,
+                          stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+                          T, S, HQ, HKV, GROUP, qk_scale, sm_scale, T_BUCKET, S_BUCKET,
+                          D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b = (i_bh // HKV).to(tl.int64)
+    i_hk = i_bh % HKV
+    n0 = i_n * BN
+    o_n = n0 + tl.arange(0, BN)
+    o_d = tl.arange(0, D)
+    m_n = o_n < S
+    b_k = tl.load(k + i_b * stride_kb + i_hk * stride_kh + o_n[:, None] * stride_ks + o_d[None, :],
+                  mask=m_n[:, None], other=0.0)
+    b_v = tl.load(v + i_b * stride_vb + i_hk * stride_vh + o_n[:, None] * stride_vs + o_d[None, :],
+                  mask=m_n[:, None], other=0.0)
+    b_dk = tl.zeros([BN, D], dtype=tl.float32)
+    b_dv = tl.zeros([BN, D], dtype=tl.float32)
+
+    shift = S - T
+    t_end = tl.cdiv(T, BM) * BM
+    if CAUSAL:
+        # rows below `lo` see none of these keys; rows from `full` on see all of them
+        lo = tl.maximum(n0 - shift, 0) // BM * BM
+        full = tl.minimum(tl.cdiv(tl.maximum(n0 + BN - 1 - shift, 0), BM) * BM, t_end)
+    else:
+        lo = 0
+        full = 0
+    for g in range(GROUP):  # every query head of this KV head's group: the GQA sum, no atomics
+        i_h = i_hk * GROUP + g
+        p_q0 = q + i_b * stride_qb + i_h * stride_qh
+        p_do0 = do + i_b * stride_db + i_h * stride_dh
+        p_lse0 = lse + (i_b * HQ + i_h) * T
+        p_delta0 = delta + (i_b * HQ + i_h) * T
+        if CAUSAL:
+            b_dk, b_dv = _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_do0, p_lse0, p_delta0, stride_qt,
+                                              stride_dt, o_n, o_d, lo, full, T, shift, qk_scale, BM, True)
+        b_dk, b_dv = _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_do0, p_lse0, p_delta0, stride_qt,
+                                          stride_dt, o_n, o_d, full, t_end, T, shift, qk_scale, BM, False)
+
+    p_dk = dk + i_b * stride_dkb + i_hk * stride_dkh + o_n[:, None] * stride_dks + o_d[None, :]
+    p_dv = dv + i_b * stride_dvb + i_hk * stride_dvh + o_n[:, None] * stride_dvs + o_d[None, :]
+    tl.store(p_dk, (b_dk * sm_scale).to(dk.dtype.element_ty), mask=m_n[:, None])
+    tl.store(p_dv, b_dv.to(dv.dtype.element_ty), mask=m_n[:, None])
+
+
+# ---------------------------------------------------------------- dQ
+def _dq_configs():
+    if INTERPRET:
+        return [triton.Config({"BM": 32, "BN": 16}, num_warps=4, num_stages=1)]
+    pairs = [(128, 32), (128, 64), (64, 64), (64, 32), (32, 32)]  # (queries BM, keys BN)
+    return [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
+            for bm, bn in pairs for w in (4, 8) for s in (2, 3)]
+
+
+def _prune_dq(configs, nargs, **kw):
+    D, elt = kw["D"], nargs["q"].element_size()
+    keep = []
+    for c in configs:
+        bm, bn, st = c.kwargs["BM"], c.kwargs["BN"], c.num_stages
+        if D <= 128 and (bm, bn) in ((64, 32), (32, 32)):
+            continue
+        if D > 128 and bm == 128:
+            continue
+        if (2 * bm * D + st * 2 * bn * D) * elt <= SMEM_LIMIT:  # Q, dO resident + pipelined K, V
+            keep.append(c)
+    return keep or [configs[-1]]
+
+
+@triton.jit
+def _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_ks, stride_vs, o_m, o_d,
+                       lo, hi, S, shift, qk_scale, BN: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """Visit key blocks [lo, hi) for one query block: recompute P, accumulate dQ (unscaled)."""
+    o_nb = tl.arange(0, BN)
+    for i_n in range(lo, hi, BN):
+        o_s = i_n + o_nb
+        p_k = p_k0 + o_s[:, None] * stride_ks + o_d[None, :]
+        p_v = p_v0 + o_s[:, None] * stride_vs + o_d[None, :]
+        if MASKED:
+            m_s = o_s < S
+            b_k = tl.load(p_k, mask=m_s[:, None], other=0.0)
+            b_v = tl.load(p_v, mask=m_s[:, None], other=0.0)
+        else:
+            b_k = tl.load(p_k)
+            b_v = tl.load(p_v)
+        b_p = tl.math.exp2(tl.dot(b_q, tl.trans(b_k)) * qk_scale - b_lse[:, None])  # [BM, BN]
+        if MASKED:
+            keep = m_s[None, :]
+            if CAUSAL:
+                keep = keep & (o_s[None, :] <= o_m[:, None] + shift)
+            b_p = tl.where(keep, b_p, 0.0)
+        b_dp = tl.dot(b_do, tl.trans(b_v))
+        b_ds = b_p * (b_dp - b_delta[:, None])
+        b_dq = tl.dot(b_ds.to(b_k.dtype), b_k, b_dq)
+    return b_dq
+
+
+@triton.autotune(configs=_dq_configs(), key=["D", "CAUSAL", "T_BUCKET", "S_BUCKET"],
+                 prune_configs_by={"early_config_prune": _prune_dq})
+@triton.jit
+def _attn_bwd_dq_kernel(q, k, v, do, dq, lse, delta,
+                        stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
+                        stride_vb, stride_vs, stride_vh, stride_db, stride_dt, stride_dh,
+                        stride_dqb, stride_dqt, stride_dqh,
+                        T, S, HQ, GROUP, qk_scale, sm_scale, T_BUCKET, S_BUCKET,
+                        D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    i_m = tl.program_id(0)
+    if CAUSAL:
+        i_m = tl.num_programs(0) - 1 - i_m
+    i_bh = tl.program_id(1)
+    i_b = (i_bh // HQ).to(tl.int64)
+    i_h = i_bh % HQ
+    i_hk = i_h // GROUP
+    o_m = i_m * BM + tl.arange(0, BM)
+    o_d = tl.arange(0, D)
+    m_m = o_m < T
+    b_q = tl.load(q + i_b * stride_qb + i_h * stride_qh + o_m[:, None] * stride_qt + o_d[None, :],
+                  mask=m_m[:, None], other=0.0)
+    b_do = tl.load(do + i_b * stride_db + i_h * stride_dh + o_m[:, None] * stride_dt + o_d[None, :],
+                   mask=m_m[:, None], other=0.0)
+    b_lse = tl.load(lse + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=0.0)
+    b_delta = tl.load(delta + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=0.0)
+    b_dq = tl.zeros([BM, D], dtype=tl.float32)
+    p_k0 = k + i_b * stride_kb + i_hk * stride_kh
+    p_v0 = v + i_b * stride_vb + i_hk * stride_vh
+    full_end, hi = _key_ranges(i_m * BM, T, S, BM, BN, CAUSAL)
+    shift = S - T
+    b_dq = _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_ks, stride_vs, o_m, o_d,
+                              0, full_end, S, shift, qk_scale, BN, False, CAUSAL)
+    b_dq = _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_ks, stride_vs, o_m, o_d,
+                              full_end, hi, S, shift, qk_scale, BN, True, CAUSAL)
+    p_dq = dq + i_b * stride_dqb + i_h * stride_dqh + o_m[:, None] * stride_dqt + o_d[None, :]
+    tl.store(p_dq, (b_dq * sm_scale).to(dq.dtype.element_ty), mask=m_m[:, None])
+
+
+def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float):
+    """Launch the three backward kernels. do, q, o: [B, T, Hq, D]; k, v: [B, S, Hkv, D];
+    lse: fp32 [B, Hq, T] (base 2) from `attention_fwd`. Returns (dq, dk, dv) in the input dtype;
+    for GQA, dk and dv are already summed over the query heads of each group."""
+    B, T, HQ, D = q.shape
+    S, HKV = k.shape[1], k.shape[2]
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    delta = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
+    _attn_bwd_preprocess[(triton.cdiv(T, PRE_BM), B * HQ)](
+        o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        T, HQ, D=D, BM=PRE_BM)
+    dq = torch.empty((B, T, HQ, D), device=q.device, dtype=q.dtype)
+    dk = torch.empty((B, S, HKV, D), device=q.device, dtype=k.dtype)
+    dv = torch.empty((B, S, HKV, D), device=q.device, dtype=v.dtype)
+    qk_scale, tb, sb = softmax_scale * LOG2E, length_bucket(T), length_bucket(S)
+    common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+              v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    _attn_bwd_dkdv_kernel[lambda meta: (triton.cdiv(S, meta["BN"]), B * HKV)](
+        q, k, v, do, dk, dv, lse, delta, *common,
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        T, S, HQ, HKV, HQ // HKV, qk_scale, softmax_scale, tb, sb, D=D, CAUSAL=bool(causal))
+    _attn_bwd_dq_kernel[lambda meta: (triton.cdiv(T, meta["BM"]), B * HQ)](
+        q, k, v, do, dq, lse, delta, *common, dq.stride(0), dq.stride(1), dq.stride(2),
+        T, S, HQ, HQ // HKV, qk_scale, softmax_scale, tb, sb, D=D, CAUSAL=bool(causal))
+    return dq, dk, dv
