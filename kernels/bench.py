@@ -77,7 +77,9 @@ def metadata() -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": platform.python_version(),
-        "commit": _cmd(["git", "-C", str(RESULTS_DIR.parent), "rev-parse", "--short", "HEAD"]) or "unknown",
+        # a GPU box may get a copy of the tree without .git: refresh_gpu.sh passes the commit along
+        "commit": os.environ.get("KERNELS_COMMIT")
+        or _cmd(["git", "-C", str(RESULTS_DIR.parent), "rev-parse", "--short", "HEAD"]) or "unknown",
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "do_bench": {"warmup_ms": WARMUP_MS, "rep_ms": REP_MS, "return_mode": "median"},
     }

@@ -1,7 +1,7 @@
 """Draw the book's headline figure (book/images/headline.png) from the committed H200 tables.
 
-Runs anywhere: it reads results/, it times nothing. One panel per chapter, the book's
-kernel against its strongest peer, in % of the roofline measured in the same run.
+Runs anywhere: it reads results/, it times nothing. One panel per chapter: the book's
+kernel against its strongest peers, in the unit that chapter reads best.
 """
 from pathlib import Path
 
@@ -15,19 +15,22 @@ from kernels.plot import provider_style  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "book" / "images" / "headline.png"
 
-# (results table, rows to keep, x column, panel title)
+# (results table, rows to keep, x column, metric, providers to draw, panel title)
 PANELS = [
-    ("flash_attn_fwd", {"causal": False}, "N", "FlashAttention-2 forward\nB=1, H=32, D=128, bf16"),
-    ("mla_decode", {"B": 128}, "T", "MLA decode\nB=128, H=128, s_q=1, bf16"),
-    ("gla_prefill", {"B": 1}, "T", "GLA chunked prefill\nB=1, H=32, D=128, bf16"),
+    ("flash_attn_fwd", {"causal": False}, "N", "tflops", ("book", "SDPA cuDNN", "SDPA flash"),
+     "FlashAttention-2 forward, non-causal\nB=1, H=32, D=128"),
+    ("mla_decode", {"B": 128}, "T", "tflops", ("book", "PyTorch absorbed"),
+     "MLA decode\nB=128, H=128, one query token"),
+    ("gla_prefill", {"B": 1}, "T", "ms", ("book: chunk", "fla chunk_gla", "SDPA flash"),
+     "GLA prefill (SDPA: causal softmax)\nB=1, H=32, D=128"),
 ]
+LABELS = {"tflops": "TFLOP/s (higher is better)", "ms": "time, ms (lower is better)"}
 
 
 def main():
     fig, axes = plt.subplots(1, len(PANELS), figsize=(14, 4.0))
     gpu = None
-    handles = {}
-    for ax, (name, keep, x, title) in zip(axes, PANELS):
+    for ax, (name, keep, x, metric, providers, title) in zip(axes, PANELS):
         try:
             df = load(name)
         except (FileNotFoundError, ValueError) as e:
@@ -37,18 +40,22 @@ def main():
         for col, value in keep.items():
             if col in df.columns:
                 df = df[df[col] == value]
-        styles = provider_style(df["provider"].unique())
-        for provider, rows in df.groupby("provider", sort=False):
-            rows = rows.sort_values(x)
-            if rows["pct_roofline"].notna().any():
+        styles = provider_style(providers)
+        for provider in providers:
+            rows = df[df["provider"] == provider].sort_values(x)
+            if rows[metric].notna().any():
                 c, ls, lw = styles[provider]
-                (h,) = ax.plot(rows[x], rows["pct_roofline"], ls, color=c, lw=lw, marker="o", ms=3.5, label=provider)
-                ax.legend(fontsize=8, loc="lower right")
+                ax.plot(rows[x], rows[metric], ls, color=c, lw=lw, marker="o", ms=3.5, label=provider)
+        if metric == "tflops":  # the matmul ceiling measured in the same run
+            ax.axhline(df.attrs["meta"]["peak_tflops"], ls="--", color="#555555", lw=1.2, label="bf16 matmul ceiling")
+            ax.set_ylim(bottom=0)
+        else:
+            ax.set_yscale("log")
+        ax.legend(fontsize=8, loc="best")
+        ax.set_ylabel(LABELS[metric])
         ax.set_xscale("log", base=2)
-        ax.set_ylim(0, 100)
         ax.set_xlabel("sequence length" if x == "N" else "context length T")
         ax.set_title(title, fontsize=10)
-    axes[0].set_ylabel("% of roofline (higher is better)")
     fig.suptitle(f"The book's kernels (blue) against their peers — measured on {gpu or 'the GPU'}", fontsize=12)
     fig.tight_layout()
     OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -57,6 +57,7 @@ def test_pages_work_in_headless_chromium(site):
         if os.environ.get("CI"):
             pytest.fail("chromium is missing in CI: `make test` installs it when run as root")
         pytest.skip("chromium not installed: install Debian's chromium (make test does, as root)")
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(html))
@@ -78,9 +79,11 @@ def test_pages_work_in_headless_chromium(site):
                 page.on("requestfailed", lambda r, errors=errors: errors.append(f"failed request: {r.url}"))
                 page.on("response", lambda r, errors=errors: r.status >= 400 and errors.append(f"HTTP {r.status}: {r.url}"))
                 page.goto(f"{base}/{page_name}.html", wait_until="networkidle")
-                source = (ROOT / (page_name + (".md" if (ROOT / f"{page_name}.md").exists() else ".ipynb"))).read_text()
-                if "$" in source:  # the page has math: MathJax must have typeset it
-                    page.wait_for_selector("mjx-container", timeout=20000)
+                if page.locator(".math").count():  # the page has math: MathJax must have typeset it
+                    try:
+                        page.wait_for_selector("mjx-container", state="attached", timeout=20000)
+                    except PlaywrightTimeout:
+                        errors.append("math was not typeset (no mjx-container after 20 s)")
                 broken = page.eval_on_selector_all(
                     "img", "imgs => imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
                 errors += [f"image not loaded: {src}" for src in broken]
