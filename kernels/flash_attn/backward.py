@@ -17,12 +17,12 @@ import triton
 import triton.language as tl
 
 from ..common import INTERPRET
-from .forward import LOG2E, SMEM_LIMIT, _key_ranges, length_bucket
+from .forward import INTERPRET_TILES, LOG2E, _key_ranges, launch
 
 PRE_BM = 16 if INTERPRET else 64
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "HQ"])
 def _attn_bwd_preprocess(o, do, delta, stride_ob, stride_ot, stride_oh, stride_db, stride_dt, stride_dh,
                          T, HQ, D: tl.constexpr, BM: tl.constexpr):
     """delta[b, h, t] = sum_d dO[b, t, h, d] * O[b, t, h, d] (fp32)."""
@@ -39,29 +39,38 @@ def _attn_bwd_preprocess(o, do, delta, stride_ob, stride_ot, stride_oh, stride_d
     tl.store(delta + i_bh.to(tl.int64) * T + o_m, tl.sum(b_o * b_do, 1), mask=m_m)
 
 
-# ---------------------------------------------------------------- dK, dV
-def _dkdv_configs():
+# Tiles (BM query rows, BN keys, num_warps, num_stages), fixed from what autotuning picked on the
+# H200 (bf16, D = 128, N = 1K..4K). dK/dV: BN = 128 keys, BM = 64, 8 warps, 3 stages from N = 2K on;
+# at N = 1K (B = 1, H = 32: only 256 programs of 128 keys for 132 SMs) the 64 x 64 tile with
+# 4 warps, 2 stages won, as it launches twice as many programs. dQ: BM = 128, BN = 64, 8 warps,
+# 3 stages at every length. D = 256 needs half-size tiles (registers, shared memory).
+DKDV_TILES = (64, 128, 8, 3)
+DKDV_TILES_FEW = (64, 64, 4, 2)  # when DKDV_TILES would give fewer than MIN_PROGRAMS programs
+DKDV_TILES_D256 = (32, 64, 8, 2)
+MIN_PROGRAMS = 512
+DQ_TILES = (128, 64, 8, 3)
+DQ_TILES_D256 = (64, 32, 8, 2)
+BWD_FALLBACK = (16, 32, 4, 1)  # used only if a tile does not fit in shared memory (e.g. fp32, D = 256)
+
+
+def dkdv_tiles(D: int, B: int, S: int, HKV: int):
+    """The dK/dV kernel's (BM, BN, num_warps, num_stages) candidates, best first."""
     if INTERPRET:
-        return [triton.Config({"BN": 32, "BM": 16}, num_warps=4, num_stages=1)]
-    pairs = [(128, 32), (128, 64), (64, 64), (64, 32), (32, 32)]  # (keys BN, queries BM)
-    return [triton.Config({"BN": bn, "BM": bm}, num_warps=w, num_stages=s)
-            for bn, bm in pairs for w in (4, 8) for s in ((2, 3, 4) if bm == 32 else (2, 3))]
+        return [(16, 32, 4, 1)]
+    if D == 256:
+        return [DKDV_TILES_D256, BWD_FALLBACK]
+    enough = triton.cdiv(S, DKDV_TILES[1]) * B * HKV >= MIN_PROGRAMS
+    return [DKDV_TILES if enough else DKDV_TILES_FEW, BWD_FALLBACK]
 
 
-def _prune_dkdv(configs, nargs, **kw):
-    D, elt = kw["D"], nargs["q"].element_size()
-    keep = []
-    for c in configs:
-        bn, bm, st = c.kwargs["BN"], c.kwargs["BM"], c.num_stages
-        if D <= 128 and (bn, bm) in ((64, 32), (32, 32)):
-            continue  # small tiles only where big ones do not fit (D = 256)
-        if D > 128 and bn == 128:
-            continue
-        if (2 * bn * D + st * 2 * bm * D) * elt <= SMEM_LIMIT:  # K, V resident + pipelined Q, dO
-            keep.append(c)
-    return keep or [configs[-1]]
+def dq_tiles(D: int):
+    """The dQ kernel's (BM, BN, num_warps, num_stages) candidates, best first."""
+    if INTERPRET:
+        return [INTERPRET_TILES]
+    return [DQ_TILES_D256 if D == 256 else DQ_TILES, BWD_FALLBACK]
 
 
+# ---------------------------------------------------------------- dK, dV
 @triton.jit
 def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_do0, p_lse0, p_delta0, stride_qt, stride_dt,
                          o_n, o_d, lo, hi, T, shift, qk_scale, BM: tl.constexpr, MASKED: tl.constexpr):
@@ -84,14 +93,12 @@ def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_do0, p_lse0, p_delta0, st
     return b_dk, b_dv
 
 
-@triton.autotune(configs=_dkdv_configs(), key=["D", "CAUSAL", "T_BUCKET", "S_BUCKET"],
-                 prune_configs_by={"early_config_prune": _prune_dkdv})
-@triton.jit
+@triton.jit(do_not_specialize=["T", "S", "HQ", "HKV", "GROUP"])
 def _attn_bwd_dkdv_kernel(q, k, v, do, dk, dv, lse, delta,
                           stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
                           stride_vb, stride_vs, stride_vh, stride_db, stride_dt, stride_dh,
                           stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-                          T, S, HQ, HKV, GROUP, qk_scale, sm_scale, T_BUCKET, S_BUCKET,
+                          T, S, HQ, HKV, GROUP, qk_scale, sm_scale,
                           D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b = (i_bh // HKV).to(tl.int64)
@@ -135,28 +142,6 @@ def _attn_bwd_dkdv_kernel(q, k, v, do, dk, dv, lse, delta,
 
 
 # ---------------------------------------------------------------- dQ
-def _dq_configs():
-    if INTERPRET:
-        return [triton.Config({"BM": 32, "BN": 16}, num_warps=4, num_stages=1)]
-    pairs = [(128, 32), (128, 64), (64, 64), (64, 32), (32, 32)]  # (queries BM, keys BN)
-    return [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
-            for bm, bn in pairs for w in (4, 8) for s in (2, 3)]
-
-
-def _prune_dq(configs, nargs, **kw):
-    D, elt = kw["D"], nargs["q"].element_size()
-    keep = []
-    for c in configs:
-        bm, bn, st = c.kwargs["BM"], c.kwargs["BN"], c.num_stages
-        if D <= 128 and (bm, bn) in ((64, 32), (32, 32)):
-            continue
-        if D > 128 and bm == 128:
-            continue
-        if (2 * bm * D + st * 2 * bn * D) * elt <= SMEM_LIMIT:  # Q, dO resident + pipelined K, V
-            keep.append(c)
-    return keep or [configs[-1]]
-
-
 @triton.jit
 def _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_ks, stride_vs, o_m, o_d,
                        lo, hi, S, shift, qk_scale, BN: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
@@ -185,14 +170,12 @@ def _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_ks, s
     return b_dq
 
 
-@triton.autotune(configs=_dq_configs(), key=["D", "CAUSAL", "T_BUCKET", "S_BUCKET"],
-                 prune_configs_by={"early_config_prune": _prune_dq})
-@triton.jit
+@triton.jit(do_not_specialize=["T", "S", "HQ", "GROUP"])
 def _attn_bwd_dq_kernel(q, k, v, do, dq, lse, delta,
                         stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
                         stride_vb, stride_vs, stride_vh, stride_db, stride_dt, stride_dh,
                         stride_dqb, stride_dqt, stride_dqh,
-                        T, S, HQ, GROUP, qk_scale, sm_scale, T_BUCKET, S_BUCKET,
+                        T, S, HQ, GROUP, qk_scale, sm_scale,
                         D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     i_m = tl.program_id(0)
     if CAUSAL:
@@ -233,19 +216,18 @@ def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float):
         do = do.contiguous()
     delta = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
     _attn_bwd_preprocess[(triton.cdiv(T, PRE_BM), B * HQ)](
-        o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        T, HQ, D=D, BM=PRE_BM)
+        o, do, delta, *o.stride()[:3], *do.stride()[:3], T, HQ, D=D, BM=PRE_BM)
     dq = torch.empty((B, T, HQ, D), device=q.device, dtype=q.dtype)
     dk = torch.empty((B, S, HKV, D), device=q.device, dtype=k.dtype)
     dv = torch.empty((B, S, HKV, D), device=q.device, dtype=v.dtype)
-    qk_scale, tb, sb = softmax_scale * LOG2E, length_bucket(T), length_bucket(S)
-    common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-              v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-    _attn_bwd_dkdv_kernel[lambda meta: (triton.cdiv(S, meta["BN"]), B * HKV)](
-        q, k, v, do, dk, dv, lse, delta, *common,
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        T, S, HQ, HKV, HQ // HKV, qk_scale, softmax_scale, tb, sb, D=D, CAUSAL=bool(causal))
-    _attn_bwd_dq_kernel[lambda meta: (triton.cdiv(T, meta["BM"]), B * HQ)](
-        q, k, v, do, dq, lse, delta, *common, dq.stride(0), dq.stride(1), dq.stride(2),
-        T, S, HQ, HQ // HKV, qk_scale, softmax_scale, tb, sb, D=D, CAUSAL=bool(causal))
+    qk_scale = softmax_scale * LOG2E
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
+    tiles = dkdv_tiles(D, B, S, HKV)
+    launch(_attn_bwd_dkdv_kernel, lambda BM, BN: (triton.cdiv(S, BN), B * HKV), tiles,
+           ("dkdv", q.dtype, D, causal, tiles[0]),
+           q, k, v, do, dk, dv, lse, delta, *strides, *dk.stride()[:3], *dv.stride()[:3],
+           T, S, HQ, HKV, HQ // HKV, qk_scale, softmax_scale, D=D, CAUSAL=causal)
+    launch(_attn_bwd_dq_kernel, lambda BM, BN: (triton.cdiv(T, BM), B * HQ), dq_tiles(D), ("dq", q.dtype, D, causal),
+           q, k, v, do, dq, lse, delta, *strides, *dq.stride()[:3],
+           T, S, HQ, HQ // HKV, qk_scale, softmax_scale, D=D, CAUSAL=causal)
     return dq, dk, dv

@@ -10,38 +10,51 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ..common import INTERPRET
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): fold log2(e) into the softmax scale
-SMEM_LIMIT = 200 * 1024  # bytes of shared memory we let one program use (H200: 227 KB per block)
+
+# Tile sizes per head dim: (BM, BN, num_warps, num_stages). Fixed, not autotuned: on the H200
+# (bf16, D = 128, N = 1K..16K) autotuning over eight configs picked BM = 128, BN = 64, 8 warps
+# at every length, with 4 pipeline stages without the causal mask and 3 with it. Smaller head
+# dims need fewer warps; D = 256 needs a smaller query tile (registers and shared memory).
+FWD_TILES = {32: (128, 64, 4, 3), 64: (128, 64, 4, 3), 128: (128, 64, 8, 4), 256: (64, 64, 8, 2)}
+FWD_FALLBACK = (64, 32, 4, 1)  # used only if a tile does not fit in shared memory (e.g. fp32, D = 256)
+INTERPRET_TILES = (32, 16, 4, 1)  # the interpreter runs one program at a time: small tiles, few steps
 
 
-def length_bucket(n: int) -> int:
-    """Autotune key for a length: the next power of two, capped, so each new N does not re-tune."""
-    return min(triton.next_power_of_2(max(int(n), 16)), 16384)
+def fwd_tiles(D: int, causal: bool):
+    """The forward's (BM, BN, num_warps, num_stages) candidates for head dim D, best first."""
+    if INTERPRET:
+        return [INTERPRET_TILES]
+    bm, bn, warps, stages = FWD_TILES[D]
+    if causal and D == 128:
+        stages = 3  # what the autotuner picked with the mask
+    return [(bm, bn, warps, stages), FWD_FALLBACK]
 
 
-def _fwd_configs():
-    if INTERPRET:  # the interpreter would time every config slowly: one small fixed config
-        return [triton.Config({"BM": 32, "BN": 16}, num_warps=4, num_stages=1)]
-    cfgs = [triton.Config({"BM": 128, "BN": bn}, num_warps=w, num_stages=s)
-            for bn in (64, 128) for w in (4, 8) for s in (2, 3, 4)]
-    # smaller tiles, kept only for D = 256 (registers and shared memory run out otherwise)
-    cfgs += [triton.Config({"BM": 64, "BN": bn}, num_warps=w, num_stages=2) for bn in (32, 64) for w in (4, 8)]
-    return cfgs
+_FITS = {}  # (kernel, dtype, D, causal, ...) -> index of the first candidate that fits this GPU
 
 
-def _prune_fwd(configs, nargs, **kw):
-    D, elt = kw["D"], nargs["q"].element_size()
-    keep = []
-    for c in configs:
-        bm, bn, st = c.kwargs["BM"], c.kwargs["BN"], c.num_stages
-        if (bm == 64) != (D > 128):
+def launch(kernel, grid, candidates, key, *args, **constexprs):
+    """Launch `kernel` with the first of `candidates` (BM, BN, num_warps, num_stages) that fits in
+    this GPU's shared memory (BM: query rows per tile, BN: keys per tile, in every kernel).
+    `grid(BM, BN)` gives the launch grid; `key` names the compiled variant, so a candidate that
+    does not fit is compiled and rejected once, not on every call."""
+    i = _FITS.get(key, 0)
+    while True:
+        bm, bn, warps, stages = candidates[i]
+        try:
+            kernel[grid(bm, bn)](*args, **constexprs, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
+        except OutOfResources:
+            if i + 1 == len(candidates):
+                raise
+            i += 1
             continue
-        if (bm * D + st * 2 * bn * D) * elt <= SMEM_LIMIT:  # Q tile + pipelined K and V tiles
-            keep.append(c)
-    return keep or [min(configs, key=lambda c: c.kwargs["BM"] * c.kwargs["BN"] * c.num_stages)]
+        _FITS[key] = i
+        return
 
 
 @triton.jit
@@ -98,13 +111,11 @@ def _key_ranges(m0, T, S, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constex
     return full_end, hi
 
 
-@triton.autotune(configs=_fwd_configs(), key=["D", "CAUSAL", "T_BUCKET", "S_BUCKET"],
-                 prune_configs_by={"early_config_prune": _prune_fwd})
-@triton.jit
+@triton.jit(do_not_specialize=["T", "S", "HQ", "GROUP"])  # one compiled kernel for every length
 def _attn_fwd_kernel(q, k, v, o, lse,
                      stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
                      stride_vb, stride_vs, stride_vh, stride_ob, stride_ot, stride_oh,
-                     T, S, HQ, GROUP, qk_scale, T_BUCKET, S_BUCKET,
+                     T, S, HQ, GROUP, qk_scale,
                      D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     i_m = tl.program_id(0)
     if CAUSAL:  # the last query blocks see the most keys: start them first
@@ -148,14 +159,11 @@ def attention_fwd(q, k, v, causal: bool, softmax_scale: float):
     S, HKV = k.shape[1], k.shape[2]
     o = torch.empty((B, T, HQ, D), device=q.device, dtype=q.dtype)
     lse = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
-    grid = lambda meta: (triton.cdiv(T, meta["BM"]), B * HQ)  # noqa: E731
-    _attn_fwd_kernel[grid](
-        q, k, v, o, lse,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        T, S, HQ, HQ // HKV, softmax_scale * LOG2E, length_bucket(T), length_bucket(S),
-        D=D, CAUSAL=bool(causal))
+    tiles = fwd_tiles(D, causal)
+    launch(_attn_fwd_kernel, lambda BM, BN: (triton.cdiv(T, BM), B * HQ), tiles, ("fwd", q.dtype, D, causal),
+           q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+           T, S, HQ, HQ // HKV, softmax_scale * LOG2E, D=D, CAUSAL=causal)
     return o, lse
 
 
-__all__ = ["attention_fwd", "LOG2E", "length_bucket"]
+__all__ = ["attention_fwd", "launch", "fwd_tiles", "LOG2E"]

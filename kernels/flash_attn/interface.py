@@ -90,4 +90,7 @@ def flash_attn_func(q, k, v, causal=False, softmax_scale=None):
     >>> flash_attn_func(q, k, v, causal=True).sum().backward()   # q.grad: [2, 1000, 32, 128]
     """
     scale = _validate(q, k, v, causal, softmax_scale)
-    return FlashAttnFunction.apply(q, k, v, causal, scale)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return FlashAttnFunction.apply(q, k, v, causal, scale)
+    # inference: skip autograd's bookkeeping (a few microseconds a call, which matter at short N)
+    return attention_fwd(_last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v), causal, scale)[0]

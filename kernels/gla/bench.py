@@ -1,6 +1,7 @@
 """GLA benchmarks on the H200 (bf16 inputs, fp32 state): decode and prefill.
 
     decode_context_benchmark()  softmax decode over a T-long KV cache vs one GLA step, T = 4K..64K
+                                (two tables, each with its own FLOPs and bytes)
     decode_benchmark(graph)     one GLA step at B = 1, 8, 64 (plain call, or CUDA-graph replay)
     prefill_benchmark()         a whole prompt: chunk-parallel vs the article's chunk kernel vs fla vs SDPA
 
@@ -9,6 +10,7 @@ Peers (fla) are imported inside their factories only, and give None when absent.
 """
 from __future__ import annotations
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 
@@ -98,15 +100,22 @@ def _ctx(factory):
 def decode_context_benchmark():
     """Decode one token at context length T = 4K..64K (B = 1, H = 32, D = 128, bf16), graph-replayed.
 
-    'SDPA flash' reads the whole T-long KV cache; the GLA step ('book', 'PyTorch step')
-    reads a fixed [K, V] state whatever T is. FLOPs and bytes are the softmax decode's
-    (4·B·H·T·D and the 2·B·H·T·D·2-byte cache), so the roofline is the KV-cache read.
+    Two operations, two tables, each with its own counted work, concatenated for the plot:
+    'gla_decode_context_softmax': SDPA flash, one query over a T-long KV cache,
+        4·B·H·T·D FLOPs and the 2·B·H·T·D bf16 cache read (its roofline grows with T);
+    'gla_decode_context_gla': one GLA step ('book', 'PyTorch step'), `decode_flops` and
+        `decode_bytes` (the fixed fp32 state read + write, whatever T is).
     """
     cases = [{"B": 1, "H": H_DEC, "D": D_DEC, "T": t} for t in (4096, 8192, 16384, 32768, 65536)]
-    providers = {"SDPA flash": _sdpa_decode, "book": _ctx(_book_step), "PyTorch step": _ctx(_torch_step)}
-    return run_or_load("gla_decode_context", cases, providers,
-                       flops=lambda c: 4 * c["B"] * c["H"] * c["T"] * c["D"],
-                       bytes=lambda c: 2 * c["B"] * c["H"] * c["T"] * c["D"] * 2, timer=time_graph_ms)
+    softmax = run_or_load("gla_decode_context_softmax", cases, {"SDPA flash": _sdpa_decode},
+                          flops=lambda c: 4 * c["B"] * c["H"] * c["T"] * c["D"],
+                          bytes=lambda c: 2 * c["B"] * c["H"] * c["T"] * c["D"] * 2, timer=time_graph_ms)
+    step = {"B": 1, "H": H_DEC, "K": D_DEC, "V": D_DEC}
+    gla = run_or_load("gla_decode_context_gla", cases, {"book": _ctx(_book_step), "PyTorch step": _ctx(_torch_step)},
+                      flops=lambda c: decode_flops(step), bytes=lambda c: decode_bytes(step), timer=time_graph_ms)
+    df = pd.concat([softmax, gla], ignore_index=True)
+    df.attrs["meta"] = gla.attrs["meta"]
+    return df
 
 
 # ---------------------------------------------------------------- prefill
@@ -117,6 +126,9 @@ def prefill_flops(c):
     intra A V on the same triangle: C(C+1)·V; inter (Q ⊙ e^b) S: 2·C·K·V;
     state update (K ⊙ e^{b_C - b})^T V: 2·C·K·V. Total B·H·NT·(C(C+1)(K+V) + 4·C·K·V).
     The same count is used for every provider (SDPA's own work is different: read its ms).
+    At K = V = 128 that is 5.3 MFLOP per chunk and head, 64 FLOP per byte of `prefill_bytes`:
+    below the H200's ~160 FLOP/byte ridge, so the roofline is the memory floor (reading
+    q, k, v, gk and writing o once); the chunk states and scores are extra traffic on top.
     """
     C, K, V = CHUNK, c["D"], c["D"]
     nt = -(-c["T"] // C)
@@ -161,9 +173,15 @@ def _torch_loop(c):
     return _prefill(naive_recurrent_gla)(c)
 
 
+def _sequential(c):
+    if c["T"] > 4096:
+        return None  # one launch per chunk, linear in T: three points show the slope
+    return _prefill(sequential_chunk_gla)(c)
+
+
 PREFILL_PROVIDERS = {
     "book: chunk": _prefill(chunk_gla),
-    "book: sequential chunk": _prefill(sequential_chunk_gla),
+    "book: sequential chunk": _sequential,
     "fla chunk_gla": _fla_chunk,
     "SDPA flash": _sdpa_causal,
     "PyTorch step loop": _torch_loop,
@@ -173,9 +191,9 @@ PREFILL_PROVIDERS = {
 def prefill_benchmark():
     """GLA prefill, B = 1, H = 32, D = 128, T = 1K..16K, plus fla's test shape B = 4, T = 2048, H = 16.
 
-    Providers: 'book: chunk' (chunk_gla), 'book: sequential chunk' (the article's kernel),
-    'fla chunk_gla', 'SDPA flash' (causal softmax at the same shape), 'PyTorch step loop'
-    (T = 1K only). FLOPs: `prefill_flops`; bytes: `prefill_bytes`. Table 'gla_prefill'.
+    Providers: 'book: chunk' (chunk_gla), 'book: sequential chunk' (the article's kernel,
+    T <= 4K), 'fla chunk_gla', 'SDPA flash' (causal softmax at the same shape), 'PyTorch step
+    loop' (T = 1K only). FLOPs: `prefill_flops`; bytes: `prefill_bytes`. Table 'gla_prefill'.
     """
     cases = [{"B": 1, "T": t, "H": 32, "D": 128} for t in (1024, 2048, 4096, 8192, 16384)]
     cases.append({"B": 4, "T": 2048, "H": 16, "D": 128})

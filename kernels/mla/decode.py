@@ -57,40 +57,44 @@ def _mla_decode_kernel(
     if CAUSAL:
         seen = seqlen - S_Q + o_r // H + 1  # query i sees positions < seqlen - s_q + i + 1
 
-    b_m = tl.full([BH], float("-inf"), tl.float32)  # running max (log2 units)
+    b_m = tl.full([BH], float("-inf"), tl.float32)  # running max of the scaled scores (log2 units)
     b_l = tl.zeros([BH], tl.float32)                # running sum of exp2
     b_acc = tl.zeros([BH, BV], tl.float32)          # running sum of p * value
+    o_t = tl.arange(0, BN)
+    if not PAGED:
+        # Contiguous cache: one 64-bit base per program; each tile moves it by BN rows.
+        p_c = kv + i_b.to(tl.int64) * stride_kb + (start + o_t).to(tl.int64)[:, None] * stride_kt
     for n0 in range(start, end, BN):
-        o_n = n0 + tl.arange(0, BN)
+        o_n = n0 + o_t
         m_n = o_n < end                               # never read past the sequence
         if PAGED:
             i_page = tl.load(block_table + i_b * stride_bt + o_n // PAGE, mask=m_n, other=0)
-            o_row = i_page.to(tl.int64) * stride_kb + (o_n % PAGE).to(tl.int64) * stride_kt
-        else:
-            o_row = i_b.to(tl.int64) * stride_kb + o_n.to(tl.int64) * stride_kt
+            p_c = kv + (i_page.to(tl.int64) * stride_kb + (o_n % PAGE) * stride_kt)[:, None]
         m_c = m_n[:, None]
         if BV != D_V:
             m_c = m_c & (o_v < D_V)[None, :]
         # One cache tile, read once for all BH rows: latent c [BN, 512] (key part and value).
-        b_c = tl.load(kv + o_row[:, None] + o_v[None, :], mask=m_c, other=0.0)
+        b_c = tl.load(p_c + o_v[None, :], mask=m_c, other=0.0)
         b_s = tl.dot(b_qc, tl.trans(b_c))
         if D_PE > 0:
-            b_pe = tl.load(kv + o_row[:, None] + D_V + o_p[None, :],
-                           mask=m_n[:, None] & (o_p < D_PE)[None, :], other=0.0)
+            b_pe = tl.load(p_c + D_V + o_p[None, :], mask=m_n[:, None] & (o_p < D_PE)[None, :], other=0.0)
             b_s = tl.dot(b_qp, tl.trans(b_pe), b_s)
-        b_s = b_s * scale_log2
         m_s = m_n[None, :]
         if CAUSAL:
             m_s = m_s & (o_n[None, :] < seen[:, None])
         b_s = tl.where(m_s, b_s, float("-inf"))
         # Online softmax; a row with nothing visible yet keeps m = -inf, l = 0, acc = 0.
-        b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+        # The scale is positive, so max(s) * scale is the max of the scaled scores, and
+        # s * scale - m is one fused multiply-add per score.
+        b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * scale_log2)
         b_m_safe = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
         b_alpha = tl.exp2(b_m - b_m_safe)
-        b_p = tl.exp2(b_s - b_m_safe[:, None])
+        b_p = tl.exp2(b_s * scale_log2 - b_m_safe[:, None])
         b_l = b_l * b_alpha + tl.sum(b_p, 1)
         b_acc = tl.dot(b_p.to(b_c.dtype), b_c, b_acc * b_alpha[:, None])  # value = the same tile
         b_m = b_m_new
+        if not PAGED:
+            p_c += BN * stride_kt
 
     b_lse = tl.where(b_l > 0, b_m + tl.log2(tl.where(b_l > 0, b_l, 1.0)), float("-inf"))  # -inf: nothing seen
     b_o = b_acc / tl.where(b_l > 0, b_l, 1.0)[:, None]
@@ -138,16 +142,18 @@ def _mla_combine_kernel(
         tl.store(lse + (i_b * H + i_r % H) * S_Q + i_r // H, b_lse_all * 0.6931471805599453)
 
 
-# On the GPU: a few tile shapes, tried once per (shape, mode) and remembered.
+# On the GPU: four tile shapes, tried once per (shape, mode) and remembered.
 # BH=64 rows with 8 warps: the [64, 512] fp32 accumulator is 128 registers a thread,
 # and two warpgroups share the value columns (256 each), as FlashMLA does by hand.
+# Shared memory per stage is one cache tile, BN x 576 bf16 (72 KB at BN=64), next to the
+# query block (72 KB at BH=64): BN=64 fits two stages (216 KB of 227), BN=32 fits four.
+# Triton issues the copy of tile i+1 at the end of iteration i, so with two stages the copy is
+# waited for almost at once; three or four stages leave one or two tiles of slack.
 _GPU_CONFIGS = [
-    triton.Config({"BH": 64, "BN": 32}, num_warps=8, num_stages=2),
-    triton.Config({"BH": 64, "BN": 32}, num_warps=8, num_stages=3),
-    triton.Config({"BH": 64, "BN": 64}, num_warps=8, num_stages=1),
     triton.Config({"BH": 64, "BN": 64}, num_warps=8, num_stages=2),
-    triton.Config({"BH": 64, "BN": 16}, num_warps=8, num_stages=3),
-    triton.Config({"BH": 32, "BN": 64}, num_warps=4, num_stages=2),
+    triton.Config({"BH": 64, "BN": 32}, num_warps=8, num_stages=3),
+    triton.Config({"BH": 64, "BN": 32}, num_warps=8, num_stages=4),
+    triton.Config({"BH": 32, "BN": 64}, num_warps=4, num_stages=2),  # split-KV slices: more programs
 ]
 _mla_decode_tuned = triton.autotune(
     configs=_GPU_CONFIGS, key=["S_Q", "H", "D_QK", "D_V", "PAGED", "CAUSAL", "SPLIT"],
