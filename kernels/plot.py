@@ -99,6 +99,7 @@ def plot_results(df: pd.DataFrame, x: str = "N", y: str = "tflops", col: str | N
     gpu = df.attrs.get("meta", {}).get("gpu", "")
     fig.suptitle(f"{title} — {gpu}" if gpu else title, fontsize=11)
     fig.tight_layout()
+    plt.close(fig)  # shown once, as the cell's value, not again by the inline backend
     return fig
 
 
@@ -127,15 +128,10 @@ def explore(df: pd.DataFrame, x: str = "N", title: str = "", filters: tuple[str,
     choices = {f: sorted(df[f].unique().tolist(), key=_order) for f in filters}
 
     def draw(metric, logy, **picked):
-        part = df
-        for f, v in picked.items():
-            part = part[part[f] == v]
-        part.attrs = df.attrs
-        plt.show(plot_results(part, x=x, y=metric, title=title, logy=logy))
+        display(plot_results(_subset(df, picked), x=x, y=metric, title=title, logy=logy))
 
     first = {f: v[0] for f, v in choices.items()}
     display(plot_results(_subset(df, first), x=x, y=metrics[0], title=title))
-    plt.close("all")
     controls = {"metric": w.Dropdown(options=metrics, value=metrics[0]), "logy": w.Checkbox(value=False)}
     controls.update({f: w.Dropdown(options=v, value=v[0]) for f, v in choices.items()})
     out = w.interactive_output(draw, controls)

@@ -3,7 +3,9 @@
     python scripts/execute_notebooks.py book/flash_attention.ipynb book/gla.ipynb
 
 Widget state is dropped after execution: the rendered book shows the static figures,
-and saved widget state would make the site load widget JavaScript from a CDN.
+and saved widget state would make the site load widget JavaScript from a CDN. Progress
+bars are collapsed to their final state, so the page shows one line per sweep, not
+every redraw.
 Exit status 1 if any notebook raised; its partial outputs are still written, so the
 traceback can be read.
 """
@@ -14,6 +16,25 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+
+
+def tidy_streams(nb) -> None:
+    """Merge consecutive stream outputs and keep only what a terminal would show after each
+    carriage return (the last redraw of a progress bar)."""
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        merged = []
+        for out in cell.outputs:
+            if out.output_type == "stream" and merged and merged[-1].output_type == "stream" \
+                    and merged[-1].name == out.name:
+                merged[-1].text += out.text
+            else:
+                merged.append(out)
+        for out in merged:
+            if out.output_type == "stream":
+                out.text = "\n".join(line.rsplit("\r", 1)[-1] for line in out.text.split("\n"))
+        cell.outputs = [o for o in merged if o.output_type != "stream" or o.text.strip()]
 
 
 def execute(path: Path) -> bool:
@@ -37,6 +58,7 @@ def execute(path: Path) -> bool:
         ok = False
         print(f"{path}: FAILED\n{str(e)[-3000:]}", flush=True)
     nb.metadata.pop("widgets", None)
+    tidy_streams(nb)
     nbformat.write(nb, path)
     print(f"{path}: {'ok' if ok else 'error'} in {time.time() - start:.0f} s", flush=True)
     return ok

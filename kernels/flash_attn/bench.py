@@ -12,8 +12,7 @@ import math
 import pandas as pd
 import torch
 
-from ..bench import load, metadata, run_or_load, save
-from ..common import INTERPRET, ON_GPU
+from ..bench import load, metadata, run_or_load, save, will_time
 from .interface import flash_attn_func
 from .reference import attention_eager
 
@@ -132,7 +131,7 @@ def memory_benchmark() -> pd.DataFrame:
     B=1, H=32, D=128, bf16, N = 1K..64K (eager up to 16K). Columns peak_gib (inputs included), extra_gib (beyond
     q, k, v) and inputs_gib; ms etc. are NaN (times are in `forward_benchmark`)."""
     name = "flash_attn_memory"
-    if not ON_GPU or INTERPRET:
+    if not will_time():
         return load(name)
     rows = []
     for n in MEMORY_N:
