@@ -25,7 +25,8 @@ PEER_COLORS = {
 }
 _FALLBACK = ["#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#d62728"]
 BOOK_STYLES = ["-", "--", ":", "-."]
-UNITS = {"ms": "time (ms)", "us": "time (µs)", "tflops": "TFLOP/s", "gbps": "GB/s", "pct_roofline": "% of roofline"}
+UNITS = {"ms": "time (ms)", "us": "time (µs)", "tflops": "TFLOP/s", "gbps": "GB/s", "pct_roofline": "% of roofline",
+         "peak_gib": "peak memory (GiB)"}
 
 matplotlib.rcParams.update({
     "figure.dpi": 110, "savefig.dpi": 110, "axes.spines.top": False, "axes.spines.right": False,
@@ -103,16 +104,16 @@ def plot_results(df: pd.DataFrame, x: str = "N", y: str = "tflops", col: str | N
     return fig
 
 
-class _Explorer:
-    """Widget plus static figure: the figure is a plain PNG output, so the rendered
-    (static) book shows it, while a live kernel also gets the controls."""
+class WithStaticFallback:
+    """An ipywidget whose plain-text form is `text`. A live kernel shows the controls; the
+    rendered (static) book cannot run them and shows `text` instead."""
 
-    def __init__(self, widget):
-        self.widget = widget
+    def __init__(self, widget, text: str):
+        self.widget, self.text = widget, text
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = self.widget._repr_mimebundle_(**kwargs)
-        bundle["text/plain"] = "Interactive explorer: run the notebook in Jupyter to use the controls."
+        bundle["text/plain"] = self.text
         return bundle
 
 
@@ -135,7 +136,8 @@ def explore(df: pd.DataFrame, x: str = "N", title: str = "", filters: tuple[str,
     controls = {"metric": w.Dropdown(options=metrics, value=metrics[0]), "logy": w.Checkbox(value=False)}
     controls.update({f: w.Dropdown(options=v, value=v[0]) for f, v in choices.items()})
     out = w.interactive_output(draw, controls)
-    return _Explorer(w.VBox([w.HBox(list(controls.values())), out]))
+    return WithStaticFallback(w.VBox([w.HBox(list(controls.values())), out]),
+                              "Interactive explorer: run the notebook in Jupyter to use the controls.")
 
 
 def _order(value):

@@ -46,6 +46,11 @@ def test_site_builds_without_warnings(site):
         assert (html / f"{page}.html").exists(), f"{page}.html was not built"
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # one line per request would bury the test output
+        pass
+
+
 def _chromium():
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -60,9 +65,7 @@ def test_pages_work_in_headless_chromium(site):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(html))
-    handler.log_message = lambda *a: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(html)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
     problems = []

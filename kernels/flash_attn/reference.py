@@ -88,18 +88,24 @@ def online_softmax_steps(x: torch.Tensor, block: int):
 
 def online_softmax_explorer(x: torch.Tensor, block: int):
     """ipywidgets step-through of `online_softmax_steps`: a slider picks how many blocks have been
-    seen; it prints the running max and sum and the partial softmax they imply so far."""
+    seen; it prints the running max and sum and the partial softmax they imply so far. The
+    rendered book, which cannot run the slider, shows every step as text instead."""
     import ipywidgets as w
+
+    from ..plot import WithStaticFallback
 
     steps, _ = online_softmax_steps(x, block)
 
-    def show(seen):
+    def describe(seen):
         s = steps[seen - 1]
         n = min(seen * block, x.numel())
         partial = torch.exp(x[:n] - s["m"]) / s["l"]
-        print(f"after block {seen - 1}: m = {s['m']:.4f}, l = {s['l']:.4f}")
-        print("softmax over the keys seen so far:", " ".join(f"{p:.3f}" for p in partial.tolist()))
+        lines = [f"after block {seen - 1}: m = {s['m']:.4f}, l = {s['l']:.4f}",
+                 "softmax over the keys seen so far: " + " ".join(f"{p:.3f}" for p in partial.tolist())]
         if seen == len(steps):
-            print("all blocks seen: equals torch.softmax(x):", torch.allclose(partial, torch.softmax(x, 0)))
+            lines.append(f"all blocks seen: equals torch.softmax(x): {torch.allclose(partial, torch.softmax(x, 0))}")
+        return "\n".join(lines)
 
-    return w.interact(show, seen=w.IntSlider(value=1, min=1, max=len(steps), description="blocks seen"))
+    widget = w.interactive(lambda seen: print(describe(seen)),
+                           seen=w.IntSlider(value=1, min=1, max=len(steps), description="blocks seen"))
+    return WithStaticFallback(widget, "\n\n".join(describe(i) for i in range(1, len(steps) + 1)))
