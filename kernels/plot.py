@@ -120,22 +120,30 @@ class WithStaticFallback:
 def explore(df: pd.DataFrame, x: str = "N", title: str = "", filters: tuple[str, ...] = ()):
     """Show the standard figure, then ipywidgets controls to change the metric and filters.
 
-    In the rendered HTML only the static figure appears (the widget needs a kernel).
+    The controls redraw below themselves only when changed, so executing the notebook (on
+    the GPU, under nbval, or into the rendered HTML) gives the same two outputs: the static
+    figure and the widget, whose plain-text form says how to use it.
     """
     import ipywidgets as w
     from IPython.display import display
 
     metrics = [m for m in ("tflops", "gbps", "ms", "pct_roofline") if df[m].notna().any()]
     choices = {f: sorted(df[f].unique().tolist(), key=_order) for f in filters}
+    controls = {"metric": w.Dropdown(options=metrics, value=metrics[0], description="metric"),
+                "logy": w.Checkbox(value=False, description="log y")}
+    controls.update({f: w.Dropdown(options=v, value=v[0], description=f) for f, v in choices.items()})
+    out = w.Output()
 
-    def draw(metric, logy, **picked):
-        display(plot_results(_subset(df, picked), x=x, y=metric, title=title, logy=logy))
+    def redraw(_change):
+        picked = {f: controls[f].value for f in choices}
+        with out:
+            out.clear_output(wait=True)
+            display(plot_results(_subset(df, picked), x=x, y=controls["metric"].value, title=title,
+                                 logy=controls["logy"].value))
 
-    first = {f: v[0] for f, v in choices.items()}
-    display(plot_results(_subset(df, first), x=x, y=metrics[0], title=title))
-    controls = {"metric": w.Dropdown(options=metrics, value=metrics[0]), "logy": w.Checkbox(value=False)}
-    controls.update({f: w.Dropdown(options=v, value=v[0]) for f, v in choices.items()})
-    out = w.interactive_output(draw, controls)
+    for control in controls.values():
+        control.observe(redraw, names="value")
+    display(plot_results(_subset(df, {f: v[0] for f, v in choices.items()}), x=x, y=metrics[0], title=title))
     return WithStaticFallback(w.VBox([w.HBox(list(controls.values())), out]),
                               "Interactive explorer: run the notebook in Jupyter to use the controls.")
 

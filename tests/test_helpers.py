@@ -125,3 +125,17 @@ def test_plot_draws_every_provider_and_roofline(tmp_path, monkeypatch):
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert labels == ["book", "SDPA flash", "roofline"]
     assert "NVIDIA H200" in fig._suptitle.get_text()
+
+
+def test_explorer_degrades_to_static_text():
+    import matplotlib
+    matplotlib.use("Agg")
+    from kernels.plot import explore
+
+    rows = [dict(name="t", provider="book", N=n, causal=c, ms=1.0, tflops=1.0, gbps=1.0, roofline_ms=0.5,
+                 pct_roofline=50.0, note="") for n in (1024, 2048) for c in (False, True)]
+    df = pd.DataFrame(rows)
+    df.attrs["meta"] = GOOD_META
+    bundle = explore(df, filters=("causal",))._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"].startswith("Interactive explorer")

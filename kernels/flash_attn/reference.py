@@ -106,6 +106,13 @@ def online_softmax_explorer(x: torch.Tensor, block: int):
             lines.append(f"all blocks seen: equals torch.softmax(x): {torch.allclose(partial, torch.softmax(x, 0))}")
         return "\n".join(lines)
 
-    widget = w.interactive(lambda seen: print(describe(seen)),
-                           seen=w.IntSlider(value=1, min=1, max=len(steps), description="blocks seen"))
-    return WithStaticFallback(widget, "\n\n".join(describe(i) for i in range(1, len(steps) + 1)))
+    slider = w.IntSlider(value=1, min=1, max=len(steps), description="blocks seen")
+    out = w.Output()
+    out.append_stdout(describe(1) + "\n")  # the first view, without executing anything
+
+    def on_change(change):
+        out.clear_output()
+        out.append_stdout(describe(change["new"]) + "\n")
+
+    slider.observe(on_change, names="value")
+    return WithStaticFallback(w.VBox([slider, out]), "\n\n".join(describe(i) for i in range(1, len(steps) + 1)))
