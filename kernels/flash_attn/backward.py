@@ -81,9 +81,10 @@ def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_do0, p_lse0, p_delta0, st
         m_m = o_m < T  # rows past T load as zeros: they add nothing to dK, dV
         b_q = tl.load(p_q0 + o_m[:, None] * stride_qt + o_d[None, :], mask=m_m[:, None], other=0.0)
         b_lse = tl.load(p_lse0 + o_m, mask=m_m, other=0.0)
-        b_pT = tl.math.exp2(tl.dot(b_k, tl.trans(b_q)) * qk_scale - b_lse[None, :])  # [BN, BM]
-        if MASKED:  # causal diagonal: key j reaches query i iff j <= i + S - T
-            b_pT = tl.where(o_n[:, None] <= o_m[None, :] + shift, b_pT, 0.0)
+        b_sT = tl.dot(b_k, tl.trans(b_q)) * qk_scale - b_lse[None, :]  # [BN, BM], log2 of Pᵀ
+        if MASKED:  # causal diagonal: key j reaches query i iff j <= i + S - T; mask before exp2
+            b_sT = tl.where(o_n[:, None] <= o_m[None, :] + shift, b_sT, float("-inf"))
+        b_pT = tl.math.exp2(b_sT)
         b_do = tl.load(p_do0 + o_m[:, None] * stride_dt + o_d[None, :], mask=m_m[:, None], other=0.0)
         b_dv = tl.dot(b_pT.to(b_do.dtype), b_do, b_dv)
         b_delta = tl.load(p_delta0 + o_m, mask=m_m, other=0.0)
@@ -158,12 +159,13 @@ def _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_ks, s
         else:
             b_k = tl.load(p_k)
             b_v = tl.load(p_v)
-        b_p = tl.math.exp2(tl.dot(b_q, tl.trans(b_k)) * qk_scale - b_lse[:, None])  # [BM, BN]
-        if MASKED:
+        b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale - b_lse[:, None]  # [BM, BN], log2 of P
+        if MASKED:  # mask before exp2: a hidden future score may exceed lse by far
             keep = m_s[None, :]
             if CAUSAL:
                 keep = keep & (o_s[None, :] <= o_m[:, None] + shift)
-            b_p = tl.where(keep, b_p, 0.0)
+            b_s = tl.where(keep, b_s, float("-inf"))
+        b_p = tl.math.exp2(b_s)
         b_dp = tl.dot(b_do, tl.trans(b_v))
         b_ds = b_p * (b_dp - b_delta[:, None])
         b_dq = tl.dot(b_ds.to(b_k.dtype), b_k, b_dq)
