@@ -72,7 +72,8 @@ def metadata() -> dict:
 
     meta = {
         "gpu": torch.cuda.get_device_name() if ON_GPU else "cpu",
-        "driver": _cmd(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()[:1],
+        "driver": (_cmd(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()
+                   or ["unknown"])[0],
         "cuda": torch.version.cuda,
         "torch": torch.__version__,
         "triton": triton.__version__,
@@ -83,7 +84,6 @@ def metadata() -> dict:
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "do_bench": {"warmup_ms": WARMUP_MS, "rep_ms": REP_MS, "return_mode": "median"},
     }
-    meta["driver"] = meta["driver"][0] if meta["driver"] else "unknown"
     try:
         import fla  # a peer, benchmarked only
 
@@ -226,10 +226,7 @@ def run_or_load(name, cases, providers, flops, bytes, timer=time_ms) -> pd.DataF
     the committed H200 ones under the interpreter (or with KERNELS_BENCH=load).
     """
     if will_time():
-        df = sweep(name, cases, providers, flops, bytes, timer)
-        meta = metadata()
-        save(df, name, meta)
-        return load(name)
+        save(sweep(name, cases, providers, flops, bytes, timer), name)
     return load(name)
 
 

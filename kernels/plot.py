@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 
 import matplotlib
-
 import matplotlib.pyplot as plt
 import pandas as pd
 
@@ -73,14 +72,13 @@ def plot_results(df: pd.DataFrame, x: str = "N", y: str = "tflops", col: str | N
             if rows[y].notna().any():
                 c, ls, lw = styles[p]
                 ax.plot(rows[x], rows[y], ls, color=c, lw=lw, marker="o", ms=3.5, label=p)
-        if roofline and y in ("ms", "us", "tflops", "gbps"):
+        if roofline and y in ("ms", "us"):
             ref = part.drop_duplicates(x).sort_values(x)
-            scale = {"ms": 1.0, "us": 1000.0}.get(y)
-            roof = ref["roofline_ms"] * scale if scale else ref[y] * ref["ms"] / ref["roofline_ms"]
-            if y in ("tflops", "gbps"):  # any row with a time gives the ceiling in y's units
-                timed = part[part["ms"].notna()].drop_duplicates(x).sort_values(x)
-                roof, ref = timed[y] * timed["ms"] / timed["roofline_ms"], timed
-            ax.plot(ref[x], roof, "--", color="#555555", lw=1.2, label="roofline")
+            ax.plot(ref[x], ref["roofline_ms"] * (1000.0 if y == "us" else 1.0), "--", color="#555555", lw=1.2,
+                    label="roofline")
+        elif roofline and y in ("tflops", "gbps"):  # every provider does the same work: any timed row converts
+            ref = part[part["ms"].notna()].drop_duplicates(x).sort_values(x)
+            ax.plot(ref[x], ref[y] * ref["ms"] / ref["roofline_ms"], "--", color="#555555", lw=1.2, label="roofline")
         ax.set_xscale("log", base=2)
         if logy:
             ax.set_yscale("log")
