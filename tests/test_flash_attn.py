@@ -105,12 +105,20 @@ def test_large_scores_do_not_overflow():
 
 
 def test_strided_inputs():
-    """q, k, v as views of one packed qkv tensor (stride over T is not H*D): no copy needed."""
+    """Views of one packed qkv tensor and transposed [B, H, T, D] views are copied to contiguous
+    first (the kernels derive strides from shapes); out.sum() sends a stride-0 gradient."""
     B, T, H, D = 1, 45, 2, 32
     qkv = torch.randn(B, T, 3, H, D, device=DEVICE)
     q, k, v = qkv.unbind(2)
     o = flash_attn_func(q, k, v, causal=True)
     assert rel_err(o, attention_ref(q, k, v, causal=True)) < 1e-4
+
+    q, k, v = (torch.randn(B, H, T, D, device=DEVICE).transpose(1, 2).requires_grad_() for _ in range(3))
+    flash_attn_func(q, k, v, causal=True).sum().backward()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    attention_ref(q64, k64, v64, causal=True).sum().backward()
+    for name, got, ref in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
+        assert rel_err(got, ref) < 1e-4, name
 
 
 def test_launch_falls_back_when_a_tile_does_not_fit():

@@ -1,12 +1,12 @@
 """FlashAttention-2 backward in Triton: recompute P from Q, K and the saved log-sum-exp.
 
-Three launches:
-1. `_attn_bwd_preprocess`: delta_i = rowsum(dO_i * O_i), the softmax correction term.
+Two launches, in this order:
+1. `_attn_bwd_dq_kernel`: one program per block of BM queries; it first computes
+   delta_i = rowsum(dO_i * O_i), the softmax correction term, and stores it, then loops over
+   key blocks like the forward and accumulates dQ.
 2. `_attn_bwd_dkdv_kernel`: one program per block of BN keys of one KV head. It keeps K, V,
    dK, dV in registers and loops over the query blocks of *every* query head of its GQA group,
-   so the group's sum lands in dK/dV without atomics.
-3. `_attn_bwd_dq_kernel`: one program per block of BM queries; loops over key blocks like the
-   forward and accumulates dQ.
+   so the group's sum lands in dK/dV without atomics. It reads the delta that launch 1 wrote.
 With P = exp2(s * scale * log2e - lse), dP = dO Vᵀ, dS = P ∘ (dP - delta):
 dV = Pᵀ dO, dK = scale · dSᵀ Q, dQ = scale · dS K.
 """
@@ -19,35 +19,16 @@ import triton.language as tl
 from ..common import INTERPRET
 from .forward import INTERPRET_TILES, LOG2E, _key_ranges, launch
 
-PRE_BM = 16 if INTERPRET else 64
-
-
-@triton.jit(do_not_specialize=["T", "HQ"])
-def _attn_bwd_preprocess(o, do, delta, stride_ob, stride_ot, stride_oh, stride_db, stride_dt, stride_dh,
-                         T, HQ, D: tl.constexpr, BM: tl.constexpr):
-    """delta[b, h, t] = sum_d dO[b, t, h, d] * O[b, t, h, d] (fp32)."""
-    i_m, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b = (i_bh // HQ).to(tl.int64)
-    i_h = i_bh % HQ
-    o_m = i_m * BM + tl.arange(0, BM)
-    o_d = tl.arange(0, D)
-    m_m = o_m < T
-    b_o = tl.load(o + i_b * stride_ob + i_h * stride_oh + o_m[:, None] * stride_ot + o_d[None, :],
-                  mask=m_m[:, None], other=0.0).to(tl.float32)
-    b_do = tl.load(do + i_b * stride_db + i_h * stride_dh + o_m[:, None] * stride_dt + o_d[None, :],
-                   mask=m_m[:, None], other=0.0).to(tl.float32)
-    tl.store(delta + i_bh.to(tl.int64) * T + o_m, tl.sum(b_o * b_do, 1), mask=m_m)
-
-
 # Tiles (BM query rows, BN keys, num_warps, num_stages), fixed from what autotuning picked on the
-# H200 (bf16, D = 128, N = 1K..4K). dK/dV: BN = 128 keys, BM = 64, 8 warps, 3 stages from N = 2K on;
-# at N = 1K (B = 1, H = 32: only 256 programs of 128 keys for 132 SMs) the 64 x 64 tile with
-# 4 warps, 2 stages won, as it launches twice as many programs. dQ: BM = 128, BN = 64, 8 warps,
-# 3 stages at every length. D = 256 needs half-size tiles (registers, shared memory).
+# H200 (bf16, D = 128, N = 1K..4K). dK/dV: BN = 128 keys, BM = 64, 8 warps, 3 stages when that
+# makes at least 1024 programs (N = 4K at B = 1, H = 32); with fewer, 64 keys per program with
+# 4 warps and BM = 32 won (92 against 93 us at 1K, 217 against 258 us at 2K causal), as it
+# launches twice as many programs. dQ: BM = 128, BN = 64, 8 warps, 3 stages at every length.
+# D = 256 needs half-size tiles (registers, shared memory).
 DKDV_TILES = (64, 128, 8, 3)
-DKDV_TILES_FEW = (64, 64, 4, 2)  # when DKDV_TILES would give fewer than MIN_PROGRAMS programs
+DKDV_TILES_FEW = (32, 64, 4, 3)  # when DKDV_TILES would give fewer than MIN_PROGRAMS programs
 DKDV_TILES_D256 = (32, 64, 8, 2)
-MIN_PROGRAMS = 512
+MIN_PROGRAMS = 1024
 DQ_TILES = (128, 64, 8, 3)
 DQ_TILES_D256 = (64, 32, 8, 2)
 BWD_FALLBACK = (16, 32, 4, 1)  # used only if a tile does not fit in shared memory (e.g. fp32, D = 256)
@@ -72,20 +53,20 @@ def dq_tiles(D: int):
 
 # ---------------------------------------------------------------- dK, dV
 @triton.jit
-def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_do0, p_lse0, p_delta0, stride_qt, stride_dt,
+def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_do0, p_lse0, p_delta0, stride_t,
                          o_n, o_d, lo, hi, T, shift, qk_scale, BM: tl.constexpr, MASKED: tl.constexpr):
     """Visit query blocks [lo, hi) for one key block: recompute Pᵀ, accumulate dV and dK."""
     o_mb = tl.arange(0, BM)
     for i_m in range(lo, hi, BM):
         o_m = i_m + o_mb
         m_m = o_m < T  # rows past T load as zeros: they add nothing to dK, dV
-        b_q = tl.load(p_q0 + o_m[:, None] * stride_qt + o_d[None, :], mask=m_m[:, None], other=0.0)
+        b_q = tl.load(p_q0 + o_m[:, None] * stride_t + o_d[None, :], mask=m_m[:, None], other=0.0)
         b_lse = tl.load(p_lse0 + o_m, mask=m_m, other=0.0)
         b_sT = tl.dot(b_k, tl.trans(b_q)) * qk_scale - b_lse[None, :]  # [BN, BM], log2 of Pᵀ
         if MASKED:  # causal diagonal: key j reaches query i iff j <= i + S - T; mask before exp2
             b_sT = tl.where(o_n[:, None] <= o_m[None, :] + shift, b_sT, float("-inf"))
         b_pT = tl.math.exp2(b_sT)
-        b_do = tl.load(p_do0 + o_m[:, None] * stride_dt + o_d[None, :], mask=m_m[:, None], other=0.0)
+        b_do = tl.load(p_do0 + o_m[:, None] * stride_t + o_d[None, :], mask=m_m[:, None], other=0.0)
         b_dv = tl.dot(b_pT.to(b_do.dtype), b_do, b_dv)
         b_delta = tl.load(p_delta0 + o_m, mask=m_m, other=0.0)
         b_dpT = tl.dot(b_v, tl.trans(b_do))  # [BN, BM] = (dO Vᵀ)ᵀ
@@ -94,13 +75,11 @@ def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_do0, p_lse0, p_delta0, st
     return b_dk, b_dv
 
 
-@triton.jit(do_not_specialize=["T", "S", "HQ", "HKV", "GROUP"])
-def _attn_bwd_dkdv_kernel(q, k, v, do, dk, dv, lse, delta,
-                          stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
-                          stride_vb, stride_vs, stride_vh, stride_db, stride_dt, stride_dh,
-                          stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-                          T, S, HQ, HKV, GROUP, qk_scale, sm_scale,
+@triton.jit(do_not_specialize=["T", "S", "HQ", "GROUP"])
+def _attn_bwd_dkdv_kernel(q, k, v, do, dk, dv, lse, delta, T, S, HQ, GROUP, qk_scale, sm_scale,
                           D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """q, do: [B, T, HQ, D]; k, v, dk, dv: [B, S, HQ // GROUP, D]; all contiguous."""
+    HKV = HQ // GROUP
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b = (i_bh // HKV).to(tl.int64)
     i_hk = i_bh % HKV
@@ -108,10 +87,9 @@ def _attn_bwd_dkdv_kernel(q, k, v, do, dk, dv, lse, delta,
     o_n = n0 + tl.arange(0, BN)
     o_d = tl.arange(0, D)
     m_n = o_n < S
-    b_k = tl.load(k + i_b * stride_kb + i_hk * stride_kh + o_n[:, None] * stride_ks + o_d[None, :],
-                  mask=m_n[:, None], other=0.0)
-    b_v = tl.load(v + i_b * stride_vb + i_hk * stride_vh + o_n[:, None] * stride_vs + o_d[None, :],
-                  mask=m_n[:, None], other=0.0)
+    kv_offset = (i_b * S * HKV + i_hk) * D + o_n[:, None] * (HKV * D) + o_d[None, :]
+    b_k = tl.load(k + kv_offset, mask=m_n[:, None], other=0.0)
+    b_v = tl.load(v + kv_offset, mask=m_n[:, None], other=0.0)
     b_dk = tl.zeros([BN, D], dtype=tl.float32)
     b_dv = tl.zeros([BN, D], dtype=tl.float32)
 
@@ -126,32 +104,29 @@ def _attn_bwd_dkdv_kernel(q, k, v, do, dk, dv, lse, delta,
         full = 0
     for g in range(GROUP):  # every query head of this KV head's group: the GQA sum, no atomics
         i_h = i_hk * GROUP + g
-        p_q0 = q + i_b * stride_qb + i_h * stride_qh
-        p_do0 = do + i_b * stride_db + i_h * stride_dh
+        q_offset = (i_b * T * HQ + i_h) * D
         p_lse0 = lse + (i_b * HQ + i_h) * T
         p_delta0 = delta + (i_b * HQ + i_h) * T
         if CAUSAL:
-            b_dk, b_dv = _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_do0, p_lse0, p_delta0, stride_qt,
-                                              stride_dt, o_n, o_d, lo, full, T, shift, qk_scale, BM, True)
-        b_dk, b_dv = _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_do0, p_lse0, p_delta0, stride_qt,
-                                          stride_dt, o_n, o_d, full, t_end, T, shift, qk_scale, BM, False)
+            b_dk, b_dv = _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, q + q_offset, do + q_offset, p_lse0, p_delta0,
+                                              HQ * D, o_n, o_d, lo, full, T, shift, qk_scale, BM, True)
+        b_dk, b_dv = _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, q + q_offset, do + q_offset, p_lse0, p_delta0,
+                                          HQ * D, o_n, o_d, full, t_end, T, shift, qk_scale, BM, False)
 
-    p_dk = dk + i_b * stride_dkb + i_hk * stride_dkh + o_n[:, None] * stride_dks + o_d[None, :]
-    p_dv = dv + i_b * stride_dvb + i_hk * stride_dvh + o_n[:, None] * stride_dvs + o_d[None, :]
-    tl.store(p_dk, (b_dk * sm_scale).to(dk.dtype.element_ty), mask=m_n[:, None])
-    tl.store(p_dv, b_dv.to(dv.dtype.element_ty), mask=m_n[:, None])
+    tl.store(dk + kv_offset, (b_dk * sm_scale).to(dk.dtype.element_ty), mask=m_n[:, None])
+    tl.store(dv + kv_offset, b_dv.to(dv.dtype.element_ty), mask=m_n[:, None])
 
 
 # ---------------------------------------------------------------- dQ
 @triton.jit
-def _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_ks, stride_vs, o_m, o_d,
+def _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_s, o_m, o_d,
                        lo, hi, S, shift, qk_scale, BN: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """Visit key blocks [lo, hi) for one query block: recompute P, accumulate dQ (unscaled)."""
     o_nb = tl.arange(0, BN)
     for i_n in range(lo, hi, BN):
         o_s = i_n + o_nb
-        p_k = p_k0 + o_s[:, None] * stride_ks + o_d[None, :]
-        p_v = p_v0 + o_s[:, None] * stride_vs + o_d[None, :]
+        p_k = p_k0 + o_s[:, None] * stride_s + o_d[None, :]
+        p_v = p_v0 + o_s[:, None] * stride_s + o_d[None, :]
         if MASKED:
             m_s = o_s < S
             b_k = tl.load(p_k, mask=m_s[:, None], other=0.0)
@@ -173,63 +148,54 @@ def _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_ks, s
 
 
 @triton.jit(do_not_specialize=["T", "S", "HQ", "GROUP"])
-def _attn_bwd_dq_kernel(q, k, v, do, dq, lse, delta,
-                        stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
-                        stride_vb, stride_vs, stride_vh, stride_db, stride_dt, stride_dh,
-                        stride_dqb, stride_dqt, stride_dqh,
-                        T, S, HQ, GROUP, qk_scale, sm_scale,
+def _attn_bwd_dq_kernel(q, k, v, o, do, dq, lse, delta, T, S, HQ, GROUP, qk_scale, sm_scale,
                         D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """q, o, do, dq: [B, T, HQ, D]; k, v: [B, S, HQ // GROUP, D]; all contiguous.
+    Also writes delta (fp32 [B, HQ, T]) for the dK/dV kernel that runs next."""
     i_m = tl.program_id(0)
     if CAUSAL:
         i_m = tl.num_programs(0) - 1 - i_m
     i_bh = tl.program_id(1)
     i_b = (i_bh // HQ).to(tl.int64)
     i_h = i_bh % HQ
+    HKV = HQ // GROUP
     i_hk = i_h // GROUP
     o_m = i_m * BM + tl.arange(0, BM)
     o_d = tl.arange(0, D)
     m_m = o_m < T
-    b_q = tl.load(q + i_b * stride_qb + i_h * stride_qh + o_m[:, None] * stride_qt + o_d[None, :],
-                  mask=m_m[:, None], other=0.0)
-    b_do = tl.load(do + i_b * stride_db + i_h * stride_dh + o_m[:, None] * stride_dt + o_d[None, :],
-                   mask=m_m[:, None], other=0.0)
+    q_offset = (i_b * T * HQ + i_h) * D + o_m[:, None] * (HQ * D) + o_d[None, :]
+    b_q = tl.load(q + q_offset, mask=m_m[:, None], other=0.0)
+    b_do = tl.load(do + q_offset, mask=m_m[:, None], other=0.0)
+    b_o = tl.load(o + q_offset, mask=m_m[:, None], other=0.0)
+    b_delta = tl.sum(b_do.to(tl.float32) * b_o.to(tl.float32), 1)  # D_i = rowsum(dO ∘ O)
+    tl.store(delta + i_bh.to(tl.int64) * T + o_m, b_delta, mask=m_m)
     b_lse = tl.load(lse + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=0.0)
-    b_delta = tl.load(delta + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=0.0)
     b_dq = tl.zeros([BM, D], dtype=tl.float32)
-    p_k0 = k + i_b * stride_kb + i_hk * stride_kh
-    p_v0 = v + i_b * stride_vb + i_hk * stride_vh
+    p_k0 = k + (i_b * S * HKV + i_hk) * D
+    p_v0 = v + (i_b * S * HKV + i_hk) * D
     full_end, hi = _key_ranges(i_m * BM, T, S, BM, BN, CAUSAL)
     shift = S - T
-    b_dq = _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_ks, stride_vs, o_m, o_d,
+    b_dq = _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, HKV * D, o_m, o_d,
                               0, full_end, S, shift, qk_scale, BN, False, CAUSAL)
-    b_dq = _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_ks, stride_vs, o_m, o_d,
+    b_dq = _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, HKV * D, o_m, o_d,
                               full_end, hi, S, shift, qk_scale, BN, True, CAUSAL)
-    p_dq = dq + i_b * stride_dqb + i_h * stride_dqh + o_m[:, None] * stride_dqt + o_d[None, :]
-    tl.store(p_dq, (b_dq * sm_scale).to(dq.dtype.element_ty), mask=m_m[:, None])
+    tl.store(dq + q_offset, (b_dq * sm_scale).to(dq.dtype.element_ty), mask=m_m[:, None])
 
 
 def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float):
-    """Launch the three backward kernels. do, q, o: [B, T, Hq, D]; k, v: [B, S, Hkv, D];
-    lse: fp32 [B, Hq, T] (base 2) from `attention_fwd`. Returns (dq, dk, dv) in the input dtype;
-    for GQA, dk and dv are already summed over the query heads of each group."""
+    """Launch the two backward kernels. do, q, o: [B, T, Hq, D]; k, v: [B, S, Hkv, D], q, k, v, o
+    contiguous; lse: fp32 [B, Hq, T] (base 2) from `attention_fwd`. Returns (dq, dk, dv) in the
+    input dtype; for GQA, dk and dv are already summed over the query heads of each group."""
     B, T, HQ, D = q.shape
     S, HKV = k.shape[1], k.shape[2]
-    if do.stride(-1) != 1:
-        do = do.contiguous()
+    do = do.contiguous()  # e.g. the gradient of out.sum() arrives as a stride-0 view
     delta = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
-    _attn_bwd_preprocess[(triton.cdiv(T, PRE_BM), B * HQ)](
-        o, do, delta, *o.stride()[:3], *do.stride()[:3], T, HQ, D=D, BM=PRE_BM)
-    dq = torch.empty((B, T, HQ, D), device=q.device, dtype=q.dtype)
-    dk = torch.empty((B, S, HKV, D), device=q.device, dtype=k.dtype)
-    dv = torch.empty((B, S, HKV, D), device=q.device, dtype=v.dtype)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     qk_scale = softmax_scale * LOG2E
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
+    launch(_attn_bwd_dq_kernel, lambda BM, BN: (triton.cdiv(T, BM), B * HQ), dq_tiles(D), ("dq", q.dtype, D, causal),
+           q, k, v, o, do, dq, lse, delta, T, S, HQ, HQ // HKV, qk_scale, softmax_scale, D=D, CAUSAL=causal)
     tiles = dkdv_tiles(D, B, S, HKV)
     launch(_attn_bwd_dkdv_kernel, lambda BM, BN: (triton.cdiv(S, BN), B * HKV), tiles,
            ("dkdv", q.dtype, D, causal, tiles[0]),
-           q, k, v, do, dk, dv, lse, delta, *strides, *dk.stride()[:3], *dv.stride()[:3],
-           T, S, HQ, HKV, HQ // HKV, qk_scale, softmax_scale, D=D, CAUSAL=causal)
-    launch(_attn_bwd_dq_kernel, lambda BM, BN: (triton.cdiv(T, BM), B * HQ), dq_tiles(D), ("dq", q.dtype, D, causal),
-           q, k, v, do, dq, lse, delta, *strides, *dq.stride()[:3],
-           T, S, HQ, HQ // HKV, qk_scale, softmax_scale, D=D, CAUSAL=causal)
+           q, k, v, do, dk, dv, lse, delta, T, S, HQ, HQ // HKV, qk_scale, softmax_scale, D=D, CAUSAL=causal)
     return dq, dk, dv

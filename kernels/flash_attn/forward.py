@@ -58,7 +58,7 @@ def launch(kernel, grid, candidates, key, *args, **constexprs):
 
 
 @triton.jit
-def _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, stride_ks, stride_vs, o_m, o_d, lo, hi, S, shift, qk_scale,
+def _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, stride_s, o_m, o_d, lo, hi, S, shift, qk_scale,
                     BN: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """Visit key blocks [lo, hi): one online-softmax update per block. MASKED=False is the fast
     path for blocks every row of the tile may fully see; MASKED=True handles the causal diagonal
@@ -66,8 +66,8 @@ def _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, stride_ks, stride_vs, o_m,
     o_n = tl.arange(0, BN)
     for i_n in range(lo, hi, BN):
         o_s = i_n + o_n
-        p_k = p_k0 + o_s[:, None] * stride_ks + o_d[None, :]
-        p_v = p_v0 + o_s[:, None] * stride_vs + o_d[None, :]
+        p_k = p_k0 + o_s[:, None] * stride_s + o_d[None, :]  # K and V share the layout
+        p_v = p_v0 + o_s[:, None] * stride_s + o_d[None, :]
         if MASKED:
             m_s = o_s < S
             b_k = tl.load(p_k, mask=m_s[:, None], other=0.0)
@@ -112,48 +112,48 @@ def _key_ranges(m0, T, S, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constex
 
 
 @triton.jit(do_not_specialize=["T", "S", "HQ", "GROUP"])  # one compiled kernel for every length
-def _attn_fwd_kernel(q, k, v, o, lse,
-                     stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
-                     stride_vb, stride_vs, stride_vh, stride_ob, stride_ot, stride_oh,
-                     T, S, HQ, GROUP, qk_scale,
+def _attn_fwd_kernel(q, k, v, o, lse, T, S, HQ, GROUP, qk_scale,
                      D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """q, o: [B, T, HQ, D], k, v: [B, S, HQ // GROUP, D], all contiguous: the strides follow
+    from the shape, so the launch passes ten arguments instead of twenty-two."""
     i_m = tl.program_id(0)
     if CAUSAL:  # the last query blocks see the most keys: start them first
         i_m = tl.num_programs(0) - 1 - i_m
     i_bh = tl.program_id(1)
     i_b = (i_bh // HQ).to(tl.int64)
     i_h = i_bh % HQ
+    HKV = HQ // GROUP
     i_hk = i_h // GROUP  # GQA: this query head reads KV head h // (Hq / Hkv), no copy of K/V
     o_m = i_m * BM + tl.arange(0, BM)
     o_d = tl.arange(0, D)
     m_m = o_m < T
 
-    p_q = q + i_b * stride_qb + i_h * stride_qh + o_m[:, None] * stride_qt + o_d[None, :]
+    p_q = q + (i_b * T * HQ + i_h) * D + o_m[:, None] * (HQ * D) + o_d[None, :]
     b_q = tl.load(p_q, mask=m_m[:, None], other=0.0)
-    p_k0 = k + i_b * stride_kb + i_hk * stride_kh
-    p_v0 = v + i_b * stride_vb + i_hk * stride_vh
+    p_k0 = k + (i_b * S * HKV + i_hk) * D
+    p_v0 = v + (i_b * S * HKV + i_hk) * D
 
     b_m = tl.full([BM], float("-inf"), dtype=tl.float32)  # running max (base-2 units)
     b_l = tl.zeros([BM], dtype=tl.float32)  # running sum of exp2(s - m)
     b_acc = tl.zeros([BM, D], dtype=tl.float32)  # running, unnormalised output
     full_end, hi = _key_ranges(i_m * BM, T, S, BM, BN, CAUSAL)
     shift = S - T
-    b_acc, b_m, b_l = _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, stride_ks, stride_vs, o_m, o_d,
+    b_acc, b_m, b_l = _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, HKV * D, o_m, o_d,
                                       0, full_end, S, shift, qk_scale, BN, False, CAUSAL)
-    b_acc, b_m, b_l = _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, stride_ks, stride_vs, o_m, o_d,
+    b_acc, b_m, b_l = _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, HKV * D, o_m, o_d,
                                       full_end, hi, S, shift, qk_scale, BN, True, CAUSAL)
 
     empty = b_l == 0.0  # causal with T > S: a row that sees no key; its output is 0
     b_l1 = tl.where(empty, 1.0, b_l)
     b_o = b_acc / b_l1[:, None]
     b_lse = tl.where(empty, float("inf"), b_m + tl.math.log2(b_l1))  # +inf makes P = 0 in the backward
-    p_o = o + i_b * stride_ob + i_h * stride_oh + o_m[:, None] * stride_ot + o_d[None, :]
+    p_o = o + (i_b * T * HQ + i_h) * D + o_m[:, None] * (HQ * D) + o_d[None, :]
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_m[:, None])
     tl.store(lse + i_bh.to(tl.int64) * T + o_m, b_lse, mask=m_m)
 
 
 def attention_fwd(q, k, v, causal: bool, softmax_scale: float):
-    """Launch the forward (inputs already validated). Returns (o [B, T, Hq, D] in q's dtype,
+    """Launch the forward (inputs validated and contiguous). Returns (o [B, T, Hq, D] in q's dtype,
     lse fp32 [B, Hq, T] in base 2: lse = log2 sum_j exp2(s_ij * scale * log2 e))."""
     B, T, HQ, D = q.shape
     S, HKV = k.shape[1], k.shape[2]
@@ -161,8 +161,7 @@ def attention_fwd(q, k, v, causal: bool, softmax_scale: float):
     lse = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
     tiles = fwd_tiles(D, causal)
     launch(_attn_fwd_kernel, lambda BM, BN: (triton.cdiv(T, BM), B * HQ), tiles, ("fwd", q.dtype, D, causal),
-           q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-           T, S, HQ, HQ // HKV, softmax_scale * LOG2E, D=D, CAUSAL=causal)
+           q, k, v, o, lse, T, S, HQ, HQ // HKV, softmax_scale * LOG2E, D=D, CAUSAL=causal)
     return o, lse
 
 

@@ -53,17 +53,13 @@ def _validate(q, k, v, causal, softmax_scale) -> float:
     return float(softmax_scale)
 
 
-def _last_dim_contiguous(t):
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 class FlashAttnFunction(torch.autograd.Function):
     """Forward: Triton FlashAttention-2 (saves O and the fp32 log-sum-exp, not P).
     Backward: the three Triton kernels of `backward.py`, recomputing P."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, softmax_scale):
-        q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # the kernels derive strides from shapes
         o, lse = attention_fwd(q, k, v, causal, softmax_scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.softmax_scale = causal, softmax_scale
@@ -84,6 +80,7 @@ def flash_attn_func(q, k, v, causal=False, softmax_scale=None):
     dots on a GPU; exact under the interpreter). Any T, S >= 1. causal=True masks bottom-right
     aligned (flash-attn >= 2.1): query i sees key j iff j <= i + S - T; rows that see no key
     output 0. softmax_scale defaults to 1/sqrt(D). Returns o: [B, T, Hq, D] in q's dtype.
+    Non-contiguous inputs (e.g. a transposed [B, H, T, D] view) are copied to contiguous first.
 
     >>> q = torch.randn(2, 1000, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     >>> k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
@@ -93,4 +90,4 @@ def flash_attn_func(q, k, v, causal=False, softmax_scale=None):
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return FlashAttnFunction.apply(q, k, v, causal, scale)
     # inference: skip autograd's bookkeeping (a few microseconds a call, which matter at short N)
-    return attention_fwd(_last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v), causal, scale)[0]
+    return attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale)[0]

@@ -1,0 +1,159 @@
+"""Tuning probe for the open performance problems (notes/TUNING.md); GPU only, prints tables.
+
+    python scripts/tune_probe.py fa_host fa_bwd mla
+
+fa_host: where the host time of one FlashAttention-2 call goes (tiny shapes).
+fa_bwd: the backward at short N (B=1, H=32, D=128) against SDPA flash: through autograd, the
+  kernels alone, a CUDA-graph replay (GPU time only), and autograd on one thread.
+mla: the MLA decode kernel's tile configurations at B=128, H=128, T=8K, one by one.
+"""
+import sys
+import time
+
+import torch
+import triton
+import triton.testing
+
+from kernels.bench import time_graph_ms, time_ms
+from kernels.flash_attn import backward as fb
+from kernels.flash_attn.forward import LOG2E, attention_fwd
+from kernels.flash_attn.interface import flash_attn_func
+
+
+def _host_us(fn, n=300):
+    """Host time of one call, microseconds (tiny shapes: the GPU is never the bottleneck)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+@triton.jit
+def _noop1(a):
+    pass
+
+
+@triton.jit
+def _noop15(a, b, c, d, e, f, g, h, i0, i1, i2, i3, i4, f0, f1):
+    pass
+
+
+class _Trivial(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v):
+        return q.clone()
+
+    @staticmethod
+    def backward(ctx, do):
+        return do, do, do
+
+
+def fa_host():
+    """Where the host time of a short call goes (tiny shapes)."""
+    from kernels.flash_attn import interface
+    D = 128
+    q, k, v = (torch.randn(1, 64, 1, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    o = flash_attn_func(q, k, v)
+    g = torch.randn_like(o)
+    _, lse = attention_fwd(q.detach(), k.detach(), v.detach(), False, D ** -0.5)
+    ot = _Trivial.apply(q, k, v)
+    x = torch.empty(8, device="cuda")
+    inside = []
+    real_bwd = interface.attention_bwd
+
+    def timed_bwd(*a):
+        t0 = time.perf_counter()
+        r = real_bwd(*a)
+        inside.append(time.perf_counter() - t0)
+        return r
+    rows = {
+        "torch.empty": lambda: torch.empty(1, 64, 1, D, device="cuda"),
+        "triton launch, 1 arg": lambda: _noop1[(1,)](x),
+        "triton launch, 15 args": lambda: _noop15[(1,)](x, x, x, x, x, x, x, x, 1, 2, 3, 4, 5, 1.0, 2.0),
+        "_validate": lambda: interface._validate(q, k, v, False, None),
+        "flash_attn_func, no grad": lambda: flash_attn_func(q.detach(), k.detach(), v.detach()),
+        "flash_attn_func, grad": lambda: flash_attn_func(q, k, v),
+        "attention_bwd": lambda: fb.attention_bwd(g, q.detach(), k.detach(), v.detach(), o.detach(), lse, False, D ** -0.5),
+        "autograd.grad, trivial Function": lambda: torch.autograd.grad(ot, (q, k, v), g, retain_graph=True),
+        "autograd.grad, book": lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True),
+    }
+    for name, fn in rows.items():
+        print(f"host  {name:40s} {_host_us(fn):7.1f} us")
+    with torch.autograd.set_multithreading_enabled(False):
+        print(f"host  {'autograd.grad, trivial, one thread':40s} "
+              f"{_host_us(lambda: torch.autograd.grad(ot, (q, k, v), g, retain_graph=True)):7.1f} us")
+        print(f"host  {'autograd.grad, book, one thread':40s} "
+              f"{_host_us(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True)):7.1f} us")
+    interface.attention_bwd = timed_bwd
+    print(f"host  {'autograd.grad, book (again)':40s} "
+          f"{_host_us(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True)):7.1f} us, "
+          f"of which attention_bwd {sorted(inside)[len(inside) // 2] * 1e6:.1f} us (median)")
+    interface.attention_bwd = real_bwd
+
+
+def fa_bwd():
+    """The backward at short N against SDPA flash, through autograd and without it."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+    torch.manual_seed(0)
+    D, H = 128, 32
+    for N, causal in ((1024, False), (1024, True), (2048, False), (2048, True), (4096, False), (4096, True)):
+        flops = 2.5 * 4 * H * N * N * D / (2 if causal else 1)
+        q, k, v = (torch.randn(1, N, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        o = flash_attn_func(q, k, v, causal=causal)
+        g = torch.randn_like(o)
+        qd, kd, vd, od = q.detach(), k.detach(), v.detach(), o.detach()
+        _, lse = attention_fwd(qd, kd, vd, causal, D ** -0.5)
+        qs, ks, vs = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            os_ = sdpa(qs, ks, vs, is_causal=causal)
+        gs = g.transpose(1, 2).contiguous()
+        flash_grad = lambda: torch.autograd.grad(os_, (qs, ks, vs), gs, retain_graph=True)  # noqa: E731
+        t = {
+            "SDPA flash grad": time_ms(flash_grad),
+            "SDPA flash grad graph": time_graph_ms(flash_grad),
+            "book grad": time_ms(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True)),
+            "book attention_bwd": time_ms(lambda: fb.attention_bwd(g, qd, kd, vd, od, lse, causal, D ** -0.5)),
+            "book attention_bwd graph": time_graph_ms(lambda: fb.attention_bwd(g, qd, kd, vd, od, lse, causal, D ** -0.5)),
+        }
+        with torch.autograd.set_multithreading_enabled(False):
+            t["book grad, one thread"] = time_ms(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True))
+            t["SDPA flash grad, one thread"] = time_ms(flash_grad)
+        print(f"=== N={N} causal={causal}  ({flops / 1e9:.1f} GFLOP)")
+        for name, ms in t.items():
+            print(f"  {name:32s} {ms * 1e3:8.1f} us  {flops / ms / 1e9:6.0f} TFLOP/s")
+
+
+def mla():
+    from kernels.mla import decode as md
+    B, H, T, DQK, DV = 128, 128, 8192, 576, 512
+    torch.manual_seed(0)
+    q = torch.randn(B, 1, H, DQK, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(B, T, DQK, device="cuda", dtype=torch.bfloat16)
+    lens = torch.full((B,), T, device="cuda", dtype=torch.int32)
+    flops = 2.0 * B * H * T * (DQK + DV)
+    ms = time_graph_ms(lambda: md.mla_decode(q, kv, lens, DQK ** -0.5, check_seqlens=False))
+    print(f"mla_decode (autotuned, picked {md._mla_decode_tuned.best_config}): {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
+    out = torch.empty(B, 1, H, DV, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(B, H, 1, device="cuda", dtype=torch.float32)
+    for bh, bn, w, s in [(64, 64, 8, 2), (64, 32, 8, 3), (64, 32, 8, 4), (64, 128, 8, 1), (64, 64, 8, 1),
+                         (128, 32, 16, 2), (128, 64, 16, 1), (128, 32, 16, 1), (128, 16, 16, 3)]:
+        def call():
+            md._mla_decode_kernel[(triton.cdiv(H, bh), 1, B)](
+                q, kv, lens, lens, out, lse, out, lse, DQK ** -0.5 * 1.4426950408889634,
+                kv.stride(0), kv.stride(1), 0, 1, S_Q=1, H=H, D_QK=DQK, D_V=DV, PAGE=1, PAGED=False,
+                CAUSAL=False, SPLIT=False, BV=512, BP=64, BH=bh, BN=bn, num_warps=w, num_stages=s)
+        try:
+            ms = time_graph_ms(call)
+            print(f"  BH={bh:3d} BN={bn:3d} warps={w:2d} stages={s}: {ms:.3f} ms  {flops / ms / 1e9:.0f} TFLOP/s")
+        except Exception as e:  # noqa: BLE001 - a config that does not fit: say so, go on
+            print(f"  BH={bh:3d} BN={bn:3d} warps={w:2d} stages={s}: {type(e).__name__} {str(e)[:80]}")
+
+
+if __name__ == "__main__":
+    for part in sys.argv[1:]:
+        {"fa_host": fa_host, "fa_bwd": fa_bwd, "mla": mla}[part]()
