@@ -121,6 +121,22 @@ def test_strided_inputs():
         assert rel_err(got, ref) < 1e-4, name
 
 
+def test_misaligned_inputs():
+    """Contiguous tensors that start 2 bytes past a 16-byte boundary: `launch` must not reuse the
+    kernel compiled for aligned pointers (on the GPU that would be a misaligned vector load)."""
+    dtype = torch.float16
+    B, T, H, D = 1, 40, 2, 64
+    aligned = [torch.randn(B, T, H, D, device=DEVICE, dtype=dtype) for _ in range(3)]
+    flash_attn_func(*aligned, causal=True)  # compile (and remember) the aligned variant first
+    shifted = []
+    for t in aligned:
+        flat = torch.empty(t.numel() + 1, device=DEVICE, dtype=dtype)
+        shifted.append(flat[1:].view_as(t).copy_(t))
+    assert all(t.data_ptr() % 16 for t in shifted)
+    o = flash_attn_func(*shifted, causal=True)
+    assert rel_err(o, attention_ref(*aligned, causal=True)) < 2e-3
+
+
 def test_launch_falls_back_when_a_tile_does_not_fit():
     """`launch` tries the next tile when Triton reports OutOfResources, and remembers the choice."""
     from triton.runtime.errors import OutOfResources
@@ -142,7 +158,7 @@ def test_launch_falls_back_when_a_tile_does_not_fit():
         for _ in range(2):
             forward.launch(FakeKernel(), lambda BM, BN: (1000 // BM,), tiles, key)
     finally:
-        forward._FITS.pop(key, None)
+        forward._VARIANTS.pop(key, None)
     assert tried == [(128, 64, (7,)), (64, 32, (15,)), (64, 32, (15,))]
 
 

@@ -192,10 +192,11 @@ def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float):
     delta = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     qk_scale = softmax_scale * LOG2E
-    launch(_attn_bwd_dq_kernel, lambda BM, BN: (triton.cdiv(T, BM), B * HQ), dq_tiles(D), ("dq", q.dtype, D, causal),
+    launch(_attn_bwd_dq_kernel, lambda BM, BN: (triton.cdiv(T, BM), B * HQ), dq_tiles(D),
+           ("dq", q.device, q.dtype, D, causal),
            q, k, v, o, do, dq, lse, delta, T, S, HQ, HQ // HKV, qk_scale, softmax_scale, D=D, CAUSAL=causal)
     tiles = dkdv_tiles(D, B, S, HKV)
     launch(_attn_bwd_dkdv_kernel, lambda BM, BN: (triton.cdiv(S, BN), B * HKV), tiles,
-           ("dkdv", q.dtype, D, causal, tiles[0]),
+           ("dkdv", q.device, q.dtype, D, causal, tiles[0]),
            q, k, v, do, dk, dv, lse, delta, T, S, HQ, HQ // HKV, qk_scale, softmax_scale, D=D, CAUSAL=causal)
     return dq, dk, dv
