@@ -57,7 +57,7 @@ def launch(kernel, grid, candidates, key, *args, **constexprs):
     i, compiled, tail = _VARIANTS.get(key, (0, None, ()))
     bm, bn, warps, stages = candidates[i]
     if compiled is not None and _aligned(args):
-        compiled[grid(bm, bn)](*args, *tail)
+        compiled[(*grid(bm, bn), 1, 1)[:3]](*args, *tail)  # this path wants all three grid sides
         return
     while True:
         bm, bn, warps, stages = candidates[i]
