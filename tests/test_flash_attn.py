@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from kernels.common import DEVICE, rel_err
+from kernels.common import DEVICE, pick, rel_err
 from kernels.flash_attn import attention_ref, flash_attn_func
 
 TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (3e-3, 1e-2), torch.bfloat16: (1e-2, 3e-2)}  # (fwd, grads)
@@ -107,18 +107,19 @@ def test_large_scores_do_not_overflow():
 def test_strided_inputs():
     """Views of one packed qkv tensor and transposed [B, H, T, D] views are copied to contiguous
     first (the kernels derive strides from shapes); out.sum() sends a stride-0 gradient."""
+    tol = pick(cpu=1e-4, gpu=3e-3)  # fp32 runs its dots in TF32 on the GPU
     B, T, H, D = 1, 45, 2, 32
     qkv = torch.randn(B, T, 3, H, D, device=DEVICE)
     q, k, v = qkv.unbind(2)
     o = flash_attn_func(q, k, v, causal=True)
-    assert rel_err(o, attention_ref(q, k, v, causal=True)) < 1e-4
+    assert rel_err(o, attention_ref(q, k, v, causal=True)) < tol
 
     q, k, v = (torch.randn(B, H, T, D, device=DEVICE).transpose(1, 2).requires_grad_() for _ in range(3))
     flash_attn_func(q, k, v, causal=True).sum().backward()
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     attention_ref(q64, k64, v64, causal=True).sum().backward()
     for name, got, ref in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
-        assert rel_err(got, ref) < 1e-4, name
+        assert rel_err(got, ref) < tol, name
 
 
 def test_misaligned_inputs():
