@@ -5,7 +5,7 @@
 fa_host: where the host time of one FlashAttention-2 call goes (tiny shapes).
 fa_bwd: the backward at short N (B=1, H=32, D=128) against SDPA flash: through autograd, the
   kernels alone, a CUDA-graph replay (GPU time only), and autograd on one thread.
-mla: the MLA decode kernel's tile configurations at B=128, H=128, T=8K, one by one.
+mla: the MLA decode kernel's tile configurations (TMA and pointer loads) at B=128, H=128, T=8K.
 """
 import sys
 import time
@@ -139,18 +139,18 @@ def mla():
     print(f"mla_decode (autotuned, picked {md._mla_decode_tuned.best_config}): {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
     out = torch.empty(B, 1, H, DV, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(B, H, 1, device="cuda", dtype=torch.float32)
-    for bh, bn, w, s in [(64, 64, 8, 2), (64, 32, 8, 3), (64, 32, 8, 4), (64, 128, 8, 1), (64, 64, 8, 1),
-                         (128, 32, 16, 2), (128, 64, 16, 1), (128, 32, 16, 1), (128, 16, 16, 3)]:
+    for bh, bn, w, s, tma in [(64, 64, 8, 2, True), (64, 64, 8, 2, False), (64, 32, 8, 3, True), (64, 32, 8, 4, True),
+                              (64, 128, 8, 1, True), (64, 64, 8, 1, True)]:
         def call():
             md._mla_decode_kernel[(triton.cdiv(H, bh), 1, B)](
                 q, kv, lens, lens, out, lse, out, lse, DQK ** -0.5 * 1.4426950408889634,
-                kv.stride(0), kv.stride(1), 0, 1, S_Q=1, H=H, D_QK=DQK, D_V=DV, PAGE=1, PAGED=False,
+                kv.stride(0), kv.stride(1), 0, 1, S_Q=1, H=H, D_QK=DQK, D_V=DV, PAGE=1, PAGED=False, TMA=tma,
                 CAUSAL=False, SPLIT=False, BV=512, BP=64, BH=bh, BN=bn, num_warps=w, num_stages=s)
         try:
             ms = time_graph_ms(call)
-            print(f"  BH={bh:3d} BN={bn:3d} warps={w:2d} stages={s}: {ms:.3f} ms  {flops / ms / 1e9:.0f} TFLOP/s")
+            print(f"  BH={bh:3d} BN={bn:3d} warps={w:2d} stages={s} TMA={tma}: {ms:.3f} ms  {flops / ms / 1e9:.0f} TFLOP/s")
         except Exception as e:  # noqa: BLE001 - a config that does not fit: say so, go on
-            print(f"  BH={bh:3d} BN={bn:3d} warps={w:2d} stages={s}: {type(e).__name__} {str(e)[:80]}")
+            print(f"  BH={bh:3d} BN={bn:3d} warps={w:2d} stages={s} TMA={tma}: {type(e).__name__} {str(e)[:80]}")
 
 
 if __name__ == "__main__":

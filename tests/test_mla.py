@@ -64,6 +64,7 @@ CPU_CASES = [
     (2, 2, 3, 76, 60, 45, True, 7, None),    # odd page size, D_v not a power of two, auto split
     (2, 1, 4, 64, 64, 40, False, None, 2),   # no RoPE part: D_qk == D_v
     (1, 3, 2, 72, 64, 19, True, None, None),
+    (2, 1, 3, 76, 60, 45, False, None, 2),   # contiguous (TMA tiles wider than D_v), D_v not a power of two
 ]
 
 
@@ -177,6 +178,31 @@ def test_bad_block_table():
     bad[1, 0] = cache.shape[0]
     with pytest.raises(ValueError, match="page indices outside"):
         mla_decode(q, cache, lens, 0.1, 64, bad)
+
+
+def test_decode_unaligned_rows_use_pointer_loads(monkeypatch):
+    """A cache whose row stride is not a multiple of 16 bytes cannot be read by TMA: the kernel must
+    take the pointer path (checked through the TMA flag it is launched with) and still be right."""
+    from kernels.mla import decode
+
+    B, s_q, H, D, V, T = 2, 1, 3, 72, 64, 40
+    q, kv, lens, _ = make_case(B, s_q, H, D, T)
+    padded = torch.full((B, T, D + 1), float("nan"), device=DEVICE)
+    padded[..., :D] = kv
+    unaligned = padded[..., :D]                  # row stride 73 floats = 292 bytes
+    seen = []
+    kernel = decode._mla_decode_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                seen.append(kwargs["TMA"])
+                return kernel[grid](*args, **kwargs)
+            return run
+    monkeypatch.setattr(decode, "_mla_decode_kernel", Spy())
+    check_decode(q, unaligned, lens, None, V, False, 2, tol=1e-5)
+    check_decode(q, kv, lens, None, V, False, 2, tol=1e-5)
+    assert seen == [False, True]
 
 
 # ---- GPU: DeepSeek-V3 dims, bf16

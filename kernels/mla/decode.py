@@ -5,6 +5,8 @@ element) and one slice of the cache. It walks its slice in tiles of BN positions
 loading each tile once for all BH rows, and keeps an online softmax in fp32.
 With more than one slice per sequence (split-KV, "flash-decoding") every slice
 writes a partial output and its log-sum-exp, and a second small kernel merges them.
+A contiguous cache is read through TMA tensor descriptors (Hopper's copy engine);
+a paged cache through a block table and ordinary pointer loads.
 """
 from __future__ import annotations
 
@@ -15,9 +17,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import INTERPRET, ON_GPU, check_tensor
+from ..common import DEVICE, INTERPRET, ON_GPU, check_tensor
 
 LN2 = math.log(2.0)
+
+# Descriptors made inside a kernel (`tl.make_tensor_descriptor`) need a little scratch memory per
+# program, which Triton asks for through an allocator. Install one backed by PyTorch's.
+triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=DEVICE))
 
 
 @triton.jit
@@ -27,7 +33,7 @@ def _mla_decode_kernel(
     stride_kb, stride_kt, stride_bt,  # cache: per batch element (or per page), per token; block table row
     num_splits,
     S_Q: tl.constexpr, H: tl.constexpr, D_QK: tl.constexpr, D_V: tl.constexpr,
-    PAGE: tl.constexpr, PAGED: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr,
+    PAGE: tl.constexpr, PAGED: tl.constexpr, TMA: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr,
     BH: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr, BP: tl.constexpr,
 ):
     ROWS: tl.constexpr = S_Q * H       # (query, head) pairs share every cache tile
@@ -61,23 +67,37 @@ def _mla_decode_kernel(
     b_l = tl.zeros([BH], tl.float32)                # running sum of exp2
     b_acc = tl.zeros([BH, BV], tl.float32)          # running sum of p * value
     o_t = tl.arange(0, BN)
-    if not PAGED:
-        # Contiguous cache: one 64-bit base per program; each tile moves it by BN rows.
+    if TMA:
+        # This sequence's cache as a [seqlen, D_QK] matrix: the copy engine fetches whole tiles
+        # and fills rows past seqlen with zeros, so nothing past the sequence is ever read.
+        # Columns past D_V in a [BN, BV] tile (BV > D_V) meet zeros in the query and are not stored.
+        seq = kv + i_b.to(tl.int64) * stride_kb
+        d_c = tl.make_tensor_descriptor(seq, shape=[seqlen, D_QK], strides=[stride_kt, 1], block_shape=[BN, BV])
+        if D_PE > 0:
+            d_p = tl.make_tensor_descriptor(seq, shape=[seqlen, D_QK], strides=[stride_kt, 1], block_shape=[BN, BP])
+    elif not PAGED:
+        # Contiguous cache without TMA: one 64-bit base per program; each tile moves it by BN rows.
         p_c = kv + i_b.to(tl.int64) * stride_kb + (start + o_t).to(tl.int64)[:, None] * stride_kt
     for n0 in range(start, end, BN):
         o_n = n0 + o_t
         m_n = o_n < end                               # never read past the sequence
-        if PAGED:
-            i_page = tl.load(block_table + i_b * stride_bt + o_n // PAGE, mask=m_n, other=0)
-            p_c = kv + (i_page.to(tl.int64) * stride_kb + (o_n % PAGE) * stride_kt)[:, None]
-        m_c = m_n[:, None]
-        if BV != D_V:
-            m_c = m_c & (o_v < D_V)[None, :]
         # One cache tile, read once for all BH rows: latent c [BN, 512] (key part and value).
-        b_c = tl.load(p_c + o_v[None, :], mask=m_c, other=0.0)
+        if TMA:
+            b_c = d_c.load([n0, 0])
+        else:
+            if PAGED:
+                i_page = tl.load(block_table + i_b * stride_bt + o_n // PAGE, mask=m_n, other=0)
+                p_c = kv + (i_page.to(tl.int64) * stride_kb + (o_n % PAGE) * stride_kt)[:, None]
+            m_c = m_n[:, None]
+            if BV != D_V:
+                m_c = m_c & (o_v < D_V)[None, :]
+            b_c = tl.load(p_c + o_v[None, :], mask=m_c, other=0.0)
         b_s = tl.dot(b_qc, tl.trans(b_c))
         if D_PE > 0:
-            b_pe = tl.load(p_c + D_V + o_p[None, :], mask=m_n[:, None] & (o_p < D_PE)[None, :], other=0.0)
+            if TMA:
+                b_pe = d_p.load([n0, D_V])
+            else:
+                b_pe = tl.load(p_c + D_V + o_p[None, :], mask=m_n[:, None] & (o_p < D_PE)[None, :], other=0.0)
             b_s = tl.dot(b_qp, tl.trans(b_pe), b_s)
         m_s = m_n[None, :]
         if CAUSAL:
@@ -93,7 +113,7 @@ def _mla_decode_kernel(
         b_l = b_l * b_alpha + tl.sum(b_p, 1)
         b_acc = tl.dot(b_p.to(b_c.dtype), b_c, b_acc * b_alpha[:, None])  # value = the same tile
         b_m = b_m_new
-        if not PAGED:
+        if not PAGED and not TMA:
             p_c += BN * stride_kt
 
     b_lse = tl.where(b_l > 0, b_m + tl.log2(tl.where(b_l > 0, b_l, 1.0)), float("-inf"))  # -inf: nothing seen
@@ -156,7 +176,7 @@ _GPU_CONFIGS = [
     triton.Config({"BH": 32, "BN": 64}, num_warps=4, num_stages=2),  # split-KV slices: more programs
 ]
 _mla_decode_tuned = triton.autotune(
-    configs=_GPU_CONFIGS, key=["S_Q", "H", "D_QK", "D_V", "PAGED", "CAUSAL", "SPLIT"],
+    configs=_GPU_CONFIGS, key=["S_Q", "H", "D_QK", "D_V", "PAGED", "TMA", "CAUSAL", "SPLIT"],
 )(_mla_decode_kernel)
 # Under the interpreter: one small fixed tile (tl.dot needs every side >= 16).
 _CPU_CONFIG = {"BH": 16, "BN": 16}
@@ -194,6 +214,8 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
     causal: query i of s_q sees cache positions < seqlen - s_q + i + 1.
     num_splits: slices per sequence (split-KV); None picks from B, H, length and the SM count.
     check_seqlens: validate seqlens / block table values (one device sync); False in graphs and timing loops.
+    A contiguous cache with 16-byte aligned rows is read with TMA (the copy engine bounds every tile by the
+    sequence length); a paged or unaligned one with pointer loads.
     Returns out [B, s_q, H, head_dim_v] in q's dtype and lse fp32 [B, H, s_q] (natural log).
     bf16/fp16 on the GPU (fp32 runs, with tf32 products); fp32/fp16 under the interpreter.
 
@@ -281,7 +303,10 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
     BP = max(16, triton.next_power_of_2(max(D_QK - D_V, 1)))
     args = (q, kv_cache, bt, cache_seqlens, out, lse, ws_o, ws_lse,
             softmax_scale * 1.4426950408889634, stride_kb, stride_kt, stride_bt, num_splits)
-    consts = dict(S_Q=S_Q, H=H, D_QK=D_QK, D_V=D_V, PAGE=page, PAGED=block_table is not None,
+    # TMA wants a 16-byte aligned base and row strides (a contiguous cache always has them).
+    esize = kv_cache.element_size()
+    tma = block_table is None and all(x % 16 == 0 for x in (kv_cache.data_ptr(), stride_kb * esize, stride_kt * esize))
+    consts = dict(S_Q=S_Q, H=H, D_QK=D_QK, D_V=D_V, PAGE=page, PAGED=block_table is not None, TMA=tma,
                   CAUSAL=causal and S_Q > 1, SPLIT=split, BV=BV, BP=BP)
     if ON_GPU and not INTERPRET:
         grid = lambda meta: (triton.cdiv(ROWS, meta["BH"]), num_splits, B)  # noqa: E731
