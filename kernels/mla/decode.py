@@ -10,6 +10,7 @@ a paged cache through a block table and ordinary pointer loads.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -183,6 +184,7 @@ _CPU_CONFIG = {"BH": 16, "BN": 16}
 _BH_PLAN = 64  # the head block the split heuristic assumes
 
 
+@functools.lru_cache(maxsize=1024)  # a decode loop asks the same question every step: answer it once
 def _num_splits(B: int, n_hblocks: int, max_len: int, n_sm: int) -> int:
     """How many slices to cut each sequence into, by a small cost model in units of
     'one cache position processed by one program' (about 30 ns for 64 heads on an H200 SM):
@@ -199,6 +201,11 @@ def _num_splits(B: int, n_hblocks: int, max_len: int, n_sm: int) -> int:
         if cost < best_cost:
             best, best_cost = s, cost
     return best
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(dev: torch.device) -> int:
+    return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
 def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_table=None, causal=False,
@@ -290,7 +297,7 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
     out = torch.empty(B, S_Q, H, D_V, device=dev, dtype=q.dtype)
     lse = torch.empty(B, H, S_Q, device=dev, dtype=torch.float32)
     if num_splits is None:
-        n_sm = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+        n_sm = _sm_count(dev) if dev.type == "cuda" else 132
         num_splits = _num_splits(B, triton.cdiv(ROWS, _BH_PLAN), max_len, n_sm)
     split = num_splits > 1
     if split:
