@@ -30,7 +30,7 @@ def show(df):
     if "pct_roofline" in df and df["pct_roofline"].notna().any():
         print(df.pivot_table(index=cases or ["name"], columns="provider", values="pct_roofline", sort=False)
               .to_string(float_format=lambda x: f"{x:.0f}%"))
-    notes = df[df["note"].fillna("").str.startswith("error")]
+    notes = df[df["note"].astype("string").fillna("").str.startswith("error")]
     if len(notes):
         print(notes[["provider", "note"]].drop_duplicates().to_string())
 
