@@ -16,7 +16,7 @@ import triton.testing
 
 from kernels.bench import time_graph_ms, time_ms
 from kernels.flash_attn import backward as fb
-from kernels.flash_attn.forward import LOG2E, attention_fwd
+from kernels.flash_attn.forward import attention_fwd
 from kernels.flash_attn.interface import flash_attn_func
 
 

@@ -22,8 +22,8 @@ from .forward import INTERPRET_TILES, LOG2E, _key_ranges, launch
 # Tiles (BM query rows, BN keys, num_warps, num_stages), fixed from what autotuning picked on the
 # H200 (bf16, D = 128, N = 1K..4K). dK/dV: BN = 128 keys, BM = 64, 8 warps, 3 stages when that
 # makes at least 1024 programs (N = 4K at B = 1, H = 32); with fewer, 64 keys per program with
-# 4 warps and BM = 32 won (92 against 93 us at 1K, 217 against 258 us at 2K causal), as it
-# launches twice as many programs. dQ: BM = 128, BN = 64, 8 warps, 3 stages at every length.
+# 4 warps and BM = 32 won (1K: 92 against 93 us, causal 83 against 106; 2K causal: 217 against
+# 258 us), as it launches twice as many programs. dQ: BM = 128, BN = 64, 8 warps, 3 stages at every length.
 # D = 256 needs half-size tiles (registers, shared memory).
 DKDV_TILES = (64, 128, 8, 3)
 DKDV_TILES_FEW = (32, 64, 4, 3)  # when DKDV_TILES would give fewer than MIN_PROGRAMS programs
