@@ -23,8 +23,8 @@ from .forward import INTERPRET_TILES, LOG2E, _key_ranges, launch
 # H200 (bf16, D = 128, N = 1K..4K). dK/dV: BN = 128 keys, BM = 64, 8 warps, 3 stages when that
 # makes at least 1024 programs (N = 4K at B = 1, H = 32); with fewer, 64 keys per program with
 # 4 warps and BM = 32 won (1K: 92 against 93 us, causal 83 against 106; 2K causal: 217 against
-# 258 us), as it launches twice as many programs. dQ: BM = 128, BN = 64, 8 warps, 3 stages at every length.
-# D = 256 needs half-size tiles (registers, shared memory).
+# 258 us), as it launches twice as many programs. dQ: BM = 128, BN = 64, 8 warps, 3 stages at
+# every length. D = 256 needs half-size tiles (registers, shared memory).
 DKDV_TILES = (64, 128, 8, 3)
 DKDV_TILES_FEW = (32, 64, 4, 3)  # when DKDV_TILES would give fewer than MIN_PROGRAMS programs
 DKDV_TILES_D256 = (32, 64, 8, 2)
@@ -171,8 +171,9 @@ def _attn_bwd_dq_kernel(q, k, v, o, do, dq, lse, delta, T, S, HQ, GROUP, qk_scal
     tl.store(delta + i_bh.to(tl.int64) * T + o_m, b_delta, mask=m_m)
     b_lse = tl.load(lse + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=0.0)
     b_dq = tl.zeros([BM, D], dtype=tl.float32)
-    p_k0 = k + (i_b * S * HKV + i_hk) * D
-    p_v0 = v + (i_b * S * HKV + i_hk) * D
+    kv_base = (i_b * S * HKV + i_hk) * D
+    p_k0 = k + kv_base
+    p_v0 = v + kv_base
     full_end, hi = _key_ranges(i_m * BM, T, S, BM, BN, CAUSAL)
     shift = S - T
     b_dq = _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, HKV * D, o_m, o_d,

@@ -55,8 +55,8 @@ def launch(kernel, grid, candidates, key, *args, **constexprs):
     between calls with one key: lengths are `do_not_specialize`, floats are never specialised, and
     pointers are checked to be 16-byte aligned, as they were when the kernel was compiled."""
     i, compiled, tail = _VARIANTS.get(key, (0, None, ()))
-    bm, bn, warps, stages = candidates[i]
     if compiled is not None and _aligned(args):
+        bm, bn = candidates[i][:2]
         compiled[(*grid(bm, bn), 1, 1)[:3]](*args, *tail)  # this path wants all three grid sides
         return
     while True:
@@ -148,10 +148,11 @@ def _attn_fwd_kernel(q, k, v, o, lse, T, S, HQ, GROUP, qk_scale,
     o_d = tl.arange(0, D)
     m_m = o_m < T
 
-    p_q = q + (i_b * T * HQ + i_h) * D + o_m[:, None] * (HQ * D) + o_d[None, :]
-    b_q = tl.load(p_q, mask=m_m[:, None], other=0.0)
-    p_k0 = k + (i_b * S * HKV + i_hk) * D
-    p_v0 = v + (i_b * S * HKV + i_hk) * D
+    q_offset = (i_b * T * HQ + i_h) * D + o_m[:, None] * (HQ * D) + o_d[None, :]  # O has Q's layout
+    b_q = tl.load(q + q_offset, mask=m_m[:, None], other=0.0)
+    kv_base = (i_b * S * HKV + i_hk) * D  # K and V share their layout
+    p_k0 = k + kv_base
+    p_v0 = v + kv_base
 
     b_m = tl.full([BM], float("-inf"), dtype=tl.float32)  # running max (base-2 units)
     b_l = tl.zeros([BM], dtype=tl.float32)  # running sum of exp2(s - m)
@@ -167,8 +168,7 @@ def _attn_fwd_kernel(q, k, v, o, lse, T, S, HQ, GROUP, qk_scale,
     b_l1 = tl.where(empty, 1.0, b_l)
     b_o = b_acc / b_l1[:, None]
     b_lse = tl.where(empty, float("inf"), b_m + tl.math.log2(b_l1))  # +inf makes P = 0 in the backward
-    p_o = o + (i_b * T * HQ + i_h) * D + o_m[:, None] * (HQ * D) + o_d[None, :]
-    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_m[:, None])
+    tl.store(o + q_offset, b_o.to(o.dtype.element_ty), mask=m_m[:, None])
     tl.store(lse + i_bh.to(tl.int64) * T + o_m, b_lse, mask=m_m)
 
 
@@ -180,8 +180,8 @@ def attention_fwd(q, k, v, causal: bool, softmax_scale: float):
     o = torch.empty((B, T, HQ, D), device=q.device, dtype=q.dtype)
     lse = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
     tiles = fwd_tiles(D, causal)
-    launch(_attn_fwd_kernel, lambda BM, BN: (triton.cdiv(T, BM), B * HQ), tiles,
-           ("fwd", q.device, q.dtype, D, causal), q, k, v, o, lse, T, S, HQ, HQ // HKV, softmax_scale * LOG2E, D=D, CAUSAL=causal)
+    launch(_attn_fwd_kernel, lambda BM, BN: (triton.cdiv(T, BM), B * HQ), tiles, ("fwd", q.device, q.dtype, D, causal),
+           q, k, v, o, lse, T, S, HQ, HQ // HKV, softmax_scale * LOG2E, D=D, CAUSAL=causal)
     return o, lse
 
 
