@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernels.common import DEVICE, pick, rel_err
-from kernels.flash_attn import attention_ref, flash_attn_func
+from kernels.flash_attn import attention_ref, backward, flash_attn_func
 
 TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (3e-3, 1e-2), torch.bfloat16: (1e-2, 3e-2)}  # (fwd, grads)
 
@@ -38,6 +38,14 @@ def _check(B, T, S, HQ, HKV, D, causal, dtype, scale=1.0, ref_dtype=torch.float6
     return o, grads
 
 
+@pytest.fixture(params=[1, 2], ids=["1launch", "2launches"])
+def launches(request, monkeypatch):
+    """Run the backward as one launch (dK/dV programs compute delta from O) or as two (the dQ
+    launch stores delta, the dK/dV launch reads it), whatever the size would pick."""
+    monkeypatch.setattr(backward, "ONE_LAUNCH_MAX_FLOPS", math.inf if request.param == 1 else 0.0)
+    return request.param
+
+
 def _id(shape):
     B, T, S, HQ, HKV, D = shape
     return f"B{B}-T{T}-S{S}-Hq{HQ}-Hkv{HKV}-D{D}"
@@ -58,7 +66,7 @@ CPU_SHAPES = [
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", CPU_SHAPES, ids=_id)
-def test_matches_reference(shape, causal, dtype):
+def test_matches_reference(shape, causal, dtype, launches):
     _check(*shape, causal, dtype)
 
 
@@ -260,7 +268,7 @@ GPU_ODD = [  # (B, T, S, Hq, Hkv, D), bf16, D = 128
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", GPU_ODD, ids=_id)
-def test_gpu_odd_lengths(shape, causal):
+def test_gpu_odd_lengths(shape, causal, launches):
     _check(*shape, causal, torch.bfloat16, ref_dtype=torch.float32)
 
 
@@ -270,7 +278,7 @@ def test_gpu_odd_lengths(shape, causal):
     ((2, 77, 300, 16, 4, 64), True),
     ((1, 300, 257, 4, 2, 256), True),
 ], ids=lambda x: _id(x) if isinstance(x, tuple) else ("causal" if x else "full"))
-def test_gpu_head_dims(shape, causal):
+def test_gpu_head_dims(shape, causal, launches):
     _check(*shape, causal, torch.bfloat16, ref_dtype=torch.float32)
 
 
