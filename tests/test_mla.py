@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from kernels.common import DEVICE, rel_err
-from kernels.mla import (absorb_query, latent_cache, mla_absorbed, mla_decode, mla_decode_ref, mla_naive,
+from kernels.mla import (absorb_query, latent_cache, mla_absorbed, mla_decode, mla_decode_gluon, mla_decode_ref,
+                         mla_naive,
                          unabsorb_output, yarn_softmax_scale)
 
 
@@ -155,15 +156,23 @@ def _good():
     (lambda q, kv, l: (q.expand(2, 3, 3, 72).contiguous(), kv, torch.tensor([2, 9], dtype=torch.int32),
                        {"causal": True}), ValueError, "causal=True needs"),
     (lambda q, kv, l: (q, kv[..., ::2], l, {}), ValueError, "head dim"),
+    (lambda q, kv, l: (q, kv, l, {"backend": "cuda"}), ValueError, "backend must be"),
+    (lambda q, kv, l: (q, kv, l, {"backend": "gluon"}), ValueError, "backend='gluon' does not apply"),
 ], ids=["rank", "q-dtype", "kv-dtype", "kv-dim", "kv-batch", "seqlens-dtype", "seqlens-len", "seqlen-0",
         "seqlen-over-capacity", "scale-type", "scale-neg", "dv-too-big", "dv-type", "causal-type", "splits-0",
-        "causal-short", "kv-strided"])
+        "causal-short", "kv-strided", "backend-name", "gluon-misfit"])
 def test_bad_inputs(mutate, exc, match):
     q, kv, lens = _good()
     q, kv, lens, kw = mutate(q, kv, lens)
     args = {"softmax_scale": 0.1, "head_dim_v": 64, **kw}
     with pytest.raises(exc, match=match):
         mla_decode(q, kv, lens, **args)
+
+
+def test_gluon_kernel_rejects_what_it_cannot_run():
+    q, kv, lens = _good()  # 3 heads of 72 dims: not DeepSeek's (and, on this machine's CPU, not CUDA)
+    with pytest.raises(ValueError, match=r"must be on a CUDA device|q must be \[B, 1, H, 576\]"):
+        mla_decode_gluon(q, kv, lens, 0.1)
 
 
 def test_bad_block_table():
@@ -226,3 +235,36 @@ def test_decode_gpu_bf16(case):
     B, s_q, H, T, causal, page, ns = case
     q, kv, lens, table = make_case(B, s_q, H, 576, T, dtype=torch.bfloat16, page=page, causal=causal)
     check_decode(q, kv, lens, table, 512, causal, ns, tol=1e-2, scale=yarn_softmax_scale() / 4)
+
+
+@pytest.mark.gpu
+def test_gluon_gpu_matches_reference_and_triton():
+    """The hand-scheduled Hopper kernel: lengths around its 64-position tiles, NaN past every length."""
+    lens = torch.tensor([1, 63, 64, 65, 129, 1000, 2047, 3000], dtype=torch.int32)
+    q, kv, lens, _ = make_case(8, 1, 128, 576, 3000, dtype=torch.bfloat16, lens=lens)
+    scale = yarn_softmax_scale()
+    out, lse = mla_decode(q, kv, lens, scale, backend="gluon")
+    ref, ref_lse = mla_decode_ref(q, kv, lens, scale, 512, None, False)
+    tri, tri_lse = mla_decode(q, kv, lens, scale, backend="triton")
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert rel_err(out, ref) < 1e-2, f"out vs reference: {rel_err(out, ref):.2e}"
+    assert (lse - ref_lse).abs().max().item() < 1e-3
+    assert rel_err(out, tri) < 1e-2 and (lse - tri_lse).abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("change, gluon", [
+    ({}, True),                                  # B=8, H=128, bf16, s_q=1, contiguous: the serving case
+    ({"s_q": 2}, False),
+    ({"dtype": torch.float16}, False),
+    ({"page": 64}, False),
+    ({"num_splits": 2}, False),
+], ids=["serving", "s_q-2", "fp16", "paged", "split"])
+def test_gpu_auto_backend_choice(change, gluon, monkeypatch):
+    from kernels.mla import decode
+    calls = []
+    monkeypatch.setattr(decode, "mla_decode_gluon", lambda *a: calls.append(1) or mla_decode_gluon(*a))
+    q, kv, lens, table = make_case(8, change.get("s_q", 1), 128, 576, 256, dtype=change.get("dtype", torch.bfloat16),
+                                   page=change.get("page"))
+    check_decode(q, kv, lens, table, 512, False, change.get("num_splits"), tol=1e-2, scale=yarn_softmax_scale())
+    assert bool(calls) == gluon

@@ -7,6 +7,9 @@ With more than one slice per sequence (split-KV, "flash-decoding") every slice
 writes a partial output and its log-sum-exp, and a second small kernel merges them.
 A contiguous cache is read through TMA tensor descriptors (Hopper's copy engine);
 a paged cache through a block table and ordinary pointer loads.
+On a Hopper GPU, the common serving case (bf16, one query token, DeepSeek's 576/512 dims, a
+contiguous cache, enough sequences to fill the GPU without splitting) goes instead to a
+hand-scheduled Gluon kernel (`gluon_decode.py`) with a copy warp and two ping-pong warpgroups.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ..common import DEVICE, INTERPRET, ON_GPU, check_tensor
+from .gluon_decode import BLOCK_H as GLUON_BLOCK_H, D_QK as GLUON_D_QK, D_V as GLUON_D_V, mla_decode_gluon, tma_ready
 
 LN2 = math.log(2.0)
 
@@ -208,8 +212,29 @@ def _sm_count(dev: torch.device) -> int:
     return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def _is_hopper(dev: torch.device) -> bool:
+    return torch.cuda.get_device_capability(dev)[0] == 9
+
+
+def _gluon_misfit(q, kv_cache, block_table, head_dim_v, num_splits):
+    """Why the Gluon kernel cannot take this call (a phrase), or None if it can."""
+    B, S_Q, H, D_QK = q.shape
+    if INTERPRET or q.device.type != "cuda" or not _is_hopper(q.device):
+        return "it needs a Hopper GPU (sm_90)"
+    if q.dtype != torch.bfloat16:
+        return f"it needs bfloat16, got {q.dtype}"
+    if S_Q != 1 or D_QK != GLUON_D_QK or head_dim_v != GLUON_D_V or H % GLUON_BLOCK_H:
+        return f"it needs s_q = 1, D_qk = {GLUON_D_QK}, head_dim_v = {GLUON_D_V} and H % {GLUON_BLOCK_H} == 0"
+    if block_table is not None or not tma_ready(kv_cache):
+        return "it needs a contiguous cache with 16-byte aligned rows (no block table)"
+    if num_splits != 1:
+        return f"it does not split sequences (num_splits = {num_splits})"
+    return None
+
+
 def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_table=None, causal=False,
-               *, num_splits=None, check_seqlens=True):
+               *, num_splits=None, check_seqlens=True, backend="auto"):
     """MLA decode attention over a latent cache (absorbed form), FlashMLA's contract.
 
     q: [B, s_q, H, D_qk] (D_qk = 576 for DeepSeek: the absorbed 512 then the 64 RoPE dims), s_q >= 1.
@@ -221,6 +246,8 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
     causal: query i of s_q sees cache positions < seqlen - s_q + i + 1.
     num_splits: slices per sequence (split-KV); None picks from B, H, length and the SM count.
     check_seqlens: validate seqlens / block table values (one device sync); False in graphs and timing loops.
+    backend: "auto" (the Gluon kernel where it applies, see the module docstring; else Triton), "triton",
+        or "gluon" (no split; ValueError, saying why, where it does not apply).
     A contiguous cache with 16-byte aligned rows is read with TMA (the copy engine bounds every tile by the
     sequence length); a paged or unaligned one with pointer loads.
     Returns out [B, s_q, H, head_dim_v] in q's dtype and lse fp32 [B, H, s_q] (natural log).
@@ -268,6 +295,8 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
         page = kv_cache.shape[1]
         capacity = block_table.shape[1] * page
         stride_kb, stride_kt, stride_bt = kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0)
+    if backend not in ("auto", "triton", "gluon"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'gluon', got {backend!r}")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral)
                                    or num_splits < 1):
         raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
@@ -290,15 +319,23 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
             raise ValueError(f"causal=True needs every cache_seqlens >= s_q={S_Q}, got min {lo}")
         max_len = hi
 
-    # ---- allocate, pick the split, launch
-    q = q.contiguous()
+    # ---- pick the split and the kernel, allocate, launch
     D_V = head_dim_v
     ROWS = S_Q * H
-    out = torch.empty(B, S_Q, H, D_V, device=dev, dtype=q.dtype)
-    lse = torch.empty(B, H, S_Q, device=dev, dtype=torch.float32)
-    if num_splits is None:
+    if num_splits is None and backend == "gluon":
+        num_splits = 1  # the Gluon kernel does not split
+    elif num_splits is None:
         n_sm = _sm_count(dev) if dev.type == "cuda" else 132
         num_splits = _num_splits(B, triton.cdiv(ROWS, _BH_PLAN), max_len, n_sm)
+    if backend != "triton":
+        misfit = _gluon_misfit(q, kv_cache, block_table, head_dim_v, num_splits)
+        if misfit is None:
+            return mla_decode_gluon(q, kv_cache, cache_seqlens, softmax_scale)
+        if backend == "gluon":
+            raise ValueError(f"backend='gluon' does not apply here: {misfit}")
+    q = q.contiguous()
+    out = torch.empty(B, S_Q, H, D_V, device=dev, dtype=q.dtype)
+    lse = torch.empty(B, H, S_Q, device=dev, dtype=torch.float32)
     split = num_splits > 1
     if split:
         ws_o = torch.empty(B, ROWS, num_splits, D_V, device=dev, dtype=torch.float32)
@@ -310,9 +347,7 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
     BP = max(16, triton.next_power_of_2(max(D_QK - D_V, 1)))
     args = (q, kv_cache, bt, cache_seqlens, out, lse, ws_o, ws_lse,
             softmax_scale * 1.4426950408889634, stride_kb, stride_kt, stride_bt, num_splits)
-    # TMA wants a 16-byte aligned base and row strides (a contiguous cache always has them).
-    esize = kv_cache.element_size()
-    tma = block_table is None and all(x % 16 == 0 for x in (kv_cache.data_ptr(), stride_kb * esize, stride_kt * esize))
+    tma = block_table is None and tma_ready(kv_cache)  # a contiguous cache always is
     consts = dict(S_Q=S_Q, H=H, D_QK=D_QK, D_V=D_V, PAGE=page, PAGED=block_table is not None, TMA=tma,
                   CAUSAL=causal and S_Q > 1, SPLIT=split, BV=BV, BP=BP)
     if ON_GPU and not INTERPRET:

@@ -1,0 +1,413 @@
+"""MLA decode for Hopper (sm_90a) in Gluon, Triton's explicit dialect: warpgroups, mbarriers and TMA by hand.
+
+Shapes (DeepSeek-V3 absorbed form, one query token, contiguous cache):
+    q             bf16 [B, 1, H, 576]   per head: 512 latent dims, then 64 RoPE dims; H % 64 == 0
+    kv_cache      bf16 [B, T_max, 576]  key = the whole row, value = its first 512 columns
+    cache_seqlens int32 [B]             positions >= seqlen are never read (they may hold NaN)
+    returns out bf16 [B, 1, H, 512] and lse fp32 [B, H, 1] (natural log)
+
+The design follows FlashMLA: one CTA per (64-head block, batch element), three partitions.
+  * A 1-warp producer issues every copy with TMA: the query block once (72 KB, resident in shared memory)
+    and the cache in tiles of 64 positions into a ring of two slots (2 x 72 KB).
+  * Two 4-warp consumer warpgroups play ping-pong. Warpgroup w owns tiles w, w+2, w+4, ...: for them it
+    computes the whole score tile S = Q K^T (wgmma, Q and K read from shared memory, so Q is read once
+    per tile, not once per half tile), the online softmax in base 2, and publishes P (bf16) and the row
+    max through shared memory.
+  * The output accumulator, 64 x 512 fp32, is split by columns: warpgroup w owns O[:, 256w : 256w+256]
+    (128 registers a thread) and adds every tile's P V[:, its half], its own P from registers, the
+    other's from shared memory. V is the first 512 columns of the same ring slot: no second copy.
+The row max is one chain through both warpgroups (tile t's max starts from tile t-1's), so every tile's P
+and every rescale factor is the same for both halves of O; the two partial row sums are added at the end.
+While one warpgroup does its softmax, the tensor cores run the other's products.
+Each sequence gets its own TMA descriptor, made on the device with shape [seqlen, 576]: the copy engine
+zero-fills rows past the sequence, so padding (even NaN) never reaches the value product, and the scores
+of those rows are set to -inf. (The descriptors need a little global scratch per CTA, from the allocator
+that `decode.py` installs.)
+
+Gluon/ptxas constraints this code works around (see the comments at each place):
+  * no wgmma may be in flight across a loop back edge or the end of an `if`: ptxas copies the
+    accumulator registers there and then serializes every wgmma in the kernel (C7514/C7515);
+  * shared buffers handed to wgmma are indexed by an opaque zero (_opaque_zero), or LLVM hoists all
+    per-k-step wgmma descriptors out of the loop and ptxas spills them;
+  * constexprs do not survive gl.warp_specialize's argument tuples: partitions read sizes off the
+    buffers' static shapes.
+`scripts/mla_gluon_compile.py` compiles it for sm_90a without a GPU and checks the first two.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+D_QK, D_V = 576, 512
+D_PE = D_QK - D_V
+BLOCK_H = 64                 # heads per CTA: one wgmma M of 64 rows per warpgroup
+LOG2E = 1.4426950408889634
+# Cache tile and ring: 64 positions x 2 slots fit in 227 KB next to the 72 KB query block. Measured on the
+# H200 against 32 positions x 4 slots: 0.546 against 0.596 ms at B=128, T=8K (notes/TUNING.md).
+BN, STAGES = 64, 2
+# "ws" runs 4 + 4 + 1 warps as three warpgroups (384 threads). At maxnreg 168 the register file holds
+# 3 x 168 = 504 registers per thread slot; the producer drops to 24 (setmaxnreg), which leaves 240 for
+# each consumer warpgroup: 128 for its half of O, 32 for S, the rest for P, softmax state, addresses.
+WS_MAXNREG = 168
+WS_CONSUMER_REGS = 240
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Shared pieces
+# ----------------------------------------------------------------------------------------------------------
+@gluon.jit
+def _make_descs(q_ptr, kv_ptr, q_row0, b, seqlen, t_max, stride_kb, stride_kt, BM: gl.constexpr, BN: gl.constexpr,
+                D_V: gl.constexpr, D_PE: gl.constexpr, nope_layout: gl.constexpr, pe_layout: gl.constexpr,
+                qn_layout: gl.constexpr, qp_layout: gl.constexpr):
+    """Four TMA descriptors: query block and this sequence's cache, each as a 512-wide and a 64-wide part
+    (block shapes must be powers of two; 576 is not). The cache descriptor's row count is seqlen, so the
+    copy engine zero-fills rows past the sequence instead of reading the padding or the next sequence."""
+    D: gl.constexpr = D_V + D_PE
+    q_base = q_ptr + q_row0.to(gl.int64) * D
+    qn = tma.make_tensor_descriptor(q_base, shape=[BM, D], strides=[D, 1], block_shape=[BM, D_V], layout=qn_layout)
+    qp = tma.make_tensor_descriptor(q_base, shape=[BM, D], strides=[D, 1], block_shape=[BM, D_PE], layout=qp_layout)
+    kv_base = kv_ptr + b.to(gl.int64) * stride_kb
+    # A zero-row descriptor is invalid (with seqlen 0 no tile is loaded anyway); a seqlen past T_max is
+    # outside the contract, but the clamp keeps the copies inside this sequence's rows of the cache.
+    rows = gl.minimum(gl.maximum(seqlen, 1), t_max)
+    kn = tma.make_tensor_descriptor(kv_base, shape=[rows, D], strides=[stride_kt, 1], block_shape=[BN, D_V],
+                                    layout=nope_layout)
+    kp = tma.make_tensor_descriptor(kv_base, shape=[rows, D], strides=[stride_kt, 1], block_shape=[BN, D_PE],
+                                    layout=pe_layout)
+    return qn, qp, kn, kp
+
+
+@gluon.jit
+def _opaque_zero(t):
+    """0 for any tile index t < 2**30, but not provably 0 to LLVM. Shared buffers handed to wgmma are indexed
+    with it (the query block and the P buffer as [1, ...] buffers, the ring slot as slot + 0): with an address
+    LLVM can see is constant, or a two-valued slot it turns into a select, it precomputes every per-k-step
+    wgmma descriptor (64 bits each, 36 for Q, 36 per slot for K) outside the loop, and ptxas spills them.
+    Computed in the loop, each descriptor is one add next to its wgmma."""
+    return t >> 30
+
+
+@gluon.jit
+def _load_kv_tile(kn, kp, kv_nope_s, kv_pe_s, ready, t, BN: gl.constexpr, STAGES: gl.constexpr,
+                  D_V: gl.constexpr, D_PE: gl.constexpr):
+    """Copy cache tile t (BN rows x 576) into ring slot t % STAGES; `ready` flips when all bytes landed
+    (rows past the sequence are zero-filled and still counted)."""
+    st = t % STAGES
+    bar = ready.index(st)
+    mbarrier.expect(bar, BN * (D_V + D_PE) * 2)
+    tma.async_copy_global_to_shared(kn, [t * BN, 0], bar, kv_nope_s.index(st))
+    tma.async_copy_global_to_shared(kp, [t * BN, D_V], bar, kv_pe_s.index(st))
+
+
+@gluon.jit
+def _store_out(o_ptr, lse_ptr, acc, m_i, l_tot, row0, col0, BM: gl.constexpr, BV: gl.constexpr,
+               D_V: gl.constexpr, o_layout: gl.constexpr, row_s: gl.constexpr, WRITE_LSE: gl.constexpr):
+    """out[row0 + r, col0 + c] = acc / l (bf16); lse = (m + log2 l) * ln 2 (a row with nothing seen: 0, -inf)."""
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+    l_o = gl.convert_layout(l_tot, row_o)
+    out = acc / gl.expand_dims(gl.where(l_o > 0, l_o, 1.0), 1)
+    rows = gl.arange(0, BM, layout=row_o)
+    cols = gl.arange(0, BV, layout=col_o)
+    ptrs = o_ptr + gl.expand_dims((row0 + rows).to(gl.int64) * D_V, 1) + gl.expand_dims(col0 + cols, 0)
+    gl.store(ptrs, out.to(gl.bfloat16))
+    if WRITE_LSE:
+        safe = gl.where(l_tot > 0, l_tot, 1.0)
+        lse = gl.where(l_tot > 0, (m_i + gl.log2(safe)) * 0.6931471805599453, float("-inf"))
+        gl.store(lse_ptr + row0 + gl.arange(0, BM, layout=row_s), lse)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The partitions: producer warp, two ping-pong consumer warpgroups (gl.warp_specialize)
+# ----------------------------------------------------------------------------------------------------------
+@gluon.jit
+def _ws_load_partition(q_ptr, kv_ptr, q_row0, b, seqlen, n_tiles, t_max, stride_kb, stride_kt,
+                       q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty):
+    """1 warp: the query block once, then every cache tile, each as soon as its ring slot is free."""
+    BM: gl.constexpr = q_nope_s.shape[1]
+    STAGES: gl.constexpr = kv_nope_s.shape[0]
+    BN: gl.constexpr = kv_nope_s.shape[1]
+    D_V: gl.constexpr = kv_nope_s.shape[2]
+    D_PE: gl.constexpr = kv_pe_s.shape[2]
+    kn_layout: gl.constexpr = kv_nope_s.layout
+    kp_layout: gl.constexpr = kv_pe_s.layout
+    qn_layout: gl.constexpr = q_nope_s.layout
+    qp_layout: gl.constexpr = q_pe_s.layout
+    qn, qp, kn, kp = _make_descs(q_ptr, kv_ptr, q_row0, b, seqlen, t_max, stride_kb, stride_kt, BM, BN, D_V, D_PE,
+                                 kn_layout, kp_layout, qn_layout, qp_layout)
+    mbarrier.expect(q_bar, BM * (D_V + D_PE) * 2)
+    tma.async_copy_global_to_shared(qn, [0, 0], q_bar, q_nope_s.index(0))
+    tma.async_copy_global_to_shared(qp, [0, D_V], q_bar, q_pe_s.index(0))
+    for t in range(n_tiles):
+        # Slot t % STAGES is free once both warpgroups released its previous tile (count 2). A fresh
+        # mbarrier counts as having completed the phase before phase 0, so the first lap passes at once.
+        mbarrier.wait(kv_empty.index(t % STAGES), ((t // STAGES) & 1) ^ 1)
+        _load_kv_tile(kn, kp, kv_nope_s, kv_pe_s, kv_ready, t, BN, STAGES, D_V, D_PE)
+
+
+@gluon.jit
+def _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, t, s_zero, STAGES: gl.constexpr):
+    """S = Q K^T for tile t, as two async wgmma groups (512 latent columns, then 64 RoPE columns)."""
+    st = t % STAGES
+    mbarrier.wait(kv_ready.index(st), (t // STAGES) & 1)
+    qz = _opaque_zero(t)
+    ks = st + qz
+    s_acc = warpgroup_mma(q_nope_s.index(qz), kv_nope_s.index(ks).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)
+    s_acc = warpgroup_mma(q_pe_s.index(qz), kv_pe_s.index(ks).permute((1, 0)), s_acc, is_async=True)
+    return s_acc
+
+
+@gluon.jit
+def _ws_pv_other(acc, m_i, l_i, u, p_s, m_s, kv_nope_s, pub, WG: gl.constexpr, STAGES: gl.constexpr,
+                 BV: gl.constexpr, row_s: gl.constexpr, row_o: gl.constexpr):
+    """Add the other warpgroup's tile u to this warpgroup's half of O: wait for its P and row max, bring O
+    and l to that max, and issue O += P_u V_u[:, half] with P_u read from shared memory (async).
+    `acc` must be a finished tensor (no value product of this warpgroup in flight)."""
+    mbarrier.wait(pub.index(1 - WG), (u // 2) & 1)    # the other warpgroup publishes once per own tile
+    m_u = m_s.index(1 - WG).load(row_s)
+    alpha = gl.exp2(m_i - m_u)                         # m_u >= m_i: the max only grows along the tiles
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+    l_i = l_i * alpha
+    z = _opaque_zero(u)
+    v = kv_nope_s.index(u % STAGES + z).slice(WG * BV, BV, dim=1)
+    acc = warpgroup_mma(p_s.index(z), v, acc, is_async=True)
+    return acc, m_u, l_i
+
+
+@gluon.jit
+def _ws_own_tile(acc, m_i, l_i, s_acc, t, seqlen, scale_log2, p_s, m_s, kv_nope_s, pub, WG: gl.constexpr,
+                 STAGES: gl.constexpr, BN: gl.constexpr, BV: gl.constexpr, s_layout: gl.constexpr,
+                 o_layout: gl.constexpr):
+    """Online softmax of own tile t (its scores already issued), publish P_t and m_t, then issue
+    O += P_t V_t[:, half] (async)."""
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
+    cols = t * BN + gl.arange(0, BN, layout=col_s)
+    s = gl.where(gl.expand_dims(cols < seqlen, 0), s, float("-inf"))  # rows past seqlen were zero-filled
+    # m_i already covers every earlier tile (the chain through both warpgroups), so m_t does too.
+    m_t = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)             # finite: column 0 of a tile is valid
+    p = gl.exp2(s * scale_log2 - gl.expand_dims(m_t, 1))
+    alpha = gl.exp2(m_i - m_t)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    p16 = p.to(gl.bfloat16)
+    # O must be final before it is rescaled, and the other tile's product must have read P_u before the
+    # P buffer is overwritten.
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+    # Publish P_t and m_t. Generic-proxy stores, read later by the other warpgroup's wgmma (async proxy):
+    # fence, then arrive (Gluon's arrive first syncs the 128 threads of this warpgroup, then one arrives).
+    p_s.index(0).store(p16)
+    m_s.index(WG).store(m_t)
+    fence_async_shared()
+    mbarrier.arrive(pub.index(WG), count=1)
+    # Own P never leaves registers: the accumulator layout of S converts to wgmma's A-operand layout.
+    v = kv_nope_s.index(t % STAGES + _opaque_zero(t)).slice(WG * BV, BV, dim=1)
+    acc = warpgroup_mma(gl.convert_layout(p16, p_layout), v, acc, is_async=True)
+    return acc, m_t, l_i
+
+
+@gluon.jit
+def _ws_retire(acc, t, kv_empty, STAGES: gl.constexpr):
+    """Wait for this warpgroup's value product of own tile t and release its slot. No wgmma is left in
+    flight where control flow merges (loop back edge, end of an if): ptxas would copy the accumulator
+    registers there before they are final, and then serializes every wgmma of the kernel (C7514/C7515)."""
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    mbarrier.arrive(kv_empty.index(t % STAGES), count=1)
+    return acc
+
+
+@gluon.jit
+def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, row0, seqlen, n_tiles, scale_log2,
+                 q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin):
+    """One consumer warpgroup (4 warps): own tiles WG, WG+2, ...; half WG of the output columns."""
+    # Sizes come from the buffers' static shapes (constexprs do not pass through warp_specialize's tuples).
+    BM: gl.constexpr = q_nope_s.shape[1]
+    STAGES: gl.constexpr = kv_nope_s.shape[0]
+    BN: gl.constexpr = kv_nope_s.shape[1]
+    D_V: gl.constexpr = kv_nope_s.shape[2]
+    BV: gl.constexpr = D_V // 2
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BV, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    # Order inside an iteration: the next own tile reuses the slot of the tile two back, which the other
+    # warpgroup frees only after its value product of that tile; issuing S first would wait for that copy
+    # at once. So the other tile's value product goes first, and its slot is released as soon as it
+    # retires (while S runs), so that the next copy starts early.
+
+    acc = gl.zeros([BM, BV], gl.float32, o_layout)
+    m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([BM], gl.float32, row_s)
+    s_zero = gl.zeros([BM, BN], gl.float32, s_layout)
+    mbarrier.wait(q_bar, 0)
+
+    n_own = (n_tiles + 1 - WG) // 2
+    i0 = 0
+    if WG == 0:
+        # Tile 0 has no earlier tile to add first.
+        if n_tiles > 0:
+            s_acc = _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, 0, s_zero, STAGES)
+            acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, 0, seqlen, scale_log2, p_s, m_s, kv_nope_s, pub,
+                                         WG, STAGES, BN, BV, s_layout, o_layout)
+            acc = _ws_retire(acc, 0, kv_empty, STAGES)
+        i0 = 1
+    for i in range(i0, n_own):
+        t = 2 * i + WG          # own tile
+        u = t - 1               # the other warpgroup's tile just before it (O takes the tiles in order)
+        acc, m_i, l_i = _ws_pv_other(acc, m_i, l_i, u, p_s, m_s, kv_nope_s, pub, WG, STAGES, BV, row_s, row_o)
+        s_acc = _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, t, s_zero, STAGES)
+        # Groups retire in order: with only S's two groups left, the value product of tile u is done.
+        acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc, ))
+        mbarrier.arrive(kv_empty.index(u % STAGES), count=1)
+        acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, t, seqlen, scale_log2, p_s, m_s, kv_nope_s, pub,
+                                     WG, STAGES, BN, BV, s_layout, o_layout)
+        acc = _ws_retire(acc, t, kv_empty, STAGES)
+    # The last tile belongs to the other warpgroup: add it too (its slot is never refilled).
+    last = n_tiles - 1
+    if (n_tiles > 0) & (last % 2 != WG):
+        acc, m_i, l_i = _ws_pv_other(acc, m_i, l_i, last, p_s, m_s, kv_nope_s, pub, WG, STAGES, BV, row_s, row_o)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+
+    # Both halves now refer to the same max (the last tile's); the row sum is the two partial sums.
+    l_s.index(WG).store(l_i)
+    mbarrier.arrive(fin, count=1)
+    mbarrier.wait(fin, 0)
+    l_tot = l_i + l_s.index(1 - WG).load(row_s)
+    _store_out(o_ptr, lse_ptr, acc, m_i, l_tot, row0, WG * BV, BM, BV, D_V, o_layout, row_s, WG == 0)
+
+
+@gluon.jit
+def _ws_consumer1(o_ptr, lse_ptr, row0, seqlen, n_tiles, scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s,
+                  m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin):
+    _ws_consumer(1, o_ptr, lse_ptr, row0, seqlen, n_tiles, scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s,
+                 m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin)
+
+
+@gluon.jit
+def _ws_consumer0(o_ptr, lse_ptr, row0, seqlen, n_tiles, scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s,
+                  m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin):
+    _ws_consumer(0, o_ptr, lse_ptr, row0, seqlen, n_tiles, scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s,
+                 m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin)
+
+
+@gluon.jit
+def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, o_ptr, lse_ptr, scale_log2, t_max, stride_kb, stride_kt,
+                          H: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, D_V: gl.constexpr,
+                          D_PE: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    BM: gl.constexpr = 64
+    gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
+    hb = gl.program_id(0)       # head block varies fastest: the CTAs that read the same cache run together
+    b = gl.program_id(1)
+    seqlen = gl.load(seqlens_ptr + b)
+    n_tiles = gl.cdiv(seqlen, BN)
+    row0 = b * H + hb * BM      # row of q / out viewed as [B * H, ...] (s_q = 1); also the lse index
+
+    nope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D_V], gl.bfloat16)
+    pe_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D_PE], gl.bfloat16)
+    qn_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D_V], gl.bfloat16)
+    qp_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D_PE], gl.bfloat16)
+    p_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], gl.bfloat16)
+    vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # rank 1: indexed out of [2, BM]
+
+    q_nope_s = gl.allocate_shared_memory(gl.bfloat16, [1, BM, D_V], qn_layout)    # [1, ...]: see _ws_issue_scores
+    q_pe_s = gl.allocate_shared_memory(gl.bfloat16, [1, BM, D_PE], qp_layout)
+    kv_nope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D_V], nope_layout)
+    kv_pe_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D_PE], pe_layout)
+    p_s = gl.allocate_shared_memory(gl.bfloat16, [1, BM, BN], p_smem_layout)  # one P buffer, handed back and forth
+    m_s = gl.allocate_shared_memory(gl.float32, [2, BM], vec_layout)         # row max published by each warpgroup
+    l_s = gl.allocate_shared_memory(gl.float32, [2, BM], vec_layout)         # final partial row sums
+
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    pub = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    fin = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(s), count=1)
+        mbarrier.init(kv_empty.index(s), count=2)     # both consumer warpgroups release each tile
+    mbarrier.init(pub.index(0), count=1)
+    mbarrier.init(pub.index(1), count=1)
+    mbarrier.init(fin, count=2)
+
+    cargs = (o_ptr, lse_ptr, row0, seqlen, n_tiles, scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s,
+             l_s, q_bar, kv_ready, kv_empty, pub, fin)
+    largs = (q_ptr, kv_ptr, row0, b, seqlen, n_tiles, t_max, stride_kb, stride_kt, q_nope_s, q_pe_s, kv_nope_s,
+             kv_pe_s, q_bar, kv_ready, kv_empty)
+    gl.warp_specialize([(_ws_consumer0, cargs), (_ws_consumer1, cargs), (_ws_load_partition, largs)],
+                       [4, 1], [CONSUMER_REGS, 24])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Python wrapper
+# ----------------------------------------------------------------------------------------------------------
+def _check_inputs(q, kv_cache, cache_seqlens, softmax_scale):
+    for name, t in (("q", q), ("kv_cache", kv_cache), ("cache_seqlens", cache_seqlens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be on a CUDA device (the Gluon kernel is Hopper-only), got {t.device}")
+    if q.dim() != 4 or q.shape[1] != 1 or q.shape[3] != D_QK or q.shape[2] % BLOCK_H != 0:
+        raise ValueError(f"q must be [B, 1, H, {D_QK}] with H % {BLOCK_H} == 0, got {tuple(q.shape)}")
+    B = q.shape[0]
+    if kv_cache.dim() != 3 or kv_cache.shape[0] != B or kv_cache.shape[2] != D_QK:
+        raise ValueError(f"kv_cache must be [B={B}, T_max, {D_QK}], got {tuple(kv_cache.shape)}")
+    if q.dtype != torch.bfloat16 or kv_cache.dtype != torch.bfloat16:
+        raise TypeError(f"q and kv_cache must be bfloat16, got {q.dtype} and {kv_cache.dtype}")
+    if cache_seqlens.dim() != 1 or cache_seqlens.shape[0] != B or cache_seqlens.dtype != torch.int32:
+        raise ValueError(f"cache_seqlens must be int32 [B={B}], got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+    if len({q.device, kv_cache.device, cache_seqlens.device}) != 1:
+        raise ValueError("q, kv_cache and cache_seqlens must be on one device")
+    if torch.cuda.get_device_capability(q.device)[0] != 9:
+        raise ValueError("the Gluon MLA kernel needs a Hopper GPU (sm_90)")
+    if not tma_ready(kv_cache):
+        raise ValueError("kv_cache rows must be contiguous with 16-byte aligned base and strides (TMA)")
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) or not (
+            math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"softmax_scale must be a finite positive number, got {softmax_scale!r}")
+
+
+def tma_ready(kv_cache) -> bool:
+    """TMA wants unit stride inside a row and a 16-byte aligned base and row strides."""
+    esz = kv_cache.element_size()
+    return (kv_cache.stride(-1) == 1 and kv_cache.data_ptr() % 16 == 0
+            and all(st * esz % 16 == 0 for st in kv_cache.stride()[:-1]))
+
+
+def mla_decode_gluon(q, kv_cache, cache_seqlens, softmax_scale):
+    """MLA decode (absorbed form, s_q = 1) with a hand-scheduled Hopper kernel; see the module docstring.
+    `mla_decode` calls it where it applies; call it directly only to time or test it.
+
+    q bf16 [B, 1, H, 576] (H % 64 == 0); kv_cache bf16 [B, T_max, 576]; cache_seqlens int32 [B], each in
+    [0, T_max] (not checked: that would cost a device sync; a longer one is clamped to T_max for the
+    copies, so it cannot read outside its rows, but its result is then meaningless).
+    Returns out bf16 [B, 1, H, 512] and lse fp32 [B, H, 1] (natural log; a sequence of length 0 gives
+    out 0 and lse -inf).
+    """
+    _check_inputs(q, kv_cache, cache_seqlens, softmax_scale)
+    B, _, H, _ = q.shape
+    q = q.contiguous()
+    out = torch.empty(B, 1, H, D_V, device=q.device, dtype=q.dtype)
+    lse = torch.empty(B, H, 1, device=q.device, dtype=torch.float32)
+    _mla_decode_ws_kernel[(H // BLOCK_H, B)](
+        q, kv_cache, cache_seqlens, out, lse, softmax_scale * LOG2E, kv_cache.shape[1], kv_cache.stride(0),
+        kv_cache.stride(1), H=H, BN=BN, STAGES=STAGES, D_V=D_V, D_PE=D_PE, CONSUMER_REGS=WS_CONSUMER_REGS,
+        num_warps=4, maxnreg=WS_MAXNREG)
+    return out, lse
+
+
+__all__ = ["mla_decode_gluon", "tma_ready"]
