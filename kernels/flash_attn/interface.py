@@ -55,7 +55,7 @@ def _validate(q, k, v, causal, softmax_scale) -> float:
 
 class FlashAttnFunction(torch.autograd.Function):
     """Forward: Triton FlashAttention-2 (saves O and the fp32 log-sum-exp, not P).
-    Backward: the three Triton kernels of `backward.py`, recomputing P."""
+    Backward: `attention_bwd` (one Triton kernel, launched once or twice), recomputing P."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, softmax_scale):
