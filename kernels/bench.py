@@ -11,7 +11,9 @@ writes (GPU) or reads (CPU) `results/gla_decode.csv` and `results/gla_decode.jso
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -29,6 +31,7 @@ from .common import INTERPRET, ON_GPU
 RESULTS_DIR = Path(os.environ.get("KERNELS_RESULTS_DIR", Path(__file__).resolve().parent.parent / "results"))
 # do_bench settings (milliseconds of warm-up and of timed repeats), recorded with every table.
 WARMUP_MS, REP_MS = 50, 200
+_CHILD = "KERNELS_FRESH_PROCESS"  # set in the process that `in_fresh_process` starts
 REQUIRED_COLUMNS = ["name", "provider", "ms", "tflops", "gbps", "roofline_ms", "pct_roofline", "note"]
 
 _ceilings: dict | None = None
@@ -83,6 +86,7 @@ def metadata() -> dict:
         or _cmd(["git", "-C", str(RESULTS_DIR.parent), "rev-parse", "--short", "HEAD"]) or "unknown",
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "do_bench": {"warmup_ms": WARMUP_MS, "rep_ms": REP_MS, "return_mode": "median"},
+        "process": "fresh" if os.environ.get(_CHILD) else ("jupyter kernel" if "ipykernel" in sys.modules else "plain"),
     }
     try:
         import fla  # a peer, benchmarked only
@@ -219,6 +223,53 @@ def will_time() -> bool:
     return ON_GPU and not INTERPRET and os.environ.get("KERNELS_BENCH", "run") != "load"
 
 
+@contextlib.contextmanager
+def _loading():
+    """Within: run_or_load loads the saved tables instead of timing."""
+    old = os.environ.get("KERNELS_BENCH")
+    os.environ["KERNELS_BENCH"] = "load"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["KERNELS_BENCH"]
+        else:
+            os.environ["KERNELS_BENCH"] = old
+
+
+def in_fresh_process(benchmark):
+    """Decorator for a chapter's benchmark function: called where it would time inside a Jupyter kernel,
+    it times in a fresh Python process instead (its progress is passed through), then loads the tables
+    that process saved.
+
+    Why: a Jupyter kernel runs seven threads besides the one that runs the cell. A Python autograd
+    backward hands work to autograd's thread and back through the GIL, and measured up to 40 % slower
+    inside a kernel than in a plain process (the FlashAttention-2 backward at causal 1K on the H200:
+    0.19 against 0.14 ms), while PyTorch's C++ backward did not move. Programs that train or serve do
+    not run inside a Jupyter kernel, so neither do the book's timings. Arguments must be literals."""
+    @functools.wraps(benchmark)
+    def run(*args, **kwargs):
+        if will_time() and "ipykernel" in sys.modules and not os.environ.get(_CHILD):
+            code = (f"from {benchmark.__module__} import {benchmark.__name__} as b; "
+                    f"b(*{args!r}, **{kwargs!r})")
+            root = str(Path(__file__).resolve().parent.parent)  # so the child imports this package
+            env = {**os.environ, _CHILD: "1",
+                   "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+            child = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+            tail = b""
+            for chunk in iter(lambda: child.stderr.read1(4096), b""):
+                sys.stderr.write(chunk.decode(errors="replace"))
+                tail = (tail + chunk)[-4000:]
+            if child.wait():
+                raise RuntimeError(f"{benchmark.__name__} failed in its own process (exit {child.returncode}):\n"
+                                   + tail.decode(errors="replace"))
+            with _loading():
+                return benchmark(*args, **kwargs)
+        return benchmark(*args, **kwargs)
+    return run
+
+
 def run_or_load(name, cases, providers, flops, bytes, timer=time_ms) -> pd.DataFrame:
     """On a CUDA GPU: run `sweep(...)`, save it, return it. Elsewhere: `load(name)`.
 
@@ -234,6 +285,7 @@ def provenance(df: pd.DataFrame) -> str:
     """One line naming where and when a results table was measured."""
     m = df.attrs["meta"]
     fla = f", fla {m['fla']}" if "fla" in m else ""
+    where = {"fresh": " in a fresh process", "jupyter kernel": " inside the Jupyter kernel"}.get(m.get("process"), "")
     return (f"{m['gpu']} (driver {m.get('driver', '?')}, CUDA {m.get('cuda', '?')}), torch {m['torch']}, "
-            f"triton {m['triton']}{fla}; commit {m['commit']}, {m['date']}. Ceilings measured in the same run: "
+            f"triton {m['triton']}{fla}; commit {m['commit']}, {m['date']}{where}. Ceilings measured in the same run: "
             f"{m['peak_tflops']:.0f} TFLOP/s bf16 matmul, {m['peak_gbps'] / 1000:.2f} TB/s copy.")

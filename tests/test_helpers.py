@@ -112,6 +112,44 @@ def test_run_or_load_never_times_on_a_cpu(tmp_path, monkeypatch):
     assert df["ms"].iloc[0] == 0.5
 
 
+FAKE_BENCHMARK = """
+import os
+import sys
+
+from kernels.bench import in_fresh_process
+
+
+@in_fresh_process
+def bench(x, y=1):
+    if os.environ.get("KERNELS_FRESH_PROCESS"):  # the fresh process: "time", save, say so
+        if x < 0:
+            raise SystemExit("negative x")
+        open(os.environ["MARKER"], "w").write(f"{x},{y}")
+        sys.stderr.write("progress 100%\\n")
+        return None
+    return "loaded" if os.environ.get("KERNELS_BENCH") == "load" else "timed here"
+"""
+
+
+def test_in_fresh_process_times_in_a_child_then_loads(tmp_path, monkeypatch, capsys):
+    (tmp_path / "fakebench.py").write_text(FAKE_BENCHMARK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("MARKER", str(tmp_path / "marker"))
+    monkeypatch.delenv("KERNELS_BENCH", raising=False)
+    import fakebench
+    assert fakebench.bench(3, y=5) == "timed here"  # no GPU, no Jupyter kernel: runs in place
+    assert not (tmp_path / "marker").exists()
+    monkeypatch.setattr(bench, "will_time", lambda: True)
+    monkeypatch.setitem(__import__("sys").modules, "ipykernel", object())
+    assert fakebench.bench(3, y=5) == "loaded"  # timed in the child, loaded here
+    assert (tmp_path / "marker").read_text() == "3,5"
+    assert "progress 100%" in capsys.readouterr().err  # the child's progress is passed through
+    assert "KERNELS_BENCH" not in __import__("os").environ
+    with pytest.raises(RuntimeError, match="(?s)failed in its own process.*negative x"):
+        fakebench.bench(-1)
+
+
 def test_plot_draws_every_provider_and_roofline(tmp_path, monkeypatch):
     import matplotlib
     matplotlib.use("Agg")

@@ -12,7 +12,7 @@ import math
 import pandas as pd
 import torch
 
-from ..bench import load, metadata, run_or_load, save, will_time
+from ..bench import in_fresh_process, load, metadata, run_or_load, save, will_time
 from .interface import flash_attn_func
 from .reference import attention_eager
 
@@ -90,16 +90,19 @@ def _sweep_cases(pass_):
             for causal in (False, True) for n in SWEEP_N]
 
 
+@in_fresh_process
 def forward_benchmark() -> pd.DataFrame:
     """Forward, B=1, H=32, D=128, N = 1K..32K, causal and not."""
     return run_or_load("flash_attn_fwd", _sweep_cases("fwd"), PROVIDERS, flops, bytes_moved)
 
 
+@in_fresh_process
 def backward_benchmark() -> pd.DataFrame:
     """Backward alone (dq, dk, dv from a saved forward), same shapes as `forward_benchmark`."""
     return run_or_load("flash_attn_bwd", _sweep_cases("bwd"), PROVIDERS, flops, bytes_moved)
 
 
+@in_fresh_process
 def fa3_benchmark() -> pd.DataFrame:
     """The FlashAttention-3 paper's shapes: B·N = 16K tokens, H = 16, D = 128; fwd and bwd."""
     cases = [{"pass": p, "B": 16384 // n, "H": 16, "N": n, "D": 128, "causal": causal}
@@ -126,6 +129,7 @@ def _peak_memory(c, provider):
     return peak, base
 
 
+@in_fresh_process
 def memory_benchmark() -> pd.DataFrame:
     """Peak GPU memory of one forward (torch.cuda.max_memory_allocated), eager vs book, non-causal,
     B=1, H=32, D=128, bf16, N = 1K..64K (eager up to 16K). Columns peak_gib (inputs included), extra_gib (beyond

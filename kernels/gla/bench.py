@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..bench import run_or_load, time_graph_ms, time_ms
+from ..bench import in_fresh_process, run_or_load, time_graph_ms, time_ms
 from . import chunk_gla, fused_recurrent_gla, naive_recurrent_gla, sequential_chunk_gla, torch_gla_step
 
 DT = torch.bfloat16
@@ -67,6 +67,7 @@ def _fla_step(c):
 DECODE_PROVIDERS = {"book": _book_step, "PyTorch step": _torch_step, "fla fused_recurrent_gla": _fla_step}
 
 
+@in_fresh_process
 def decode_benchmark(graph: bool = True):
     """One GLA decode step, B = 1, 8, 64, H = 32, K = V = 128, bf16 inputs, fp32 state.
 
@@ -97,6 +98,7 @@ def _ctx(factory):
     return lambda c: factory({"B": c["B"], "H": c["H"], "K": c["D"], "V": c["D"]})
 
 
+@in_fresh_process
 def decode_context_benchmark():
     """Decode one token at context length T = 4K..64K (B = 1, H = 32, D = 128, bf16), graph-replayed.
 
@@ -188,6 +190,7 @@ PREFILL_PROVIDERS = {
 }
 
 
+@in_fresh_process
 def prefill_benchmark():
     """GLA prefill, B = 1, H = 32, D = 128, T = 1K..16K, plus fla's test shape B = 4, T = 2048, H = 16.
 

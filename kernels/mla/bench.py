@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from ..bench import run_or_load, time_graph_ms, time_ms
+from ..bench import in_fresh_process, run_or_load, time_graph_ms, time_ms
 from .decode import mla_decode
 from .reference import yarn_softmax_scale
 
@@ -127,6 +127,7 @@ DECODE_PROVIDERS = {
 }
 
 
+@in_fresh_process
 def decode_benchmark() -> pd.DataFrame:
     """MLA decode, H=128, s_q=1, bf16, each call replayed from a CUDA graph (launch overhead removed)."""
     return run_or_load("mla_decode", DECODE_CASES, DECODE_PROVIDERS, decode_flops, decode_bytes,
@@ -136,6 +137,7 @@ def decode_benchmark() -> pd.DataFrame:
 PLAIN_CASES = [{"B": 1, "T": 4096}, {"B": 1, "T": 16384}, {"B": 128, "T": 8192}]
 
 
+@in_fresh_process
 def plain_call_benchmark() -> pd.DataFrame:
     """The same kernels timed as plain Python calls (launch overhead included)."""
     providers = {k: DECODE_PROVIDERS[k] for k in ("book", "book: Triton", "book: no split", "PyTorch absorbed")}
