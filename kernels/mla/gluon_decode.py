@@ -56,7 +56,7 @@ LOG2E = 1.4426950408889634
 # Cache tile and ring: 64 positions x 2 slots fit in 227 KB next to the 72 KB query block. Measured on the
 # H200 against 32 positions x 4 slots: 0.546 against 0.596 ms at B=128, T=8K (notes/TUNING.md).
 BN, STAGES = 64, 2
-# "ws" runs 4 + 4 + 1 warps as three warpgroups (384 threads). At maxnreg 168 the register file holds
+# The kernel runs 4 + 4 + 1 warps as three partitions (384 threads). At maxnreg 168 the register file holds
 # 3 x 168 = 504 registers per thread slot; the producer drops to 24 (setmaxnreg), which leaves 240 for
 # each consumer warpgroup: 128 for its half of O, 32 for S, the rest for P, softmax state, addresses.
 WS_MAXNREG = 168
@@ -64,7 +64,7 @@ WS_CONSUMER_REGS = 240
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Shared pieces
+# Helpers
 # ----------------------------------------------------------------------------------------------------------
 @gluon.jit
 def _make_descs(q_ptr, kv_ptr, q_row0, b, seqlen, t_max, stride_kb, stride_kt, BM: gl.constexpr, BN: gl.constexpr,
