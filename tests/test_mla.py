@@ -268,3 +268,16 @@ def test_gpu_auto_backend_choice(change, gluon, monkeypatch):
                                    page=change.get("page"))
     check_decode(q, kv, lens, table, 512, False, change.get("num_splits"), tol=1e-2, scale=yarn_softmax_scale())
     assert bool(calls) == gluon
+
+
+def test_gluon_kernel_compiles_for_hopper_without_spills():
+    """No GPU needed: compile the Gluon kernel for sm_90a and let ptxas judge it (no spills, no serialized
+    wgmma, shared memory within 227 KB). Catches a broken Gluon change on any machine."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "mla_gluon_compile.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "registers" in done.stdout and "OK" in done.stdout
