@@ -93,13 +93,10 @@ def ptx_counts(ptx: str) -> dict:
 def main(argv):
     keep = None
     if "--keep" in argv:
-        i = argv.index("--keep")
-        keep = Path(argv[i + 1])
+        keep = Path(argv[argv.index("--keep") + 1])
         keep.mkdir(parents=True, exist_ok=True)
-        argv = argv[:i] + argv[i + 2:]
-    failed = []
-    print(f"triton {triton.__version__}, target {TARGET}, ptxas {PTXAS}")
     tag = "mla_decode_ws"
+    print(f"triton {triton.__version__}, target {TARGET}, ptxas {PTXAS}")
     print(f"\n=== {tag} (BN, STAGES = {gd.BN}, {gd.STAGES}) ===")
     try:
         c = build()
@@ -108,38 +105,32 @@ def main(argv):
             (keep / f"{tag}.ttgir").write_text(c.asm["ttgir"])
             (keep / f"{tag}.ptx").write_text(ptx)
         st = ptxas_stats(ptx, keep, tag)
-        md = c.metadata
-        smem = md.shared
-        print(f"triton: num_warps (total) {md.num_warps}, shared {smem} B ({smem / 1024:.1f} KB), "
-              f"global scratch {md.global_scratch_size} B")
-        print(f"ptxas : {st['regs']} registers, spill stores {st['spill_stores']} B, spill loads "
-              f"{st['spill_loads']} B, stack {st['stack']} B, static smem {st['static_smem']} B")
-        serialized = False
-        for line in st["log"].splitlines():
-            low = line.lower()
-            if "error" in low or "warning" in low or "performance loss" in low or "injected" in low:
-                print("ptxas :", line.strip())
-            # C7514 / C7515: ptxas serializes every wgmma of the kernel (a wait after each one).
-            serialized |= "wgmma.mma_async instructions are serialized" in line
-        print("ptx   :", ptx_counts(ptx))
-        problems = []
-        if st["spill_stores"] or st["spill_loads"]:
-            problems.append("register spills")
-        if smem > SMEM_LIMIT:
-            problems.append(f"shared memory {smem} > {SMEM_LIMIT}")
-        if serialized:
-            problems.append("ptxas serialized the wgmma instructions")
-        if problems:
-            print("FAIL  :", ", ".join(problems))
-            failed.append(tag)
-        else:
-            print("OK")
     except Exception:  # noqa: BLE001 - report the failure, then exit non-zero
         traceback.print_exc()
         print("FAIL  : compilation error")
-        failed.append(tag)
-    print("\nfailed:", failed if failed else "none")
-    return 1 if failed else 0
+        return 1
+    smem = c.metadata.shared
+    print(f"triton: num_warps (total) {c.metadata.num_warps}, shared {smem} B ({smem / 1024:.1f} KB), "
+          f"global scratch {c.metadata.global_scratch_size} B")
+    print(f"ptxas : {st['regs']} registers, spill stores {st['spill_stores']} B, spill loads "
+          f"{st['spill_loads']} B, stack {st['stack']} B, static smem {st['static_smem']} B")
+    serialized = False
+    for line in st["log"].splitlines():
+        low = line.lower()
+        if "error" in low or "warning" in low or "performance loss" in low or "injected" in low:
+            print("ptxas :", line.strip())
+        # C7514 / C7515: ptxas serializes every wgmma of the kernel (a wait after each one).
+        serialized |= "wgmma.mma_async instructions are serialized" in line
+    print("ptx   :", ptx_counts(ptx))
+    problems = []
+    if st["spill_stores"] or st["spill_loads"]:
+        problems.append("register spills")
+    if smem > SMEM_LIMIT:
+        problems.append(f"shared memory {smem} > {SMEM_LIMIT}")
+    if serialized:
+        problems.append("ptxas serialized the wgmma instructions")
+    print("FAIL  : " + ", ".join(problems) if problems else "OK")
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ Gluon/ptxas constraints this code works around (see the comments at each place):
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -372,13 +373,18 @@ def _check_inputs(q, kv_cache, cache_seqlens, softmax_scale):
         raise ValueError(f"cache_seqlens must be int32 [B={B}], got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
     if len({q.device, kv_cache.device, cache_seqlens.device}) != 1:
         raise ValueError("q, kv_cache and cache_seqlens must be on one device")
-    if torch.cuda.get_device_capability(q.device)[0] != 9:
+    if _capability_major(q.device) != 9:
         raise ValueError("the Gluon MLA kernel needs a Hopper GPU (sm_90)")
     if not tma_ready(kv_cache):
         raise ValueError("kv_cache rows must be contiguous with 16-byte aligned base and strides (TMA)")
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) or not (
             math.isfinite(softmax_scale) and softmax_scale > 0):
         raise ValueError(f"softmax_scale must be a finite positive number, got {softmax_scale!r}")
+
+
+@functools.lru_cache(maxsize=None)  # asked on every call: answer once per device
+def _capability_major(device: torch.device) -> int:
+    return torch.cuda.get_device_capability(device)[0]
 
 
 def tma_ready(kv_cache) -> bool:
