@@ -261,9 +261,9 @@ def test_gluon_gpu_matches_reference_and_triton():
     ({"num_splits": 2}, False),
 ], ids=["serving", "s_q-2", "fp16", "paged", "split"])
 def test_gpu_auto_backend_choice(change, gluon, monkeypatch):
-    from kernels.mla import decode
-    calls = []
-    monkeypatch.setattr(decode, "mla_decode_gluon", lambda *a: calls.append(1) or mla_decode_gluon(*a))
+    from kernels.mla import gluon_decode
+    calls, launch = [], gluon_decode.launch
+    monkeypatch.setattr(gluon_decode, "launch", lambda *a: calls.append(1) or launch(*a))
     q, kv, lens, table = make_case(8, change.get("s_q", 1), 128, 576, 256, dtype=change.get("dtype", torch.bfloat16),
                                    page=change.get("page"))
     check_decode(q, kv, lens, table, 512, False, change.get("num_splits"), tol=1e-2, scale=yarn_softmax_scale())

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ..common import INTERPRET
-from .forward import LOG2E, _key_ranges, launch
+from .forward import LOG2E, _key_ranges, attention_flops, launch
 
 # Tiles (BM, BN, num_warps, num_stages): a program owns BN keys (dK/dV) or BN queries (dQ) and steps
 # over the other axis BM at a time. Fixed from what autotuning picked on the H200 (bf16, D = 128):
@@ -248,7 +248,7 @@ def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float):
     tiles = bwd_tiles(D, B, S, HKV)
     n_dkdv = lambda BN: triton.cdiv(S, BN) * B * HKV  # noqa: E731
     n_dq = lambda BN: triton.cdiv(T, BN) * B * HQ  # noqa: E731
-    if 10 * B * HQ * T * S * D / (2 if causal else 1) < ONE_LAUNCH_MAX_FLOPS:
+    if attention_flops(B, HQ, T, S, D, causal, backward=True) < ONE_LAUNCH_MAX_FLOPS:
         launch(_attn_bwd_kernel, lambda BM, BN: (n_dkdv(BN) + n_dq(BN),), tiles,
                ("bwd", q.device, q.dtype, D, causal, tiles[0]),
                *args, lse, *sizes, D=D, CAUSAL=causal, DQ=True, DKDV=True)  # lse stands in for the unused delta

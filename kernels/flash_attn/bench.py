@@ -13,6 +13,7 @@ import pandas as pd
 import torch
 
 from ..bench import in_fresh_process, load, metadata, run_or_load, save, will_time
+from .forward import attention_flops
 from .interface import flash_attn_func
 from .reference import attention_eager
 
@@ -25,9 +26,8 @@ EAGER_MAX_N = 16384  # eager materialises B*H*N^2 scores: 16 GiB at 16K, and >10
 
 # ------------------------------------------------------------------ counted work
 def flops(c) -> float:
-    """4·B·H·T·S·D for the forward (halved when causal), 2.5× that for the backward."""
-    f = 4.0 * c["B"] * c["H"] * c["N"] * c["N"] * c["D"] / (2 if c["causal"] else 1)
-    return f * (2.5 if c.get("pass", "fwd") == "bwd" else 1.0)
+    """`attention_flops` of a benchmark case (T = S = N)."""
+    return attention_flops(c["B"], c["H"], c["N"], c["N"], c["D"], c["causal"], backward=c.get("pass") == "bwd")
 
 
 def bytes_moved(c) -> float:

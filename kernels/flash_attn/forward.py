@@ -25,6 +25,13 @@ FWD_FALLBACK = (64, 32, 4, 1)  # used only if a tile does not fit in shared memo
 INTERPRET_TILES = (32, 16, 4, 1)  # the interpreter runs one program at a time: small tiles, few steps
 
 
+def attention_flops(B: int, H: int, T: int, S: int, D: int, causal: bool, backward: bool = False) -> float:
+    """Matmul FLOPs: 4·B·H·T·S·D for the forward (QKᵀ and PV), half that when causal (T = S);
+    the backward counts 2.5× the forward (it recomputes QKᵀ, then makes dV, dP, dQ and dK)."""
+    flops = 4.0 * B * H * T * S * D / (2 if causal else 1)
+    return flops * (2.5 if backward else 1.0)
+
+
 def fwd_tiles(D: int, causal: bool):
     """The forward's (BM, BN, num_warps, num_stages) candidates for head dim D, best first."""
     if INTERPRET:

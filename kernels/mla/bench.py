@@ -86,13 +86,16 @@ def _book(case, num_splits=None, backend="auto"):
 
 
 def _torch_absorbed(case):
-    """The decode part of `mla_absorbed`: einsums on the absorbed q and the latent cache."""
+    """The attention part of `mla_absorbed`, in the fastest plain-PyTorch form measured on the H200: two
+    batched matmuls over the 576-wide cache with the scale folded into q, and a bf16 softmax (computed in
+    fp32 inside the kernel). Upcasting the scores to fp32 first made it 1.6x slower (1.91 against 1.19 ms
+    at B=128, T=8K), and splitting latent and RoPE parts as `mla_absorbed` does, 1.3x."""
     q, kv, _ = _inputs(case)
+    B = case["B"]
 
     def run():
-        s = torch.einsum("bshd,btd->bsht", q, kv) * SCALE
-        p = torch.softmax(s.float(), dim=-1).to(q.dtype)
-        return torch.einsum("bsht,btc->bshc", p, kv[..., :D_C])
+        s = torch.bmm(q.view(B, H, D_QK) * SCALE, kv.transpose(1, 2))      # [B, H, T]
+        return torch.bmm(torch.softmax(s, dim=-1), kv[..., :D_C]).view(B, 1, H, D_C)
     return run
 
 

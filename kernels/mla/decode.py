@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from ..common import DEVICE, INTERPRET, ON_GPU, check_tensor
-from .gluon_decode import BLOCK_H as GLUON_BLOCK_H, D_QK as GLUON_D_QK, D_V as GLUON_D_V, mla_decode_gluon, tma_ready
+from . import gluon_decode
+from .gluon_decode import BLOCK_H as GLUON_BLOCK_H, D_QK as GLUON_D_QK, D_V as GLUON_D_V, tma_ready
 
 LN2 = math.log(2.0)
 
@@ -329,8 +330,8 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
         num_splits = _num_splits(B, triton.cdiv(ROWS, _BH_PLAN), max_len, n_sm)
     if backend != "triton":
         misfit = _gluon_misfit(q, kv_cache, block_table, head_dim_v, num_splits)
-        if misfit is None:
-            return mla_decode_gluon(q, kv_cache, cache_seqlens, softmax_scale)
+        if misfit is None:  # the checks above and _gluon_misfit cover all of the Gluon kernel's constraints
+            return gluon_decode.launch(q, kv_cache, cache_seqlens, softmax_scale)
         if backend == "gluon":
             raise ValueError(f"backend='gluon' does not apply here: {misfit}")
     q = q.contiguous()

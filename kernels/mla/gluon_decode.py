@@ -405,6 +405,11 @@ def mla_decode_gluon(q, kv_cache, cache_seqlens, softmax_scale):
     out 0 and lse -inf).
     """
     _check_inputs(q, kv_cache, cache_seqlens, softmax_scale)
+    return launch(q, kv_cache, cache_seqlens, softmax_scale)
+
+
+def launch(q, kv_cache, cache_seqlens, softmax_scale):
+    """`mla_decode_gluon` without the input checks, for callers that have made them (`mla_decode`)."""
     B, _, H, _ = q.shape
     q = q.contiguous()
     out = torch.empty(B, 1, H, D_V, device=q.device, dtype=q.dtype)
