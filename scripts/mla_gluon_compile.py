@@ -35,7 +35,8 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 H = 128  # heads of the benchmark shape (only enters index arithmetic)
 
 _COMMON_SIG = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "seqlens_ptr": "*i32", "o_ptr": "*bf16", "lse_ptr": "*fp32",
-               "scale_log2": "fp32", "t_max": "i32", "stride_kb": "i32", "stride_kt": "i32"}
+               "ws_o_ptr": "*fp32", "ws_lse_ptr": "*fp32", "scale_log2": "fp32", "t_max": "i32", "stride_kb": "i32",
+               "stride_kt": "i32", "num_splits": "i32"}
 
 
 def build():
@@ -48,7 +49,8 @@ def build():
     # and t_max (8192), stride_kb (8192 * 576), stride_kt (576) divisible by 16.
     div16 = [["tt.divisibility", 16]]
     attrs = {(fn.arg_names.index(a), ): div16
-             for a in ("q_ptr", "kv_ptr", "seqlens_ptr", "o_ptr", "lse_ptr", "t_max", "stride_kb", "stride_kt")}
+             for a in ("q_ptr", "kv_ptr", "seqlens_ptr", "o_ptr", "lse_ptr", "ws_o_ptr", "ws_lse_ptr", "t_max",
+                       "stride_kb", "stride_kt")}
     src = GluonASTSource(fn, sig, consts, attrs)
     return triton.compile(src, target=TARGET, options=options)
 

@@ -238,14 +238,16 @@ def test_decode_gpu_bf16(case):
 
 
 @pytest.mark.gpu
-def test_gluon_gpu_matches_reference_and_triton():
-    """The hand-scheduled Hopper kernel: lengths around its 64-position tiles, NaN past every length."""
+@pytest.mark.parametrize("num_splits", [1, 3, 40], ids=["whole", "split3", "split40"])
+def test_gluon_gpu_matches_reference_and_triton(num_splits):
+    """The hand-scheduled Hopper kernel: lengths around its 64-position tiles, NaN past every length; whole
+    sequences, and slices (40 slices leave the short sequences' last slices empty)."""
     lens = torch.tensor([1, 63, 64, 65, 129, 1000, 2047, 3000], dtype=torch.int32)
     q, kv, lens, _ = make_case(8, 1, 128, 576, 3000, dtype=torch.bfloat16, lens=lens)
     scale = yarn_softmax_scale()
-    out, lse = mla_decode(q, kv, lens, scale, backend="gluon")
+    out, lse = mla_decode(q, kv, lens, scale, backend="gluon", num_splits=num_splits)
     ref, ref_lse = mla_decode_ref(q, kv, lens, scale, 512, None, False)
-    tri, tri_lse = mla_decode(q, kv, lens, scale, backend="triton")
+    tri, tri_lse = mla_decode(q, kv, lens, scale, backend="triton", num_splits=num_splits)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     assert rel_err(out, ref) < 1e-2, f"out vs reference: {rel_err(out, ref):.2e}"
     assert (lse - ref_lse).abs().max().item() < 1e-3
@@ -258,7 +260,7 @@ def test_gluon_gpu_matches_reference_and_triton():
     ({"s_q": 2}, False),
     ({"dtype": torch.float16}, False),
     ({"page": 64}, False),
-    ({"num_splits": 2}, False),
+    ({"num_splits": 2}, True),
 ], ids=["serving", "s_q-2", "fp16", "paged", "split"])
 def test_gpu_auto_backend_choice(change, gluon, monkeypatch):
     from kernels.mla import gluon_decode

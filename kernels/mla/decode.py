@@ -8,8 +8,8 @@ writes a partial output and its log-sum-exp, and a second small kernel merges th
 A contiguous cache is read through TMA tensor descriptors (Hopper's copy engine);
 a paged cache through a block table and ordinary pointer loads.
 On a Hopper GPU, the common serving case (bf16, one query token, DeepSeek's 576/512 dims, a
-contiguous cache, enough sequences to fill the GPU without splitting) goes instead to a
-hand-scheduled Gluon kernel (`gluon_decode.py`) with a copy warp and two ping-pong warpgroups.
+contiguous cache) goes instead to a hand-scheduled Gluon kernel (`gluon_decode.py`) with a copy
+warp and two ping-pong warpgroups; it splits sequences the same way and shares the combine kernel.
 """
 from __future__ import annotations
 
@@ -218,7 +218,28 @@ def _is_hopper(dev: torch.device) -> bool:
     return torch.cuda.get_device_capability(dev)[0] == 9
 
 
-def _gluon_misfit(q, kv_cache, block_table, head_dim_v, num_splits):
+def _launch_triton(q, kv_cache, block_table, cache_seqlens, softmax_scale, out, lse, ws_o, ws_lse, num_splits,
+                   causal, page, stride_kb, stride_kt, stride_bt):
+    """The Triton kernel's launch: the portable path (any dtype, s_q, head dims, paged caches)."""
+    B, S_Q, H, D_QK = q.shape
+    D_V = out.shape[-1]
+    BV = triton.next_power_of_2(D_V)
+    BP = max(16, triton.next_power_of_2(max(D_QK - D_V, 1)))
+    bt = block_table if block_table is not None else cache_seqlens  # unused when not paged
+    args = (q, kv_cache, bt, cache_seqlens, out, lse, ws_o, ws_lse,
+            softmax_scale * 1.4426950408889634, stride_kb, stride_kt, stride_bt, num_splits)
+    tma = block_table is None and tma_ready(kv_cache)  # a contiguous cache always is
+    consts = dict(S_Q=S_Q, H=H, D_QK=D_QK, D_V=D_V, PAGE=page, PAGED=block_table is not None, TMA=tma,
+                  CAUSAL=causal and S_Q > 1, SPLIT=num_splits > 1, BV=BV, BP=BP)
+    if ON_GPU and not INTERPRET:
+        grid = lambda meta: (triton.cdiv(S_Q * H, meta["BH"]), num_splits, B)  # noqa: E731
+        _mla_decode_tuned[grid](*args, **consts)
+    else:
+        grid = (triton.cdiv(S_Q * H, _CPU_CONFIG["BH"]), num_splits, B)
+        _mla_decode_kernel[grid](*args, **consts, **_CPU_CONFIG)
+
+
+def _gluon_misfit(q, kv_cache, block_table, head_dim_v):
     """Why the Gluon kernel cannot take this call (a phrase), or None if it can."""
     B, S_Q, H, D_QK = q.shape
     if INTERPRET or q.device.type != "cuda" or not _is_hopper(q.device):
@@ -229,8 +250,6 @@ def _gluon_misfit(q, kv_cache, block_table, head_dim_v, num_splits):
         return f"it needs s_q = 1, D_qk = {GLUON_D_QK}, head_dim_v = {GLUON_D_V} and H % {GLUON_BLOCK_H} == 0"
     if block_table is not None or not tma_ready(kv_cache):
         return "it needs a contiguous cache with 16-byte aligned rows (no block table)"
-    if num_splits != 1:
-        return f"it does not split sequences (num_splits = {num_splits})"
     return None
 
 
@@ -248,7 +267,7 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
     num_splits: slices per sequence (split-KV); None picks from B, H, length and the SM count.
     check_seqlens: validate seqlens / block table values (one device sync); False in graphs and timing loops.
     backend: "auto" (the Gluon kernel where it applies, see the module docstring; else Triton), "triton",
-        or "gluon" (no split; ValueError, saying why, where it does not apply).
+        or "gluon" (ValueError, saying why, where it does not apply).
     A contiguous cache with 16-byte aligned rows is read with TMA (the copy engine bounds every tile by the
     sequence length); a paged or unaligned one with pointer loads.
     Returns out [B, s_q, H, head_dim_v] in q's dtype and lse fp32 [B, H, s_q] (natural log).
@@ -323,16 +342,14 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
     # ---- pick the split and the kernel, allocate, launch
     D_V = head_dim_v
     ROWS = S_Q * H
-    if num_splits is None and backend == "gluon":
-        num_splits = 1  # the Gluon kernel does not split
-    elif num_splits is None:
+    if num_splits is None:
         n_sm = _sm_count(dev) if dev.type == "cuda" else 132
         num_splits = _num_splits(B, triton.cdiv(ROWS, _BH_PLAN), max_len, n_sm)
+    gluon = False
     if backend != "triton":
-        misfit = _gluon_misfit(q, kv_cache, block_table, head_dim_v, num_splits)
-        if misfit is None:  # the checks above and _gluon_misfit cover all of the Gluon kernel's constraints
-            return gluon_decode.launch(q, kv_cache, cache_seqlens, softmax_scale)
-        if backend == "gluon":
+        misfit = _gluon_misfit(q, kv_cache, block_table, head_dim_v)
+        gluon = misfit is None  # the checks above and _gluon_misfit cover all of the Gluon kernel's constraints
+        if backend == "gluon" and not gluon:
             raise ValueError(f"backend='gluon' does not apply here: {misfit}")
     q = q.contiguous()
     out = torch.empty(B, S_Q, H, D_V, device=dev, dtype=q.dtype)
@@ -343,22 +360,13 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
         ws_lse = torch.empty(B, ROWS, num_splits, device=dev, dtype=torch.float32)
     else:
         ws_o = ws_lse = out  # unused
-    bt = block_table if block_table is not None else cache_seqlens  # unused when not paged
-    BV = triton.next_power_of_2(D_V)
-    BP = max(16, triton.next_power_of_2(max(D_QK - D_V, 1)))
-    args = (q, kv_cache, bt, cache_seqlens, out, lse, ws_o, ws_lse,
-            softmax_scale * 1.4426950408889634, stride_kb, stride_kt, stride_bt, num_splits)
-    tma = block_table is None and tma_ready(kv_cache)  # a contiguous cache always is
-    consts = dict(S_Q=S_Q, H=H, D_QK=D_QK, D_V=D_V, PAGE=page, PAGED=block_table is not None, TMA=tma,
-                  CAUSAL=causal and S_Q > 1, SPLIT=split, BV=BV, BP=BP)
-    if ON_GPU and not INTERPRET:
-        grid = lambda meta: (triton.cdiv(ROWS, meta["BH"]), num_splits, B)  # noqa: E731
-        _mla_decode_tuned[grid](*args, **consts)
+    if gluon:
+        gluon_decode.launch(q, kv_cache, cache_seqlens, softmax_scale, out, lse, ws_o, ws_lse, num_splits)
     else:
-        grid = (triton.cdiv(ROWS, _CPU_CONFIG["BH"]), num_splits, B)
-        _mla_decode_kernel[grid](*args, **consts, **_CPU_CONFIG)
+        _launch_triton(q, kv_cache, block_table, cache_seqlens, softmax_scale, out, lse, ws_o, ws_lse, num_splits,
+                       causal, page, stride_kb, stride_kt, stride_bt)
     if split:
-        BVC = min(BV, 128)
+        BVC = min(triton.next_power_of_2(D_V), 128)
         _mla_combine_kernel[(B * ROWS, triton.cdiv(D_V, BVC))](
             ws_o, ws_lse, out, lse, num_splits, S_Q=S_Q, H=H, D_V=D_V,
             BS=max(2, triton.next_power_of_2(num_splits)), BV=BVC)

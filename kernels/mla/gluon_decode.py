@@ -6,7 +6,9 @@ Shapes (DeepSeek-V3 absorbed form, one query token, contiguous cache):
     cache_seqlens int32 [B]             positions >= seqlen are never read (they may hold NaN)
     returns out bf16 [B, 1, H, 512] and lse fp32 [B, H, 1] (natural log)
 
-The design follows FlashMLA: one CTA per (64-head block, batch element), three partitions.
+The design follows FlashMLA: one CTA per (64-head block, slice of the sequence, batch element), three
+partitions. Large batches take whole sequences (one slice); small ones cut each sequence into slices
+(split-KV) whose partial results `decode.py` merges with its combine kernel.
   * A 1-warp producer issues every copy with TMA: the query block once (72 KB, resident in shared memory)
     and the cache in tiles of 64 positions into a ring of two slots (2 x 72 KB).
   * Two 4-warp consumer warpgroups play ping-pong. Warpgroup w owns tiles w, w+2, w+4, ...: for them it
@@ -19,7 +21,7 @@ The design follows FlashMLA: one CTA per (64-head block, batch element), three p
 The row max is one chain through both warpgroups (tile t's max starts from tile t-1's), so every tile's P
 and every rescale factor is the same for both halves of O; the two partial row sums are added at the end.
 While one warpgroup does its softmax, the tensor cores run the other's products.
-Each sequence gets its own TMA descriptor, made on the device with shape [seqlen, 576]: the copy engine
+Each slice gets its own TMA descriptor, made on the device with the slice's rows of the sequence: the copy engine
 zero-fills rows past the sequence, so padding (even NaN) never reaches the value product, and the scores
 of those rows are set to -inf. (The descriptors need a little global scratch per CTA, from the allocator
 that `decode.py` installs.)
@@ -68,20 +70,22 @@ WS_CONSUMER_REGS = 240
 # Helpers
 # ----------------------------------------------------------------------------------------------------------
 @gluon.jit
-def _make_descs(q_ptr, kv_ptr, q_row0, b, seqlen, t_max, stride_kb, stride_kt, BM: gl.constexpr, BN: gl.constexpr,
+def _make_descs(q_ptr, kv_ptr, q_row0, b, start, n_valid, t_max, stride_kb, stride_kt, BM: gl.constexpr,
+                BN: gl.constexpr,
                 D_V: gl.constexpr, D_PE: gl.constexpr, nope_layout: gl.constexpr, pe_layout: gl.constexpr,
                 qn_layout: gl.constexpr, qp_layout: gl.constexpr):
     """Four TMA descriptors: query block and this sequence's cache, each as a 512-wide and a 64-wide part
-    (block shapes must be powers of two; 576 is not). The cache descriptor's row count is seqlen, so the
-    copy engine zero-fills rows past the sequence instead of reading the padding or the next sequence."""
+    (block shapes must be powers of two; 576 is not). The cache descriptors start at this CTA's first
+    position `start` and hold its n_valid rows, so the copy engine zero-fills rows past the sequence
+    instead of reading the padding or the next sequence."""
     D: gl.constexpr = D_V + D_PE
     q_base = q_ptr + q_row0.to(gl.int64) * D
     qn = tma.make_tensor_descriptor(q_base, shape=[BM, D], strides=[D, 1], block_shape=[BM, D_V], layout=qn_layout)
     qp = tma.make_tensor_descriptor(q_base, shape=[BM, D], strides=[D, 1], block_shape=[BM, D_PE], layout=qp_layout)
-    kv_base = kv_ptr + b.to(gl.int64) * stride_kb
-    # A zero-row descriptor is invalid (with seqlen 0 no tile is loaded anyway); a seqlen past T_max is
-    # outside the contract, but the clamp keeps the copies inside this sequence's rows of the cache.
-    rows = gl.minimum(gl.maximum(seqlen, 1), t_max)
+    kv_base = kv_ptr + b.to(gl.int64) * stride_kb + start.to(gl.int64) * stride_kt
+    # A zero-row descriptor is invalid (with nothing to read no tile is loaded anyway); a seqlen past T_max
+    # is outside the contract, but the clamp keeps the copies inside this sequence's rows of the cache.
+    rows = gl.minimum(gl.maximum(n_valid, 1), gl.maximum(t_max - start, 1))
     kn = tma.make_tensor_descriptor(kv_base, shape=[rows, D], strides=[stride_kt, 1], block_shape=[BN, D_V],
                                     layout=nope_layout)
     kp = tma.make_tensor_descriptor(kv_base, shape=[rows, D], strides=[stride_kt, 1], block_shape=[BN, D_PE],
@@ -129,11 +133,31 @@ def _store_out(o_ptr, lse_ptr, acc, m_i, l_tot, row0, col0, BM: gl.constexpr, BV
         gl.store(lse_ptr + row0 + gl.arange(0, BM, layout=row_s), lse)
 
 
+@gluon.jit
+def _store_partial(ws_o_ptr, ws_lse_ptr, acc, m_i, l_tot, row0, col0, split, num_splits, BM: gl.constexpr,
+                   BV: gl.constexpr, D_V: gl.constexpr, o_layout: gl.constexpr, row_s: gl.constexpr,
+                   WRITE_LSE: gl.constexpr):
+    """One slice's partial result, as `_mla_combine_kernel` reads it: ws_o[row, split, col] = acc / l (fp32),
+    ws_lse[row, split] = m + log2 l (base 2; -inf for a slice with nothing in it)."""
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+    l_o = gl.convert_layout(l_tot, row_o)
+    out = acc / gl.expand_dims(gl.where(l_o > 0, l_o, 1.0), 1)
+    rows = gl.arange(0, BM, layout=row_o)
+    cols = gl.arange(0, BV, layout=col_o)
+    ws_row = ((row0 + rows).to(gl.int64) * num_splits + split) * D_V
+    gl.store(ws_o_ptr + gl.expand_dims(ws_row, 1) + gl.expand_dims(col0 + cols, 0), out)
+    if WRITE_LSE:
+        safe = gl.where(l_tot > 0, l_tot, 1.0)
+        lse = gl.where(l_tot > 0, m_i + gl.log2(safe), float("-inf"))
+        gl.store(ws_lse_ptr + (row0 + gl.arange(0, BM, layout=row_s)) * num_splits + split, lse)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The partitions: producer warp, two ping-pong consumer warpgroups (gl.warp_specialize)
 # ----------------------------------------------------------------------------------------------------------
 @gluon.jit
-def _ws_load_partition(q_ptr, kv_ptr, q_row0, b, seqlen, n_tiles, t_max, stride_kb, stride_kt,
+def _ws_load_partition(q_ptr, kv_ptr, q_row0, b, start, n_valid, n_tiles, t_max, stride_kb, stride_kt,
                        q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty):
     """1 warp: the query block once, then every cache tile, each as soon as its ring slot is free."""
     BM: gl.constexpr = q_nope_s.shape[1]
@@ -145,7 +169,7 @@ def _ws_load_partition(q_ptr, kv_ptr, q_row0, b, seqlen, n_tiles, t_max, stride_
     kp_layout: gl.constexpr = kv_pe_s.layout
     qn_layout: gl.constexpr = q_nope_s.layout
     qp_layout: gl.constexpr = q_pe_s.layout
-    qn, qp, kn, kp = _make_descs(q_ptr, kv_ptr, q_row0, b, seqlen, t_max, stride_kb, stride_kt, BM, BN, D_V, D_PE,
+    qn, qp, kn, kp = _make_descs(q_ptr, kv_ptr, q_row0, b, start, n_valid, t_max, stride_kb, stride_kt, BM, BN, D_V, D_PE,
                                  kn_layout, kp_layout, qn_layout, qp_layout)
     mbarrier.expect(q_bar, BM * (D_V + D_PE) * 2)
     tma.async_copy_global_to_shared(qn, [0, 0], q_bar, q_nope_s.index(0))
@@ -188,17 +212,17 @@ def _ws_pv_other(acc, m_i, l_i, u, p_s, m_s, kv_nope_s, pub, WG: gl.constexpr, S
 
 
 @gluon.jit
-def _ws_own_tile(acc, m_i, l_i, s_acc, t, seqlen, scale_log2, p_s, m_s, kv_nope_s, pub, WG: gl.constexpr,
+def _ws_own_tile(acc, m_i, l_i, s_acc, t, n_valid, scale_log2, p_s, m_s, kv_nope_s, pub, WG: gl.constexpr,
                  STAGES: gl.constexpr, BN: gl.constexpr, BV: gl.constexpr, s_layout: gl.constexpr,
                  o_layout: gl.constexpr):
     """Online softmax of own tile t (its scores already issued), publish P_t and m_t, then issue
-    O += P_t V_t[:, half] (async)."""
+    O += P_t V_t[:, half] (async). Tile t covers positions t * BN ... of this CTA's n_valid."""
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
     cols = t * BN + gl.arange(0, BN, layout=col_s)
-    s = gl.where(gl.expand_dims(cols < seqlen, 0), s, float("-inf"))  # rows past seqlen were zero-filled
+    s = gl.where(gl.expand_dims(cols < n_valid, 0), s, float("-inf"))  # rows past the end were zero-filled
     # m_i already covers every earlier tile (the chain through both warpgroups), so m_t does too.
     m_t = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)             # finite: column 0 of a tile is valid
     p = gl.exp2(s * scale_log2 - gl.expand_dims(m_t, 1))
@@ -232,9 +256,10 @@ def _ws_retire(acc, t, kv_empty, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, row0, seqlen, n_tiles, scale_log2,
-                 q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin):
-    """One consumer warpgroup (4 warps): own tiles WG, WG+2, ...; half WG of the output columns."""
+def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles,
+                 scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin):
+    """One consumer warpgroup (4 warps): own tiles WG, WG+2, ...; half WG of the output columns. With
+    num_splits > 1 it writes a partial result (fp32, and the lse in base 2) for `_mla_combine_kernel`."""
     # Sizes come from the buffers' static shapes (constexprs do not pass through warp_specialize's tuples).
     BM: gl.constexpr = q_nope_s.shape[1]
     STAGES: gl.constexpr = kv_nope_s.shape[0]
@@ -262,7 +287,7 @@ def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, row0, seqlen, n_tiles, scale_
         # Tile 0 has no earlier tile to add first.
         if n_tiles > 0:
             s_acc = _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, 0, s_zero, STAGES)
-            acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, 0, seqlen, scale_log2, p_s, m_s, kv_nope_s, pub,
+            acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, 0, n_valid, scale_log2, p_s, m_s, kv_nope_s, pub,
                                          WG, STAGES, BN, BV, s_layout, o_layout)
             acc = _ws_retire(acc, 0, kv_empty, STAGES)
         i0 = 1
@@ -274,7 +299,7 @@ def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, row0, seqlen, n_tiles, scale_
         # Groups retire in order: with only S's two groups left, the value product of tile u is done.
         acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc, ))
         mbarrier.arrive(kv_empty.index(u % STAGES), count=1)
-        acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, t, seqlen, scale_log2, p_s, m_s, kv_nope_s, pub,
+        acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, t, n_valid, scale_log2, p_s, m_s, kv_nope_s, pub,
                                      WG, STAGES, BN, BV, s_layout, o_layout)
         acc = _ws_retire(acc, t, kv_empty, STAGES)
     # The last tile belongs to the other warpgroup: add it too (its slot is never refilled).
@@ -288,33 +313,41 @@ def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, row0, seqlen, n_tiles, scale_
     mbarrier.arrive(fin, count=1)
     mbarrier.wait(fin, 0)
     l_tot = l_i + l_s.index(1 - WG).load(row_s)
-    _store_out(o_ptr, lse_ptr, acc, m_i, l_tot, row0, WG * BV, BM, BV, D_V, o_layout, row_s, WG == 0)
+    if num_splits > 1:
+        _store_partial(ws_o_ptr, ws_lse_ptr, acc, m_i, l_tot, row0, WG * BV, split, num_splits, BM, BV, D_V,
+                       o_layout, row_s, WG == 0)
+    else:
+        _store_out(o_ptr, lse_ptr, acc, m_i, l_tot, row0, WG * BV, BM, BV, D_V, o_layout, row_s, WG == 0)
 
 
 @gluon.jit
-def _ws_consumer1(o_ptr, lse_ptr, row0, seqlen, n_tiles, scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s,
-                  m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin):
-    _ws_consumer(1, o_ptr, lse_ptr, row0, seqlen, n_tiles, scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s,
-                 m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin)
+def _ws_consumer1(o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
+                  q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin):
+    _ws_consumer(1, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
+                 q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin)
 
 
 @gluon.jit
-def _ws_consumer0(o_ptr, lse_ptr, row0, seqlen, n_tiles, scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s,
-                  m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin):
-    _ws_consumer(0, o_ptr, lse_ptr, row0, seqlen, n_tiles, scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s,
-                 m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin)
+def _ws_consumer0(o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
+                  q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin):
+    _ws_consumer(0, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
+                 q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin)
 
 
 @gluon.jit
-def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, o_ptr, lse_ptr, scale_log2, t_max, stride_kb, stride_kt,
-                          H: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, D_V: gl.constexpr,
+def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, scale_log2, t_max,
+                          stride_kb, stride_kt, num_splits, H: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, D_V: gl.constexpr,
                           D_PE: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
     BM: gl.constexpr = 64
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     hb = gl.program_id(0)       # head block varies fastest: the CTAs that read the same cache run together
-    b = gl.program_id(1)
+    split = gl.program_id(1)    # this CTA's slice of the sequence (split-KV), a whole number of tiles
+    b = gl.program_id(2)
     seqlen = gl.load(seqlens_ptr + b)
-    n_tiles = gl.cdiv(seqlen, BN)
+    tiles_per_split = gl.cdiv(gl.cdiv(seqlen, BN), num_splits)
+    start = split * tiles_per_split * BN
+    n_valid = seqlen - start    # positions of this slice's tiles that hold the sequence (<= 0: none)
+    n_tiles = gl.maximum(gl.minimum(tiles_per_split, gl.cdiv(n_valid, BN)), 0)
     row0 = b * H + hb * BM      # row of q / out viewed as [B * H, ...] (s_q = 1); also the lse index
 
     nope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D_V], gl.bfloat16)
@@ -345,10 +378,10 @@ def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, o_ptr, lse_ptr, scale_log2
     mbarrier.init(pub.index(1), count=1)
     mbarrier.init(fin, count=2)
 
-    cargs = (o_ptr, lse_ptr, row0, seqlen, n_tiles, scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s,
-             l_s, q_bar, kv_ready, kv_empty, pub, fin)
-    largs = (q_ptr, kv_ptr, row0, b, seqlen, n_tiles, t_max, stride_kb, stride_kt, q_nope_s, q_pe_s, kv_nope_s,
-             kv_pe_s, q_bar, kv_ready, kv_empty)
+    cargs = (o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2, q_nope_s,
+             q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin)
+    largs = (q_ptr, kv_ptr, row0, b, start, n_valid, n_tiles, t_max, stride_kb, stride_kt, q_nope_s, q_pe_s,
+             kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty)
     gl.warp_specialize([(_ws_consumer0, cargs), (_ws_consumer1, cargs), (_ws_load_partition, largs)],
                        [4, 1], [CONSUMER_REGS, 24])
 
@@ -405,20 +438,25 @@ def mla_decode_gluon(q, kv_cache, cache_seqlens, softmax_scale):
     out 0 and lse -inf).
     """
     _check_inputs(q, kv_cache, cache_seqlens, softmax_scale)
-    return launch(q, kv_cache, cache_seqlens, softmax_scale)
-
-
-def launch(q, kv_cache, cache_seqlens, softmax_scale):
-    """`mla_decode_gluon` without the input checks, for callers that have made them (`mla_decode`)."""
     B, _, H, _ = q.shape
     q = q.contiguous()
     out = torch.empty(B, 1, H, D_V, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, H, 1, device=q.device, dtype=torch.float32)
-    _mla_decode_ws_kernel[(H // BLOCK_H, B)](
-        q, kv_cache, cache_seqlens, out, lse, softmax_scale * LOG2E, kv_cache.shape[1], kv_cache.stride(0),
-        kv_cache.stride(1), H=H, BN=BN, STAGES=STAGES, D_V=D_V, D_PE=D_PE, CONSUMER_REGS=WS_CONSUMER_REGS,
-        num_warps=4, maxnreg=WS_MAXNREG)
+    launch(q, kv_cache, cache_seqlens, softmax_scale, out, lse)
     return out, lse
+
+
+def launch(q, kv_cache, cache_seqlens, softmax_scale, out, lse, ws_o=None, ws_lse=None, num_splits=1):
+    """The kernel launch alone, for callers that have checked the inputs (`mla_decode`). With num_splits > 1
+    it writes partial results to ws_o fp32 [B * H, num_splits, 512] and ws_lse fp32 [B * H, num_splits]
+    (base 2), which `_mla_combine_kernel` in decode.py merges into out and lse."""
+    B, _, H, _ = q.shape
+    if num_splits == 1:
+        ws_o, ws_lse = out, lse  # not read
+    _mla_decode_ws_kernel[(H // BLOCK_H, num_splits, B)](
+        q, kv_cache, cache_seqlens, out, lse, ws_o, ws_lse, softmax_scale * LOG2E, kv_cache.shape[1],
+        kv_cache.stride(0), kv_cache.stride(1), num_splits, H=H, BN=BN, STAGES=STAGES, D_V=D_V, D_PE=D_PE,
+        CONSUMER_REGS=WS_CONSUMER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
 
 
 __all__ = ["mla_decode_gluon", "tma_ready"]
