@@ -255,6 +255,16 @@ def test_gluon_gpu_matches_reference_and_triton(num_splits):
 
 
 @pytest.mark.gpu
+def test_gluon_gpu_one_position_cache():
+    """T_max = 1 and no split: integer arguments equal to 1 must not become constants (they cannot cross
+    into the kernel's partitions)."""
+    q, kv, lens, _ = make_case(2, 1, 128, 576, 1, dtype=torch.bfloat16, lens=torch.tensor([1, 1]))
+    out, lse = mla_decode(q, kv, lens, 0.1, backend="gluon", num_splits=1)
+    ref, ref_lse = mla_decode_ref(q, kv, lens, 0.1, 512, None, False)
+    assert rel_err(out, ref) < 1e-2 and (lse - ref_lse).abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("change, gluon", [
     ({}, True),                                  # B=8, H=128, bf16, s_q=1, contiguous: the serving case
     ({"s_q": 2}, False),

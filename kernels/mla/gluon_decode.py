@@ -334,7 +334,9 @@ def _ws_consumer0(o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0,
                  q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin)
 
 
-@gluon.jit
+# Integer arguments equal to 1 would be specialized into constants, and constants cannot be handed to the
+# partitions through gl.warp_specialize (the compiler fails): these may be 1 (a one-slot cache, no split).
+@gluon.jit(do_not_specialize=["t_max", "stride_kb", "stride_kt", "num_splits"])
 def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, scale_log2, t_max,
                           stride_kb, stride_kt, num_splits, H: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, D_V: gl.constexpr,
                           D_PE: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
