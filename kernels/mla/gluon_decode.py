@@ -116,41 +116,39 @@ def _load_kv_tile(kn, kp, kv_nope_s, kv_pe_s, ready, t, BN: gl.constexpr, STAGES
 
 
 @gluon.jit
-def _store_out(o_ptr, lse_ptr, acc, m_i, l_tot, row0, col0, BM: gl.constexpr, BV: gl.constexpr,
-               D_V: gl.constexpr, o_layout: gl.constexpr, row_s: gl.constexpr, WRITE_LSE: gl.constexpr):
-    """out[row0 + r, col0 + c] = acc / l (bf16); lse = (m + log2 l) * ln 2 (a row with nothing seen: 0, -inf)."""
+def _store_rows(o_ptr, lse_ptr, acc, m_i, l_tot, row0, col0, split, num_splits, lse_scale, BM: gl.constexpr,
+                BV: gl.constexpr, D_V: gl.constexpr, o_layout: gl.constexpr, row_s: gl.constexpr,
+                WRITE_LSE: gl.constexpr):
+    """Rows row0 ... row0 + BM of a result laid out as [rows, num_splits, D_V], slice `split`: columns col0 ...
+    col0 + BV of acc / l in o_ptr's dtype, and lse = (m + log2 l) * lse_scale (a row with nothing seen: 0, -inf)."""
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
     l_o = gl.convert_layout(l_tot, row_o)
     out = acc / gl.expand_dims(gl.where(l_o > 0, l_o, 1.0), 1)
-    rows = gl.arange(0, BM, layout=row_o)
-    cols = gl.arange(0, BV, layout=col_o)
-    ptrs = o_ptr + gl.expand_dims((row0 + rows).to(gl.int64) * D_V, 1) + gl.expand_dims(col0 + cols, 0)
-    gl.store(ptrs, out.to(gl.bfloat16))
+    rows = ((row0 + gl.arange(0, BM, layout=row_o)).to(gl.int64) * num_splits + split) * D_V
+    cols = col0 + gl.arange(0, BV, layout=col_o)
+    gl.store(o_ptr + gl.expand_dims(rows, 1) + gl.expand_dims(cols, 0), out.to(o_ptr.dtype.element_ty))
     if WRITE_LSE:
         safe = gl.where(l_tot > 0, l_tot, 1.0)
-        lse = gl.where(l_tot > 0, (m_i + gl.log2(safe)) * 0.6931471805599453, float("-inf"))
-        gl.store(lse_ptr + row0 + gl.arange(0, BM, layout=row_s), lse)
+        lse = gl.where(l_tot > 0, (m_i + gl.log2(safe)) * lse_scale, float("-inf"))
+        gl.store(lse_ptr + (row0 + gl.arange(0, BM, layout=row_s)) * num_splits + split, lse)
+
+
+@gluon.jit
+def _store_out(o_ptr, lse_ptr, acc, m_i, l_tot, row0, col0, BM: gl.constexpr, BV: gl.constexpr,
+               D_V: gl.constexpr, o_layout: gl.constexpr, row_s: gl.constexpr, WRITE_LSE: gl.constexpr):
+    """The whole sequence's result: out bf16 [B * H, 512], lse in natural log."""
+    _store_rows(o_ptr, lse_ptr, acc, m_i, l_tot, row0, col0, 0, 1, 0.6931471805599453, BM, BV, D_V, o_layout, row_s,
+                WRITE_LSE)
 
 
 @gluon.jit
 def _store_partial(ws_o_ptr, ws_lse_ptr, acc, m_i, l_tot, row0, col0, split, num_splits, BM: gl.constexpr,
                    BV: gl.constexpr, D_V: gl.constexpr, o_layout: gl.constexpr, row_s: gl.constexpr,
                    WRITE_LSE: gl.constexpr):
-    """One slice's partial result, as `_mla_combine_kernel` reads it: ws_o[row, split, col] = acc / l (fp32),
-    ws_lse[row, split] = m + log2 l (base 2; -inf for a slice with nothing in it)."""
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
-    l_o = gl.convert_layout(l_tot, row_o)
-    out = acc / gl.expand_dims(gl.where(l_o > 0, l_o, 1.0), 1)
-    rows = gl.arange(0, BM, layout=row_o)
-    cols = gl.arange(0, BV, layout=col_o)
-    ws_row = ((row0 + rows).to(gl.int64) * num_splits + split) * D_V
-    gl.store(ws_o_ptr + gl.expand_dims(ws_row, 1) + gl.expand_dims(col0 + cols, 0), out)
-    if WRITE_LSE:
-        safe = gl.where(l_tot > 0, l_tot, 1.0)
-        lse = gl.where(l_tot > 0, m_i + gl.log2(safe), float("-inf"))
-        gl.store(ws_lse_ptr + (row0 + gl.arange(0, BM, layout=row_s)) * num_splits + split, lse)
+    """One slice's result as `_mla_combine_kernel` reads it: fp32 [B * H, num_splits, 512], lse in base 2."""
+    _store_rows(ws_o_ptr, ws_lse_ptr, acc, m_i, l_tot, row0, col0, split, num_splits, 1.0, BM, BV, D_V, o_layout,
+                row_s, WRITE_LSE)
 
 
 # ----------------------------------------------------------------------------------------------------------
