@@ -50,6 +50,16 @@ def provider_style(providers) -> dict:
     return style
 
 
+def plot_providers(ax, df: pd.DataFrame, x: str, y: str, providers) -> None:
+    """One line per provider (in the house style) of `y` against `x`; providers with no data are skipped."""
+    styles = provider_style(providers)
+    for p in providers:
+        rows = df[df["provider"] == p].sort_values(x)
+        if rows[y].notna().any():
+            c, ls, lw = styles[p]
+            ax.plot(rows[x], rows[y], ls, color=c, lw=lw, marker="o", ms=3.5, label=p)
+
+
 def plot_results(df: pd.DataFrame, x: str = "N", y: str = "tflops", col: str | None = None,
                  title: str = "", roofline: bool = True, logy: bool = False, xlabel: str | None = None):
     """Draw `y` against `x` (log-2 axis), one line per provider, one panel per value of `col`.
@@ -64,14 +74,9 @@ def plot_results(df: pd.DataFrame, x: str = "N", y: str = "tflops", col: str | N
     panels = sorted(data[col].unique(), key=_order) if col else [None]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 3.8), squeeze=False, sharey=True)
     providers = list(dict.fromkeys(data["provider"]))
-    styles = provider_style(providers)
     for ax, value in zip(axes[0], panels):
         part = data if col is None else data[data[col] == value]
-        for p in providers:
-            rows = part[part["provider"] == p].sort_values(x)
-            if rows[y].notna().any():
-                c, ls, lw = styles[p]
-                ax.plot(rows[x], rows[y], ls, color=c, lw=lw, marker="o", ms=3.5, label=p)
+        plot_providers(ax, part, x, y, providers)
         if roofline and y in ("ms", "us"):
             ref = part.drop_duplicates(x).sort_values(x)
             ax.plot(ref[x], ref["roofline_ms"] * (1000.0 if y == "us" else 1.0), "--", color="#555555", lw=1.2,

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from kernels.bench import load  # noqa: E402
-from kernels.plot import provider_style  # noqa: E402
+from kernels.plot import plot_providers  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "book" / "images" / "headline.png"
 
@@ -40,12 +40,7 @@ def main():
         for col, value in keep.items():
             if col in df.columns:
                 df = df[df[col] == value]
-        styles = provider_style(providers)
-        for provider in providers:
-            rows = df[df["provider"] == provider].sort_values(x)
-            if rows[metric].notna().any():
-                c, ls, lw = styles[provider]
-                ax.plot(rows[x], rows[metric], ls, color=c, lw=lw, marker="o", ms=3.5, label=provider)
+        plot_providers(ax, df, x, metric, providers)
         if metric == "tflops":  # the matmul ceiling measured in the same run
             ax.axhline(df.attrs["meta"]["peak_tflops"], ls="--", color="#555555", lw=1.2, label="bf16 matmul ceiling")
             ax.set_ylim(bottom=0)

@@ -5,7 +5,7 @@
 fa_host: where the host time of one FlashAttention-2 call goes (tiny shapes).
 fa_bwd: the backward at short N (B=1, H=32, D=128) against SDPA flash: through autograd, the
   kernels alone, a CUDA-graph replay (GPU time only), and autograd on one thread.
-mla: the MLA decode kernel's tile configurations (TMA and pointer loads) at B=128, H=128, T=8K.
+mla: the Triton MLA decode kernel's tile configurations (TMA and pointer loads) at B=128, H=128, T=8K.
 """
 import sys
 import time
@@ -16,7 +16,7 @@ import triton.testing
 
 from kernels.bench import time_graph_ms, time_ms
 from kernels.flash_attn import backward as fb
-from kernels.flash_attn.forward import attention_fwd
+from kernels.flash_attn.forward import attention_flops, attention_fwd
 from kernels.flash_attn.interface import flash_attn_func
 
 
@@ -102,7 +102,7 @@ def fa_bwd():
     torch.manual_seed(0)
     D, H = 128, 32
     for N, causal in ((1024, False), (1024, True), (2048, False), (2048, True), (4096, False), (4096, True)):
-        flops = 2.5 * 4 * H * N * N * D / (2 if causal else 1)
+        flops = attention_flops(1, H, N, N, D, causal, backward=True)
         q, k, v = (torch.randn(1, N, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         o = flash_attn_func(q, k, v, causal=causal)
         g = torch.randn_like(o)
@@ -135,8 +135,9 @@ def mla():
     kv = torch.randn(B, T, DQK, device="cuda", dtype=torch.bfloat16)
     lens = torch.full((B,), T, device="cuda", dtype=torch.int32)
     flops = 2.0 * B * H * T * (DQK + DV)
-    ms = time_graph_ms(lambda: md.mla_decode(q, kv, lens, DQK ** -0.5, check_seqlens=False))
-    print(f"mla_decode (autotuned, picked {md._mla_decode_tuned.best_config}): {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
+    ms = time_graph_ms(lambda: md.mla_decode(q, kv, lens, DQK ** -0.5, check_seqlens=False, backend="triton"))
+    print(f"Triton kernel (autotuned, picked {md._mla_decode_tuned.best_config}): {ms:.3f} ms, "
+          f"{flops / ms / 1e9:.0f} TFLOP/s")
     out = torch.empty(B, 1, H, DV, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(B, H, 1, device="cuda", dtype=torch.float32)
     for bh, bn, w, s, tma in [(64, 64, 8, 2, True), (64, 64, 8, 2, False), (64, 32, 8, 3, True), (64, 32, 8, 4, True),

@@ -318,6 +318,7 @@ def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, 
         _store_out(o_ptr, lse_ptr, acc, m_i, l_tot, row0, WG * BV, BM, BV, D_V, o_layout, row_s, WG == 0)
 
 
+# One entry point per warpgroup: gl.warp_specialize cannot pass the constexpr WG, so each binds its own.
 @gluon.jit
 def _ws_consumer1(o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
                   q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin):
