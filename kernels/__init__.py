@@ -1,8 +1,10 @@
-"""Attention kernels for the executable book: references, Triton kernels, and the
-benchmark and plotting helpers the chapters share.
+"""Attention kernels for the executable book: references, Triton kernels, and the benchmark and
+plotting helpers the chapters share.
 
-Importing `kernels` on a machine without a CUDA GPU switches Triton to its
-interpreter, so the same notebooks and tests run (slowly, on small shapes) on a CPU.
+`import kernels` works in any Python process: it needs torch and triton, not Jupyter. The only
+global it sets is TRITON_INTERPRET=1 on a machine without a CUDA GPU (and only if unset), so the
+same notebooks and tests run there under Triton's interpreter (slowly, on small shapes).
+Notebook helpers (`show_source`, the widgets) are in `kernels.notebook`.
 """
 import os
 
@@ -12,7 +14,6 @@ if not torch.cuda.is_available():
     # Must happen before the first `import triton`: @triton.jit reads it at decoration.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from .common import DEVICE, INTERPRET, ON_GPU, assert_close, device_name, pick, rel_err  # noqa: E402
-from .show import show_source  # noqa: E402
+from .common import DEVICE, INTERPRET, ON_GPU, assert_close, device_name, pick, rel_err, tolerance  # noqa: E402
 
-__all__ = ["DEVICE", "INTERPRET", "ON_GPU", "assert_close", "device_name", "pick", "rel_err", "show_source"]
+__all__ = ["DEVICE", "INTERPRET", "ON_GPU", "assert_close", "device_name", "pick", "rel_err", "tolerance"]

@@ -1,22 +1,29 @@
-"""The book's benchmark harness: time a sweep of shapes x providers on the GPU, or load
-the committed H200 results on a machine without one.
+"""The book's benchmark harness. A family declares its benchmarks (`Benchmark`: cases, providers,
+counted work) in its `bench.py`; `run` times them on the GPU, or loads the committed H200 tables on a
+machine without one.
 
-Every row carries explicitly counted FLOPs and bytes, so each time becomes TFLOP/s,
-GB/s and a percentage of the roofline: max(FLOPs / matmul rate, bytes / copy rate),
-with both ceilings re-measured in the same process that does the timing.
+Every row carries explicitly counted FLOPs and bytes, so each time becomes TFLOP/s, GB/s and a
+percentage of the roofline: max(FLOPs / matmul rate, bytes / copy rate), with both ceilings
+re-measured in the same process that does the timing.
 
-    >>> df = run_or_load("gla_decode", cases, providers, flops=..., bytes=...)
+    >>> PREFILL = Benchmark("gla_prefill", cases, providers, flops=prefill_flops, bytes_moved=prefill_bytes)
+    >>> df = run(PREFILL)          # writes (GPU) or reads (CPU) results/gla_prefill.csv and .json
+    >>> summary(df, index=["T"], over=["fla"])
 
-writes (GPU) or reads (CPU) `results/gla_decode.csv` and `results/gla_decode.json`.
+Cases use the same column names in every family: B (batch), T (sequence or context length),
+H (heads), D (head dim), then whatever a family needs besides (causal, pass, s_q, ...).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import importlib
 import datetime as _dt
 import functools
 import json
 import math
 import os
+import pkgutil
 import platform
 import subprocess
 import sys
@@ -27,11 +34,12 @@ import pandas as pd
 import torch
 
 from .common import INTERPRET, ON_GPU
+from .peers import fla_version
 
 RESULTS_DIR = Path(os.environ.get("KERNELS_RESULTS_DIR", Path(__file__).resolve().parent.parent / "results"))
 # do_bench settings (milliseconds of warm-up and of timed repeats), recorded with every table.
 WARMUP_MS, REP_MS = 50, 200
-_CHILD = "KERNELS_FRESH_PROCESS"  # set in the process that `in_fresh_process` starts
+_CHILD = "KERNELS_FRESH_PROCESS"  # set in the process that `run` starts from a Jupyter kernel
 REQUIRED_COLUMNS = ["name", "provider", "ms", "tflops", "gbps", "roofline_ms", "pct_roofline", "note"]
 
 _ceilings: dict | None = None
@@ -88,12 +96,8 @@ def metadata() -> dict:
         "do_bench": {"warmup_ms": WARMUP_MS, "rep_ms": REP_MS, "return_mode": "median"},
         "process": "fresh" if os.environ.get(_CHILD) else ("jupyter kernel" if "ipykernel" in sys.modules else "plain"),
     }
-    try:
-        import fla  # a peer, benchmarked only
-
-        meta["fla"] = getattr(fla, "__version__", "unknown")
-    except ImportError:
-        pass
+    if fla_version():  # a peer, benchmarked only
+        meta["fla"] = fla_version()
     return meta
 
 
@@ -119,57 +123,80 @@ def time_graph_ms(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(graph.replay, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
 
 
-def sweep(
-    name: str,
-    cases: Sequence[Mapping],
-    providers: Mapping[str, Callable[[Mapping], Callable[[], object] | None]],
-    flops: Callable[[Mapping], float],
-    bytes: Callable[[Mapping], float],
-    timer: Callable[[Callable[[], object]], float] = time_ms,
-) -> pd.DataFrame:
-    """Time every provider on every case, on this GPU, and return the tidy table.
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    """One results table: every provider on every case, with the work each case must do.
 
-    cases: dicts of shape parameters (they become columns), e.g. {"B": 1, "N": 4096}.
-    providers: label -> factory; factory(case) builds inputs and returns a zero-argument
-        callable to time, or None where the provider does not apply to that case.
-        Running out of GPU memory is recorded as a row with ms = NaN and note "OOM".
-    flops, bytes: counted for the case, the same for every provider (the work the
-        operation must do, not what a given implementation happens to do).
+    name: the table, results/<name>.csv and .json.
+    cases: dicts of shape parameters (they become columns): B, T, H, D, and whatever else the family needs.
+    providers: label -> factory; factory(case) builds the inputs and returns a zero-argument callable to
+        time, or None where the provider does not apply (a peer that is not installed, a shape too big).
+        The book's own kernels are labelled "book" or "book: <variant>".
+    flops, bytes_moved: counted for a case, the same for every provider (the work the operation must do,
+        not what a given implementation happens to do).
+    timer: "plain" (Python calls, launch overhead included) or "graph" (replayed from a CUDA graph).
+    measure: instead of timing, measure(fn) -> dict of extra columns (peak memory, say); ms stays empty.
+    """
+    name: str
+    cases: Sequence[Mapping]
+    providers: Mapping[str, Callable[[Mapping], Callable[[], object] | None]]
+    flops: Callable[[Mapping], float]
+    bytes_moved: Callable[[Mapping], float]
+    timer: str = "plain"
+    measure: Callable[[Callable[[], object]], Mapping] | None = None
+
+    def __post_init__(self):
+        if self.timer not in TIMERS:
+            raise ValueError(f"timer must be one of {sorted(TIMERS)}, got {self.timer!r}")
+        # the module that declares it, so a fresh process can find it again
+        object.__setattr__(self, "module", sys._getframe(2).f_globals.get("__name__"))
+
+
+TIMERS = {"plain": time_ms, "graph": time_graph_ms}
+
+
+def _error_note(e: Exception) -> str:
+    first = str(e).splitlines()[0][:120] if str(e) else ""
+    return f"error: {type(e).__name__}: {first}"
+
+
+def sweep(benchmark: Benchmark) -> pd.DataFrame:
+    """Time (or measure) every provider on every case, on this GPU, and return the tidy table.
+
+    Running out of GPU memory is recorded as a row with ms empty and note "OOM"; a provider that
+    does not apply, "n/a"; any other failure, "error: ..." (a broken peer must not sink the sweep).
     """
     from tqdm import tqdm
 
     if not ON_GPU or INTERPRET:
-        raise RuntimeError("sweep() times kernels and needs a CUDA GPU; on a CPU use run_or_load()")
+        raise RuntimeError("sweep() times kernels and needs a CUDA GPU; on a CPU use run(), which loads")
     ceil = measure_ceilings()
     rows = []
-    jobs = [(case, label, factory) for case in cases for label, factory in providers.items()]
-    for case, label, factory in tqdm(jobs, desc=name, file=sys.stderr, mininterval=2.0):
-        row = {"name": name, "provider": label, **case}
-        f, b = float(flops(case)), float(bytes(case))
+    jobs = [(case, label, factory) for case in benchmark.cases for label, factory in benchmark.providers.items()]
+    for case, label, factory in tqdm(jobs, desc=benchmark.name, file=sys.stderr, mininterval=2.0):
+        row = {"name": benchmark.name, "provider": label, **case}
+        f, b = float(benchmark.flops(case)), float(benchmark.bytes_moved(case))
         roof_ms = max(f / (ceil["peak_tflops"] * 1e9), b / (ceil["peak_gbps"] * 1e6))
-        ms, note = math.nan, ""
+        ms, note, extra = math.nan, "", {}
         try:
             fn = factory(case)
             if fn is None:
                 note = "n/a"
+            elif benchmark.measure is not None:
+                extra = dict(benchmark.measure(fn))
             else:
-                ms = timer(fn)
+                ms = TIMERS[benchmark.timer](fn)
         except torch.OutOfMemoryError:
             note = "OOM"
-        except Exception as e:  # a broken peer must not sink the whole sweep; the table says why
-            note = f"error: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-            print(f"[{name}] {label} {dict(case)}: {note}", file=sys.stderr)
+        except Exception as e:  # noqa: BLE001 (the table says why)
+            note = _error_note(e)
+            print(f"[{benchmark.name}] {label} {dict(case)}: {note}", file=sys.stderr)
         finally:
             fn = None
             torch.cuda.empty_cache()
-        row.update(
-            ms=ms,
-            tflops=f / ms / 1e9 if ms == ms else math.nan,
-            gbps=b / ms / 1e6 if ms == ms else math.nan,
-            roofline_ms=roof_ms,
-            pct_roofline=100 * roof_ms / ms if ms == ms else math.nan,
-            note=note,
-        )
+        timed = ms == ms
+        row.update(ms=ms, tflops=f / ms / 1e9 if timed else math.nan, gbps=b / ms / 1e6 if timed else math.nan,
+                   roofline_ms=roof_ms, pct_roofline=100 * roof_ms / ms if timed else math.nan, note=note, **extra)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -223,62 +250,132 @@ def will_time() -> bool:
     return ON_GPU and not INTERPRET and os.environ.get("KERNELS_BENCH", "run") != "load"
 
 
-@contextlib.contextmanager
-def _loading():
-    """Within: run_or_load loads the saved tables instead of timing."""
-    old = os.environ.get("KERNELS_BENCH")
-    os.environ["KERNELS_BENCH"] = "load"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["KERNELS_BENCH"]
-        else:
-            os.environ["KERNELS_BENCH"] = old
+def run(*benchmarks: Benchmark) -> pd.DataFrame:
+    """Time the benchmarks on a CUDA GPU and save their tables; elsewhere (or with KERNELS_BENCH=load)
+    load the committed ones. Returns the tables concatenated, with the first one's metadata.
 
-
-def in_fresh_process(benchmark):
-    """Decorator for a chapter's benchmark function: called where it would time inside a Jupyter kernel,
-    it times in a fresh Python process instead (its progress is passed through), then loads the tables
-    that process saved.
-
-    Why: a Jupyter kernel runs seven threads besides the one that runs the cell. A Python autograd
-    backward hands work to autograd's thread and back through the GIL, and measured up to 40 % slower
-    inside a kernel than in a plain process (the FlashAttention-2 backward at causal 1K on the H200:
-    0.19 against 0.14 ms), while PyTorch's C++ backward did not move. Programs that train or serve do
-    not run inside a Jupyter kernel, so neither do the book's timings. Arguments must be literals."""
-    @functools.wraps(benchmark)
-    def run(*args, **kwargs):
-        if will_time() and "ipykernel" in sys.modules and not os.environ.get(_CHILD):
-            code = (f"from {benchmark.__module__} import {benchmark.__name__} as b; "
-                    f"b(*{args!r}, **{kwargs!r})")
-            root = str(Path(__file__).resolve().parent.parent)  # so the child imports this package
-            env = {**os.environ, _CHILD: "1",
-                   "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-            child = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
-            tail = b""
-            for chunk in iter(lambda: child.stderr.read1(4096), b""):
-                sys.stderr.write(chunk.decode(errors="replace"))
-                tail = (tail + chunk)[-4000:]
-            if child.wait():
-                raise RuntimeError(f"{benchmark.__name__} failed in its own process (exit {child.returncode}):\n"
-                                   + tail.decode(errors="replace"))
-            with _loading():
-                return benchmark(*args, **kwargs)
-        return benchmark(*args, **kwargs)
-    return run
-
-
-def run_or_load(name, cases, providers, flops, bytes, timer=time_ms) -> pd.DataFrame:
-    """On a CUDA GPU: run `sweep(...)`, save it, return it. Elsewhere: `load(name)`.
-
-    So a notebook shows real GPU numbers everywhere: fresh ones on the GPU box,
-    the committed H200 ones under the interpreter (or with KERNELS_BENCH=load).
+    Inside a Jupyter kernel the timing happens in a fresh Python process (its progress is passed
+    through), then the tables it saved are loaded. Why: a Jupyter kernel runs seven threads besides
+    the one that runs the cell. A Python autograd backward hands work to autograd's thread and back
+    through the GIL, and measured up to 40 % slower inside a kernel than in a plain process (the
+    FlashAttention-2 backward at causal 1K on the H200: 0.19 against 0.14 ms). Programs that train
+    or serve do not run inside a Jupyter kernel, so neither do the book's timings.
     """
     if will_time():
-        save(sweep(name, cases, providers, flops, bytes, timer), name)
-    return load(name)
+        if "ipykernel" in sys.modules and not os.environ.get(_CHILD):
+            _time_in_fresh_process(benchmarks)
+        else:
+            for b in benchmarks:
+                save(sweep(b), b.name)
+    tables = [load(b.name) for b in benchmarks]
+    df = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
+    df.attrs["meta"] = tables[0].attrs["meta"]
+    return df
+
+
+def _time_in_fresh_process(benchmarks) -> None:
+    targets = [(b.module, b.name) for b in benchmarks]
+    code = f"from kernels.bench import _child_main; _child_main({targets!r})"
+    root = str(Path(__file__).resolve().parent.parent)  # so the child imports this package
+    env = {**os.environ, _CHILD: "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    child = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    tail = b""
+    for chunk in iter(lambda: child.stderr.read1(4096), b""):
+        sys.stderr.write(chunk.decode(errors="replace"))
+        tail = (tail + chunk)[-4000:]
+    if child.wait():
+        names = ", ".join(b.name for b in benchmarks)
+        raise RuntimeError(f"benchmark {names} failed in its own process (exit {child.returncode}):\n"
+                           + tail.decode(errors="replace"))
+
+
+def _child_main(targets) -> None:
+    """In the fresh process: find each benchmark in the module that declared it, time it, save it."""
+    for module, name in targets:
+        found = [b for b in vars(importlib.import_module(module)).values()
+                 if isinstance(b, Benchmark) and b.name == name]
+        if not found:
+            raise SystemExit(f"no Benchmark named {name!r} in {module}")
+        save(sweep(found[0]), name)
+
+
+def families() -> list[str]:
+    """The families of the package: every sub-package of `kernels` that has a bench.py."""
+    root = Path(__file__).resolve().parent
+    return sorted(m.name for m in pkgutil.iter_modules([str(root)]) if m.ispkg and (root / m.name / "bench.py").exists())
+
+
+def discover(family: str | None = None) -> dict[str, list[Benchmark]]:
+    """family -> the Benchmarks its bench.py declares in BENCHMARKS (all families, or one)."""
+    names = [family] if family else families()
+    return {f: list(getattr(importlib.import_module(f"kernels.{f}.bench"), "BENCHMARKS", [])) for f in names}
+
+
+# ------------------------------------------------------------------ reading the tables
+def select(df: pd.DataFrame, **where) -> pd.DataFrame:
+    """The rows where every column equals its value (or is in it, for a list or tuple); the metadata
+    stays attached, so a figure drawn from the subset still names its GPU.
+
+    >>> select(df, B=128, provider=["book", "PyTorch absorbed"])
+    """
+    keep = pd.Series(True, index=df.index)
+    for col, value in where.items():
+        if col not in df.columns:
+            raise ValueError(f"select: no column {col!r}; columns are {list(df.columns)}")
+        keep &= df[col].isin(value) if isinstance(value, (list, tuple, set)) else df[col] == value
+    part = df[keep].copy()
+    part.attrs = dict(df.attrs)
+    return part
+
+
+UNITS = {"ms": "time (ms)", "us": "time (µs)", "tflops": "TFLOP/s", "gbps": "GB/s", "pct_roofline": "% of roofline",
+         "peak_gib": "peak memory (GiB)"}
+
+
+def summary(df: pd.DataFrame, index, *, values: str = "ms", book: str = "book", over=(), scale: float = 1.0,
+            roofline: bool = False, digits: int = 3) -> pd.DataFrame:
+    """One table per figure: `values` per provider (columns) for each `index` row, then
+    "speed-up over X" for each X in `over` (X's time / the book kernel's time: > 1 means the book is
+    faster), and with roofline=True the book kernel's "% of roofline". scale multiplies `values`
+    (1000 turns ms into µs). Shapes a provider did not run read "—", or "out of memory".
+
+    >>> summary(df, index=["causal", "T"], values="tflops", over=["SDPA flash", "SDPA cuDNN"])
+    """
+    index = [index] if isinstance(index, str) else list(index)
+    order = list(dict.fromkeys(df["provider"]))
+    table = df.pivot_table(index=index, columns="provider", values=values, dropna=False, sort=True) * scale
+    table = table[[p for p in order if p in table.columns]]
+    times = df.pivot_table(index=index, columns="provider", values="ms", dropna=False, sort=True)
+    for peer in over:
+        if book in times and peer in times:
+            table[f"speed-up over {peer}"] = times[peer] / times[book]
+    if roofline:
+        table[f"{book} % of roofline"] = df[df["provider"] == book].pivot_table(
+            index=index, values="pct_roofline", sort=True)["pct_roofline"]
+    table = table.round(digits)
+    oom = df[df["note"].astype("string").fillna("") == "OOM"]
+    shown = table.astype(object).where(table.notna(), "—")
+    for _, row in oom.iterrows():
+        key = tuple(row[c] for c in index) if len(index) > 1 else row[index[0]]
+        if row["provider"] in shown.columns and key in shown.index:
+            shown.loc[key, row["provider"]] = "out of memory"
+    shown.columns.name = "time (µs)" if values == "ms" and scale == 1000 else UNITS.get(values, values)
+    return shown
+
+
+@dataclasses.dataclass(frozen=True)
+class Panel:
+    """A family's panel in the book's headline figure: its book kernel against its strongest peers.
+
+    benchmark: the table's name; where: rows to keep (as `select`); x: the length axis; y: "tflops" or "ms".
+    """
+    benchmark: str
+    where: Mapping
+    x: str
+    y: str
+    providers: Sequence[str]
+    title: str
 
 
 def provenance(df: pd.DataFrame) -> str:

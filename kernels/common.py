@@ -45,22 +45,27 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / denom
 
 
+# Relative-error tolerances by input dtype. fp32 dot products run as TF32 on a GPU (10-bit mantissa,
+# unit roundoff 2^-11) unless a kernel asks for IEEE; under the interpreter they are exact fp32.
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1e-2}
+TF32_TOLERANCE = 3e-3
+TF32: bool = ON_GPU and not INTERPRET  # fp32 `tl.dot` without input_precision="ieee" rounds inputs to TF32 here
+
+
+def tolerance(dtype: torch.dtype, *, tf32_dots: bool = False) -> float:
+    """The relative error a kernel's output may show against an fp32/fp64 reference, for its input
+    dtype on this machine. tf32_dots: the kernel multiplies fp32 inputs in TF32 (on a GPU).
+
+    >>> tol = tolerance(torch.bfloat16)          # 1e-2
+    """
+    if dtype == torch.float32 and tf32_dots and TF32:
+        return TF32_TOLERANCE
+    return TOLERANCE[dtype]
+
+
 def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float, name: str = "output") -> float:
     """Assert rel_err(out, ref) <= tol (NaN or inf always fails); return the error."""
     err = rel_err(out, ref)
     if not err <= tol:
         raise AssertionError(f"{name}: relative error {err:.3e} exceeds {tol:.1e}")
     return err
-
-
-def check_tensor(name: str, t, *, ndim: int | None = None, dtypes=None, device=None) -> None:
-    """Raise TypeError/ValueError naming `name` if `t` is not the tensor a kernel expects."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if ndim is not None and t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
-    if dtypes is not None and t.dtype not in dtypes:
-        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; supported: {allowed}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device} (all inputs on one device)")

@@ -6,11 +6,13 @@ and a title that names the GPU and the shape.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
-import matplotlib
 import matplotlib.pyplot as plt
 import pandas as pd
+
+from .bench import UNITS
 
 BOOK_COLOR = "#1f5fbf"
 # Peers keep their colour across chapters, so a reader learns them once.
@@ -24,13 +26,19 @@ PEER_COLORS = {
 }
 _FALLBACK = ["#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#d62728"]
 BOOK_STYLES = ["-", "--", ":", "-."]
-UNITS = {"ms": "time (ms)", "us": "time (µs)", "tflops": "TFLOP/s", "gbps": "GB/s", "pct_roofline": "% of roofline",
-         "peak_gib": "peak memory (GiB)"}
 
-matplotlib.rcParams.update({
-    "figure.dpi": 110, "savefig.dpi": 110, "axes.spines.top": False, "axes.spines.right": False,
-    "axes.grid": True, "grid.alpha": 0.3, "font.size": 10, "legend.frameon": False,
-})
+# The house style, applied inside the book's figure functions only (never to the caller's process).
+STYLE = {"figure.dpi": 110, "savefig.dpi": 110, "axes.spines.top": False, "axes.spines.right": False,
+         "axes.grid": True, "grid.alpha": 0.3, "font.size": 10, "legend.frameon": False}
+
+
+def styled(figure_function):
+    """Decorator: draw under the house style (STYLE), leaving matplotlib's global settings as they were."""
+    @functools.wraps(figure_function)
+    def draw(*args, **kwargs):
+        with plt.rc_context(STYLE):
+            return figure_function(*args, **kwargs)
+    return draw
 
 
 def is_book(provider: str) -> bool:
@@ -60,18 +68,19 @@ def plot_providers(ax, df: pd.DataFrame, x: str, y: str, providers) -> None:
             ax.plot(rows[x], rows[y], ls, color=c, lw=lw, marker="o", ms=3.5, label=p)
 
 
-def plot_results(df: pd.DataFrame, x: str = "N", y: str = "tflops", col: str | None = None,
+@styled
+def plot_results(df: pd.DataFrame, x: str = "T", y: str = "tflops", col: str | None = None,
                  title: str = "", roofline: bool = True, logy: bool = False, xlabel: str | None = None):
     """Draw `y` against `x` (log-2 axis), one line per provider, one panel per value of `col`.
 
-    df: a table from `kernels.bench.run_or_load` (its metadata names the GPU).
+    df: a table from `kernels.bench.run` (its metadata names the GPU).
     y: 'ms', 'us', 'tflops', 'gbps' or 'pct_roofline'. The roofline is drawn for ms/us,
         tflops and gbps: the fastest any implementation could go for that shape.
     Returns the matplotlib Figure (a notebook shows it as PNG).
     """
     data = df.copy()
     data["us"] = data["ms"] * 1000
-    panels = sorted(data[col].unique(), key=_order) if col else [None]
+    panels = sorted(data[col].unique(), key=natural_order) if col else [None]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 3.8), squeeze=False, sharey=True)
     providers = list(dict.fromkeys(data["provider"]))
     for ax, value in zip(axes[0], panels):
@@ -107,59 +116,6 @@ def plot_results(df: pd.DataFrame, x: str = "N", y: str = "tflops", col: str | N
     return fig
 
 
-class WithStaticFallback:
-    """An ipywidget whose plain-text form is `text`. A live kernel shows the controls; the
-    rendered (static) book cannot run them and shows `text` instead."""
-
-    def __init__(self, widget, text: str):
-        self.widget, self.text = widget, text
-
-    def _repr_mimebundle_(self, **kwargs):
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        bundle["text/plain"] = self.text
-        return bundle
-
-
-def explore(df: pd.DataFrame, x: str = "N", title: str = "", filters: tuple[str, ...] = ()):
-    """Show the standard figure, then ipywidgets controls to change the metric and filters.
-
-    The controls redraw below themselves only when changed, so executing the notebook (on
-    the GPU, under nbval, or into the rendered HTML) gives the same two outputs: the static
-    figure and the widget, whose plain-text form says how to use it.
-    """
-    import ipywidgets as w
-    from IPython.display import display
-
-    metrics = [m for m in ("tflops", "gbps", "ms", "pct_roofline") if df[m].notna().any()]
-    choices = {f: sorted(df[f].unique().tolist(), key=_order) for f in filters}
-    controls = {"metric": w.Dropdown(options=metrics, value=metrics[0], description="metric"),
-                "logy": w.Checkbox(value=False, description="log y")}
-    controls.update({f: w.Dropdown(options=v, value=v[0], description=f) for f, v in choices.items()})
-    out = w.Output()
-
-    def redraw(_change):
-        picked = {f: controls[f].value for f in choices}
-        with out:
-            out.clear_output(wait=True)
-            display(plot_results(_subset(df, picked), x=x, y=controls["metric"].value, title=title,
-                                 logy=controls["logy"].value))
-
-    for control in controls.values():
-        control.observe(redraw, names="value")
-    display(plot_results(_subset(df, {f: v[0] for f, v in choices.items()}), x=x, y=metrics[0], title=title))
-    return WithStaticFallback(w.VBox([w.HBox(list(controls.values())), out]),
-                              "Interactive explorer: run the notebook in Jupyter to use the controls.")
-
-
-def _order(value):
+def natural_order(value):
     """Numbers in numeric order, then strings: panels read 1, 32, 128, not 1, 128, 32."""
     return (isinstance(value, str), value if not isinstance(value, str) else 0, str(value))
-
-
-def _subset(df, picked):
-    part = df
-    for f, v in picked.items():
-        part = part[part[f] == v]
-    part = part.copy()
-    part.attrs = df.attrs
-    return part

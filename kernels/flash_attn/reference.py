@@ -84,35 +84,3 @@ def online_softmax_steps(x: torch.Tensor, block: int):
         m = m_new
         steps.append({"block": start // block, "scores": xb.tolist(), "m": m, "l": l})
     return steps, torch.exp(x - m) / l
-
-
-def online_softmax_explorer(x: torch.Tensor, block: int):
-    """ipywidgets step-through of `online_softmax_steps`: a slider picks how many blocks have been
-    seen; it prints the running max and sum and the partial softmax they imply so far. The
-    rendered book, which cannot run the slider, shows every step as text instead."""
-    import ipywidgets as w
-
-    from ..plot import WithStaticFallback
-
-    steps, _ = online_softmax_steps(x, block)
-
-    def describe(seen):
-        s = steps[seen - 1]
-        n = min(seen * block, x.numel())
-        partial = torch.exp(x[:n] - s["m"]) / s["l"]
-        lines = [f"after block {seen - 1}: m = {s['m']:.4f}, l = {s['l']:.4f}",
-                 "softmax over the keys seen so far: " + " ".join(f"{p:.3f}" for p in partial.tolist())]
-        if seen == len(steps):
-            lines.append(f"all blocks seen: equals torch.softmax(x): {torch.allclose(partial, torch.softmax(x, 0))}")
-        return "\n".join(lines)
-
-    slider = w.IntSlider(value=1, min=1, max=len(steps), description="blocks seen")
-    out = w.Output()
-    out.append_stdout(describe(1) + "\n")  # the first view, without executing anything
-
-    def on_change(change):
-        out.clear_output()
-        out.append_stdout(describe(change["new"]) + "\n")
-
-    slider.observe(on_change, names="value")
-    return WithStaticFallback(w.VBox([slider, out]), "\n\n".join(describe(i) for i in range(1, len(steps) + 1)))

@@ -1,0 +1,131 @@
+"""The input checks every public function shares: one place, one exception policy.
+
+TypeError for a wrong type or dtype, ValueError for a wrong value or shape; every message names the
+argument. The checks look at shapes, dtypes and devices only, never at values on the GPU (that would
+be a device sync), and run before anything is launched.
+
+    >>> check_tensor("q", q, ndim=4, dtypes=FLOATS)
+    >>> check_same_device_and_dtype(q=q, k=k, v=v)
+    >>> check_kernel_device(q=q, k=k)        # the machine rule, for kernels only
+    >>> scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from .common import INTERPRET, ON_GPU
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)  # what the kernels take
+REFERENCE_FLOATS = FLOATS + (torch.float64,)  # what the plain-PyTorch references take
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def check_tensor(name: str, t, *, ndim: int | None = None, dtypes=None, shape=None) -> torch.Tensor:
+    """Raise TypeError/ValueError naming `name` unless `t` is a tensor of that rank, dtype and shape.
+
+    shape: a tuple whose entries are sizes or None (any size), e.g. (B, None, H, K).
+    Returns `t`, so a check can sit inside an expression.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        allowed = ", ".join(_dtype_name(d) for d in dtypes)
+        raise TypeError(f"{name} has dtype {_dtype_name(t.dtype)}; supported: {allowed}")
+    if shape is not None:
+        if len(shape) != t.dim() or any(want is not None and want != got for want, got in zip(shape, t.shape)):
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+    return t
+
+
+def check_not_empty(name: str, t: torch.Tensor, dims: str) -> None:
+    """ValueError unless every size of `t` is >= 1; `dims` names them, e.g. "B, T, H, D"."""
+    if any(s == 0 for s in t.shape):
+        raise ValueError(f"{name} must have every size >= 1 ([{dims}]), got shape {tuple(t.shape)}")
+
+
+def check_same_device_and_dtype(**tensors: torch.Tensor) -> None:
+    """All on one device (ValueError) and of one dtype (TypeError); the message names them all."""
+    names = ", ".join(tensors)
+    devices = {t.device for t in tensors.values()}
+    if len(devices) > 1:
+        got = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
+        raise ValueError(f"{names} must be on one device, got {got}")
+    dtypes = {t.dtype for t in tensors.values()}
+    if len(dtypes) > 1:
+        got = ", ".join(f"{n} {_dtype_name(t.dtype)}" for n, t in tensors.items())
+        raise TypeError(f"{names} must share one dtype, got {got}")
+
+
+def check_same_device(**tensors: torch.Tensor) -> None:
+    """All on one device (ValueError naming each)."""
+    if len({t.device for t in tensors.values()}) > 1:
+        got = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
+        raise ValueError(f"{', '.join(tensors)} must be on one device, got {got}")
+
+
+def check_kernel_device(**tensors: torch.Tensor) -> None:
+    """The machine rule for Triton kernels. On a CUDA machine: CUDA tensors. Under the interpreter:
+    CPU tensors, and no bfloat16 (the interpreter computes bf16 `tl.dot` wrongly). Meta tensors
+    and other devices are refused with the argument named."""
+    for name, t in tensors.items():
+        if INTERPRET:
+            if t.device.type != "cpu":
+                raise ValueError(f"{name} is on {t.device}: under the Triton interpreter (no CUDA GPU here) "
+                                 "the kernels take CPU tensors")
+            if t.dtype == torch.bfloat16:
+                raise TypeError(f"{name} is bfloat16, which needs a GPU: the Triton interpreter computes bf16 "
+                                "dot products wrongly; use float16 or float32 here")
+        elif ON_GPU and t.device.type != "cuda":
+            raise ValueError(f"{name} is on {t.device}: the kernels run on the GPU and take CUDA tensors")
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_int(name: str, value, *, low: int | None = None, high: int | None = None, allow_none=False):
+    """An int (not a bool) in [low, high]; None passes through when allow_none."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int{' or None' if allow_none else ''}, got {type(value).__name__}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+        raise ValueError(f"{name} must be in {bounds}, got {value}")
+    return int(value)
+
+
+def check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+
+
+def softmax_scale_or_default(scale, head_dim: int | None, name: str = "softmax_scale") -> float:
+    """The scale rule, the same everywhere: a real, finite number > 0. None means head_dim ** -0.5
+    where the function has a default (head_dim given), and is a TypeError where it has none."""
+    if scale is None:
+        if head_dim is None:
+            raise TypeError(f"{name} is required (a float > 0), got None")
+        return head_dim ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"{name} must be a float{' or None' if head_dim is not None else ''}, "
+                        f"got {type(scale).__name__}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {scale}")
+    return float(scale)
+
+
+__all__ = ["FLOATS", "REFERENCE_FLOATS", "check_tensor", "check_not_empty", "check_same_device_and_dtype",
+           "check_same_device", "check_kernel_device", "check_bool", "check_int", "check_choice",
+           "softmax_scale_or_default"]

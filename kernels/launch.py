@@ -1,0 +1,133 @@
+"""What every family's launch code shares: constants, tile choice on each machine, device facts,
+the direct-launch fast path, and the scratch memory TMA descriptors need.
+
+    >>> configs = autotune_configs([({"BV": 64}, 4, 2), ({"BV": 32}, 8, 3)], interpreter={"BV": 32})
+    >>> n_sm = sm_count(q.device)
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+
+import torch
+import triton
+from triton.runtime.errors import OutOfResources
+
+from .common import INTERPRET
+
+LOG2E = math.log2(math.e)  # exp(x) = exp2(x * LOG2E): kernels fold it into the scale and use exp2
+LN2 = math.log(2.0)        # a base-2 log-sum-exp times LN2 is the natural one
+
+
+# ------------------------------------------------------------------ tiles on each machine
+def on_machine(gpu, interpreter):
+    """`interpreter` under Triton's interpreter (it runs one program at a time: small tiles, few
+    steps), `gpu` elsewhere. For tile tuples, config lists, anything."""
+    return interpreter if INTERPRET else gpu
+
+
+def autotune_configs(space, interpreter: dict | None = None):
+    """triton.Config list from (meta-parameters, num_warps, num_stages) triples. Under the interpreter
+    one config only: `interpreter`'s meta-parameters, or the first triple's."""
+    if INTERPRET:
+        return [triton.Config(space[0][0] if interpreter is None else interpreter, num_warps=4)]
+    return [triton.Config(kw, num_warps=w, num_stages=s) for kw, w, s in space]
+
+
+def pow2_at_least_16(n: int) -> int:
+    """The block that covers n: a power of two, and >= 16 (the smallest side `tl.dot` takes)."""
+    return max(16, triton.next_power_of_2(n))
+
+
+# ------------------------------------------------------------------ device facts, asked once
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (132 on an H200)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability; (9, 0) is Hopper."""
+    return torch.cuda.get_device_capability(device)
+
+
+def is_hopper(device: torch.device) -> bool:
+    return not INTERPRET and device.type == "cuda" and capability(device)[0] == 9
+
+
+def tma_ready(t: torch.Tensor) -> bool:
+    """Whether the copy engine (TMA) can read `t` as rows: unit stride inside a row, and a 16-byte
+    aligned base and row strides."""
+    esz = t.element_size()
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s * esz % 16 == 0 for s in t.stride()[:-1])
+
+
+# ------------------------------------------------------------------ scratch for device-made TMA descriptors
+def _torch_scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+@contextlib.contextmanager
+def tma_scratch():
+    """Within: kernels that make TMA descriptors on the device (`tl.make_tensor_descriptor`) get their
+    few bytes of global scratch from PyTorch's allocator. The allocator is Triton's context variable:
+    it is set for the launch and restored after, and one the caller installed is left alone."""
+    from triton.runtime import _allocation
+
+    if _allocation._allocator.get() is not _allocation._NULL_ALLOCATOR:
+        yield
+        return
+    token = _allocation._allocator.set(_torch_scratch)
+    try:
+        yield
+    finally:
+        _allocation._allocator.reset(token)
+
+
+# ------------------------------------------------------------------ the direct-launch fast path
+_VARIANTS = {}  # key -> (index of the candidate that fits, compiled kernel or None, its constexpr values)
+
+
+def _aligned(args) -> bool:
+    return all(a.data_ptr() % 16 == 0 for a in args if isinstance(a, torch.Tensor))
+
+
+def launch(kernel, grid, candidates, key, *args, **constexprs):
+    """Launch `kernel` with the first of `candidates` (BM, BN, num_warps, num_stages) that fits in
+    this GPU's shared memory (BM: query rows per tile, BN: keys per tile, in every kernel).
+    `grid(BM, BN)` gives the launch grid; `key` names the compiled variant (device, dtype and the
+    constexprs), so a candidate that does not fit is compiled and rejected once, not on every call.
+
+    After the first call, a key's compiled kernel is launched directly. Triton's dispatcher
+    re-derives every argument's specialisation on each call: about 20 us of host time per launch
+    with 15 arguments on the H200's CPU, and at short lengths that host time is what bounds a call.
+    Skipping the dispatcher is safe for kernels that specialise on nothing that changes between
+    calls with one key: lengths are `do_not_specialize`, floats are never specialised, and pointers
+    are checked to be 16-byte aligned, as they were when the kernel was compiled."""
+    i, compiled, tail = _VARIANTS.get(key, (0, None, ()))
+    if compiled is not None and _aligned(args):
+        bm, bn = candidates[i][:2]
+        compiled[(*grid(bm, bn), 1, 1)[:3]](*args, *tail)  # this path wants all three grid sides
+        return
+    while True:
+        bm, bn, warps, stages = candidates[i]
+        try:
+            compiled = kernel[grid(bm, bn)](*args, **constexprs, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
+        except OutOfResources:
+            if i + 1 == len(candidates):
+                raise
+            i += 1
+            continue
+        if compiled is not None and _aligned(args):  # (the interpreter compiles nothing)
+            # the compiled kernel takes every parameter, constexprs too, in signature order
+            values = {**constexprs, "BM": bm, "BN": bn}
+            _VARIANTS[key] = (i, compiled, tuple(values[name] for name in kernel.arg_names[len(args):]))
+        elif key not in _VARIANTS:
+            _VARIANTS[key] = (i, None, ())
+        return
+
+
+__all__ = ["LOG2E", "LN2", "on_machine", "autotune_configs", "pow2_at_least_16", "sm_count", "capability",
+           "is_hopper", "tma_ready", "tma_scratch", "launch"]

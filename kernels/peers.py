@@ -1,0 +1,62 @@
+"""The public kernels the book measures itself against, each only where it can be imported.
+
+They are yardsticks for the benchmarks: nothing in the book's own kernels or tests needs them.
+Each function returns a callable, or None when the peer is not installed here (the benchmark
+table then records "n/a" for it).
+
+    >>> attend = sdpa("cuDNN")                      # q, k, v: [B, H, T, D] (SDPA's own layout)
+    >>> o = attend(q, k, v, causal=True)
+    >>> chunk_gla = fla("gla", "chunk_gla")         # None without flash-linear-attention
+"""
+from __future__ import annotations
+
+import importlib
+
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cuDNN": "CUDNN_ATTENTION"}
+
+
+def sdpa(backend: str):
+    """PyTorch's scaled_dot_product_attention pinned to one backend ("flash" or "cuDNN"):
+    f(q, k, v, causal=False, scale=None) on [B, H, T, D] tensors."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    if backend not in SDPA_BACKENDS:
+        raise ValueError(f"backend must be one of {sorted(SDPA_BACKENDS)}, got {backend!r}")
+    pinned = getattr(SDPBackend, SDPA_BACKENDS[backend])
+
+    def attend(q, k, v, causal=False, scale=None):
+        with sdpa_kernel(pinned):
+            return scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    return attend
+
+
+def _optional(module: str, name: str | None = None):
+    try:
+        found = importlib.import_module(module)
+    except ImportError:
+        return None
+    return found if name is None else getattr(found, name, None)
+
+
+def fla(op: str, name: str):
+    """A function of flash-linear-attention's `fla.ops.<op>` (e.g. fla("gla", "chunk_gla")), or None."""
+    return _optional(f"fla.ops.{op}", name)
+
+
+def fla_version() -> str | None:
+    module = _optional("fla")
+    return None if module is None else getattr(module, "__version__", "unknown")
+
+
+def flashmla(name: str = "flash_mla_with_kvcache"):
+    """A function of FlashMLA's Python package `flash_mla` (built from source on the GPU box), or None."""
+    return _optional("flash_mla", name)
+
+
+def tilelang():
+    """The `tilelang` module (TileLang's compiler, GPU box only), or None."""
+    return _optional("tilelang")
+
+
+__all__ = ["sdpa", "fla", "fla_version", "flashmla", "tilelang"]
