@@ -345,6 +345,9 @@ def summary(df: pd.DataFrame, index, *, values: str = "ms", book: str = "book", 
     index = [index] if isinstance(index, str) else list(index)
     order = list(dict.fromkeys(df["provider"]))
     table = df.pivot_table(index=index, columns="provider", values=values, dropna=False, sort=True) * scale
+    # dropna=False crosses every index level with every other: keep only the cases the table holds
+    ran = pd.MultiIndex.from_frame(df[index]) if len(index) > 1 else pd.Index(df[index[0]])
+    table = table[table.index.isin(ran)]
     table = table[[p for p in order if p in table.columns]]
     times = df.pivot_table(index=index, columns="provider", values="ms", dropna=False, sort=True)
     for peer in over:

@@ -26,6 +26,7 @@ PEER_COLORS = {
 }
 _FALLBACK = ["#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#d62728"]
 BOOK_STYLES = ["-", "--", ":", "-."]
+ROOFLINE_COLOR = "#555555"
 
 # The house style, applied inside the book's figure functions only (never to the caller's process).
 STYLE = {"figure.dpi": 110, "savefig.dpi": 110, "axes.spines.top": False, "axes.spines.right": False,
@@ -68,6 +69,20 @@ def plot_providers(ax, df: pd.DataFrame, x: str, y: str, providers) -> None:
             ax.plot(rows[x], rows[y], ls, color=c, lw=lw, marker="o", ms=3.5, label=p)
 
 
+def plot_roofline(ax, df: pd.DataFrame, x: str, y: str) -> None:
+    """The roofline as a dashed grey line named "roofline": for each x, the best any implementation could
+    do for that shape (max of FLOPs at the matmul ceiling and bytes at the copy ceiling, both measured in the
+    same run). Drawn for y in ms, us, tflops and gbps."""
+    if y in ("ms", "us"):
+        ref = df.drop_duplicates(x).sort_values(x)
+        ax.plot(ref[x], ref["roofline_ms"] * (1000.0 if y == "us" else 1.0), "--", color=ROOFLINE_COLOR, lw=1.2,
+                label="roofline")
+    elif y in ("tflops", "gbps"):  # every provider does the same work: any timed row converts
+        ref = df[df["ms"].notna()].drop_duplicates(x).sort_values(x)
+        ax.plot(ref[x], ref[y] * ref["ms"] / ref["roofline_ms"], "--", color=ROOFLINE_COLOR, lw=1.2,
+                label="roofline")
+
+
 @styled
 def plot_results(df: pd.DataFrame, x: str = "T", y: str = "tflops", col: str | None = None,
                  title: str = "", roofline: bool = True, logy: bool = False, xlabel: str | None = None):
@@ -86,13 +101,8 @@ def plot_results(df: pd.DataFrame, x: str = "T", y: str = "tflops", col: str | N
     for ax, value in zip(axes[0], panels):
         part = data if col is None else data[data[col] == value]
         plot_providers(ax, part, x, y, providers)
-        if roofline and y in ("ms", "us"):
-            ref = part.drop_duplicates(x).sort_values(x)
-            ax.plot(ref[x], ref["roofline_ms"] * (1000.0 if y == "us" else 1.0), "--", color="#555555", lw=1.2,
-                    label="roofline")
-        elif roofline and y in ("tflops", "gbps"):  # every provider does the same work: any timed row converts
-            ref = part[part["ms"].notna()].drop_duplicates(x).sort_values(x)
-            ax.plot(ref[x], ref[y] * ref["ms"] / ref["roofline_ms"], "--", color="#555555", lw=1.2, label="roofline")
+        if roofline:
+            plot_roofline(ax, part, x, y)
         ax.set_xscale("log", base=2)
         if logy:
             ax.set_yscale("log")

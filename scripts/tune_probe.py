@@ -3,7 +3,7 @@
     python scripts/tune_probe.py fa_host fa_bwd mla
 
 fa_host: where the host time of one FlashAttention-2 call goes (tiny shapes).
-fa_bwd: the backward at short N (B=1, H=32, D=128) against SDPA flash: through autograd, the
+fa_bwd: the backward at short T (B=1, H=32, D=128) against SDPA flash: through autograd, the
   kernels alone, a CUDA-graph replay (GPU time only), and autograd on one thread.
 mla: the Triton MLA decode kernel's tile configurations (TMA and pointer loads) at B=128, H=128, T=8K.
 """
@@ -16,7 +16,9 @@ import triton.testing
 
 from kernels.bench import time_graph_ms, time_ms
 from kernels.flash_attn import backward as fb
-from kernels.flash_attn.forward import attention_flops, attention_fwd
+from kernels.flash_attn import interface
+from kernels.flash_attn.bench import attention_flops
+from kernels.flash_attn.forward import attention_fwd
 from kernels.flash_attn.interface import flash_attn_func
 
 
@@ -54,7 +56,6 @@ class _Trivial(torch.autograd.Function):
 
 def fa_host():
     """Where the host time of a short call goes (tiny shapes)."""
-    from kernels.flash_attn import interface
     D = 128
     q, k, v = (torch.randn(1, 64, 1, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     o = flash_attn_func(q, k, v)
@@ -77,7 +78,8 @@ def fa_host():
         "_validate": lambda: interface._validate(q, k, v, False, None),
         "flash_attn_func, no grad": lambda: flash_attn_func(q.detach(), k.detach(), v.detach()),
         "flash_attn_func, grad": lambda: flash_attn_func(q, k, v),
-        "attention_bwd": lambda: fb.attention_bwd(g, q.detach(), k.detach(), v.detach(), o.detach(), lse, False, D ** -0.5),
+        "attention_bwd": lambda: fb.attention_bwd(g, q.detach(), k.detach(), v.detach(), o.detach(), lse, False,
+                                                  D ** -0.5, interface._one_launch(q, k, False)),
         "autograd.grad, trivial Function": lambda: torch.autograd.grad(ot, (q, k, v), g, retain_graph=True),
         "autograd.grad, book": lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True),
     }
@@ -96,18 +98,19 @@ def fa_host():
 
 
 def fa_bwd():
-    """The backward at short N against SDPA flash, through autograd and without it."""
+    """The backward at short T against SDPA flash, through autograd and without it."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
     torch.manual_seed(0)
     D, H = 128, 32
-    for N, causal in ((1024, False), (1024, True), (2048, False), (2048, True), (4096, False), (4096, True)):
-        flops = attention_flops(1, H, N, N, D, causal, backward=True)
-        q, k, v = (torch.randn(1, N, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    for T, causal in ((1024, False), (1024, True), (2048, False), (2048, True), (4096, False), (4096, True)):
+        flops = attention_flops(1, H, T, T, D, causal, backward=True)
+        q, k, v = (torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         o = flash_attn_func(q, k, v, causal=causal)
         g = torch.randn_like(o)
         qd, kd, vd, od = q.detach(), k.detach(), v.detach(), o.detach()
         _, lse = attention_fwd(qd, kd, vd, causal, D ** -0.5)
+        one = interface._one_launch(qd, kd, causal)
         qs, ks, vs = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             os_ = sdpa(qs, ks, vs, is_causal=causal)
@@ -116,26 +119,28 @@ def fa_bwd():
         t = {
             "SDPA flash grad": time_ms(flash_grad),
             "book grad": time_ms(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True)),
-            "book attention_bwd": time_ms(lambda: fb.attention_bwd(g, qd, kd, vd, od, lse, causal, D ** -0.5)),
-            "book attention_bwd graph": time_graph_ms(lambda: fb.attention_bwd(g, qd, kd, vd, od, lse, causal, D ** -0.5)),
+            "book attention_bwd": time_ms(lambda: fb.attention_bwd(g, qd, kd, vd, od, lse, causal, D ** -0.5, one)),
+            "book attention_bwd graph": time_graph_ms(
+                lambda: fb.attention_bwd(g, qd, kd, vd, od, lse, causal, D ** -0.5, one)),
         }
         with torch.autograd.set_multithreading_enabled(False):
             t["book grad, one thread"] = time_ms(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True))
             t["SDPA flash grad, one thread"] = time_ms(flash_grad)
-        print(f"=== N={N} causal={causal}  ({flops / 1e9:.1f} GFLOP)")
+        print(f"=== T={T} causal={causal}  ({flops / 1e9:.1f} GFLOP)")
         for name, ms in t.items():
             print(f"  {name:32s} {ms * 1e3:8.1f} us  {flops / ms / 1e9:6.0f} TFLOP/s")
 
 
 def mla():
-    from kernels.mla import decode as md
+    from kernels.launch import LOG2E
+    from kernels.mla import decode as md, mla_decode
     B, H, T, DQK, DV = 128, 128, 8192, 576, 512
     torch.manual_seed(0)
     q = torch.randn(B, 1, H, DQK, device="cuda", dtype=torch.bfloat16)
     kv = torch.randn(B, T, DQK, device="cuda", dtype=torch.bfloat16)
     lens = torch.full((B,), T, device="cuda", dtype=torch.int32)
     flops = 2.0 * B * H * T * (DQK + DV)
-    ms = time_graph_ms(lambda: md.mla_decode(q, kv, lens, DQK ** -0.5, check_seqlens=False, backend="triton"))
+    ms = time_graph_ms(lambda: mla_decode(q, kv, lens, DQK ** -0.5, check_seqlens=False, backend="triton"))
     print(f"Triton kernel (autotuned, picked {md._mla_decode_tuned.best_config}): {ms:.3f} ms, "
           f"{flops / ms / 1e9:.0f} TFLOP/s")
     out = torch.empty(B, 1, H, DV, device="cuda", dtype=torch.bfloat16)
@@ -144,9 +149,9 @@ def mla():
                               (64, 128, 8, 1, True), (64, 64, 8, 1, True)]:
         def call():
             md._mla_decode_kernel[(triton.cdiv(H, bh), 1, B)](
-                q, kv, lens, lens, out, lse, out, lse, DQK ** -0.5 * 1.4426950408889634,
+                q, kv, lens, lens, out, lse, out, lse, DQK ** -0.5 * LOG2E,
                 kv.stride(0), kv.stride(1), 0, 1, S_Q=1, H=H, D_QK=DQK, D_V=DV, PAGE=1, PAGED=False, TMA=tma,
-                CAUSAL=False, SPLIT=False, BV=512, BP=64, BH=bh, BN=bn, num_warps=w, num_stages=s)
+                CAUSAL=False, SPLIT=False, BV=512, BP=64, BX=1, BH=bh, BN=bn, num_warps=w, num_stages=s)
         try:
             ms = time_graph_ms(call)
             print(f"  BH={bh:3d} BN={bn:3d} warps={w:2d} stages={s} TMA={tma}: {ms:.3f} ms  {flops / ms / 1e9:.0f} TFLOP/s")

@@ -1,17 +1,27 @@
-"""GLA: the three forms against an fp64 loop written from the formula (MATH.md, GLA).
+"""GLA (kernels.gla): the three Triton forms and the references against an fp64 loop written from
+the formula (MATH.md, GLA); gates from the paper's, strong and none to -inf (a full reset); odd
+sizes; initial and final state; NaN and inf where a row cannot see them; every kind of bad input.
 
-CPU (interpreter): fp32 (tol 1e-5) and fp16, shrunk shapes. GPU: bf16 (tol 5e-3, as fla's
-tests) and fp32 on fla's shapes. Forward only.
+Tolerances come from kernels.common.tolerance: the chunk kernel multiplies fp32 inputs in IEEE fp32
+(input_precision="ieee") and the recurrent kernels have no dot products, so fp32 is held to the
+fp32 tolerance on every machine. CPU (interpreter): fp32 and fp16 on small shapes. GPU: bf16 and
+fp32 on fla's test shapes. Forward only.
 """
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.common import DEVICE, assert_close
-from kernels.gla import chunk_gla, fused_recurrent_gla, naive_recurrent_gla, sequential_chunk_gla
+from input_cases import Case, bad_input_cases, case_id, expect_refusal
+from kernels.common import DEVICE, assert_close, tolerance
+from kernels.gla import chunk_gla, fused_recurrent_gla, naive_recurrent_gla, sequential_chunk_gla, torch_gla_step
+from kernels.gla.chunk import chunk_gla_scores
+from kernels.linear import CHUNK, chunk_local_cumsum
 
-FORMS = {"naive": naive_recurrent_gla, "fused_recurrent": fused_recurrent_gla,
-         "sequential_chunk": sequential_chunk_gla, "chunk": chunk_gla}
+KERNELS = {"fused_recurrent": fused_recurrent_gla, "sequential_chunk": sequential_chunk_gla, "chunk": chunk_gla}
+FORMS = {"naive": naive_recurrent_gla, **KERNELS}
+FP32 = tolerance(torch.float32)
 
 
 def ref_gla(q, k, v, gk, scale=None, h0=None):
@@ -49,7 +59,6 @@ def sid(s):
 
 CPU_SHAPES = [(1, 63, 1, 64, 64), (2, 77, 2, 60, 60), (1, 130, 2, 32, 48), (1, 20, 1, 256, 256)]
 
-
 # every gate on every shape, except K = V = 256, which is slow under the interpreter: one gate there
 CPU_CASES = [(shape, gate) for shape in CPU_SHAPES for gate in ("paper", "strong", "none")
              if shape[3] < 256 or gate == "paper"]
@@ -63,8 +72,8 @@ def test_forward_fp32(form, shape, gate):
     o, S = FORMS[form](q, k, v, gk, initial_state=h0, output_final_state=True)
     assert not torch.isnan(o).any() and not torch.isnan(S).any()
     assert o.dtype == torch.float32 and S.dtype == torch.float32
-    assert_close(o, o_ref, 1e-5, "o")
-    assert_close(S, S_ref, 1e-5, "final state")
+    assert_close(o, o_ref, FP32, "o")
+    assert_close(S, S_ref, FP32, "final state")
 
 
 @pytest.mark.parametrize("form", ["fused_recurrent", "chunk"])
@@ -73,17 +82,17 @@ def test_no_initial_state_custom_scale(form):
     o_ref, _ = ref_gla(q, k, v, gk, scale=0.3)
     o, S = FORMS[form](q, k, v, gk, scale=0.3)
     assert S is None
-    assert_close(o, o_ref, 1e-5, "o")
+    assert_close(o, o_ref, FP32, "o")
 
 
 @pytest.mark.parametrize("T", [1, 2, 65])
 def test_short_sequences(T):
     q, k, v, gk, h0 = make(2, T, 3, 60, 40, "strong", torch.float32)
     o_ref, S_ref = ref_gla(q, k, v, gk, h0=h0)
-    for name in ("fused_recurrent", "chunk", "sequential_chunk"):
-        o, S = FORMS[name](q, k, v, gk, initial_state=h0, output_final_state=True)
-        assert_close(o, o_ref, 1e-5, f"{name} o")
-        assert_close(S, S_ref, 1e-5, f"{name} state")
+    for name, form in KERNELS.items():
+        o, S = form(q, k, v, gk, initial_state=h0, output_final_state=True)
+        assert_close(o, o_ref, FP32, f"{name} o")
+        assert_close(S, S_ref, FP32, f"{name} state")
 
 
 @pytest.mark.parametrize("form", ["fused_recurrent", "chunk"])
@@ -91,72 +100,288 @@ def test_forward_fp16(form):
     q, k, v, gk, h0 = make(1, 77, 2, 64, 64, "paper", torch.float16)
     o_ref, S_ref = ref_gla(q, k, v, gk, h0=h0)
     o, S = FORMS[form](q, k, v, gk, initial_state=h0, output_final_state=True)
-    assert o.dtype == torch.float16
-    assert_close(o, o_ref, 5e-3, "o")
-    assert_close(S, S_ref, 5e-3, "final state")
+    assert o.dtype == torch.float16 and not torch.isnan(o).any()
+    assert_close(o, o_ref, tolerance(torch.float16), "o")
+    assert_close(S, S_ref, tolerance(torch.float16), "final state")
 
 
 def test_forms_agree():
     q, k, v, gk, h0 = make(2, 100, 2, 48, 64, "paper", torch.float32)
     outs = [f(q, k, v, gk, initial_state=h0, output_final_state=True) for f in FORMS.values()]
     for o, S in outs[1:]:
-        assert_close(o, outs[0][0], 1e-5, "o")
-        assert_close(S, outs[0][1], 1e-5, "state")
+        assert_close(o, outs[0][0], FP32, "o")
+        assert_close(S, outs[0][1], FP32, "state")
 
 
 def test_decode_steps_continue_a_prefill():
-    """chunk prefill then T=1 steps from its state = the whole sequence at once."""
+    """chunk prefill then T=1 steps from its state (and the PyTorch step) = the whole sequence at once."""
     q, k, v, gk, h0 = make(1, 72, 2, 32, 32, "paper", torch.float32)
     o_all, S_all = ref_gla(q, k, v, gk, h0=h0)
     _, S = chunk_gla(q[:, :64], k[:, :64], v[:, :64], gk[:, :64], initial_state=h0, output_final_state=True)
+    S_torch = S.clone()
     for t in range(64, 72):
         o, S = fused_recurrent_gla(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], gk[:, t:t + 1],
                                    initial_state=S, output_final_state=True)
-        assert_close(o, o_all[:, t:t + 1], 1e-5, f"o at step {t}")
-    assert_close(S, S_all, 1e-5, "state")
+        o_torch, S_torch = torch_gla_step(q[:, t], k[:, t], v[:, t], gk[:, t], S_torch)
+        assert_close(o, o_all[:, t:t + 1], FP32, f"o at step {t}")
+        assert_close(o_torch, o_all[:, t], FP32, f"PyTorch step o at step {t}")
+    assert_close(S, S_all, FP32, "state")
+    assert_close(S_torch, S_all, FP32, "PyTorch step state")
+
+
+def test_references_take_fp64():
+    q, k, v, gk, h0 = (x.double() for x in make(1, 9, 2, 8, 12, "paper", torch.float32))
+    o, S = naive_recurrent_gla(q, k, v, gk, initial_state=h0, output_final_state=True)
+    o_ref, S_ref = ref_gla(q, k, v, gk, h0=h0)
+    assert o.dtype == S.dtype == torch.float64
+    assert_close(o, o_ref, 1e-12, "o")
+    o1, S1 = torch_gla_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0], h0)
+    assert o1.dtype == S1.dtype == torch.float64
+    assert_close(o1, ref_gla(q[:, :1], k[:, :1], v[:, :1], gk[:, :1], h0=h0)[0][:, 0], 1e-12, "step o")
+
+
+# ------------------------------------------------------------------ gates of -inf: a full reset
+# A log gate of -inf forgets the channel. The recurrent forms get e^-inf = 0; the chunk form takes
+# differences of cumulative gates, where -inf - -inf would be NaN: its gates are raised to
+# GATE_FLOOR first, which changes nothing above fp32's underflow.
+@pytest.mark.parametrize("resets", [[40], [CHUNK], [CHUNK - 1], [0, 100]],
+                         ids=["mid-chunk", "chunk-start", "chunk-end", "first-and-later"])
+@pytest.mark.parametrize("form", list(FORMS))
+def test_gate_minus_inf_resets(form, resets):
+    q, k, v, gk, h0 = make(2, 130, 2, 40, 24, "paper", torch.float32)
+    gk[:, resets, 1] = -math.inf                 # head 1 forgets every channel there; head 0 one channel
+    gk[:, resets, 0, 5] = -math.inf
+    o_ref, S_ref = ref_gla(q, k, v, gk, h0=h0)
+    assert torch.isfinite(o_ref).all()
+    o, S = FORMS[form](q, k, v, gk, initial_state=h0, output_final_state=True)
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    assert_close(o, o_ref, FP32, "o")
+    assert_close(S, S_ref, FP32, "final state")
+    # what came before a reset is gone: head 1's output after it does not depend on the earlier tokens
+    last = resets[-1]
+    q2, k2, v2 = q.clone(), k.clone(), v.clone()
+    k2[:, :last], v2[:, :last] = torch.randn_like(k2[:, :last]), torch.randn_like(v2[:, :last])
+    o2, _ = FORMS[form](q2, k2, v2, gk, initial_state=torch.randn_like(h0))
+    assert_close(o2[:, last:, 1], o[:, last:, 1], FP32, "o after the reset")
+
+
+def test_many_resets_fp16():
+    """Resets at every third token: each adds GATE_FLOOR to the cumulative gate, so the chunk form's
+    exponents lose more of their low bits the more resets a chunk holds; fp16 hides that."""
+    q, k, v, gk, h0 = make(1, 100, 2, 32, 32, "paper", torch.float16)
+    gk[:, ::3] = -math.inf
+    o_ref, S_ref = ref_gla(q, k, v, gk, h0=h0)
+    for name, form in KERNELS.items():
+        o, S = form(q, k, v, gk, initial_state=h0, output_final_state=True)
+        assert torch.isfinite(o).all(), name
+        assert_close(o, o_ref, tolerance(torch.float16), f"{name} o")
+        assert_close(S, S_ref, tolerance(torch.float16), f"{name} state")
+
+
+# ------------------------------------------------------------------ NaN and inf a row cannot see
+# o_t depends on tokens j <= t only. A NaN or inf at token t must reach exactly what the math says
+# (later rows of that head: every value channel for a key or a query, one for a value) and nothing
+# earlier, in particular not the earlier rows of t's chunk, which share the intra-chunk products.
+POISONS = {"nan-in-k": ("k", math.nan), "inf-in-k": ("k", math.inf), "nan-in-v": ("v", math.nan),
+           "inf-in-v": ("v", math.inf), "nan-in-q": ("q", math.nan)}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("token", [35, CHUNK + 5], ids=["t35", "t69"])
+@pytest.mark.parametrize("poison", list(POISONS))
+@pytest.mark.parametrize("form", list(FORMS))
+def test_poison_reaches_only_later_rows(form, poison, token):
+    name, value = POISONS[poison]
+    args = dict(zip(["q", "k", "v", "gk", "h0"], make(2, 77, 2, 40, 24, "paper", torch.float32)))
+    h0 = args.pop("h0")
+    clean = {**args, name: args[name].clone()}
+    clean[name][:, token, 0, 3] = 0.0
+    args[name][:, token, 0, 3] = value
+    o_ref, _ = ref_gla(*clean.values(), h0=h0)
+    o, S = FORMS[form](*args.values(), initial_state=h0, output_final_state=True)
+    poisoned = torch.zeros_like(o, dtype=torch.bool)
+    if name == "v":
+        poisoned[:, token:, 0, 3] = True         # S[:, 3] carries it to every later row, channel 3 only
+    elif name == "k":
+        poisoned[:, token:, 0, :] = True         # S[3, :] carries it to every later row
+    else:
+        poisoned[:, token, 0, :] = True          # q_t is read by row t alone
+    bad = ~torch.isfinite(o)
+    assert torch.equal(bad, poisoned), f"non-finite at {sorted(set(bad.nonzero()[:, 1].tolist()))}, " \
+                                       f"expected rows {sorted(set(poisoned.nonzero()[:, 1].tolist()))}"
+    assert_close(o[~poisoned], o_ref[~poisoned], FP32, "the rows that cannot see the poison")
+    assert torch.isfinite(S[:, 1]).all(), "head 1 never saw the poison"
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_scores_hide_later_keys():
+    """GLA's score kernel on its own: the diagonal 16 x 16 block is written whole, and its entries
+    above the diagonal are exactly 0 even where the later key is NaN (a select, not a factor 0)."""
+    B, T, H, K = 1, 77, 2, 40
+    q, k, _, gk, _ = make(B, T, H, K, 8, "paper", torch.float32)
+    k[:, 37, 0] = math.nan                             # sub-chunk rows 32..47 of chunk 0
+    g = torch.empty(B, T, H, K, dtype=torch.float32, device=DEVICE)
+    chunk_local_cumsum(gk, g)
+    A = torch.full((B, T, H, CHUNK), 7.0, device=DEVICE)
+    chunk_gla_scores(q, k, g, A, scale=0.25)
+    assert torch.equal(A[:, 32:37, 0, 37], torch.zeros_like(A[:, 32:37, 0, 37])), "rows before t = 37"
+    assert torch.isnan(A[:, 37:48, 0, 37]).all()
+    assert torch.isfinite(A[:, :, 1]).all() and torch.isfinite(A[:, :37, 0, :37]).all()
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_nan_past_the_end_of_a_view(form):
+    """Inputs that are views into longer buffers holding NaN past T: never read."""
+    B, T, H, K, V = 1, 70, 2, 32, 16
+    bufs = [torch.full((B, T + 30, H, d), math.nan, device=DEVICE) for d in (K, K, V, K)]
+    q, k, v, gk = (b[:, :T] for b in bufs)
+    for x, real in zip((q, k, v, gk), make(B, T, H, K, V, "paper", torch.float32)):
+        x.copy_(real)
+    o_ref, _ = ref_gla(q, k, v, gk)
+    o, _ = FORMS[form](q, k, v, gk)
+    assert_close(o, o_ref, FP32, "o")
+
+
+# ------------------------------------------------------------------ layout and inputs left alone
+@pytest.mark.parametrize("form", list(FORMS))
+def test_non_contiguous_inputs(form):
+    q, k, v, gk, h0 = make(2, 40, 2, 32, 24, "paper", torch.float32)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)            # same values, heads outermost
+    vt = torch.cat([v, torch.randn_like(v)], dim=-1)[..., :24]     # a strided slice
+    gt = gk[..., :1].expand_as(gk)                                 # a stride-0 gate (one per head)
+    ht = h0.transpose(-1, -2).contiguous().transpose(-1, -2)
+    o_ref, S_ref = ref_gla(q, k, v, gt, h0=h0)
+    o, S = FORMS[form](qt, k, vt, gt, initial_state=ht, output_final_state=True)
+    assert_close(o, o_ref, FP32, "o")
+    assert_close(S, S_ref, FP32, "final state")
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_inputs_are_not_modified(form):
+    q, k, v, gk, h0 = make(1, 70, 2, 16, 16, "strong", torch.float32)
+    before = [x.clone() for x in (q, k, v, gk, h0)]
+    FORMS[form](q, k, v, gk, initial_state=h0, output_final_state=True)
+    for x, b in zip((q, k, v, gk, h0), before):
+        assert torch.equal(x, b)
+
+
+def test_step_does_not_modify_the_state():
+    q, k, v, gk, h0 = make(2, 1, 2, 16, 16, "strong", torch.float32)
+    before = h0.clone()
+    torch_gla_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0], h0)
+    assert torch.equal(h0, before)
 
 
 # ------------------------------------------------------------------ bad input
+# Every class of bad input raises before any launch, with the argument named (tests/input_cases.py for
+# the classes every family shares, then GLA's own).
+TENSORS = ["q", "k", "v", "gk", "initial_state"]
+FLOAT_TENSORS = ["q", "k", "v", "gk"]    # initial_state must be fp32: its own cases below
+
+
 def _good():
-    q, k, v, gk, h0 = make(1, 8, 2, 16, 16, "paper", torch.float32)
-    return dict(q=q, k=k, v=v, gk=gk, initial_state=h0)
+    q, k, v, gk, h0 = make(1, 8, 2, 16, 12, "paper", torch.float32)
+    return dict(q=q, k=k, v=v, gk=gk, initial_state=h0, output_final_state=True)
 
 
-BAD = {
-    "q-not-tensor": (lambda a: a.update(q=a["q"].tolist()), TypeError, "q must be a torch.Tensor"),
-    "q-rank3": (lambda a: a.update(q=a["q"][0]), ValueError, "q must be 4-D"),
-    "k-shape": (lambda a: a.update(k=a["k"][:, :4]), ValueError, "k must have the shape"),
-    "gk-shape": (lambda a: a.update(gk=a["gk"][..., :8]), ValueError, "gk must have the shape"),
-    "v-shape": (lambda a: a.update(v=a["v"][:, :, :1]), ValueError, "v must be"),
-    "int-dtype": (lambda a: a.update(q=a["q"].long()), TypeError, "q has dtype"),
-    "mixed-dtype": (lambda a: a.update(k=a["k"].half()), TypeError, "share a dtype"),
-    "state-dtype": (lambda a: a.update(initial_state=a["initial_state"].double()), TypeError, "initial_state must be float32"),
-    "state-shape": (lambda a: a.update(initial_state=a["initial_state"][:, :1]), ValueError, "initial_state must be"),
-    "head-dim": (lambda a: a.update(**{n: torch.zeros(1, 2, 1, 300) for n in ("q", "k", "gk")}), ValueError, "head dims"),
-    "scale-type": (lambda a: a.update(scale="0.5"), TypeError, "scale must be"),
-}
-
-
-@pytest.mark.parametrize("form", ["naive", "fused_recurrent", "sequential_chunk", "chunk"])
-@pytest.mark.parametrize("case", list(BAD))
-def test_bad_input(form, case):
+def _step_good():
     args = _good()
-    mutate, exc, msg = BAD[case]
-    mutate(args)
-    if case == "head-dim":
-        args["v"] = torch.zeros(1, 2, 1, 16)
-        args["initial_state"] = None
-    with pytest.raises(exc, match=msg):
-        FORMS[form](**args)
+    args = {n: args[n][:, 0] for n in ("q", "k", "v", "gk")} | {"state": args["initial_state"]}
+    return args
 
 
-def test_non_contiguous_input():
-    q, k, v, gk, h0 = make(1, 40, 2, 32, 32, "paper", torch.float32)
-    qt = q.transpose(1, 2).contiguous().transpose(1, 2)   # same values, non-contiguous
-    o_ref, _ = ref_gla(q, k, v, gk, h0=h0)
-    for name in ("fused_recurrent", "chunk"):
-        o, _ = FORMS[name](qt, k, v, gk, initial_state=h0)
-        assert_close(o, o_ref, 1e-5, name)
+def _set(**changes):
+    """A mutation: each argument replaced by f(args)."""
+    def mutate(args):
+        args.update({k: f(args) for k, f in changes.items()})
+    return mutate
+
+
+def _shrink(dim, *names):
+    """Every named tensor with size 0 along `dim`."""
+    return _set(**{n: (lambda a, n=n: a[n].narrow(dim, 0, 0)) for n in names})
+
+
+SHARED_CASES = [
+    Case("mixed-dtypes", _set(k=lambda a: a["k"].half()), TypeError, "q, k, v must share one dtype"),
+    Case("k-length", _set(k=lambda a: a["k"][:, :4]), ValueError, r"k must be \[B, T, H, K\] = \[1, 8, 2, 16\]"),
+    Case("v-length", _set(v=lambda a: a["v"][:, :4]), ValueError, r"v must be \[B, T, H, V\] = \[1, 8, 2, 12\]"),
+    Case("v-heads", _set(v=lambda a: a["v"][:, :, :1]), ValueError, r"v must be \[B, T, H, V\]"),
+    Case("gk-channels", _set(gk=lambda a: a["gk"][..., :8]), ValueError, r"gk must be \[B, T, H, K\]"),
+    Case("gk-per-head", _set(gk=lambda a: a["gk"][..., :1]), ValueError, r"gk must be \[B, T, H, K\]"),
+    Case("initial_state-shape", _set(initial_state=lambda a: a["initial_state"][:, :1]), ValueError,
+         r"initial_state must be \[B, H, K, V\] = \[1, 2, 16, 12\]"),
+    Case("initial_state-transposed", _set(initial_state=lambda a: a["initial_state"].transpose(-1, -2)), ValueError,
+         r"initial_state must be \[B, H, K, V\]"),
+    Case("initial_state-int", _set(initial_state=lambda a: a["initial_state"].int()), TypeError,
+         "initial_state has dtype int32"),
+    Case("initial_state-fp16", _set(initial_state=lambda a: a["initial_state"].half()), TypeError,
+         "initial_state has dtype float16"),
+    Case("empty-batch", _shrink(0, "q", "k", "v", "gk", "initial_state"), ValueError, "q must have every size >= 1"),
+    Case("empty-length", _shrink(1, "q", "k", "v", "gk"), ValueError, "q must have every size >= 1"),
+    Case("empty-heads", _shrink(2, "q", "k", "v", "gk"), ValueError, "q must have every size >= 1"),
+    Case("empty-K", _shrink(3, "q", "k", "gk"), ValueError, "q must have every size >= 1"),
+    Case("empty-V", _shrink(3, "v"), ValueError, "v must have every size >= 1"),
+    Case("scale-bool", _set(scale=lambda a: True), TypeError, "scale must be a float"),
+    Case("scale-str", _set(scale=lambda a: "0.5"), TypeError, "scale must be a float"),
+    Case("scale-zero", _set(scale=lambda a: 0.0), ValueError, "scale must be finite and > 0"),
+    Case("scale-negative", _set(scale=lambda a: -0.5), ValueError, "scale must be finite and > 0"),
+    Case("scale-nan", _set(scale=lambda a: math.nan), ValueError, "scale must be finite and > 0"),
+    Case("scale-inf", _set(scale=lambda a: math.inf), ValueError, "scale must be finite and > 0"),
+    Case("output_final_state-int", _set(output_final_state=lambda a: 1), TypeError,
+         "output_final_state must be a bool"),
+    Case("output_final_state-None", _set(output_final_state=lambda a: None), TypeError,
+         "output_final_state must be a bool"),
+]
+KERNEL_CASES = [
+    Case("initial_state-float64", _set(initial_state=lambda a: a["initial_state"].double()), TypeError,
+         "initial_state has dtype float64"),
+    Case("head-dim-too-big", _set(**{n: (lambda a, n=n: torch.zeros(1, 8, 2, 272, device=DEVICE))
+                                     for n in ("q", "k", "gk")}, initial_state=lambda a: None),
+         ValueError, "head dims K=272, V=12 must be at most 256"),
+]
+
+
+@pytest.mark.parametrize("case", bad_input_cases(TENSORS, float_tensors=FLOAT_TENSORS) + SHARED_CASES
+                         + KERNEL_CASES, ids=case_id)
+@pytest.mark.parametrize("form", list(KERNELS))
+def test_kernels_refuse(form, case):
+    expect_refusal(KERNELS[form], _good, case)
+
+
+@pytest.mark.parametrize("case", bad_input_cases(TENSORS, kernel=False, float_tensors=FLOAT_TENSORS)
+                         + SHARED_CASES, ids=case_id)
+def test_reference_refuses(case):
+    expect_refusal(naive_recurrent_gla, _good, case)
+
+
+STEP_CASES = [
+    Case("state-missing", _set(state=lambda a: None), TypeError, "state must be a torch.Tensor"),
+    Case("state-fp16", _set(state=lambda a: a["state"].half()), TypeError, "state has dtype float16"),
+    Case("state-shape", _set(state=lambda a: a["state"][:, :1]), ValueError, r"state must be \[B, H, K, V\]"),
+    Case("mixed-dtypes", _set(v=lambda a: a["v"].half()), TypeError, "q, k, v must share one dtype"),
+    Case("k-heads", _set(k=lambda a: a["k"][:, :1]), ValueError, r"k must be \[B, H, K\] = \[1, 2, 16\]"),
+    Case("gk-channels", _set(gk=lambda a: a["gk"][..., :3]), ValueError, r"gk must be \[B, H, K\]"),
+    Case("v-batch", _set(v=lambda a: torch.cat([a["v"], a["v"]])), ValueError, r"v must be \[B, H, V\]"),
+    Case("empty-batch", _shrink(0, "q", "k", "v", "gk", "state"), ValueError, "q must have every size >= 1"),
+    Case("empty-V", _shrink(2, "v"), ValueError, "v must have every size >= 1"),
+    Case("scale-str", _set(scale=lambda a: "0.5"), TypeError, "scale must be a float"),
+    Case("scale-nan", _set(scale=lambda a: math.nan), ValueError, "scale must be finite and > 0"),
+]
+
+
+@pytest.mark.parametrize("case", bad_input_cases(["q", "k", "v", "gk", "state"], kernel=False,
+                                                 float_tensors=["q", "k", "v", "gk"]) + STEP_CASES, ids=case_id)
+def test_step_refuses(case):
+    expect_refusal(torch_gla_step, _step_good, case)
+
+
+@pytest.mark.parametrize("fn, good", [(naive_recurrent_gla, _good), (torch_gla_step, _step_good)],
+                         ids=["naive_recurrent_gla", "torch_gla_step"])
+def test_references_refuse_meta_tensors(fn, good):
+    args = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in good().items()}
+    with pytest.raises(ValueError, match="q is a meta tensor"):
+        fn(**args)
 
 
 # ------------------------------------------------------------------ GPU (bf16, fla's shapes)
@@ -164,23 +389,39 @@ def test_non_contiguous_input():
 # runs on the K = 64 shapes only (one specialization: T, H and the chunk count are not
 # specialized) and each test checks all three Triton forms against one fp64 reference.
 GPU_SHAPES = [(1, 63, 1, 64, 64), (2, 1024, 4, 60, 60), (2, 1024, 8, 128, 128), (4, 2048, 8, 64, 64)]
-GPU_CASES = ([("bf16", s, g) for s in GPU_SHAPES for g in ("strong", "none")]
-             + [("bf16", GPU_SHAPES[2], "paper")]
-             + [("fp32", s, g) for s in (GPU_SHAPES[0], GPU_SHAPES[3]) for g in ("strong", "none")])
-DTYPES = {"bf16": (torch.bfloat16, 5e-3), "fp32": (torch.float32, 1e-5)}
+GPU_CASES = ([(torch.bfloat16, s, g) for s in GPU_SHAPES for g in ("strong", "none")]
+             + [(torch.bfloat16, GPU_SHAPES[2], "paper")]
+             + [(torch.float32, s, g) for s in (GPU_SHAPES[0], GPU_SHAPES[3]) for g in ("strong", "none")])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype,shape,gate", GPU_CASES, ids=[f"{d}-{sid(s)}-{g}" for d, s, g in GPU_CASES])
+@pytest.mark.parametrize("dtype,shape,gate", GPU_CASES,
+                         ids=[f"{str(d)[6:]}-{sid(s)}-{g}" for d, s, g in GPU_CASES])
 def test_forward_gpu(dtype, shape, gate):
-    dt, tol = DTYPES[dtype]
-    q, k, v, gk, h0 = make(*shape, gate, dt, device="cuda")
+    q, k, v, gk, h0 = make(*shape, gate, dtype, device="cuda")
     o_ref, S_ref = ref_gla(q, k, v, gk, h0=h0)
-    for form in ("chunk", "fused_recurrent", "sequential_chunk"):
-        o, S = FORMS[form](q, k, v, gk, initial_state=h0, output_final_state=True)
-        assert not torch.isnan(o).any() and not torch.isnan(S).any(), form
-        assert_close(o, o_ref, tol, f"{form} o")
-        assert_close(S, S_ref, tol, f"{form} final state")
+    for name, form in KERNELS.items():
+        o, S = form(q, k, v, gk, initial_state=h0, output_final_state=True)
+        assert not torch.isnan(o).any() and not torch.isnan(S).any(), name
+        assert_close(o, o_ref, tolerance(dtype), f"{name} o")
+        assert_close(S, S_ref, tolerance(dtype), f"{name} final state")
+
+
+@pytest.mark.gpu
+def test_resets_and_poison_gpu():
+    """bf16 at a real size: a reset at a chunk start and mid-chunk, a NaN in v at token 1000."""
+    q, k, v, gk, h0 = make(2, 2048, 8, 128, 128, "paper", torch.bfloat16, device="cuda")
+    gk[:, [CHUNK * 5, 1000]] = -math.inf
+    v[:, 1500, 3] = math.nan
+    clean = v.clone()
+    clean[:, 1500, 3] = 0
+    o_ref, _ = ref_gla(q, k, clean, gk, h0=h0)
+    for name, form in KERNELS.items():
+        o, _ = form(q, k, v, gk, initial_state=h0)
+        poisoned = torch.zeros_like(o, dtype=torch.bool)
+        poisoned[:, 1500:, 3] = True
+        assert torch.equal(~torch.isfinite(o), poisoned), name
+        assert_close(o[:, :1500], o_ref[:, :1500], tolerance(torch.bfloat16), f"{name} o before the NaN")
 
 
 @pytest.mark.gpu
@@ -189,5 +430,8 @@ def test_decode_step_gpu(B):
     q, k, v, gk, h0 = make(B, 1, 32, 128, 128, "paper", torch.bfloat16, device="cuda")
     o_ref, S_ref = ref_gla(q, k, v, gk, h0=h0)
     o, S = fused_recurrent_gla(q, k, v, gk, initial_state=h0, output_final_state=True)
-    assert_close(o, o_ref, 5e-3, "o")
-    assert_close(S, S_ref, 1e-5, "state")
+    assert_close(o, o_ref, tolerance(torch.bfloat16), "o")
+    assert_close(S, S_ref, FP32, "state (fp32 math on the bf16 inputs)")
+    o_t, S_t = torch_gla_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0], h0)
+    assert_close(o_t, o_ref[:, 0], tolerance(torch.bfloat16), "PyTorch step o")
+    assert_close(S_t, S_ref, FP32, "PyTorch step state")

@@ -1,12 +1,18 @@
-"""The shared helpers: the comparison that every test relies on, and the results loader."""
+"""The shared helpers: the comparison every test relies on, the input checks, the benchmark harness and
+its results loader, the figure, and the library's promise to import anywhere without side effects."""
 import json
+import subprocess
+import sys
+import textwrap
 
 import pandas as pd
 import pytest
 import torch
 
 from kernels import bench
-from kernels.common import assert_close, check_tensor, pick, rel_err
+from kernels.checks import (check_kernel_device, check_same_device_and_dtype, check_tensor,
+                            softmax_scale_or_default)
+from kernels.common import INTERPRET, assert_close, pick, rel_err
 
 
 def test_rel_err_exact_and_scaled():
@@ -44,6 +50,41 @@ def test_check_tensor_messages():
         check_tensor("q", torch.zeros(2, 3), ndim=4)
     with pytest.raises(TypeError, match="q has dtype float64"):
         check_tensor("q", torch.zeros(2, dtype=torch.float64), dtypes=(torch.float32,))
+    with pytest.raises(ValueError, match=r"k must have shape \[2, \*\], got \(3, 4\)"):
+        check_tensor("k", torch.zeros(3, 4), shape=(2, None))
+
+
+def test_same_device_and_dtype_names_every_argument():
+    with pytest.raises(TypeError, match="q, k must share one dtype, got q float32, k float16"):
+        check_same_device_and_dtype(q=torch.zeros(1), k=torch.zeros(1, dtype=torch.float16))
+    with pytest.raises(ValueError, match="k on meta"):
+        check_same_device_and_dtype(q=torch.zeros(1), k=torch.zeros(1, device="meta"))
+
+
+def test_machine_rule():
+    with pytest.raises(ValueError, match="v is on meta"):
+        check_kernel_device(v=torch.zeros(1, device="meta"))
+    if INTERPRET:
+        with pytest.raises(TypeError, match="q is bfloat16"):
+            check_kernel_device(q=torch.zeros(1, dtype=torch.bfloat16))
+    else:
+        with pytest.raises(ValueError, match="q is on cpu"):
+            check_kernel_device(q=torch.zeros(1))
+
+
+@pytest.mark.parametrize("scale, exc", [(True, TypeError), ("0.1", TypeError), (0.0, ValueError),
+                                        (-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError)],
+                         ids=["bool", "str", "zero", "negative", "nan", "inf"])
+def test_scale_rule(scale, exc):
+    with pytest.raises(exc, match="softmax_scale"):
+        softmax_scale_or_default(scale, 64)
+
+
+def test_scale_default_and_required():
+    assert softmax_scale_or_default(None, 64) == 0.125
+    assert softmax_scale_or_default(2, 64) == 2.0
+    with pytest.raises(TypeError, match="softmax_scale is required"):
+        softmax_scale_or_default(None, None)
 
 
 def test_pick_chooses_cpu_shapes_here():
@@ -100,54 +141,125 @@ def test_load_rejects_malformed_metadata(tmp_path, monkeypatch, meta, message):
         bench.load("t")
 
 
-def test_run_or_load_never_times_on_a_cpu(tmp_path, monkeypatch):
+def _benchmark(provider, name="t", **kw):
+    return bench.Benchmark(name, [{"T": 1024}], {"book": provider}, flops=lambda c: 1, bytes_moved=lambda c: 1, **kw)
+
+
+def test_benchmark_records_where_it_is_declared():
+    b = _benchmark(lambda case: None)
+    assert b.module == __name__
+    with pytest.raises(ValueError, match="timer must be one of"):
+        _benchmark(lambda case: None, timer="wall")
+
+
+def test_run_never_times_on_a_cpu(tmp_path, monkeypatch):
     if torch.cuda.is_available():
-        pytest.skip("on a GPU run_or_load times for real")
+        pytest.skip("on a GPU run() times for real")
     _write(tmp_path, monkeypatch, HEADER + "t,book,1024,0.5,100,10,0.25,50,\n")
 
     def provider_that_must_not_run(case):
         raise AssertionError("timed on a CPU")
 
-    df = bench.run_or_load("t", [{"N": 1024}], {"book": provider_that_must_not_run}, flops=lambda c: 1, bytes=lambda c: 1)
+    df = bench.run(_benchmark(provider_that_must_not_run))
     assert df["ms"].iloc[0] == 0.5
 
 
-FAKE_BENCHMARK = """
+FAKE_FAMILY_BENCH = """
 import os
 import sys
 
-from kernels.bench import in_fresh_process
+import pandas as pd
+
+from kernels import bench
 
 
-@in_fresh_process
-def bench(x, y=1):
-    if os.environ.get("KERNELS_FRESH_PROCESS"):  # the fresh process: "time", save, say so
-        if x < 0:
-            raise SystemExit("negative x")
-        open(os.environ["MARKER"], "w").write(f"{x},{y}")
-        sys.stderr.write("progress 100%\\n")
-        return None
-    return "loaded" if os.environ.get("KERNELS_BENCH") == "load" else "timed here"
+def _fake_sweep(benchmark):  # the fresh process: "time", say so, hand back a table
+    if benchmark.cases[0]["T"] < 0:
+        raise SystemExit("negative T")
+    open(os.environ["MARKER"], "a").write(benchmark.name + ";")
+    sys.stderr.write("progress 100%\\n")
+    return pd.DataFrame([dict(name=benchmark.name, provider="book", T=benchmark.cases[0]["T"], ms=0.25, tflops=1,
+                              gbps=1, roofline_ms=0.1, pct_roofline=40, note="")])
+
+
+if os.environ.get("KERNELS_FRESH_PROCESS"):
+    bench.sweep = _fake_sweep
+    bench.metadata = lambda: {"gpu": "fake GPU", "torch": "x", "triton": "x", "date": "today", "commit": "abc",
+                              "peak_tflops": 1.0, "peak_gbps": 1.0}
+
+ONE = bench.Benchmark("one", [{"T": 64}], {"book": lambda c: None}, flops=lambda c: 1, bytes_moved=lambda c: 1)
+TWO = bench.Benchmark("two", [{"T": 128}], {"book": lambda c: None}, flops=lambda c: 1, bytes_moved=lambda c: 1)
+BROKEN = bench.Benchmark("broken", [{"T": -1}], {"book": lambda c: None}, flops=lambda c: 1, bytes_moved=lambda c: 1)
 """
 
 
-def test_in_fresh_process_times_in_a_child_then_loads(tmp_path, monkeypatch, capsys):
-    (tmp_path / "fakebench.py").write_text(FAKE_BENCHMARK)
+def test_run_times_in_a_fresh_process_inside_jupyter(tmp_path, monkeypatch, capsys):
+    """Inside a Jupyter kernel, run() times in a child process (found again by module and name), passes its
+    progress through, then loads the tables the child saved."""
+    (tmp_path / "fakefamily_bench.py").write_text(FAKE_FAMILY_BENCH)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv("MARKER", str(tmp_path / "marker"))
+    monkeypatch.setenv("KERNELS_RESULTS_DIR", str(tmp_path))
     monkeypatch.delenv("KERNELS_BENCH", raising=False)
-    import fakebench
-    assert fakebench.bench(3, y=5) == "timed here"  # no GPU, no Jupyter kernel: runs in place
-    assert not (tmp_path / "marker").exists()
+    monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
     monkeypatch.setattr(bench, "will_time", lambda: True)
-    monkeypatch.setitem(__import__("sys").modules, "ipykernel", object())
-    assert fakebench.bench(3, y=5) == "loaded"  # timed in the child, loaded here
-    assert (tmp_path / "marker").read_text() == "3,5"
-    assert "progress 100%" in capsys.readouterr().err  # the child's progress is passed through
-    assert "KERNELS_BENCH" not in __import__("os").environ
-    with pytest.raises(RuntimeError, match="(?s)failed in its own process.*negative x"):
-        fakebench.bench(-1)
+    monkeypatch.setitem(sys.modules, "ipykernel", object())
+    import fakefamily_bench as fake
+    df = bench.run(fake.ONE, fake.TWO)
+    assert (tmp_path / "marker").read_text() == "one;two;"  # both timed, in one child
+    assert list(df["T"]) == [64, 128] and df.attrs["meta"]["gpu"] == "fake GPU"
+    assert "progress 100%" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="(?s)broken failed in its own process.*negative T"):
+        bench.run(fake.BROKEN)
+
+
+def _table():
+    rows = [dict(name="t", provider=p, T=t, ms=ms * t / 1024, tflops=1.0, gbps=1.0, roofline_ms=0.1,
+                 pct_roofline=100 * 0.1 / (ms * t / 1024), note="") for p, ms in (("book", 0.5), ("peer", 1.0))
+            for t in (1024, 2048)]
+    rows.append(dict(name="t", provider="eager", T=1024, ms=2.0, tflops=1.0, gbps=1.0, roofline_ms=0.1,
+                     pct_roofline=5.0, note=""))
+    rows.append(dict(name="t", provider="eager", T=2048, ms=float("nan"), tflops=float("nan"), gbps=float("nan"),
+                     roofline_ms=0.1, pct_roofline=float("nan"), note="OOM"))
+    df = pd.DataFrame(rows)
+    df.attrs["meta"] = GOOD_META
+    return df
+
+
+def test_summary_speedup_means_the_book_is_faster():
+    t = bench.summary(_table(), index="T", over=["peer", "eager"], roofline=True)
+    assert t.loc[1024, "speed-up over peer"] == 2.0           # the peer takes twice as long
+    assert t.loc[1024, "speed-up over eager"] == 4.0
+    assert t.loc[2048, "eager"] == "out of memory"             # never NaN
+    assert t.loc[2048, "speed-up over eager"] == "—"
+    assert t.loc[1024, "book % of roofline"] == 20.0
+    assert t.columns.name == "time (ms)"
+    assert bench.summary(_table(), index="T", scale=1000).columns.name == "time (µs)"
+
+
+def test_select_keeps_the_metadata():
+    part = bench.select(_table(), provider=["book", "peer"], T=1024)
+    assert set(part["provider"]) == {"book", "peer"} and set(part["T"]) == {1024}
+    assert part.attrs["meta"]["gpu"] == "NVIDIA H200"
+    with pytest.raises(ValueError, match="no column 'N'"):
+        bench.select(_table(), N=1024)
+
+
+def test_every_family_declares_its_benchmarks():
+    """A family is found, not listed: its bench.py declares BENCHMARKS (with tables named after the family,
+    in the one case schema) and a HEADLINE panel drawn from one of them."""
+    found = bench.discover()
+    assert {"flash_attn", "mla", "gla"} <= set(found)
+    for family, benchmarks in found.items():
+        assert benchmarks, f"{family}: no BENCHMARKS"
+        names = {b.name for b in benchmarks}
+        for b in benchmarks:
+            assert b.name.startswith(family), b.name
+            for case in b.cases:
+                assert "N" not in case and {"B", "H"} <= set(case), (b.name, case)
+        headline = __import__(f"kernels.{family}.bench", fromlist=["HEADLINE"]).HEADLINE
+        assert headline.benchmark in names
 
 
 def test_plot_draws_every_provider_and_roofline(tmp_path, monkeypatch):
@@ -155,7 +267,7 @@ def test_plot_draws_every_provider_and_roofline(tmp_path, monkeypatch):
     matplotlib.use("Agg")
     from kernels.plot import plot_results
 
-    rows = [dict(name="t", provider=p, N=n, ms=ms, tflops=1 / ms, gbps=2 / ms, roofline_ms=0.1, pct_roofline=10 / ms,
+    rows = [dict(name="t", provider=p, T=n, ms=ms, tflops=1 / ms, gbps=2 / ms, roofline_ms=0.1, pct_roofline=10 / ms,
                  note="") for p, ms in (("book", 0.5), ("SDPA flash", 1.0)) for n in (1024, 2048)]
     df = pd.DataFrame(rows)
     df.attrs["meta"] = GOOD_META
@@ -163,17 +275,47 @@ def test_plot_draws_every_provider_and_roofline(tmp_path, monkeypatch):
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert labels == ["book", "SDPA flash", "roofline"]
     assert "NVIDIA H200" in fig._suptitle.get_text()
+    assert not matplotlib.rcParams["axes.grid"]  # the house style stays inside the book's figures
 
 
 def test_explorer_degrades_to_static_text():
     import matplotlib
     matplotlib.use("Agg")
-    from kernels.plot import explore
+    from kernels.notebook import explore
 
-    rows = [dict(name="t", provider="book", N=n, causal=c, ms=1.0, tflops=1.0, gbps=1.0, roofline_ms=0.5,
+    rows = [dict(name="t", provider="book", T=n, causal=c, ms=1.0, tflops=1.0, gbps=1.0, roofline_ms=0.5,
                  pct_roofline=50.0, note="") for n in (1024, 2048) for c in (False, True)]
     df = pd.DataFrame(rows)
     df.attrs["meta"] = GOOD_META
     bundle = explore(df, filters=("causal",))._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert bundle["text/plain"].startswith("Interactive explorer")
+
+
+IMPORT_WITHOUT_JUPYTER = textwrap.dedent("""
+    import importlib.abc, sys
+
+    class NoJupyter(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] in ("IPython", "ipywidgets", "ipykernel", "jupyter_client", "nbformat"):
+                raise ImportError(f"{name} is not installed here")
+
+    sys.meta_path.insert(0, NoJupyter())
+    import matplotlib
+    before = dict(matplotlib.rcParams)
+    from triton.runtime import _allocation
+    allocator = _allocation._allocator.get()
+
+    import kernels, kernels.flash_attn, kernels.mla, kernels.gla, kernels.bench, kernels.plot
+    from kernels import bench
+    bench.discover()
+    assert dict(matplotlib.rcParams) == before, "importing kernels changed matplotlib's settings"
+    assert _allocation._allocator.get() is allocator, "importing kernels installed a Triton allocator"
+    print("imported without Jupyter")
+""")
+
+
+def test_the_library_imports_without_jupyter_and_changes_no_global_state():
+    done = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT_JUPYTER], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "imported without Jupyter" in done.stdout

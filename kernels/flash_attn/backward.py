@@ -6,11 +6,10 @@ One kernel, `_attn_bwd_kernel`, with two kinds of program:
   time, so the group's sum lands in dK/dV without atomics.
 - dQ programs: one per block of BN queries of one query head, walking the keys BM at a time,
   like the forward.
-Both need delta_i = rowsum(dO_i * O_i), the softmax correction term. Normally the kernel is
-launched twice: the dQ programs first, which compute delta for their rows and store it, then
-the dK/dV programs, which read it. When the whole backward is small (short sequences), the
-host time of each launch is comparable to the GPU work, so it is launched once with both kinds
-of program side by side, and the dK/dV programs compute delta themselves from O and dO.
+Both need delta_i = rowsum(dO_i * O_i), the softmax correction term. The kernel is launched
+twice (the dQ programs first, which compute delta for their rows and store it, then the dK/dV
+programs, which read it) or once, with both kinds of program side by side and the dK/dV
+programs computing delta themselves from O and dO: `interface.py` decides which.
 With P = exp2(s * scale * log2e - lse), dP = dO Vᵀ, dS = P ∘ (dP - delta):
 dV = Pᵀ dO, dK = scale · dSᵀ Q, dQ = scale · dS K.
 """
@@ -20,12 +19,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import INTERPRET
-from .forward import LOG2E, _key_ranges, attention_flops, launch
+from ..launch import LOG2E, launch, on_machine
+from .forward import _key_ranges
 
 # Tiles (BM, BN, num_warps, num_stages): a program owns BN keys (dK/dV) or BN queries (dQ) and steps
 # over the other axis BM at a time. Fixed from what autotuning picked on the H200 (bf16, D = 128):
-# with 1024 or more dK/dV programs (N >= 4K at B = 1, H = 32) 128 keys against 64 query rows with
+# with 1024 or more dK/dV programs (T >= 4K at B = 1, H = 32) 128 keys against 64 query rows with
 # 8 warps, which also is the dQ tile that won there (128 queries against 64 keys); with fewer,
 # twice as many programs of half the size. D = 256 needs half-size tiles (registers, shared memory).
 BWD_TILES = (64, 128, 8, 3)
@@ -34,28 +33,22 @@ BWD_TILES_D256 = (32, 64, 8, 2)
 MIN_PROGRAMS = 1024
 BWD_FALLBACK = (16, 32, 4, 1)  # used only if a tile does not fit in shared memory (e.g. fp32, D = 256)
 INTERPRET_BWD_TILES = (16, 32, 4, 1)  # the interpreter runs one program at a time: small tiles
-# One launch instead of two below this many backward FLOPs: on the H200 that is causal N = 1K at
-# B = 1, H = 32, D = 128 (21 GFLOP, about 0.12 ms of GPU work, as much as the host needs for a
-# Python autograd backward). One launch there measured 0.121 ms against 0.209 ms for two; at every
-# larger size measured, two launches were faster (re-reading O costs 2-6 %).
-ONE_LAUNCH_MAX_FLOPS = 32e9
 
 
 def bwd_tiles(D: int, B: int, S: int, HKV: int):
     """(BM, BN, num_warps, num_stages) candidates for the dK/dV programs (and the one launch), best first."""
-    if INTERPRET:
-        return [INTERPRET_BWD_TILES]
     if D == 256:
-        return [BWD_TILES_D256, BWD_FALLBACK]
-    enough = triton.cdiv(S, BWD_TILES[1]) * B * HKV >= MIN_PROGRAMS
-    return [BWD_TILES if enough else BWD_TILES_FEW, BWD_FALLBACK]
+        best = BWD_TILES_D256
+    else:
+        enough = triton.cdiv(S, BWD_TILES[1]) * B * HKV >= MIN_PROGRAMS
+        best = BWD_TILES if enough else BWD_TILES_FEW
+    return on_machine(gpu=[best, BWD_FALLBACK], interpreter=[INTERPRET_BWD_TILES])
 
 
 def dq_tiles(D: int):
     """Candidates for the launch of dQ programs alone (BN queries per program, keys BM at a time)."""
-    if INTERPRET:
-        return [INTERPRET_BWD_TILES]
-    return [BWD_TILES_D256 if D == 256 else BWD_TILES, BWD_FALLBACK]
+    best = BWD_TILES_D256 if D == 256 else BWD_TILES
+    return on_machine(gpu=[best, BWD_FALLBACK], interpreter=[INTERPRET_BWD_TILES])
 
 
 @triton.jit
@@ -64,12 +57,24 @@ def _row_delta(b_do, b_o):
     return tl.sum(b_do.to(tl.float32) * b_o.to(tl.float32), 1)
 
 
+@triton.jit
+def _finite_or_zero(b):
+    """b with its NaN and inf entries replaced by 0. In the dQ kernel's masked path, dS @ K would
+    otherwise carry a NaN in K at a hidden key into every row (0 * NaN is NaN); the rows that see
+    that key lose nothing, since their score, and so their dS, is NaN already."""
+    return tl.where(tl.abs(b.to(tl.float32)) < float("inf"), b, 0.0).to(b.dtype)
+
+
 # ---------------------------------------------------------------- dK, dV
 @triton.jit
 def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_o0, p_do0, p_lse0, p_delta0, stride_t, o_n, o_d,
                          lo, hi, T, shift, qk_scale, BM: tl.constexpr, MASKED: tl.constexpr,
                          DELTA_FROM_O: tl.constexpr):
-    """Visit query blocks [lo, hi) for one key block: recompute Pᵀ, accumulate dV and dK."""
+    """Visit query blocks [lo, hi) for one key block: recompute Pᵀ, accumulate dV and dK. MASKED (the
+    causal diagonal): a pair the mask hides has P = 0 and dS = 0, so a NaN or inf in dO at a row that
+    cannot see a key stays out of that key's dK, and one in Q out of its dV. (Not the other way round:
+    dV = Pᵀ dO and dK = dSᵀ Q still meet 0 * NaN; `dot_visible` there made the causal backward 11-36 %
+    slower on the H200.)"""
     o_mb = tl.arange(0, BM)
     for i_m in range(lo, hi, BM):
         o_m = i_m + o_mb
@@ -79,7 +84,8 @@ def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_o0, p_do0, p_lse0, p_delt
         b_lse = tl.load(p_lse0 + o_m, mask=m_m, other=0.0)
         b_sT = tl.dot(b_k, tl.trans(b_q)) * qk_scale - b_lse[None, :]  # [BN, BM], log2 of Pᵀ
         if MASKED:  # causal diagonal: key j reaches query i iff j <= i + S - T; mask before exp2
-            b_sT = tl.where(o_n[:, None] <= o_m[None, :] + shift, b_sT, float("-inf"))
+            keep = o_n[:, None] <= o_m[None, :] + shift
+            b_sT = tl.where(keep, b_sT, float("-inf"))
         b_pT = tl.math.exp2(b_sT)
         b_do = tl.load(p_do0 + p_row, mask=m_m[:, None], other=0.0)
         b_dv = tl.dot(b_pT.to(b_do.dtype), b_do, b_dv)
@@ -89,7 +95,10 @@ def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_o0, p_do0, p_lse0, p_delt
             b_delta = tl.load(p_delta0 + o_m, mask=m_m, other=0.0)
         b_dpT = tl.dot(b_v, tl.trans(b_do))  # [BN, BM] = (dO Vᵀ)ᵀ
         b_dsT = b_pT * (b_dpT - b_delta[None, :])
-        b_dk = tl.dot(b_dsT.to(b_q.dtype), b_q, b_dk)
+        if MASKED:  # 0 * NaN is NaN: a hidden pair's dS is 0 whatever V, dO or delta hold there
+            b_dk = tl.dot(tl.where(keep, b_dsT, 0.0).to(b_q.dtype), b_q, b_dk)
+        else:
+            b_dk = tl.dot(b_dsT.to(b_q.dtype), b_q, b_dk)
     return b_dk, b_dv
 
 
@@ -141,7 +150,8 @@ def _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, i_n, i_bh, T, S, HQ, GROU
 def _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_s, o_m, o_d,
                        lo, hi, S, shift, qk_scale, BK: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """Visit key blocks [lo, hi), BK keys at a time, for one query block: recompute P, accumulate
-    dQ (unscaled)."""
+    dQ (unscaled). MASKED (the causal diagonal, keys >= S): a pair the mask hides adds nothing,
+    even where K or V hold NaN or inf."""
     o_kb = tl.arange(0, BK)
     for i_n in range(lo, hi, BK):
         o_s = i_n + o_kb
@@ -163,7 +173,10 @@ def _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_s, o_
         b_p = tl.math.exp2(b_s)
         b_dp = tl.dot(b_do, tl.trans(b_v))
         b_ds = b_p * (b_dp - b_delta[:, None])
-        b_dq = tl.dot(b_ds.to(b_k.dtype), b_k, b_dq)
+        if MASKED:  # 0 * NaN is NaN: a hidden pair's dS is 0 whatever V holds there, and so is a NaN in K
+            b_dq = tl.dot(tl.where(keep, b_ds, 0.0).to(b_k.dtype), _finite_or_zero(b_k), b_dq)
+        else:
+            b_dq = tl.dot(b_ds.to(b_k.dtype), b_k, b_dq)
     return b_dq
 
 
@@ -235,9 +248,10 @@ def _attn_bwd_kernel(q, k, v, o, do, dq, dk, dv, lse, delta, B, T, S, HQ, GROUP,
                        qk_scale, sm_scale, D, CAUSAL, BM, BN, False)
 
 
-def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float):
+def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, one_launch: bool):
     """Launch the backward. do, q, o: [B, T, Hq, D]; k, v: [B, S, Hkv, D], q, k, v, o contiguous;
-    lse: fp32 [B, Hq, T] (base 2) from `attention_fwd`. Returns (dq, dk, dv) in the input dtype;
+    lse: fp32 [B, Hq, T] (base 2) from `attention_fwd`. one_launch: both kinds of program in one
+    launch, or the dQ launch and then the dK/dV launch. Returns (dq, dk, dv) in the input dtype;
     for GQA, dk and dv are already summed over the query heads of each group."""
     B, T, HQ, D = q.shape
     S, HKV = k.shape[1], k.shape[2]
@@ -248,7 +262,7 @@ def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float):
     tiles = bwd_tiles(D, B, S, HKV)
     n_dkdv = lambda BN: triton.cdiv(S, BN) * B * HKV  # noqa: E731
     n_dq = lambda BN: triton.cdiv(T, BN) * B * HQ  # noqa: E731
-    if attention_flops(B, HQ, T, S, D, causal, backward=True) < ONE_LAUNCH_MAX_FLOPS:
+    if one_launch:
         launch(_attn_bwd_kernel, lambda BM, BN: (n_dkdv(BN) + n_dq(BN),), tiles,
                ("bwd", q.device, q.dtype, D, causal, tiles[0]),
                *args, lse, *sizes, D=D, CAUSAL=causal, DQ=True, DKDV=True)  # lse stands in for the unused delta

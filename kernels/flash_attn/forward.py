@@ -10,14 +10,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.errors import OutOfResources
 
-from ..common import INTERPRET
-
-LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): fold log2(e) into the softmax scale
+from ..launch import LOG2E, launch, on_machine
+from ..tl_helpers import dot_visible
 
 # Tile sizes per head dim: (BM, BN, num_warps, num_stages). Fixed, not autotuned: on the H200
-# (bf16, D = 128, N = 1K..16K) autotuning over eight configs picked BM = 128, BN = 64, 8 warps
+# (bf16, D = 128, T = 1K..16K) autotuning over eight configs picked BM = 128, BN = 64, 8 warps
 # at every length, with 4 pipeline stages without the causal mask and 3 with it. Smaller head
 # dims need fewer warps; D = 256 needs a smaller query tile (registers and shared memory).
 FWD_TILES = {32: (128, 64, 4, 3), 64: (128, 64, 4, 3), 128: (128, 64, 8, 4), 256: (64, 64, 8, 2)}
@@ -25,63 +23,12 @@ FWD_FALLBACK = (64, 32, 4, 1)  # used only if a tile does not fit in shared memo
 INTERPRET_TILES = (32, 16, 4, 1)  # the interpreter runs one program at a time: small tiles, few steps
 
 
-def attention_flops(B: int, H: int, T: int, S: int, D: int, causal: bool, backward: bool = False) -> float:
-    """Matmul FLOPs: 4·B·H·T·S·D for the forward (QKᵀ and PV), half that when causal (T = S);
-    the backward counts 2.5× the forward (it recomputes QKᵀ, then makes dV, dP, dQ and dK)."""
-    flops = 4.0 * B * H * T * S * D / (2 if causal else 1)
-    return flops * (2.5 if backward else 1.0)
-
-
 def fwd_tiles(D: int, causal: bool):
     """The forward's (BM, BN, num_warps, num_stages) candidates for head dim D, best first."""
-    if INTERPRET:
-        return [INTERPRET_TILES]
     bm, bn, warps, stages = FWD_TILES[D]
     if causal and D == 128:
         stages = 3  # what the autotuner picked with the mask
-    return [(bm, bn, warps, stages), FWD_FALLBACK]
-
-
-_VARIANTS = {}  # key -> (index of the candidate that fits, compiled kernel or None, its constexpr values)
-
-
-def _aligned(args) -> bool:
-    return all(a.data_ptr() % 16 == 0 for a in args if isinstance(a, torch.Tensor))
-
-
-def launch(kernel, grid, candidates, key, *args, **constexprs):
-    """Launch `kernel` with the first of `candidates` (BM, BN, num_warps, num_stages) that fits in
-    this GPU's shared memory (BM: query rows per tile, BN: keys per tile, in every kernel).
-    `grid(BM, BN)` gives the launch grid; `key` names the compiled variant (device, dtype and the
-    constexprs), so a candidate that does not fit is compiled and rejected once, not on every call.
-
-    After the first call, a key's compiled kernel is launched directly. Triton's dispatcher
-    re-derives every argument's specialisation on each call: about 20 us of host time per launch
-    with 15 arguments on the H200's CPU, and at N = 1K the backward's host time is what bounds it.
-    Skipping the dispatcher is safe here because these kernels specialise on nothing that changes
-    between calls with one key: lengths are `do_not_specialize`, floats are never specialised, and
-    pointers are checked to be 16-byte aligned, as they were when the kernel was compiled."""
-    i, compiled, tail = _VARIANTS.get(key, (0, None, ()))
-    if compiled is not None and _aligned(args):
-        bm, bn = candidates[i][:2]
-        compiled[(*grid(bm, bn), 1, 1)[:3]](*args, *tail)  # this path wants all three grid sides
-        return
-    while True:
-        bm, bn, warps, stages = candidates[i]
-        try:
-            compiled = kernel[grid(bm, bn)](*args, **constexprs, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
-        except OutOfResources:
-            if i + 1 == len(candidates):
-                raise
-            i += 1
-            continue
-        if compiled is not None and _aligned(args):  # (the interpreter compiles nothing)
-            # the compiled kernel takes every parameter, constexprs too, in signature order
-            values = {**constexprs, "BM": bm, "BN": bn}
-            _VARIANTS[key] = (i, compiled, tuple(values[name] for name in kernel.arg_names[len(args):]))
-        elif key not in _VARIANTS:
-            _VARIANTS[key] = (i, None, ())
-        return
+    return on_machine(gpu=[(bm, bn, warps, stages), FWD_FALLBACK], interpreter=[INTERPRET_TILES])
 
 
 @triton.jit
@@ -89,7 +36,8 @@ def _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, stride_s, o_m, o_d, lo, hi
                     BN: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """Visit key blocks [lo, hi): one online-softmax update per block. MASKED=False is the fast
     path for blocks every row of the tile may fully see; MASKED=True handles the causal diagonal
-    and the ragged last block (keys >= S)."""
+    and the ragged last block (keys >= S): a hidden key's score is -inf before exp2, and its
+    value (NaN and inf included) adds nothing to a row that cannot see it."""
     o_n = tl.arange(0, BN)
     for i_n in range(lo, hi, BN):
         o_s = i_n + o_n
@@ -116,10 +64,15 @@ def _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, stride_s, o_m, o_d, lo, hi
             b_alpha = tl.math.exp2(b_m - b_mn)
         b_l = b_l * b_alpha + tl.sum(b_p, 1)
         if MASKED:
-            b_v = tl.load(p_v, mask=m_s[:, None], other=0.0)
+            b_v = tl.load(p_v, mask=m_s[:, None], other=0.0)  # keys >= S load as 0: finite
         else:
             b_v = tl.load(p_v)
-        b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc * b_alpha[:, None])
+        if MASKED and CAUSAL:
+            # a NaN or inf in V at a key a row cannot see must not reach that row (0 * NaN is NaN);
+            # "tf32" is what tl.dot uses by default for fp32, and fp16/bf16 ignore it
+            b_acc = dot_visible(b_p.to(b_v.dtype), b_v, b_acc * b_alpha[:, None], "tf32")
+        else:
+            b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc * b_alpha[:, None])
         b_m = b_mn
     return b_acc, b_m, b_l
 
@@ -192,4 +145,4 @@ def attention_fwd(q, k, v, causal: bool, softmax_scale: float):
     return o, lse
 
 
-__all__ = ["attention_fwd", "launch", "fwd_tiles", "LOG2E"]
+__all__ = ["attention_fwd", "fwd_tiles"]

@@ -1,56 +1,38 @@
-"""The public entry point: input validation, then an autograd Function around the Triton kernels."""
+"""The public entry point: input validation, the choice of backward launch, and an autograd Function
+around the Triton kernels."""
 from __future__ import annotations
-
-import math
-import numbers
 
 import torch
 
-from ..common import INTERPRET, ON_GPU, check_tensor
+from ..checks import FLOATS, check_choice, check_kernel_device
 from .backward import attention_bwd
 from .forward import attention_fwd
+from .reference import check_attention_args
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SUPPORTED_DTYPES = FLOATS
+
+# The backward runs as one launch instead of two below this many FLOPs (its five T x S x D matmuls
+# per head: 10·B·Hq·T·S·D, half that when causal). On the H200 that is causal T = 1K at B = 1,
+# H = 32, D = 128 (21 GFLOP, about 0.12 ms of GPU work, as much as the host needs for a Python
+# autograd backward). One launch there measured 0.121 ms against 0.209 ms for two; at every larger
+# size measured, two launches were faster (re-reading O costs 2-6 %).
+ONE_LAUNCH_MAX_FLOPS = 32e9
 
 
 def _validate(q, k, v, causal, softmax_scale) -> float:
-    """Raise TypeError/ValueError naming the problem; return the softmax scale to use."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, ndim=4, dtypes=SUPPORTED_DTYPES)
-    if not (k.dtype == v.dtype == q.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (k.device == v.device == q.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if ON_GPU and not INTERPRET and q.device.type != "cuda":
-        raise ValueError(f"q, k, v must be CUDA tensors on this machine, got {q.device}")
-    if INTERPRET and q.device.type != "cpu":
-        raise ValueError(f"under the Triton interpreter q, k, v must be CPU tensors, got {q.device}")
-    if INTERPRET and q.dtype == torch.bfloat16:
-        raise TypeError("bfloat16 needs a GPU: the Triton interpreter computes bf16 dots wrongly; use fp16 or fp32")
+    """Raise TypeError/ValueError naming the argument; return the softmax scale to use."""
+    scale = check_attention_args(q, k, v, causal, softmax_scale, dtypes=SUPPORTED_DTYPES)
+    check_kernel_device(q=q, k=k, v=v)
+    check_choice("head dim D of q, k, v", q.shape[-1], SUPPORTED_HEAD_DIMS)
+    return scale
+
+
+def _one_launch(q, k, causal: bool) -> bool:
+    """Whether the backward is small enough to run as one launch (see ONE_LAUNCH_MAX_FLOPS)."""
     B, T, HQ, D = q.shape
-    Bk, S, HKV, Dk = k.shape
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"k and v must have the same shape [B, S, Hkv, D], got {tuple(k.shape)} and {tuple(v.shape)}")
-    if Bk != B:
-        raise ValueError(f"batch size mismatch: q has {B}, k/v have {Bk}")
-    if Dk != D:
-        raise ValueError(f"head dim mismatch: q has D={D}, k/v have D={Dk}")
-    if D not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head dim D={D} is not supported; supported: {SUPPORTED_HEAD_DIMS}")
-    if HKV == 0 or HQ % HKV != 0:
-        raise ValueError(f"number of query heads Hq={HQ} must be a multiple of KV heads Hkv={HKV}")
-    if T == 0 or S == 0 or B == 0:
-        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(D)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
-        raise ValueError(f"softmax_scale must be positive and finite, got {softmax_scale}")
-    return float(softmax_scale)
+    flops = 10.0 * B * HQ * T * k.shape[1] * D / (2 if causal else 1)
+    return flops < ONE_LAUNCH_MAX_FLOPS
 
 
 class FlashAttnFunction(torch.autograd.Function):
@@ -68,7 +50,8 @@ class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.softmax_scale)
+        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.softmax_scale,
+                                   _one_launch(q, k, ctx.causal))
         return dq, dk, dv, None, None
 
 
@@ -77,9 +60,10 @@ def flash_attn_func(q, k, v, causal=False, softmax_scale=None):
 
     q: [B, T, Hq, D]; k, v: [B, S, Hkv, D], Hq a multiple of Hkv (MHA, GQA, MQA); query head h
     reads KV head h // (Hq // Hkv). D in (32, 64, 128, 256); fp16 or bf16 on a GPU, fp32 too (TF32
-    dots on a GPU; exact under the interpreter). Any T, S >= 1. causal=True masks bottom-right
-    aligned (flash-attn >= 2.1): query i sees key j iff j <= i + S - T; rows that see no key
-    output 0. softmax_scale defaults to 1/sqrt(D). Returns o: [B, T, Hq, D] in q's dtype.
+    dots on a GPU; exact under the interpreter, which takes CPU tensors and no bf16). Every size
+    >= 1. causal=True masks bottom-right aligned (flash-attn >= 2.1): query i sees key j iff
+    j <= i + S - T; rows that see no key output 0, and a NaN or inf at a key a row cannot see does
+    not reach that row. softmax_scale defaults to 1/sqrt(D). Returns o: [B, T, Hq, D] in q's dtype.
     Non-contiguous inputs (e.g. a transposed [B, H, T, D] view) are copied to contiguous first.
 
     >>> q = torch.randn(2, 1000, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -89,5 +73,5 @@ def flash_attn_func(q, k, v, causal=False, softmax_scale=None):
     scale = _validate(q, k, v, causal, softmax_scale)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return FlashAttnFunction.apply(q, k, v, causal, scale)
-    # inference: skip autograd's bookkeeping (a few microseconds a call, which matter at short N)
+    # inference: skip autograd's bookkeeping (a few microseconds a call, which matter at short T)
     return attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale)[0]

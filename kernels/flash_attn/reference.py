@@ -3,6 +3,8 @@
 Layout [B, T, H, D] (sequence-major, as flash-attn uses). GQA: query head h reads KV head
 h // (Hq // Hkv). Causal masks are bottom-right aligned (flash-attn >= 2.1): query i sees
 key j iff j <= i + S - T; a query row that sees no key at all gets an output of 0.
+Every function checks its inputs first (TypeError for a wrong type or dtype, ValueError for a
+wrong value or shape); they run on any device and take fp16, bf16, fp32 and fp64.
 """
 from __future__ import annotations
 
@@ -10,9 +12,37 @@ import math
 
 import torch
 
+from ..checks import (REFERENCE_FLOATS, check_bool, check_int, check_not_empty, check_same_device_and_dtype,
+                      check_tensor, softmax_scale_or_default)
+
+
+def check_attention_args(q, k, v, causal, softmax_scale, dtypes=REFERENCE_FLOATS) -> float:
+    """The checks every attention function here shares (the kernel adds its own): q [B, T, Hq, D],
+    k and v [B, S, Hkv, D] of one dtype (in `dtypes`) on one device, every size >= 1, Hq a multiple
+    of Hkv, causal a bool. Returns the softmax scale: softmax_scale, or 1/sqrt(D) for None."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, ndim=4, dtypes=dtypes)
+    check_same_device_and_dtype(q=q, k=k, v=v)
+    check_not_empty("q", q, "B, T, Hq, D")
+    check_not_empty("k", k, "B, S, Hkv, D")
+    B, _, HQ, D = q.shape
+    check_tensor("k", k, shape=(B, None, None, D))  # q's batch and head dim
+    check_tensor("v", v, shape=tuple(k.shape))
+    if HQ % k.shape[2]:
+        raise ValueError(f"q's heads Hq={HQ} must be a multiple of k's and v's heads Hkv={k.shape[2]}")
+    check_bool("causal", causal)
+    return softmax_scale_or_default(softmax_scale, D)
+
 
 def causal_mask(T: int, S: int, device=None) -> torch.Tensor:
-    """Bool [T, S]: True where query i may see key j, i.e. j <= i + S - T (bottom-right aligned)."""
+    """Bool [T, S]: True where query i may see key j, i.e. j <= i + S - T (bottom-right aligned).
+    T, S: ints >= 1.
+
+    >>> causal_mask(2, 3)
+    tensor([[ True,  True, False],
+            [ True,  True,  True]])
+    """
+    T, S = check_int("T", T, low=1), check_int("S", S, low=1)
     i = torch.arange(T, device=device)[:, None]
     j = torch.arange(S, device=device)[None, :]
     return j <= i + (S - T)
@@ -24,40 +54,69 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, *, compute_dtype=to
     q: [B, T, Hq, D]; k, v: [B, S, Hkv, D] with Hq a multiple of Hkv (MHA, GQA, MQA).
     The maths runs in `compute_dtype` (fp64 by default, fp32 for big GPU shapes); the result
     comes back in `out_dtype` (default: q's dtype). softmax_scale defaults to 1/sqrt(D).
-    Differentiable (plain autograd), so it also gives the reference gradients.
+    A key a row cannot see adds nothing to it, even a NaN or inf in K or V there.
+    Differentiable (plain autograd), so it also gives the reference gradients (of finite inputs:
+    autograd's products do carry a hidden NaN into every row).
 
     >>> q = torch.randn(1, 77, 4, 64); k = v = torch.randn(1, 77, 2, 64)
     >>> o = attention_ref(q, k, v, causal=True)          # [1, 77, 4, 64]
     >>> o.shape == q.shape
     True
     """
+    scale = check_attention_args(q, k, v, causal, softmax_scale)
+    _check_has_values("q, k, v", q)
+    _check_float_dtype("compute_dtype", compute_dtype)
+    if out_dtype is not None:
+        _check_float_dtype("out_dtype", out_dtype)
     B, T, Hq, D = q.shape
     S, Hkv = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
     group = Hq // Hkv
     qc, kc, vc = (t.to(compute_dtype) for t in (q, k, v))
     # GQA: every KV head serves `group` consecutive query heads.
     kc = kc.repeat_interleave(group, dim=2)
     vc = vc.repeat_interleave(group, dim=2)
     s = torch.einsum("bthd,bshd->bhts", qc, kc) * scale  # [B, H, T, S]
-    if causal:
-        visible = causal_mask(T, S, device=q.device)
-        any_visible = visible.any(dim=1)[:, None]  # [T, 1]: rows that see at least one key
-        s = s.masked_fill(~visible, float("-inf"))
-        s = s.masked_fill(~any_visible, 0.0)  # keep softmax finite on empty rows ...
-        p = torch.softmax(s, dim=-1) * any_visible  # ... then zero them: output 0 there
-    else:
-        p = torch.softmax(s, dim=-1)
+    visible = causal_mask(T, S, device=q.device) if causal else torch.ones(T, S, dtype=torch.bool, device=q.device)
+    any_visible = visible.any(dim=1)[:, None]  # [T, 1]: rows that see at least one key
+    s = s.masked_fill(~visible, float("-inf"))
+    s = s.masked_fill(~any_visible, 0.0)  # keep softmax finite on empty rows ...
+    p = torch.softmax(s, dim=-1) * any_visible  # ... then zero them: output 0 there
     o = torch.einsum("bhts,bshd->bthd", p, vc)
+    bad = ~torch.isfinite(vc).all(dim=-1)  # [B, S, H]: keys whose value holds NaN or inf
+    if bad.any():  # 0 * NaN is NaN: rows that cannot see such a key take the product without it
+        sees_bad = torch.einsum("ts,bsh->bth", visible.to(vc.dtype), bad.to(vc.dtype)) > 0
+        clean = torch.einsum("bhts,bshd->bthd", p, vc.masked_fill(bad[..., None], 0.0))
+        o = torch.where(sees_bad[..., None], o, clean)
     return o.to(out_dtype or q.dtype)
+
+
+def _check_has_values(name, t) -> None:
+    if t.device.type == "meta":
+        raise ValueError(f"{name}: on the meta device, which holds shapes but no values to compute with")
+
+
+def _check_float_dtype(name, dtype) -> None:
+    if dtype not in REFERENCE_FLOATS:
+        raise TypeError(f"{name} must be one of {', '.join(str(d) for d in REFERENCE_FLOATS)}, got {dtype!r}")
 
 
 def attention_eager(q, k, v, causal=False, softmax_scale=None):
     """The 'eager' baseline: einsum + softmax in the input dtype, the full [B, H, T, S] score matrix
-    materialised in GPU memory. Same layout and mask as `attention_ref`; for benchmarks only."""
+    materialised in GPU memory. Same layout, shapes, defaults and mask as `attention_ref`, for
+    benchmarks only: causal needs T <= S here (a row that sees no key would be 0 / 0), and, as in any
+    plain softmax-then-product, a NaN or inf in V reaches every row (0 · NaN is NaN).
+
+    >>> q, k, v = (torch.randn(1, 64, 2, 32) for _ in "qkv")
+    >>> o = attention_eager(q, k, v, causal=True)        # [1, 64, 2, 32]
+    >>> (o - attention_ref(q, k, v, causal=True)).abs().max() < 1e-5
+    """
+    scale = check_attention_args(q, k, v, causal, softmax_scale)
+    _check_has_values("q, k, v", q)
     B, T, Hq, D = q.shape
     S, Hkv = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
+    if causal and T > S:
+        raise ValueError(f"attention_eager: causal with T={T} > S={S} leaves rows that see no key; "
+                         "use attention_ref, which defines their output as 0")
     if Hq != Hkv:
         k = k.repeat_interleave(Hq // Hkv, dim=2)
         v = v.repeat_interleave(Hq // Hkv, dim=2)
@@ -69,13 +128,22 @@ def attention_eager(q, k, v, causal=False, softmax_scale=None):
 
 def online_softmax_steps(x: torch.Tensor, block: int):
     """The online softmax on one row of scores, a block at a time (the forward kernel's inner
-    loop, without the V product). Returns (steps, p): steps is a list of dicts with the block's
-    scores, the running max m and running sum l after that block (l = sum exp(x_j - m) so far);
-    p = exp(x - m) / l is the softmax computed from the final (m, l) alone.
+    loop, without the V product). x: a 1-D float tensor of finite scores (any device), block: an
+    int >= 1. Returns (steps, p): steps is a list of dicts with the block's scores, the running max
+    m and running sum l after that block (l = sum exp(x_j - m) so far); p = exp(x - m) / l is the
+    softmax computed from the final (m, l) alone.
 
-    >>> steps, p = online_softmax_steps(torch.randn(12, dtype=torch.float64), block=4)
+    >>> x = torch.randn(12, dtype=torch.float64)
+    >>> steps, p = online_softmax_steps(x, block=4)
     >>> torch.allclose(p, torch.softmax(x, 0))   # the block-wise result is the full softmax
+    True
     """
+    check_tensor("x", x, ndim=1, dtypes=REFERENCE_FLOATS)
+    _check_has_values("x", x)
+    check_not_empty("x", x, "T")
+    block = check_int("block", block, low=1)
+    if not torch.isfinite(x).all():
+        raise ValueError("x must hold finite scores (a row of -inf, NaN or inf has no softmax here)")
     m, l, steps = float("-inf"), 0.0, []
     for start in range(0, x.numel(), block):
         xb = x[start:start + block]

@@ -1,123 +1,102 @@
-"""GLA benchmarks on the H200 (bf16 inputs, fp32 state): decode and prefill.
+"""GLA's benchmarks on the H200 (bf16 inputs, fp32 state): declarations the shared harness runs.
 
-    decode_context_benchmark()  softmax decode over a T-long KV cache vs one GLA step, T = 4K..64K
-                                (two tables, each with its own FLOPs and bytes)
-    decode_benchmark(graph)     one GLA step at B = 1, 8, 64 (plain call, or CUDA-graph replay)
-    prefill_benchmark()         a whole prompt: chunk-parallel vs the article's chunk kernel vs fla vs SDPA
+    CONTEXT_SOFTMAX, CONTEXT_GLA  decode one token at context T = 4K..64K: softmax over a KV cache
+                                  against one GLA step (two operations, two tables, each its own work)
+    DECODE_PLAIN, DECODE_GRAPH    one GLA step at B = 1, 8, 64: plain Python calls, CUDA-graph replay
+    PREFILL                       a whole prompt: chunk-parallel, the article's chunk kernel, fla, SDPA
 
-Each returns the tidy table of `kernels.bench.run_or_load` (timed on a GPU, loaded elsewhere).
-Peers (fla) are imported inside their factories only, and give None when absent.
+    >>> from kernels.bench import run
+    >>> df = run(PREFILL)          # times on a GPU, loads results/gla_prefill.csv elsewhere
+
+Cases: B, T, H, D with K = V = D (the decode-step tables have no T). Peers come from kernels.peers
+inside the factories, and give None (an "n/a" row) where they are not installed.
 """
 from __future__ import annotations
 
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..bench import in_fresh_process, run_or_load, time_graph_ms, time_ms
-from . import chunk_gla, fused_recurrent_gla, naive_recurrent_gla, sequential_chunk_gla, torch_gla_step
+from ..bench import Benchmark, Panel
+from ..linear import CHUNK
+from ..peers import fla, sdpa
+from .interface import chunk_gla, fused_recurrent_gla, sequential_chunk_gla
+from .reference import naive_recurrent_gla, torch_gla_step
 
 DT = torch.bfloat16
 H_DEC, D_DEC = 32, 128
-CHUNK = 64
 
 
-def _qkvg(B, T, H, K, V, device="cuda"):
-    q = torch.randn(B, T, H, K, device=device, dtype=DT)
-    k = torch.randn(B, T, H, K, device=device, dtype=DT)
-    v = torch.randn(B, T, H, V, device=device, dtype=DT)
-    gk = (F.logsigmoid(torch.randn(B, T, H, K, device=device)) / 16).to(DT)   # the paper's gate
+def _qkvg(B, T, H, D):
+    q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=DT) for _ in range(3))
+    gk = (F.logsigmoid(torch.randn(B, T, H, D, device="cuda")) / 16).to(DT)   # the paper's gate
     return q, k, v, gk
+
+
+def _state(c):
+    return torch.randn(c["B"], c["H"], c["D"], c["D"], device="cuda")
 
 
 # ---------------------------------------------------------------- decode
 def decode_flops(c):
-    """One step: decay + rank-1 update (2·K·V) and the read-out (2·K·V), per (batch, head)."""
-    return 4 * c["B"] * c["H"] * c["K"] * c["V"]
+    """One step: decay + rank-1 update (2·K·V) and the read-out (2·K·V), per (batch, head); K = V = D."""
+    return 4 * c["B"] * c["H"] * c["D"] * c["D"]
 
 
 def decode_bytes(c):
     """fp32 state read + write, plus q, k, gk, v in and o out (bf16): the least a step must move."""
-    B, H, K, V = c["B"], c["H"], c["K"], c["V"]
-    return 2 * B * H * K * V * 4 + B * H * (3 * K + 2 * V) * 2
+    B, H, D = c["B"], c["H"], c["D"]
+    return 2 * B * H * D * D * 4 + B * H * 5 * D * 2
 
 
 def _book_step(c):
-    q, k, v, gk = _qkvg(c["B"], 1, c["H"], c["K"], c["V"])
-    S = torch.randn(c["B"], c["H"], c["K"], c["V"], device="cuda")
+    q, k, v, gk = _qkvg(c["B"], 1, c["H"], c["D"])
+    S = _state(c)
     return lambda: fused_recurrent_gla(q, k, v, gk, initial_state=S, output_final_state=True)
 
 
 def _torch_step(c):
-    q, k, v, gk = (x[:, 0] for x in _qkvg(c["B"], 1, c["H"], c["K"], c["V"]))
-    S = torch.randn(c["B"], c["H"], c["K"], c["V"], device="cuda")
+    q, k, v, gk = (x[:, 0] for x in _qkvg(c["B"], 1, c["H"], c["D"]))
+    S = _state(c)
     return lambda: torch_gla_step(q, k, v, gk, S)
 
 
 def _fla_step(c):
-    try:
-        from fla.ops.gla import fused_recurrent_gla as fla_fused_recurrent_gla
-    except ImportError:
+    step = fla("gla", "fused_recurrent_gla")
+    if step is None:
         return None
-    q, k, v, gk = _qkvg(c["B"], 1, c["H"], c["K"], c["V"])
-    S = torch.randn(c["B"], c["H"], c["K"], c["V"], device="cuda")
-    return lambda: fla_fused_recurrent_gla(q, k, v, gk, initial_state=S, output_final_state=True)
+    q, k, v, gk = _qkvg(c["B"], 1, c["H"], c["D"])
+    S = _state(c)
+    return lambda: step(q, k, v, gk, initial_state=S, output_final_state=True)
 
 
+DECODE_CASES = [{"B": b, "H": H_DEC, "D": D_DEC} for b in (1, 8, 64)]
 DECODE_PROVIDERS = {"book": _book_step, "PyTorch step": _torch_step, "fla fused_recurrent_gla": _fla_step}
 
-
-@in_fresh_process
-def decode_benchmark(graph: bool = True):
-    """One GLA decode step, B = 1, 8, 64, H = 32, K = V = 128, bf16 inputs, fp32 state.
-
-    graph=False: plain Python calls timed by do_bench (launch and wrapper overhead included),
-    table 'gla_decode_plain'. graph=True: the same call replayed from a CUDA graph,
-    table 'gla_decode_graph'. Bytes: `decode_bytes` (the state dominates: 268 MB at B = 64).
-    """
-    cases = [{"B": b, "H": H_DEC, "K": D_DEC, "V": D_DEC} for b in (1, 8, 64)]
-    name, timer = ("gla_decode_graph", time_graph_ms) if graph else ("gla_decode_plain", time_ms)
-    return run_or_load(name, cases, DECODE_PROVIDERS, decode_flops, decode_bytes, timer=timer)
+# One step, B = 1, 8, 64: a plain Python call (launch and wrapper overhead included), and the same
+# call replayed from a CUDA graph (GPU time alone). The state dominates the bytes: 268 MB at B = 64.
+DECODE_PLAIN = Benchmark("gla_decode_plain", DECODE_CASES, DECODE_PROVIDERS, decode_flops, decode_bytes)
+DECODE_GRAPH = Benchmark("gla_decode_graph", DECODE_CASES, DECODE_PROVIDERS, decode_flops, decode_bytes,
+                         timer="graph")
 
 
+# ---------------------------------------------------------------- decode against the context length
 def _sdpa_decode(c):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    B, H, T, D = c["B"], c["H"], c["T"], c["D"]
-    q = torch.randn(B, H, 1, D, device="cuda", dtype=DT)
-    kc = torch.randn(B, H, T, D, device="cuda", dtype=DT)
-    vc = torch.randn(B, H, T, D, device="cuda", dtype=DT)
-
-    def step():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(q, kc, vc)
-    return step
+    attend = sdpa("flash")
+    q = torch.randn(c["B"], c["H"], 1, c["D"], device="cuda", dtype=DT)          # SDPA's [B, H, T, D]
+    kc, vc = (torch.randn(c["B"], c["H"], c["T"], c["D"], device="cuda", dtype=DT) for _ in range(2))
+    return lambda: attend(q, kc, vc)
 
 
-def _ctx(factory):
-    return lambda c: factory({"B": c["B"], "H": c["H"], "K": c["D"], "V": c["D"]})
+CONTEXT_CASES = [{"B": 1, "T": t, "H": H_DEC, "D": D_DEC} for t in (4096, 8192, 16384, 32768, 65536)]
 
-
-@in_fresh_process
-def decode_context_benchmark():
-    """Decode one token at context length T = 4K..64K (B = 1, H = 32, D = 128, bf16), graph-replayed.
-
-    Two operations, two tables, each with its own counted work, concatenated for the plot:
-    'gla_decode_context_softmax': SDPA flash, one query over a T-long KV cache,
-        4·B·H·T·D FLOPs and the 2·B·H·T·D bf16 cache read (its roofline grows with T);
-    'gla_decode_context_gla': one GLA step ('book', 'PyTorch step'), `decode_flops` and
-        `decode_bytes` (the fixed fp32 state read + write, whatever T is).
-    """
-    cases = [{"B": 1, "H": H_DEC, "D": D_DEC, "T": t} for t in (4096, 8192, 16384, 32768, 65536)]
-    softmax = run_or_load("gla_decode_context_softmax", cases, {"SDPA flash": _sdpa_decode},
-                          flops=lambda c: 4 * c["B"] * c["H"] * c["T"] * c["D"],
-                          bytes=lambda c: 2 * c["B"] * c["H"] * c["T"] * c["D"] * 2, timer=time_graph_ms)
-    step = {"B": 1, "H": H_DEC, "K": D_DEC, "V": D_DEC}
-    gla = run_or_load("gla_decode_context_gla", cases, {"book": _ctx(_book_step), "PyTorch step": _ctx(_torch_step)},
-                      flops=lambda c: decode_flops(step), bytes=lambda c: decode_bytes(step), timer=time_graph_ms)
-    df = pd.concat([softmax, gla], ignore_index=True)
-    df.attrs["meta"] = gla.attrs["meta"]
-    return df
+# Softmax decode: one query over a T-long KV cache, 4·B·H·T·D FLOPs and the 2·B·H·T·D bf16 cache
+# read (its roofline grows with T). Graph-replayed.
+CONTEXT_SOFTMAX = Benchmark("gla_decode_context_softmax", CONTEXT_CASES, {"SDPA flash": _sdpa_decode},
+                            flops=lambda c: 4 * c["B"] * c["H"] * c["T"] * c["D"],
+                            bytes_moved=lambda c: 2 * c["B"] * c["H"] * c["T"] * c["D"] * 2, timer="graph")
+# One GLA step at the same B, H, D: the fixed state read and write, whatever T is. Graph-replayed.
+CONTEXT_GLA = Benchmark("gla_decode_context_gla", CONTEXT_CASES, {"book": _book_step, "PyTorch step": _torch_step},
+                        flops=decode_flops, bytes_moved=decode_bytes, timer="graph")
 
 
 # ---------------------------------------------------------------- prefill
@@ -142,62 +121,44 @@ def prefill_bytes(c):
     return c["B"] * c["T"] * c["H"] * (3 * c["D"] + 2 * c["D"]) * 2
 
 
-def _prefill(fn):
+def _prefill(fn, max_T=None):
+    """fn(q, k, v, gk) on the case's inputs; None above max_T tokens."""
     def factory(c):
-        q, k, v, gk = _qkvg(c["B"], c["T"], c["H"], c["D"], c["D"])
+        if max_T is not None and c["T"] > max_T:
+            return None
+        q, k, v, gk = _qkvg(c["B"], c["T"], c["H"], c["D"])
         return lambda: fn(q, k, v, gk)
     return factory
 
 
 def _fla_chunk(c):
-    try:
-        from fla.ops.gla import chunk_gla as fla_chunk_gla
-    except ImportError:
-        return None
-    q, k, v, gk = _qkvg(c["B"], c["T"], c["H"], c["D"], c["D"])
-    return lambda: fla_chunk_gla(q, k, v, gk)
+    fla_chunk_gla = fla("gla", "chunk_gla")
+    return None if fla_chunk_gla is None else _prefill(fla_chunk_gla)(c)
 
 
 def _sdpa_causal(c):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
+    attend = sdpa("flash")
     q, k, v = (torch.randn(c["B"], c["H"], c["T"], c["D"], device="cuda", dtype=DT) for _ in range(3))
-
-    def run():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return run
+    return lambda: attend(q, k, v, causal=True)
 
 
-def _torch_loop(c):
-    if c["T"] > 1024:
-        return None  # tens of ms per 1K tokens: only the first point
-    return _prefill(naive_recurrent_gla)(c)
+# B = 1, H = 32, D = 128, T = 1K..16K, plus fla's test shape B = 4, T = 2048, H = 16. Plain calls.
+PREFILL = Benchmark(
+    "gla_prefill",
+    [{"B": 1, "T": t, "H": 32, "D": 128} for t in (1024, 2048, 4096, 8192, 16384)]
+    + [{"B": 4, "T": 2048, "H": 16, "D": 128}],
+    {
+        "book: chunk": _prefill(chunk_gla),
+        # one launch per chunk, linear in T: three points show the slope
+        "book: sequential chunk": _prefill(sequential_chunk_gla, max_T=4096),
+        "fla chunk_gla": _fla_chunk,
+        "SDPA flash": _sdpa_causal,     # causal softmax at the same shape, for scale
+        # tens of ms per 1K tokens: the first point only
+        "PyTorch step loop": _prefill(naive_recurrent_gla, max_T=1024),
+    },
+    prefill_flops, prefill_bytes)
 
+BENCHMARKS = [CONTEXT_SOFTMAX, CONTEXT_GLA, DECODE_PLAIN, DECODE_GRAPH, PREFILL]
 
-def _sequential(c):
-    if c["T"] > 4096:
-        return None  # one launch per chunk, linear in T: three points show the slope
-    return _prefill(sequential_chunk_gla)(c)
-
-
-PREFILL_PROVIDERS = {
-    "book: chunk": _prefill(chunk_gla),
-    "book: sequential chunk": _sequential,
-    "fla chunk_gla": _fla_chunk,
-    "SDPA flash": _sdpa_causal,
-    "PyTorch step loop": _torch_loop,
-}
-
-
-@in_fresh_process
-def prefill_benchmark():
-    """GLA prefill, B = 1, H = 32, D = 128, T = 1K..16K, plus fla's test shape B = 4, T = 2048, H = 16.
-
-    Providers: 'book: chunk' (chunk_gla), 'book: sequential chunk' (the article's kernel,
-    T <= 4K), 'fla chunk_gla', 'SDPA flash' (causal softmax at the same shape), 'PyTorch step
-    loop' (T = 1K only). FLOPs: `prefill_flops`; bytes: `prefill_bytes`. Table 'gla_prefill'.
-    """
-    cases = [{"B": 1, "T": t, "H": 32, "D": 128} for t in (1024, 2048, 4096, 8192, 16384)]
-    cases.append({"B": 4, "T": 2048, "H": 16, "D": 128})
-    return run_or_load("gla_prefill", cases, PREFILL_PROVIDERS, prefill_flops, prefill_bytes)
+HEADLINE = Panel("gla_prefill", {"B": 1}, "T", "ms", ("book: chunk", "fla chunk_gla", "SDPA flash"),
+                 "GLA prefill (SDPA: causal softmax)\nB=1, H=32, D=128")

@@ -6,25 +6,20 @@ once. With T = 1 this is the decode step: one HBM read and one write of the stat
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from ..common import INTERPRET
-from .naive import check_gla_inputs
+from ..launch import autotune_configs, pow2_at_least_16
 
-if INTERPRET:
-    _CONFIGS = [triton.Config({"BV": 32}, num_warps=4)]
-else:
-    # the H200's picks for the decode step at B·H = 32, 256 and 2048 (K = V = 128)
-    _CONFIGS = [triton.Config({"BV": bv}, num_warps=w) for bv, w in ((16, 8), (64, 2), (32, 4))]
+# the H200's picks for the decode step at B·H = 32, 256 and 2048 (K = V = 128)
+_CONFIGS = autotune_configs([({"BV": 16}, 8, 3), ({"BV": 64}, 2, 3), ({"BV": 32}, 4, 3)], interpreter={"BV": 32})
 
 
 def _prune(configs, named_args, **kwargs):
     # Keep the state tile at <= 128 fp32 registers per thread, and BV no wider than V needs.
     BK, V = kwargs.get("BK", named_args.get("BK")), named_args["V"]
     keep = [c for c in configs
-            if BK * c.kwargs["BV"] <= 128 * 32 * c.num_warps and c.kwargs["BV"] <= max(16, triton.next_power_of_2(V))]
+            if BK * c.kwargs["BV"] <= 128 * 32 * c.num_warps and c.kwargs["BV"] <= pow2_at_least_16(V)]
     return keep or configs[:1]
 
 
@@ -58,7 +53,7 @@ def _fused_recurrent_gla_kernel(
         b_k = tl.load(k + base_k + o_k, mask=m_k, other=0.0).to(tl.float32)
         b_g = tl.load(gk + base_k + o_k, mask=m_k, other=0.0).to(tl.float32)
         b_v = tl.load(v + base_v + o_v, mask=m_v, other=0.0).to(tl.float32)
-        # S = Diag(exp(gk)) S + k v^T ; gk <= 0 so exp never overflows
+        # S = Diag(exp(gk)) S + k v^T ; gk <= 0 so exp never overflows (and -inf resets to 0)
         b_h = b_h * tl.exp(b_g)[:, None] + b_k[:, None] * b_v[None, :]
         # o = S^T (q * scale): a reduction over the key axis
         b_o = tl.sum(b_h * b_q[:, None], axis=0)
@@ -70,39 +65,16 @@ def _fused_recurrent_gla_kernel(
         tl.store(ht + p_h, b_h, mask=m_h)
 
 
-def fused_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False):
-    """Fused recurrent GLA forward (Triton); with T = 1 it is the decode step.
+def fused_recurrent_fwd(q, k, v, gk, o, scale: float, initial_state=None, final_state=None) -> None:
+    """Launch the fused recurrent kernel: one program per (V-tile, batch·head).
 
-    q, k, gk: [B, T, H, K]; v: [B, T, H, V]; gk = log of the per-channel decay (<= 0,
-    not checked: that would need a GPU sync). Any float dtype; math and state in fp32.
-    scale defaults to K**-0.5. initial_state / final state: fp32 [B, H, K, V].
-    Returns (o [B, T, H, V] in v's dtype, final_state fp32 [B, H, K, V] or None).
-
-        >>> q, k, v, gk = torch.randn(4, 1, 1, 32, 128, device="cuda").unbind(0)
-        >>> S = torch.zeros(1, 32, 128, 128, device="cuda")
-        >>> o, S = fused_recurrent_gla(q, k, v, -gk.abs(), initial_state=S, output_final_state=True)
+    q, k, gk: [B, T, H, K]; v, o: [B, T, H, V] (o written); initial_state (read) and
+    final_state (written): fp32 [B, H, K, V] or None. All contiguous.
     """
-    B, T, H, K, V, scale = check_gla_inputs(q, k, v, gk, scale, initial_state)
-    if not q.is_contiguous():
-        q = q.contiguous()
-    if not k.is_contiguous():
-        k = k.contiguous()
-    if not v.is_contiguous():
-        v = v.contiguous()
-    if not gk.is_contiguous():
-        gk = gk.contiguous()
-    if initial_state is not None and not initial_state.is_contiguous():
-        initial_state = initial_state.contiguous()
-    o = torch.empty_like(v)
-    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
-    BK = max(16, triton.next_power_of_2(K))
-
-    def grid(meta):
-        return (triton.cdiv(V, meta["BV"]), B * H)
-
-    _fused_recurrent_gla_kernel[grid](
-        q, k, v, gk, o, initial_state, ht, scale,
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    _fused_recurrent_gla_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), B * H)](
+        q, k, v, gk, o, initial_state, final_state, scale,
         T, H, K, V, B * H, 1 if T == 1 else 2,
-        BK=BK, USE_H0=initial_state is not None, STORE_HT=output_final_state,
+        BK=pow2_at_least_16(K), USE_H0=initial_state is not None, STORE_HT=final_state is not None,
     )
-    return o, ht

@@ -1,6 +1,6 @@
 """The source article's "chunk-wise" GLA prefill: tokens sequential inside a chunk.
 
-One launch per chunk of 64 tokens; inside it one program per (batch*head, V-tile)
+One launch per chunk of CHUNK = 64 tokens; inside it one program per (batch*head, V-tile)
 loads the fp32 state from HBM, steps through the chunk's tokens with the state in
 registers, and writes the state back for the next launch. It is the recurrence with
 the state round-trip amortised over a chunk: no matmuls, no tensor cores. The book
@@ -8,13 +8,11 @@ keeps it as a labelled variant to measure against the chunk-parallel form.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from .naive import check_gla_inputs
-
-CHUNK = 64
+from ..launch import pow2_at_least_16
+from ..linear.chunk import CHUNK
 
 
 @triton.jit
@@ -42,28 +40,16 @@ def _sequential_chunk_kernel(
     tl.store(p_s, b_s, mask=m_s)                        # hand the state to the next launch
 
 
-def sequential_chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False):
-    """GLA forward the source article's way: one launch per 64-token chunk, tokens in sequence.
+def sequential_chunk_fwd(q, k, v, gk, o, state, scale: float) -> None:
+    """Launch one kernel per chunk of CHUNK tokens, one after another.
 
-    Same API as chunk_gla: q, k, gk [B, T, H, K]; v [B, T, H, V]; gk = log decay (<= 0);
-    scale defaults to K**-0.5; initial_state / final state fp32 [B, H, K, V].
-    Returns (o [B, T, H, V] in v's dtype, final_state or None).
-
-        >>> q, k, v, gk = torch.randn(4, 1, 256, 4, 64, device="cuda").unbind(0)
-        >>> o, S = sequential_chunk_gla(q, k, v, -gk.abs(), output_final_state=True)
-        >>> S.shape  # torch.Size([1, 4, 64, 64])
+    q, k, gk: [B, T, H, K]; v, o: [B, T, H, V] (o written); state: fp32 [B, H, K, V], the
+    initial state on entry and the final state on return (updated in place). All contiguous.
     """
-    B, T, H, K, V, scale = check_gla_inputs(q, k, v, gk, scale, initial_state)
-    q, k, v, gk = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, gk))
-    if initial_state is None:
-        state = torch.zeros(B, H, K, V, dtype=torch.float32, device=q.device)
-    else:
-        state = initial_state.clone(memory_format=torch.contiguous_format)
-    o = torch.empty_like(v)
-    BK = max(16, triton.next_power_of_2(K))
-    BV = min(32, max(16, triton.next_power_of_2(V)))
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BV = min(32, pow2_at_least_16(V))
     grid = (triton.cdiv(V, BV), B * H)
     for t_start in range(0, T, CHUNK):   # the chunks run one launch after another
         _sequential_chunk_kernel[grid](q, k, v, gk, o, state, scale, t_start, T, H, K, V,
-                                       BT=CHUNK, BK=BK, BV=BV, num_warps=4)
-    return o, (state if output_final_state else None)
+                                       BT=CHUNK, BK=pow2_at_least_16(K), BV=BV, num_warps=4)

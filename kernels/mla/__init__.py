@@ -3,10 +3,9 @@ Hopper decode kernel in Gluon.
 
     >>> from kernels.mla import mla_decode, mla_naive, mla_absorbed, mla_decode_ref
 """
-from .decode import mla_decode
-from .gluon_decode import mla_decode_gluon
+from .interface import mla_decode, mla_decode_gluon
 from .reference import (absorb_query, latent_cache, mla_absorbed, mla_decode_ref, mla_naive, unabsorb_output,
                         yarn_softmax_scale)
 
-__all__ = ["mla_decode", "mla_decode_gluon", "mla_naive", "mla_absorbed", "mla_decode_ref", "absorb_query", "latent_cache",
-           "unabsorb_output", "yarn_softmax_scale"]
+__all__ = ["mla_decode", "mla_decode_gluon", "mla_naive", "mla_absorbed", "mla_decode_ref", "absorb_query",
+           "latent_cache", "unabsorb_output", "yarn_softmax_scale"]

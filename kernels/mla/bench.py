@@ -1,6 +1,7 @@
-"""MLA benchmarks (H200, bf16) and the cache-size table (computed, no GPU needed).
+"""MLA benchmarks (H200, bf16), declared for the shared harness, and the cache-size table (computed, no GPU).
 
-    >>> df = decode_benchmark()          # times on a GPU, loads results/mla_decode.csv elsewhere
+    >>> from kernels.bench import run
+    >>> df = run(DECODE)                 # times on a GPU, loads results/mla_decode.csv elsewhere
     >>> cache_bytes_table()              # bytes per token: MLA vs GQA vs MHA
 """
 from __future__ import annotations
@@ -8,18 +9,14 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from ..bench import in_fresh_process, run_or_load, time_graph_ms, time_ms
-from .decode import mla_decode
+from ..bench import Benchmark, Panel
+from ..plot import BOOK_COLOR, styled
+from .interface import mla_decode
 from .reference import yarn_softmax_scale
 
 H, D_C, D_R, D_NOPE, D_V = 128, 512, 64, 128, 128  # DeepSeek-V3 attention
 D_QK = D_C + D_R                                    # 576: the kernel's key width
 SCALE = yarn_softmax_scale()
-
-# FlashMLA's own benchmark shapes (B=128, s_q=1, 4K..32K) and the article's (B = 1, 8, 32 at 4K..16K),
-# plus B=64 so latency against batch has a point between.
-DECODE_CASES = ([{"B": 128, "T": t} for t in (4096, 8192, 16384, 32768)]
-                + [{"B": b, "T": t} for b in (1, 8, 32, 64) for t in (4096, 8192, 16384)])
 
 
 def cache_bytes_table() -> pd.DataFrame:
@@ -42,12 +39,13 @@ def cache_bytes_table() -> pd.DataFrame:
     return df
 
 
+@styled
 def plot_cache_bytes(df: pd.DataFrame):
     """Horizontal bars: KB per token for the whole model (bf16), log scale."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 2.8))
-    colors = ["#1f5fbf" if "MLA" in c else "#9e9e9e" for c in df["cache"]]
+    colors = [BOOK_COLOR if "MLA" in c else "#9e9e9e" for c in df["cache"]]
     ax.barh(df["cache"], df["KB_per_token_model"], color=colors)
     for y, v in enumerate(df["KB_per_token_model"]):
         ax.text(v * 1.05, y, f"{v:,.0f} KB", va="center", fontsize=9)
@@ -60,21 +58,22 @@ def plot_cache_bytes(df: pd.DataFrame):
     return fig
 
 
+# ---------------------------------------------------------------------------------- decode, one query token
 def decode_flops(case) -> float:
-    """2 * B * H * s_q * T * (576 + 512): the score and the value product, absorbed form."""
-    return 2.0 * case["B"] * H * case.get("s_q", 1) * case["T"] * (D_QK + D_C)
+    """2 * B * H * T * (576 + 512): the score and the value product, absorbed form, one query token."""
+    return 2.0 * case["B"] * case["H"] * case["T"] * (case["D"] + D_C)
 
 
 def decode_bytes(case) -> float:
     """The latent cache read once, plus q (576 wide) and out (512 wide), bf16."""
-    B, T, s_q = case["B"], case["T"], case.get("s_q", 1)
-    return 2.0 * (B * T * D_QK + B * s_q * H * (D_QK + D_C))
+    B, T, H, D = case["B"], case["T"], case["H"], case["D"]
+    return 2.0 * (B * T * D + B * H * (D + D_C))
 
 
-def _inputs(case, dtype=torch.bfloat16):
-    B, T = case["B"], case["T"]
-    q = torch.randn(B, 1, H, D_QK, device="cuda", dtype=dtype)
-    kv = torch.randn(B, T, D_QK, device="cuda", dtype=dtype)
+def _inputs(case):
+    B, T, H, D = case["B"], case["T"], case["H"], case["D"]
+    q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(B, T, D, device="cuda", dtype=torch.bfloat16)
     seqlens = torch.full((B,), T, device="cuda", dtype=torch.int32)
     return q, kv, seqlens
 
@@ -91,17 +90,17 @@ def _torch_absorbed(case):
     fp32 inside the kernel). Upcasting the scores to fp32 first made it 1.6x slower (1.91 against 1.19 ms
     at B=128, T=8K), and splitting latent and RoPE parts as `mla_absorbed` does, 1.3x."""
     q, kv, _ = _inputs(case)
-    B = case["B"]
+    B, H, D = case["B"], case["H"], case["D"]
 
     def run():
-        s = torch.bmm(q.view(B, H, D_QK) * SCALE, kv.transpose(1, 2))      # [B, H, T]
+        s = torch.bmm(q.view(B, H, D) * SCALE, kv.transpose(1, 2))      # [B, H, T]
         return torch.bmm(torch.softmax(s, dim=-1), kv[..., :D_C]).view(B, 1, H, D_C)
     return run
 
 
 def _torch_naive(case):
     """Rebuild K and V per head from c_kv, then SDPA; only while the rebuilt K/V fit comfortably."""
-    B, T = case["B"], case["T"]
+    B, T, H = case["B"], case["T"], case["H"]
     if B * T > 131072:  # K and V for 128 heads would be > 10 GB
         return None
     import torch.nn.functional as F
@@ -130,47 +129,25 @@ DECODE_PROVIDERS = {
 }
 
 
-@in_fresh_process
-def decode_benchmark() -> pd.DataFrame:
-    """MLA decode, H=128, s_q=1, bf16, each call replayed from a CUDA graph (launch overhead removed)."""
-    return run_or_load("mla_decode", DECODE_CASES, DECODE_PROVIDERS, decode_flops, decode_bytes,
-                       timer=time_graph_ms)
+def _case(B, T):
+    return {"B": B, "T": T, "H": H, "D": D_QK}
 
 
-PLAIN_CASES = [{"B": 1, "T": 4096}, {"B": 1, "T": 16384}, {"B": 128, "T": 8192}]
+# FlashMLA's own benchmark shapes (B=128, s_q=1, 4K..32K) and the article's (B = 1, 8, 32 at 4K..16K),
+# plus B=64 so latency against batch has a point between.
+DECODE = Benchmark(
+    "mla_decode",
+    [_case(128, t) for t in (4096, 8192, 16384, 32768)]
+    + [_case(b, t) for b in (1, 8, 32, 64) for t in (4096, 8192, 16384)],
+    DECODE_PROVIDERS, decode_flops, decode_bytes, timer="graph")  # replayed from a CUDA graph: no launch overhead
+DECODE_PLAIN = Benchmark(  # the same kernels called from Python: launch overhead included
+    "mla_decode_plain",
+    [_case(1, 4096), _case(1, 16384), _case(128, 8192)],
+    {k: DECODE_PROVIDERS[k] for k in ("book", "book: Triton", "book: no split", "PyTorch absorbed")},
+    decode_flops, decode_bytes, timer="plain")
+BENCHMARKS = [DECODE, DECODE_PLAIN]
+HEADLINE = Panel("mla_decode", {"B": 128}, "T", "tflops", ("book", "PyTorch absorbed"),
+                 "MLA decode\nB=128, H=128, one query token")
 
-
-@in_fresh_process
-def plain_call_benchmark() -> pd.DataFrame:
-    """The same kernels timed as plain Python calls (launch overhead included)."""
-    providers = {k: DECODE_PROVIDERS[k] for k in ("book", "book: Triton", "book: no split", "PyTorch absorbed")}
-    return run_or_load("mla_decode_plain", PLAIN_CASES, providers, decode_flops, decode_bytes, timer=time_ms)
-
-
-def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """ms per provider (columns) per shape (rows), with the speed-up of 'book' over PyTorch absorbed and over
-    the Triton kernel, and of split-KV over a single pass (both Triton)."""
-    t = df.pivot_table(index=["B", "T"], columns="provider", values="ms")
-    if "book" in t and "PyTorch absorbed" in t:
-        t["book speed-up vs PyTorch absorbed"] = t["PyTorch absorbed"] / t["book"]
-    if "book" in t and "book: Triton" in t:
-        t["book speed-up vs book: Triton"] = t["book: Triton"] / t["book"]
-    if "book: Triton" in t and "book: no split" in t:
-        t["split-KV speed-up"] = t["book: no split"] / t["book: Triton"]
-    pct = df[df["provider"] == "book"].set_index(["B", "T"])["pct_roofline"]
-    t["book % of roofline"] = pct
-    return t.round(3)
-
-
-if __name__ == "__main__":  # python -m kernels.mla.bench: run both sweeps, print the summary
-    import sys
-
-    from ..bench import provenance
-
-    d = decode_benchmark()
-    print(provenance(d))
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(summary(d))
-        print(summary(plain_call_benchmark()))
-    from .decode import _mla_decode_tuned
-    print("autotuned configs:", {k: str(v) for k, v in _mla_decode_tuned.cache.items()}, file=sys.stderr)
+__all__ = ["DECODE", "DECODE_PLAIN", "BENCHMARKS", "HEADLINE", "cache_bytes_table", "plot_cache_bytes",
+           "decode_flops", "decode_bytes"]

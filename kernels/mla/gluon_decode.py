@@ -23,8 +23,8 @@ and every rescale factor is the same for both halves of O; the two partial row s
 While one warpgroup does its softmax, the tensor cores run the other's products.
 Each slice gets its own TMA descriptor, made on the device with the slice's rows of the sequence: the copy engine
 zero-fills rows past the sequence, so padding (even NaN) never reaches the value product, and the scores
-of those rows are set to -inf. (The descriptors need a little global scratch per CTA, from the allocator
-that `decode.py` installs.)
+of those rows are set to -inf. (The descriptors need a little global scratch per CTA, which the launch
+lends from PyTorch's allocator for its duration: `kernels.launch.tma_scratch`.)
 
 Gluon/ptxas constraints this code works around (see the comments at each place):
   * no wgmma may be in flight across a loop back edge or the end of an `if`: ptxas copies the
@@ -34,14 +34,10 @@ Gluon/ptxas constraints this code works around (see the comments at each place):
   * constexprs do not survive gl.warp_specialize's argument tuples: partitions read sizes off the
     buffers' static shapes.
 `scripts/mla_gluon_compile.py` compiles it for sm_90a without a GPU and checks the first two.
+The kernel and its launch only: `interface.py` checks the inputs and decides when it applies.
 """
 from __future__ import annotations
 
-import functools
-import math
-import numbers
-
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -52,10 +48,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from ..launch import LN2, LOG2E, tma_scratch
+
 D_QK, D_V = 576, 512
 D_PE = D_QK - D_V
 BLOCK_H = 64                 # heads per CTA: one wgmma M of 64 rows per warpgroup
-LOG2E = 1.4426950408889634
+_LN2 = gl.constexpr(LN2)     # a kernel reads a module-level number only as a constexpr
 # Cache tile and ring: 64 positions x 2 slots fit in 227 KB next to the 72 KB query block. Measured on the
 # H200 against 32 positions x 4 slots: 0.546 against 0.596 ms at B=128, T=8K (notes/TUNING.md).
 BN, STAGES = 64, 2
@@ -120,7 +118,8 @@ def _store_rows(o_ptr, lse_ptr, acc, m_i, l_tot, row0, col0, split, num_splits, 
                 BV: gl.constexpr, D_V: gl.constexpr, o_layout: gl.constexpr, row_s: gl.constexpr,
                 WRITE_LSE: gl.constexpr):
     """Rows row0 ... row0 + BM of a result laid out as [rows, num_splits, D_V], slice `split`: columns col0 ...
-    col0 + BV of acc / l in o_ptr's dtype, and lse = (m + log2 l) * lse_scale (a row with nothing seen: 0, -inf)."""
+    col0 + BV of acc / l in o_ptr's dtype, and lse = (m + log2 l) * lse_scale. A row that saw nothing: 0 and
+    -inf; one that saw a NaN score: NaN and NaN (never -inf, which reads as "saw nothing"); a +inf score: lse +inf."""
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
     l_o = gl.convert_layout(l_tot, row_o)
@@ -129,8 +128,10 @@ def _store_rows(o_ptr, lse_ptr, acc, m_i, l_tot, row0, col0, split, num_splits, 
     cols = col0 + gl.arange(0, BV, layout=col_o)
     gl.store(o_ptr + gl.expand_dims(rows, 1) + gl.expand_dims(cols, 0), out.to(o_ptr.dtype.element_ty))
     if WRITE_LSE:
+        # kernels.tl_helpers.log2_sum_exp2, written again: a Gluon kernel cannot call a triton.jit function.
         safe = gl.where(l_tot > 0, l_tot, 1.0)
-        lse = gl.where(l_tot > 0, (m_i + gl.log2(safe)) * lse_scale, float("-inf"))
+        lse = gl.where(l_tot > 0, m_i + gl.log2(safe), gl.where(l_tot == 0, float("-inf"), float("nan")))
+        lse = gl.where(m_i == float("inf"), float("inf"), lse) * lse_scale
         gl.store(lse_ptr + (row0 + gl.arange(0, BM, layout=row_s)) * num_splits + split, lse)
 
 
@@ -138,8 +139,7 @@ def _store_rows(o_ptr, lse_ptr, acc, m_i, l_tot, row0, col0, split, num_splits, 
 def _store_out(o_ptr, lse_ptr, acc, m_i, l_tot, row0, col0, BM: gl.constexpr, BV: gl.constexpr,
                D_V: gl.constexpr, o_layout: gl.constexpr, row_s: gl.constexpr, WRITE_LSE: gl.constexpr):
     """The whole sequence's result: out bf16 [B * H, 512], lse in natural log."""
-    _store_rows(o_ptr, lse_ptr, acc, m_i, l_tot, row0, col0, 0, 1, 0.6931471805599453, BM, BV, D_V, o_layout, row_s,
-                WRITE_LSE)
+    _store_rows(o_ptr, lse_ptr, acc, m_i, l_tot, row0, col0, 0, 1, _LN2, BM, BV, D_V, o_layout, row_s, WRITE_LSE)
 
 
 @gluon.jit
@@ -388,76 +388,21 @@ def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, o_ptr, lse_ptr, ws_o_ptr, 
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Python wrapper
+# Launch
 # ----------------------------------------------------------------------------------------------------------
-def _check_inputs(q, kv_cache, cache_seqlens, softmax_scale):
-    for name, t in (("q", q), ("kv_cache", kv_cache), ("cache_seqlens", cache_seqlens)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cuda":
-            raise ValueError(f"{name} must be on a CUDA device (the Gluon kernel is Hopper-only), got {t.device}")
-    if q.dim() != 4 or q.shape[1] != 1 or q.shape[3] != D_QK or q.shape[2] % BLOCK_H != 0:
-        raise ValueError(f"q must be [B, 1, H, {D_QK}] with H % {BLOCK_H} == 0, got {tuple(q.shape)}")
-    B = q.shape[0]
-    if kv_cache.dim() != 3 or kv_cache.shape[0] != B or kv_cache.shape[2] != D_QK:
-        raise ValueError(f"kv_cache must be [B={B}, T_max, {D_QK}], got {tuple(kv_cache.shape)}")
-    if q.dtype != torch.bfloat16 or kv_cache.dtype != torch.bfloat16:
-        raise TypeError(f"q and kv_cache must be bfloat16, got {q.dtype} and {kv_cache.dtype}")
-    if cache_seqlens.dim() != 1 or cache_seqlens.shape[0] != B or cache_seqlens.dtype != torch.int32:
-        raise ValueError(f"cache_seqlens must be int32 [B={B}], got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
-    if len({q.device, kv_cache.device, cache_seqlens.device}) != 1:
-        raise ValueError("q, kv_cache and cache_seqlens must be on one device")
-    if _capability_major(q.device) != 9:
-        raise ValueError("the Gluon MLA kernel needs a Hopper GPU (sm_90)")
-    if not tma_ready(kv_cache):
-        raise ValueError("kv_cache rows must be contiguous with 16-byte aligned base and strides (TMA)")
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) or not (
-            math.isfinite(softmax_scale) and softmax_scale > 0):
-        raise ValueError(f"softmax_scale must be a finite positive number, got {softmax_scale!r}")
-
-
-@functools.lru_cache(maxsize=None)  # asked on every call: answer once per device
-def _capability_major(device: torch.device) -> int:
-    return torch.cuda.get_device_capability(device)[0]
-
-
-def tma_ready(kv_cache) -> bool:
-    """TMA wants unit stride inside a row and a 16-byte aligned base and row strides."""
-    esz = kv_cache.element_size()
-    return (kv_cache.stride(-1) == 1 and kv_cache.data_ptr() % 16 == 0
-            and all(st * esz % 16 == 0 for st in kv_cache.stride()[:-1]))
-
-
-def mla_decode_gluon(q, kv_cache, cache_seqlens, softmax_scale):
-    """MLA decode (absorbed form, s_q = 1) with a hand-scheduled Hopper kernel; see the module docstring.
-    `mla_decode` calls it where it applies; call it directly only to time or test it.
-
-    q bf16 [B, 1, H, 576] (H % 64 == 0); kv_cache bf16 [B, T_max, 576]; cache_seqlens int32 [B], each in
-    [0, T_max] (not checked: that would cost a device sync; a longer one is clamped to T_max for the
-    copies, so it cannot read outside its rows, but its result is then meaningless).
-    Returns out bf16 [B, 1, H, 512] and lse fp32 [B, H, 1] (natural log; a sequence of length 0 gives
-    out 0 and lse -inf).
-    """
-    _check_inputs(q, kv_cache, cache_seqlens, softmax_scale)
-    B, _, H, _ = q.shape
-    q = q.contiguous()
-    out = torch.empty(B, 1, H, D_V, device=q.device, dtype=q.dtype)
-    lse = torch.empty(B, H, 1, device=q.device, dtype=torch.float32)
-    launch(q, kv_cache, cache_seqlens, softmax_scale, out, lse)
-    return out, lse
-
-
-def launch(q, kv_cache, cache_seqlens, softmax_scale, out, lse, ws_o=None, ws_lse=None, num_splits=1):
-    """The kernel launch alone, for callers that have checked the inputs (`mla_decode`). With num_splits > 1
-    it writes partial results to ws_o fp32 [B * H, num_splits, 512] and ws_lse fp32 [B * H, num_splits]
-    (base 2), which `_mla_combine_kernel` in decode.py merges into out and lse."""
+def launch_gluon(q, kv_cache, cache_seqlens, softmax_scale, out, lse, ws_o=None, ws_lse=None, num_splits=1):
+    """The kernel launch alone, for inputs `interface.py` has checked: q bf16 [B, 1, H, 576] dense, H % 64 == 0;
+    kv_cache bf16 [B, T_max, 576] with TMA-ready rows; cache_seqlens int32 [B] dense. With num_splits > 1 it writes
+    partial results to ws_o fp32 [B * H, num_splits, 512] and ws_lse fp32 [B * H, num_splits] (base 2), which
+    `decode.launch_combine` merges into out and lse."""
     B, _, H, _ = q.shape
     if num_splits == 1:
         ws_o, ws_lse = out, lse  # not read
-    _mla_decode_ws_kernel[(H // BLOCK_H, num_splits, B)](
-        q, kv_cache, cache_seqlens, out, lse, ws_o, ws_lse, softmax_scale * LOG2E, kv_cache.shape[1],
-        kv_cache.stride(0), kv_cache.stride(1), num_splits, H=H, BN=BN, STAGES=STAGES, D_V=D_V, D_PE=D_PE,
-        CONSUMER_REGS=WS_CONSUMER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
+    with tma_scratch():  # the TMA descriptors are made on the device
+        _mla_decode_ws_kernel[(H // BLOCK_H, num_splits, B)](
+            q, kv_cache, cache_seqlens, out, lse, ws_o, ws_lse, softmax_scale * LOG2E, kv_cache.shape[1],
+            kv_cache.stride(0), kv_cache.stride(1), num_splits, H=H, BN=BN, STAGES=STAGES, D_V=D_V, D_PE=D_PE,
+            CONSUMER_REGS=WS_CONSUMER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
 
 
-__all__ = ["mla_decode_gluon", "tma_ready"]
+__all__ = ["launch_gluon"]

@@ -1,9 +1,10 @@
-"""DeepSeek MLA in plain PyTorch: the naive path, the absorbed path, and the fp32
-reference for the decode kernel's contract.
+"""DeepSeek MLA in plain PyTorch: the naive path, the absorbed path, and the reference for the decode
+kernel's contract, with that contract's input checks (which `interface.py` applies to the kernels too).
 
 Layout [B, T, H, D] throughout. The latent cache holds, per token, c_kv (d_c = 512)
 and k_pe (64 RoPE dims), shared by every head. W_uk [H, d_nope, d_c] rebuilds the
 keys' no-RoPE part, W_uv [H, d_v, d_c] the values.
+Every function takes fp16, bf16, fp32 or fp64 tensors of one dtype on one device (any device).
 """
 from __future__ import annotations
 
@@ -11,17 +12,42 @@ import math
 
 import torch
 
+from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_int, check_kernel_device, check_not_empty,
+                      check_same_device, check_same_device_and_dtype, check_tensor, softmax_scale_or_default)
+
+
+def _check_layout(**inputs):
+    """inputs: name=(tensor, "B T d_c"). Each a float tensor of that rank with no size 0, all of one dtype
+    and device, and a named size the same wherever it appears (ValueError naming the tensor otherwise)."""
+    for name, (t, dims) in inputs.items():
+        check_tensor(name, t, ndim=len(dims.split()), dtypes=REFERENCE_FLOATS)
+    check_same_device_and_dtype(**{name: t for name, (t, _) in inputs.items()})
+    sizes = {}
+    for name, (t, dims) in inputs.items():
+        want = tuple(sizes.setdefault(d, s) for d, s in zip(dims.split(), t.shape))
+        if want != tuple(t.shape):
+            raise ValueError(f"{name} must have shape [{', '.join(dims.split())}] = {want} to match the other "
+                             f"inputs, got {tuple(t.shape)}")
+        check_not_empty(name, t, ", ".join(dims.split()))
+
+
+def _check_mla_inputs(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale) -> float:
+    _check_layout(c_kv=(c_kv, "B T d_c"), k_pe=(k_pe, "B T d_r"), q_nope=(q_nope, "B s_q H d_nope"),
+                  q_pe=(q_pe, "B s_q H d_r"), W_uk=(W_uk, "H d_nope d_c"), W_uv=(W_uv, "H d_v d_c"))
+    return softmax_scale_or_default(softmax_scale, None)
+
 
 def mla_naive(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale):
     """MLA by reconstruction: rebuild every head's K and V from the latent, then attend.
 
     c_kv [B, T, d_c], k_pe [B, T, d_r], q_nope [B, s_q, H, d_nope], q_pe [B, s_q, H, d_r],
     W_uk [H, d_nope, d_c], W_uv [H, d_v, d_c]; every query sees all T positions.
-    Returns [B, s_q, H, d_v] in the inputs' dtype.
+    softmax_scale: required (a float > 0). Returns [B, s_q, H, d_v] in the inputs' dtype.
 
     >>> out = mla_naive(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale=0.1352)
     >>> out.shape    # [B, s_q, H, 128]
     """
+    softmax_scale = _check_mla_inputs(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale)
     H = W_uk.shape[0]
     k_nope = torch.einsum("btc,hdc->bthd", c_kv, W_uk)              # [B, T, H, d_nope]
     v = torch.einsum("btc,hvc->bthv", c_kv, W_uv)                   # [B, T, H, d_v]
@@ -42,6 +68,7 @@ def mla_absorbed(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale):
     >>> out = mla_absorbed(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale=0.1352)
     >>> torch.testing.assert_close(out, mla_naive(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, 0.1352))
     """
+    softmax_scale = _check_mla_inputs(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale)
     q_abs = torch.einsum("bshd,hdc->bshc", q_nope, W_uk)            # fold W_uk into q
     s = (torch.einsum("bshc,btc->bsht", q_abs, c_kv)                # latent part of the score
          + torch.einsum("bshr,btr->bsht", q_pe, k_pe)) * softmax_scale  # RoPE part
@@ -52,60 +79,128 @@ def mla_absorbed(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale):
 def absorb_query(q_nope, q_pe, W_uk):
     """The decode kernel's query: [q_nope W_uk, q_pe] -> [B, s_q, H, d_c + d_r].
 
+    q_nope [B, s_q, H, d_nope], q_pe [B, s_q, H, d_r], W_uk [H, d_nope, d_c].
+
     >>> q = absorb_query(q_nope, q_pe, W_uk)          # [B, 1, 128, 576]
     """
+    _check_layout(q_nope=(q_nope, "B s_q H d_nope"), q_pe=(q_pe, "B s_q H d_r"), W_uk=(W_uk, "H d_nope d_c"))
     return torch.cat([torch.einsum("bshd,hdc->bshc", q_nope, W_uk), q_pe], dim=-1)
 
 
 def latent_cache(c_kv, k_pe):
     """The decode kernel's cache: [c_kv, k_pe] -> [B, T, d_c + d_r].
 
+    c_kv [B, T, d_c], k_pe [B, T, d_r].
+
     >>> kv = latent_cache(c_kv, k_pe)                 # [B, T, 576]
     """
+    _check_layout(c_kv=(c_kv, "B T d_c"), k_pe=(k_pe, "B T d_r"))
     return torch.cat([c_kv, k_pe], dim=-1)
 
 
 def unabsorb_output(out_c, W_uv):
-    """Apply W_uv after the latent attention: [B, s_q, H, d_c] -> [B, s_q, H, d_v].
+    """Apply W_uv after the latent attention: out_c [B, s_q, H, d_c], W_uv [H, d_v, d_c] -> [B, s_q, H, d_v].
 
     >>> out = unabsorb_output(out_c, W_uv)            # [B, 1, 128, 128]
     """
+    _check_layout(out_c=(out_c, "B s_q H d_c"), W_uv=(W_uv, "H d_v d_c"))
     return torch.einsum("bshc,hvc->bshv", out_c, W_uv)
 
 
+# ---------------------------------------------------------------------------------- the decode contract
+def check_decode_inputs(q, kv_cache, cache_seqlens, softmax_scale, block_table=None, *, kernel=False) -> float:
+    """The decode contract's checks of its tensors and scale: types, ranks, dtypes, devices, shapes (no
+    value is read, nothing launched). Returns the scale. kernel: the caller launches a kernel, so the
+    kernels' dtypes (no fp64) and the machine rule (`check_kernel_device`) apply too."""
+    floats = FLOATS if kernel else REFERENCE_FLOATS
+    check_tensor("q", q, ndim=4, dtypes=floats)
+    check_tensor("kv_cache", kv_cache, ndim=3, dtypes=floats)
+    check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
+    tensors = {"q": q, "kv_cache": kv_cache, "cache_seqlens": cache_seqlens}
+    if block_table is not None:
+        tensors["block_table"] = check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
+    if kernel:
+        check_kernel_device(**tensors)
+    check_same_device(**tensors)
+    check_same_device_and_dtype(q=q, kv_cache=kv_cache)
+    check_not_empty("q", q, "B, s_q, H, D_qk")
+    B, _, _, D_QK = q.shape
+    if block_table is None:
+        check_tensor("kv_cache", kv_cache, shape=(B, None, D_QK))
+        check_not_empty("kv_cache", kv_cache, "B, T_max, D_qk")
+    else:
+        check_tensor("kv_cache", kv_cache, shape=(None, None, D_QK))
+        check_not_empty("kv_cache", kv_cache, "num_blocks, page_size, D_qk")
+        check_tensor("block_table", block_table, shape=(B, None))
+        check_not_empty("block_table", block_table, "B, max_blocks")
+    check_tensor("cache_seqlens", cache_seqlens, shape=(B,))
+    return softmax_scale_or_default(softmax_scale, None)
+
+
+def cache_capacity(kv_cache, block_table) -> int:
+    """The most positions a sequence can hold: T_max, or max_blocks * page_size for a paged cache."""
+    return kv_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
+
+
+def check_cache_lengths(kv_cache, cache_seqlens, block_table, s_q, causal) -> int:
+    """Every length in [1, capacity] (and >= s_q when causal), every page a sequence uses inside the cache.
+    Reads the values: one device sync. Returns the longest length."""
+    page, capacity = kv_cache.shape[1], cache_capacity(kv_cache, block_table)
+    checks = [cache_seqlens.min(), cache_seqlens.max()]
+    if block_table is not None:
+        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] * page < cache_seqlens[:, None]
+        checks.append((used & ((block_table < 0) | (block_table >= kv_cache.shape[0]))).any().to(cache_seqlens.dtype))
+    lo, hi, *bad_page = torch.stack(checks).tolist()
+    if lo < 1:
+        raise ValueError(f"cache_seqlens must be >= 1, got min {lo}")
+    if hi > capacity:
+        what = "block_table too short: " if block_table is not None else ""
+        raise ValueError(f"{what}cache_seqlens max {hi} exceeds the cache capacity {capacity}")
+    if bad_page and bad_page[0]:
+        raise ValueError(f"block_table holds page indices outside [0, {kv_cache.shape[0]}) for used pages")
+    if causal and lo < s_q:
+        raise ValueError(f"causal=True needs every cache_seqlens >= s_q={s_q}, got min {lo}")
+    return hi
+
+
 def mla_decode_ref(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_table=None, causal=False):
-    """fp32 reference for `mla_decode`'s contract: MQA over a latent cache, one batch element at a time.
+    """Reference for `mla_decode`'s contract: MQA over a latent cache, one batch element and query at a time.
 
     q [B, s_q, H, D_qk]; kv_cache [B, T_max, D_qk], or [num_blocks, page_size, D_qk] with
-    block_table int [B, max_blocks]; cache_seqlens int [B]. The value is kv_cache[..., :head_dim_v].
-    causal: query i sees cache positions < seqlen - s_q + i + 1.
-    Returns out fp32 [B, s_q, H, head_dim_v] and lse fp32 [B, H, s_q] (natural log).
+    block_table int32 [B, max_blocks]; cache_seqlens int32 [B], each in [1, capacity]. The key is the
+    whole cache row, the value its first head_dim_v columns. softmax_scale: required (a float > 0).
+    causal: query i sees cache positions < seqlen - s_q + i + 1; no other position enters its row.
+    Computes in fp32 (fp64 for fp64 inputs); returns out [B, s_q, H, head_dim_v] and lse [B, H, s_q]
+    (natural log).
 
     >>> out, lse = mla_decode_ref(q, kv, seqlens, softmax_scale=576 ** -0.5)
     >>> out.shape, lse.shape     # [B, s_q, H, 512], [B, H, s_q]
     """
+    scale = check_decode_inputs(q, kv_cache, cache_seqlens, softmax_scale, block_table)
+    check_int("head_dim_v", head_dim_v, low=1, high=q.shape[-1])
+    check_bool("causal", causal)
+    if q.device.type == "meta":
+        raise ValueError("q, kv_cache and cache_seqlens are on the meta device: the reference reads values")
+    check_cache_lengths(kv_cache, cache_seqlens, block_table, q.shape[1], causal)
     B, s_q, H, D = q.shape
-    outs, lses = [], []
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = torch.empty(B, s_q, H, head_dim_v, dtype=dtype, device=q.device)
+    lse = torch.empty(B, H, s_q, dtype=dtype, device=q.device)
     for b in range(B):
         n = int(cache_seqlens[b])
         if block_table is None:
-            k = kv_cache[b, :n]
+            rows = kv_cache[b, :n]
         else:
             page = kv_cache.shape[1]
             pages = block_table[b, : math.ceil(n / page)].long()
-            k = kv_cache[pages].reshape(-1, D)[:n]
-        k = k.float()                                                 # [n, D]: positions < n only
-        v = k[:, :head_dim_v]
-        s = torch.einsum("qhd,td->hqt", q[b].float(), k) * softmax_scale  # [H, s_q, n]
-        if causal:
-            seen = n - s_q + torch.arange(s_q, device=k.device) + 1       # positions query i sees
-            allowed = torch.arange(n, device=k.device)[None, :] < seen[:, None]
-            s = s.masked_fill(~allowed, float("-inf"))
-        lse = torch.logsumexp(s, dim=-1)                              # [H, s_q]
-        p = torch.exp(s - lse[..., None])
-        outs.append(torch.einsum("hqt,tv->qhv", p, v))
-        lses.append(lse)
-    return torch.stack(outs), torch.stack(lses)
+            rows = kv_cache[pages].reshape(-1, D)[:n]
+        rows = rows.to(dtype)                                          # [n, D]: positions < n only
+        for i in range(s_q):
+            k = rows[: n - s_q + i + 1] if causal else rows            # what query i sees
+            s = q[b, i].to(dtype) @ k.T * scale                        # [H, positions]
+            lse[b, :, i] = torch.logsumexp(s, dim=-1)
+            out[b, i] = torch.softmax(s, dim=-1) @ k[:, :head_dim_v]
+    return out, lse
 
 
 def yarn_softmax_scale(d_qk: int = 192, factor: float = 40.0, mscale_all_dim: float = 1.0) -> float:
@@ -114,9 +209,11 @@ def yarn_softmax_scale(d_qk: int = 192, factor: float = 40.0, mscale_all_dim: fl
     >>> round(yarn_softmax_scale(), 4)
     0.1352
     """
+    check_int("d_qk", d_qk, low=1)
+    factor = softmax_scale_or_default(factor, None, name="factor")  # a finite float > 0, as a scale is
     mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0
     return d_qk ** -0.5 * mscale * mscale
 
 
 __all__ = ["mla_naive", "mla_absorbed", "absorb_query", "latent_cache", "unabsorb_output",
-           "mla_decode_ref", "yarn_softmax_scale"]
+           "mla_decode_ref", "yarn_softmax_scale", "check_decode_inputs", "cache_capacity", "check_cache_lengths"]

@@ -1,0 +1,222 @@
+"""The chunk machinery of linear attention: the pieces every chunk-parallel family shares.
+
+A recurrence S_t = Diag(e^{g_t}) S_{t-1} + k_t v_t^T, o_t = S_t^T (q_t · scale) is cut into chunks
+of CHUNK = 64 tokens. With b_t the cumulative log-gate inside a chunk and S the state at its start,
+
+    o_t    = (q_t ⊙ e^{b_t})^T S · scale  +  Σ_{j ≤ t} A_tj v_j        (inter-chunk + intra-chunk)
+    S_next = Diag(e^{b_C}) S  +  Σ_j (k_j ⊙ e^{b_C - b_j}) v_j^T
+
+Three launchable pieces compute everything but the scores A, which each family computes its own
+way (GLA: per-channel decays inside the sum over keys; Lightning: a fixed decay per head):
+
+    chunk_local_cumsum(g, b)                         b = the in-chunk cumulative sum of the log gates
+    chunk_state_pass(k, v, b, states, h0, ht)        the state at every chunk start, and the final one
+    chunk_output(q, v, b, states, A, o, scale)       o = (Q ⊙ e^b) S_start · scale + A V
+
+The caller allocates every buffer (the shapes are in each docstring). Gates are a log decay per
+key channel, [B, T, H, K] (GLA, KDA), or one per head and token, passed as [B, T, H, 1] (Lightning's
+fixed decay broadcast over T, Mamba-2's dt·A): the gate's last size G is K or 1, and G = 1 is read
+once per token and broadcast over the key channels. fp32 inputs multiply in IEEE fp32 (`tl.dot`
+with input_precision="ieee"), 16-bit inputs on tensor cores with fp32 accumulation.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..launch import autotune_configs, pow2_at_least_16
+from ..tl_helpers import dot_visible
+
+CHUNK = 64  # tokens per chunk, in every chunk-parallel kernel (the scores A are [CHUNK] wide)
+
+# Log gates below this are raised to it before they are summed. A gate of -inf is legitimate (the
+# channel forgets everything, and the recurrent forms compute e^-inf = 0), but the kernels take
+# differences b_t - b_j of cumulative gates, and -inf - -inf is NaN. Raising it to -110 is exact up
+# to fp32 underflow: e^-110 ≈ 2e-48 is below half of fp32's smallest subnormal (1.4e-45 = e^-103.3),
+# so every factor e^{b_t - b_j} whose span holds the gate (exponent <= -110, all other gates being
+# <= 0) is exactly 0, as e^-inf is, and every other factor keeps its exponent. Why not lower: b is
+# stored in fp32, so its rounding error grows with |b| (2^-24 |b|); each floored gate in a chunk
+# adds 110 to |b|, and the exponents of the tokens after it carry that error (up to 4e-6 after one).
+GATE_FLOOR = -110.0
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """input_precision for `tl.dot` on inputs of this dtype: IEEE for fp32, so that fp32 results
+    are fp32-accurate on the GPU too (16-bit inputs ignore it)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _fits(configs, named_args, **kwargs):
+    """Drop configs whose tiles are wider than the (power-of-two padded) head dims."""
+    pk, pv = pow2_at_least_16(named_args["K"]), pow2_at_least_16(named_args["V"])
+    keep = [c for c in configs if c.kwargs.get("BK", 16) <= pk and c.kwargs.get("BV", 16) <= pv]
+    return keep or configs[:1]
+
+
+# ------------------------------------------------------------------ 1. the in-chunk cumulative gate
+# T, H and the chunk count NT change with every prompt; they only enter address arithmetic
+# (always multiplied by the constexpr head dims), so `do_not_specialize` lets one compiled
+# kernel serve every length instead of one per divisibility class of T.
+@triton.jit(do_not_specialize=["T", "H"])
+def _chunk_local_cumsum_kernel(g, b, T, H, G: tl.constexpr, FLOOR: tl.constexpr,
+                               BT: tl.constexpr, BG: tl.constexpr):
+    i_g, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_g = i_g * BG + tl.arange(0, BG)
+    m_g = (o_t < T)[:, None] & (o_g < G)[None, :]
+    p_g = ((i_b * T + o_t[:, None]) * H + i_h) * G + o_g[None, :]
+    b_g = tl.load(g + p_g, mask=m_g, other=0.0).to(tl.float32)
+    b_g = tl.where(b_g < FLOOR, FLOOR, b_g)   # -inf -> FLOOR (see GATE_FLOOR); NaN stays NaN
+    tl.store(b + p_g, tl.cumsum(b_g, axis=0), mask=m_g)
+
+
+def chunk_local_cumsum(g: torch.Tensor, b: torch.Tensor) -> None:
+    """b = the cumulative sum of the log gates g inside each chunk of CHUNK tokens, in fp32.
+
+    g: [B, T, H, G] (G = K per-channel gates, or 1 for a gate per head), contiguous, any float
+    dtype; b: fp32 [B, T, H, G], written. Gates below GATE_FLOOR count as GATE_FLOOR.
+
+        >>> b = torch.empty(gk.shape, dtype=torch.float32, device=gk.device)
+        >>> chunk_local_cumsum(gk, b)
+        >>> b[:, :CHUNK].exp()      # the decay from the first chunk's start to each of its tokens
+    """
+    B, T, H, G = g.shape
+    BG = min(64, triton.next_power_of_2(G))
+    _chunk_local_cumsum_kernel[(triton.cdiv(G, BG), triton.cdiv(T, CHUNK), B * H)](
+        g, b, T, H, G, FLOOR=GATE_FLOOR, BT=CHUNK, BG=BG)
+
+
+# ------------------------------------------------------------------ 2. the inter-chunk state pass
+# (BK, BV), num_warps, num_stages. The H200 picked (64, 32) at B·H = 32 and (64, 64) at 64.
+_STATE_CONFIGS = autotune_configs([({"BK": 64, "BV": 32}, 2, 3), ({"BK": 64, "BV": 32}, 2, 4),
+                                   ({"BK": 64, "BV": 64}, 2, 3)])
+
+
+@triton.autotune(configs=_STATE_CONFIGS, key=["K", "V", "NBH"], prune_configs_by={"early_config_prune": _fits})
+@triton.jit(do_not_specialize=["T", "H", "NT", "NBH"])
+def _chunk_state_kernel(
+    k, v, b, h, h0, ht, T, H, NT, NBH,
+    K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_gk = o_k if G == K else o_k * 0          # a gate per head (G = 1): every key channel reads it
+    m_k, m_v = o_k < K, o_v < V
+    m_h = m_k[:, None] & m_v[None, :]
+    p_h = o_k[:, None] * V + o_v[None, :]
+    if USE_H0:
+        b_h = tl.load(h0 + i_bh * K * V + p_h, mask=m_h, other=0.0)
+    else:
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+
+    for i_t in range(NT):
+        # the state at the start of chunk i_t, for the output kernel (in the input dtype)
+        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_h, b_h.to(h.dtype.element_ty), mask=m_h)
+        o_t = i_t * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        # K^T and b^T as [BK, BT] tiles, V as [BT, BV]
+        m_kt = m_k[:, None] & m_t[None, :]
+        b_kt = tl.load(k + ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None], mask=m_kt, other=0.0)
+        b_gt = tl.load(b + ((i_b * T + o_t[None, :]) * H + i_h) * G + o_gk[:, None], mask=m_kt, other=0.0)
+        t_last = tl.minimum(i_t * BT + BT, T) - 1
+        b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+        b_v = tl.load(v + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
+                      mask=m_t[:, None] & m_v[None, :], other=0.0)
+        # decay to the chunk end; every exponent b_last - b_t <= 0
+        b_kt = (b_kt * tl.exp(b_gl[:, None] - b_gt)).to(b_v.dtype)
+        b_h = b_h * tl.exp(b_gl)[:, None] + tl.dot(b_kt, b_v, input_precision=DOT_PREC)
+
+    if STORE_HT:
+        tl.store(ht + i_bh * K * V + p_h, b_h, mask=m_h)
+
+
+def chunk_state_pass(k, v, b, states, initial_state=None, final_state=None) -> None:
+    """The state at the start of every chunk, and after the last: the only pass that is sequential
+    over chunks (one program per K-tile, V-tile and batch·head walks them).
+
+    k: [B, T, H, K]; v: [B, T, H, V]; b: fp32 [B, T, H, G], the in-chunk cumulative gates
+    (`chunk_local_cumsum`), G = K or 1. Written: states [B, NT, H, K, V] (NT = ceil(T / CHUNK)) in
+    k's dtype, which feeds the output matmul; final_state fp32 [B, H, K, V] unless None.
+    initial_state: fp32 [B, H, K, V] or None (zeros). All contiguous.
+
+        >>> states = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, dtype=k.dtype, device=k.device)
+        >>> chunk_state_pass(k, v, b, states)
+        >>> states[:, 1]            # S after the first chunk, [B, H, K, V]
+    """
+    B, T, H, K = k.shape
+    V, G = v.shape[-1], b.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    _chunk_state_kernel[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), B * H)](
+        k, v, b, states, initial_state, final_state, T, H, NT, B * H, K, V, G, BT=CHUNK,
+        USE_H0=initial_state is not None, STORE_HT=final_state is not None, DOT_PREC=dot_precision(k.dtype))
+
+
+# ------------------------------------------------------------------ 3. the output assembly
+# (BK, BV), num_warps, num_stages. V = 64 keeps only the BV = 64 one.
+_OUTPUT_CONFIGS = autotune_configs([({"BK": 64, "BV": 128}, 4, 3), ({"BK": 64, "BV": 128}, 8, 3),
+                                    ({"BK": 64, "BV": 64}, 4, 3)])
+
+
+@triton.autotune(configs=_OUTPUT_CONFIGS, key=["K", "V"], prune_configs_by={"early_config_prune": _fits})
+@triton.jit(do_not_specialize=["T", "H", "NT"])
+def _chunk_output_kernel(
+    q, v, b, h, A, o, scale, T, H, NT,
+    K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_c = tl.arange(0, BT)                     # row (or column) inside the chunk
+    o_t = i_t * BT + o_c
+    m_t = o_t < T
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    p_hc = h + ((i_b * NT + i_t) * H + i_h) * K * V
+
+    # inter-chunk: (Q ⊙ e^{b}) S_start · scale, a [BT, K] x [K, BV] product (exponent b <= 0)
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        o_gk = o_k if G == K else o_k * 0      # a gate per head (G = 1): every key channel reads it
+        m_k = o_k < K
+        m_q = m_t[:, None] & m_k[None, :]
+        b_q = tl.load(q + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_q, other=0.0).to(tl.float32)
+        b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_q, other=0.0)
+        b_h = tl.load(p_hc + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_o += tl.dot((b_q * tl.exp(b_g) * scale).to(b_h.dtype), b_h, input_precision=DOT_PREC)
+
+    # intra-chunk: A V, a [BT, BT] x [BT, BV] product over the causal triangle. A is zero above the
+    # diagonal, and dot_visible keeps a NaN or inf in a later token's v out of the earlier rows.
+    b_A = tl.load(A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
+    b_A = tl.where(o_c[:, None] >= o_c[None, :], b_A, 0.0)
+    p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+    m_ov = m_t[:, None] & m_v[None, :]
+    b_v = tl.load(v + p_v, mask=m_ov, other=0.0)
+    b_o = dot_visible(b_A.to(b_v.dtype), b_v, b_o, DOT_PREC)
+    tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_ov)
+
+
+def chunk_output(q, v, b, states, A, o, scale: float) -> None:
+    """o = (Q ⊙ e^b) S_start · scale + A V for every chunk, all chunks in parallel (one program per
+    V-tile, chunk and batch·head): two matmuls, no loop over tokens.
+
+    q: [B, T, H, K]; v: [B, T, H, V]; b: fp32 [B, T, H, G] (G = K or 1); states: [B, NT, H, K, V]
+    (`chunk_state_pass`); A: [B, T, H, CHUNK], row t's scores against the tokens of its chunk,
+    scale included, read on and below the diagonal only. Written: o [B, T, H, V]. All contiguous.
+
+        >>> o = torch.empty_like(v)
+        >>> chunk_output(q, v, b, states, A, o, scale=K ** -0.5)
+    """
+    B, T, H, K = q.shape
+    V, G = v.shape[-1], b.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    _chunk_output_kernel[lambda m: (triton.cdiv(V, m["BV"]), NT, B * H)](
+        q, v, b, states, A, o, scale, T, H, NT, K, V, G, BT=CHUNK, DOT_PREC=dot_precision(q.dtype))
+
+
+__all__ = ["CHUNK", "GATE_FLOOR", "chunk_local_cumsum", "chunk_state_pass", "chunk_output", "dot_precision"]

@@ -1,0 +1,167 @@
+"""The MLA decode entry points: check the inputs, choose the kernel and the split, allocate, launch.
+
+Two kernels serve one contract (FlashMLA's). On a Hopper GPU the common serving case (bf16, one query
+token, DeepSeek's 576/512 dims, a contiguous cache) goes to the hand-scheduled Gluon kernel
+(`gluon_decode.py`, a copy warp and two ping-pong warpgroups); every other call to the Triton kernel
+(`decode.py`). Both cut long sequences into slices when the batch is too small to fill the GPU
+(split-KV), and share the kernel that merges the slices.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+
+from ..checks import check_bool, check_choice, check_int, check_tensor
+from ..launch import is_hopper, sm_count, tma_ready
+from . import decode, gluon_decode
+from .reference import cache_capacity, check_cache_lengths, check_decode_inputs
+
+BACKENDS = ("auto", "triton", "gluon")
+_BH_PLAN = 64   # the head block the split cost model assumes (both kernels' on the GPU)
+_SM_PLAN = 132  # off the GPU (the interpreter), split as an H200 would
+
+
+@functools.lru_cache(maxsize=1024)  # a decode loop asks the same question every step: answer it once
+def _num_splits(B: int, n_hblocks: int, max_len: int, n_sm: int) -> int:
+    """How many slices to cut each sequence into, by a small cost model in units of
+    'one cache position processed by one program' (about 30 ns for 64 heads on an H200 SM):
+    waves * (positions per slice + ~64 fixed per program), plus, when splitting, a
+    second launch (~160) and the fp32 partials written and read back (~3 per program-slice)."""
+    progs = B * n_hblocks
+    best, best_cost = 1, float("inf")
+    for s in range(1, 129):
+        per = math.ceil(max_len / s)
+        if s > 1 and per < 64:
+            break
+        waves = math.ceil(progs * s / n_sm)
+        cost = waves * (per + 64) + (0 if s == 1 else 160 + 3 * progs * s)
+        if cost < best_cost:
+            best, best_cost = s, cost
+    return best
+
+
+def _gluon_misfit(q, kv_cache, block_table, head_dim_v):
+    """Why the Gluon kernel cannot take this call (a phrase), or None if it can."""
+    B, S_Q, H, D_QK = q.shape
+    if not is_hopper(q.device):
+        return "it needs a Hopper GPU (sm_90)"
+    if q.dtype != torch.bfloat16:
+        return f"it needs bfloat16, got {q.dtype}"
+    if S_Q != 1 or D_QK != gluon_decode.D_QK or head_dim_v != gluon_decode.D_V or H % gluon_decode.BLOCK_H:
+        return (f"it needs s_q = 1, D_qk = {gluon_decode.D_QK}, head_dim_v = {gluon_decode.D_V} and "
+                f"H % {gluon_decode.BLOCK_H} == 0")
+    if block_table is not None or not tma_ready(kv_cache):
+        return "it needs a contiguous cache with 16-byte aligned rows (no block table)"
+    return None
+
+
+def _dense(q, kv_cache, cache_seqlens, block_table):
+    """The layouts the kernels read: q, the lengths and the block table dense, cache rows unit-stride
+    (copies only where an input is strided that way; the cache's other strides are passed on)."""
+    if kv_cache.stride(-1) != 1:
+        kv_cache = kv_cache.contiguous()
+    block_table = None if block_table is None else block_table.contiguous()
+    return q.contiguous(), kv_cache, cache_seqlens.contiguous(), block_table
+
+
+def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_table=None, causal=False,
+               *, num_splits=None, check_seqlens=True, backend="auto"):
+    """MLA decode attention over a latent cache (absorbed form), FlashMLA's contract.
+
+    q: [B, s_q, H, D_qk] (D_qk = 576 for DeepSeek: the absorbed 512 then the 64 RoPE dims), s_q >= 1.
+    kv_cache: [B, T_max, D_qk]; or, with block_table (int32 [B, max_blocks]), a paged cache
+        [num_blocks, page_size, D_qk] where position t of sequence b is in page block_table[b, t // page_size].
+        The value is the first head_dim_v columns of the cache (the latent c_kv).
+    cache_seqlens: int32 [B], 1 <= seqlen <= capacity; positions past a sequence's length are never read.
+    softmax_scale: required (DeepSeek-V3 with YaRN: ~0.1352; FlashMLA's default: 576 ** -0.5).
+    causal: query i of s_q sees cache positions < seqlen - s_q + i + 1 (and nothing else reaches its row).
+    num_splits: slices per sequence (split-KV); None picks from B, H, length and the SM count.
+    check_seqlens: validate seqlens / block table values (one device sync); False in graphs and timing loops.
+    backend: "auto" (the Gluon kernel where it applies, see the module docstring; else Triton), "triton",
+        or "gluon" (ValueError, saying why, where it does not apply).
+    dtypes: q and kv_cache of one dtype, bf16/fp16/fp32 on a CUDA GPU (fp32 products in TF32),
+        fp16/fp32 on CPU tensors under Triton's interpreter. Strided inputs are fine (copied where the
+        kernels need dense rows). A contiguous cache with 16-byte aligned rows is read with TMA (the copy
+        engine bounds every tile by the sequence length); a paged or unaligned one with pointer loads.
+    Returns out [B, s_q, H, head_dim_v] in q's dtype and lse fp32 [B, H, s_q] (natural log; NaN for a row
+    that saw a NaN score, +inf for one that saw a +inf score).
+
+    >>> q = torch.randn(4, 1, 128, 576, device="cuda", dtype=torch.bfloat16)
+    >>> kv = torch.randn(4, 8192, 576, device="cuda", dtype=torch.bfloat16)
+    >>> out, lse = mla_decode(q, kv, torch.full((4,), 8192, dtype=torch.int32, device="cuda"), 576 ** -0.5)
+    """
+    # ---- validate before any launch
+    scale = check_decode_inputs(q, kv_cache, cache_seqlens, softmax_scale, block_table, kernel=True)
+    check_int("head_dim_v", head_dim_v, low=1, high=q.shape[-1])
+    check_bool("causal", causal)
+    check_int("num_splits", num_splits, low=1, allow_none=True)
+    check_bool("check_seqlens", check_seqlens)
+    check_choice("backend", backend, BACKENDS)
+    B, S_Q, H, D_QK = q.shape
+    D_V = head_dim_v
+    max_len = cache_capacity(kv_cache, block_table)  # what the split plans for, unless the lengths are read
+    if check_seqlens:
+        max_len = check_cache_lengths(kv_cache, cache_seqlens, block_table, S_Q, causal)
+
+    # ---- pick the kernel and the split
+    q, kv_cache, cache_seqlens, block_table = _dense(q, kv_cache, cache_seqlens, block_table)
+    misfit = None if backend == "triton" else _gluon_misfit(q, kv_cache, block_table, D_V)
+    if backend == "gluon" and misfit is not None:
+        raise ValueError(f"backend='gluon' does not apply here: {misfit}")
+    gluon = backend != "triton" and misfit is None
+    if num_splits is None:
+        n_sm = sm_count(q.device) if q.device.type == "cuda" else _SM_PLAN
+        num_splits = _num_splits(B, triton.cdiv(S_Q * H, _BH_PLAN), max_len, n_sm)
+
+    # ---- allocate, launch
+    out = torch.empty(B, S_Q, H, D_V, device=q.device, dtype=q.dtype)
+    lse = torch.empty(B, H, S_Q, device=q.device, dtype=torch.float32)
+    if num_splits > 1:  # each slice's partial output and lse, merged by the combine kernel
+        ws_o = torch.empty(B, S_Q * H, num_splits, D_V, device=q.device, dtype=torch.float32)
+        ws_lse = torch.empty(B, S_Q * H, num_splits, device=q.device, dtype=torch.float32)
+    else:
+        ws_o, ws_lse = out, lse  # not read
+    if gluon:
+        gluon_decode.launch_gluon(q, kv_cache, cache_seqlens, scale, out, lse, ws_o, ws_lse, num_splits)
+    else:
+        tma = block_table is None and tma_ready(kv_cache)
+        decode.launch_triton(q, kv_cache, block_table, cache_seqlens, scale, out, lse, ws_o, ws_lse, num_splits,
+                             causal, tma)
+    if num_splits > 1:
+        decode.launch_combine(ws_o, ws_lse, out, lse, num_splits)
+    return out, lse
+
+
+def mla_decode_gluon(q, kv_cache, cache_seqlens, softmax_scale):
+    """MLA decode (absorbed form, s_q = 1, one pass per sequence) with the hand-scheduled Hopper kernel;
+    see the module docstring. `mla_decode` calls it where it applies; call it directly only to time or
+    test it.
+
+    q bf16 [B, 1, H, 576] (H % 64 == 0); kv_cache bf16 [B, T_max, 576], rows 16-byte aligned;
+    cache_seqlens int32 [B], each in [0, T_max] (not checked: that would cost a device sync; a longer one
+    is clamped to T_max for the copies, so it cannot read outside its rows, but its result is then
+    meaningless). softmax_scale: required. CUDA tensors on a Hopper GPU only (ValueError elsewhere).
+    Returns out bf16 [B, 1, H, 512] and lse fp32 [B, H, 1] (natural log; a sequence of length 0 gives
+    out 0 and lse -inf).
+
+    >>> q = torch.randn(8, 1, 128, 576, device="cuda", dtype=torch.bfloat16)
+    >>> kv = torch.randn(8, 4096, 576, device="cuda", dtype=torch.bfloat16)
+    >>> out, lse = mla_decode_gluon(q, kv, torch.full((8,), 4096, dtype=torch.int32, device="cuda"), 0.1352)
+    """
+    scale = check_decode_inputs(q, kv_cache, cache_seqlens, softmax_scale, kernel=True)
+    check_tensor("q", q, dtypes=(torch.bfloat16,))  # the one dtype this kernel takes
+    q, kv_cache, cache_seqlens, _ = _dense(q, kv_cache, cache_seqlens, None)
+    misfit = _gluon_misfit(q, kv_cache, None, gluon_decode.D_V)
+    if misfit is not None:
+        raise ValueError(f"the Gluon kernel does not apply here: {misfit}")
+    B, _, H, _ = q.shape
+    out = torch.empty(B, 1, H, gluon_decode.D_V, device=q.device, dtype=q.dtype)
+    lse = torch.empty(B, H, 1, device=q.device, dtype=torch.float32)
+    gluon_decode.launch_gluon(q, kv_cache, cache_seqlens, scale, out, lse)
+    return out, lse
+
+
+__all__ = ["mla_decode", "mla_decode_gluon"]
