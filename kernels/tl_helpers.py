@@ -1,7 +1,7 @@
 """Triton device functions that more than one family calls: masking that lets nothing through, and
 the row log-sum-exp with IEEE's special values kept.
 
-Why `dot_visible`: a mask sets a probability (or a causal score) to exactly 0, but 0 * NaN is NaN, so
+Why `dot_visible` and `dot_causal`: a mask sets a probability (or a causal score) to exactly 0, but 0 * NaN is NaN, so
 a product P @ V still carries a NaN or inf that sits in V at a masked position into every row of the
 tile. Serving caches hold garbage past each length, and a NaN must not travel backwards in time.
 """
@@ -28,6 +28,23 @@ def dot_visible(a, b, acc, PRECISION: tl.constexpr):
     else:
         out = tl.dot(a, b, acc, input_precision=PRECISION)
     return out
+
+
+@triton.jit
+def dot_causal(a, b, acc, PRECISION: tl.constexpr):
+    """acc + a @ b for a causal (lower-triangular) a: a[i, j] = 0 for j > i, with rows of a and b
+    indexed by the same positions (a chunk's tokens). A NaN or inf at b[j, d] reaches column d of
+    rows i >= j, as NaN (the recurrence these products come from carries it on, even through a zero
+    gate), and no earlier row.
+
+    a: [N, N], b: [N, D], acc: fp32 [N, D]. One `tl.dot` on b with its non-finite values zeroed, no
+    extra accumulator: the check costs one pass over the b tile and one select on the result.
+    """
+    o_n = tl.arange(0, b.shape[0])
+    b_ok = b * 0.0 == 0.0                                                          # False for NaN, +-inf
+    first_bad = tl.min(tl.where(b_ok, b.shape[0], o_n[:, None]), axis=0)          # [D]; N where none
+    out = tl.dot(a, tl.where(b_ok, b, 0.0).to(b.dtype), acc, input_precision=PRECISION)
+    return tl.where(o_n[:, None] >= first_bad[None, :], float("nan"), out)
 
 
 @triton.jit

@@ -57,9 +57,10 @@ def _chunk_gla_scores_kernel(
             tl.store(p_A + (i_j - i_c) * BC, b_s.to(A.dtype.element_ty), mask=m_t[:, None])
 
         # (b) the diagonal BC x BC block, one column j at a time, elementwise in fp32:
-        #     A[t, j] = sum_k q_tk k_jk e^{b_tk - b_jk} for j <= t (exponent <= 0), exactly 0 above:
-        #     a select after the sum, not only the factor e^-inf = 0, which leaves 0 * NaN = NaN where
-        #     a later key holds a NaN or inf.
+        #     A[t, j] = sum_k q_tk k_jk e^{b_tk - b_jk} for j <= t (exponent <= 0), exactly 0 above.
+        #     Above the diagonal the factor e^-inf = 0 still leaves 0 * NaN = NaN where a later key
+        #     holds a NaN or inf, so one select on the finished block clears it (a select per column
+        #     inside the loop costs registers the loop does not have).
         b_A = tl.zeros([BC, BC], dtype=tl.float32)
         for j in tl.static_range(BC):
             p_j = ((i_b * T + t0 + j) * H + i_h) * K + o_k
@@ -68,8 +69,9 @@ def _chunk_gla_scores_kernel(
             b_gj = tl.load(g + p_j, mask=m_j, other=0.0)
             m_lo = (o_r >= j) & m_t
             b_e = tl.exp(tl.where(m_lo[:, None], b_g - b_gj[None, :], float("-inf")))
-            b_a = tl.where(m_lo, tl.sum(b_q * b_kj[None, :] * b_e, axis=1), 0.0)
+            b_a = tl.sum(b_q * b_kj[None, :] * b_e, axis=1)
             b_A += tl.where(o_r[None, :] == j, b_a[:, None], 0.0)
+        b_A = tl.where(o_r[:, None] >= o_r[None, :], b_A, 0.0)
         tl.store(p_A, b_A.to(A.dtype.element_ty), mask=m_t[:, None])
         # the blocks above the diagonal are never written: the output kernel masks them
 

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, pow2_at_least_16
-from ..tl_helpers import dot_visible
+from ..tl_helpers import dot_causal
 
 CHUNK = 64  # tokens per chunk, in every chunk-parallel kernel (the scores A are [CHUNK] wide)
 
@@ -191,13 +191,13 @@ def _chunk_output_kernel(
         b_o += tl.dot((b_q * tl.exp(b_g) * scale).to(b_h.dtype), b_h, input_precision=DOT_PREC)
 
     # intra-chunk: A V, a [BT, BT] x [BT, BV] product over the causal triangle. A is zero above the
-    # diagonal, and dot_visible keeps a NaN or inf in a later token's v out of the earlier rows.
+    # diagonal, and dot_causal keeps a NaN or inf in a later token's v out of the earlier rows.
     b_A = tl.load(A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
     b_A = tl.where(o_c[:, None] >= o_c[None, :], b_A, 0.0)
     p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
     m_ov = m_t[:, None] & m_v[None, :]
     b_v = tl.load(v + p_v, mask=m_ov, other=0.0)
-    b_o = dot_visible(b_A.to(b_v.dtype), b_v, b_o, DOT_PREC)
+    b_o = dot_causal(b_A.to(b_v.dtype), b_v, b_o, DOT_PREC)
     tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_ov)
 
 
