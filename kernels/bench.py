@@ -15,11 +15,9 @@ H (heads), D (head dim), then whatever a family needs besides (causal, pass, s_q
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import datetime as _dt
-import functools
 import json
 import math
 import os
@@ -379,6 +377,7 @@ class Panel:
     y: str
     providers: Sequence[str]
     title: str
+    xlabel: str = "sequence length T"
 
 
 def provenance(df: pd.DataFrame) -> str:

@@ -47,7 +47,7 @@ def main():
         ax.legend(fontsize=8, loc="best")
         ax.set_ylabel(LABELS[panel.y])
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("sequence length T" if panel.x == "T" else panel.x)
+        ax.set_xlabel(panel.xlabel)
         ax.set_title(panel.title, fontsize=10)
     fig.suptitle(f"The book's kernels (blue) against their peers — measured on {gpu or 'the GPU'}", fontsize=12)
     fig.tight_layout()

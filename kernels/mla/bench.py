@@ -147,7 +147,7 @@ DECODE_PLAIN = Benchmark(  # the same kernels called from Python: launch overhea
     decode_flops, decode_bytes, timer="plain")
 BENCHMARKS = [DECODE, DECODE_PLAIN]
 HEADLINE = Panel("mla_decode", {"B": 128}, "T", "tflops", ("book", "PyTorch absorbed"),
-                 "MLA decode\nB=128, H=128, one query token")
+                 "MLA decode\nB=128, H=128, one query token", xlabel="context length T")
 
 __all__ = ["DECODE", "DECODE_PLAIN", "BENCHMARKS", "HEADLINE", "cache_bytes_table", "plot_cache_bytes",
            "decode_flops", "decode_bytes"]
