@@ -1,13 +1,18 @@
 """Tuning probe for the open performance problems (notes/TUNING.md); GPU only, prints tables.
 
-    python scripts/tune_probe.py fa_host fa_bwd mla
+    python scripts/tune_probe.py fa_host fa_bwd mla fa_mask
 
 fa_host: where the host time of one FlashAttention-2 call goes (tiny shapes).
 fa_bwd: the backward at short T (B=1, H=32, D=128) against SDPA flash: through autograd, the
   kernels alone, a CUDA-graph replay (GPU time only), and autograd on one thread.
 mla: the Triton MLA decode kernel's tile configurations (TMA and pointer loads) at B=128, H=128, T=8K.
+fa_mask: what keeping hidden NaN out costs the causal forward: the kernel as it is against a copy whose
+  masked path multiplies P and V with a plain `tl.dot` (short lengths, where diagonal blocks weigh most).
 """
+import importlib.util
+import pathlib
 import sys
+import tempfile
 import time
 
 import torch
@@ -159,6 +164,35 @@ def mla():
             print(f"  BH={bh:3d} BN={bn:3d} warps={w:2d} stages={s} TMA={tma}: {type(e).__name__} {str(e)[:80]}")
 
 
+def _forward_without_masking_check():
+    """A copy of kernels/flash_attn/forward.py whose causal masked path uses a plain tl.dot for P V."""
+    from kernels.flash_attn import forward
+    src = pathlib.Path(forward.__file__).read_text().replace("from ..", "from kernels.")
+    checked = 'b_acc = dot_visible(b_p.to(b_v.dtype), b_v, b_acc * b_alpha[:, None], "tf32")'
+    assert checked in src, "the forward's masked path changed: update this probe"
+    path = pathlib.Path(tempfile.mkdtemp()) / "forward_plain_dot.py"
+    path.write_text(src.replace(checked, "b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc * b_alpha[:, None])"))
+    spec = importlib.util.spec_from_file_location("forward_plain_dot", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fa_mask():
+    """Causal forward with and without the masking check, twice each, alternating (µs)."""
+    import kernels.launch
+    from kernels.flash_attn import forward
+    plain = _forward_without_masking_check()
+    for B, H, T in [(32, 16, 512), (1, 32, 1024), (1, 32, 2048), (1, 32, 4096)]:
+        q, k, v = (torch.randn(B, T, H, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        times = {"checked": [], "plain dot": []}
+        for _ in range(2):
+            for name, module in (("checked", forward), ("plain dot", plain)):
+                kernels.launch._VARIANTS.clear()  # the direct-launch cache is keyed by shape, not by module
+                times[name].append(time_ms(lambda: module.attention_fwd(q, k, v, True, 128 ** -0.5)) * 1000)
+        print(f"B={B} H={H} T={T} causal: " + "  ".join(f"{n} {min(t):.1f} us" for n, t in times.items()))
+
+
 if __name__ == "__main__":
     for part in sys.argv[1:]:
-        {"fa_host": fa_host, "fa_bwd": fa_bwd, "mla": mla}[part]()
+        {"fa_host": fa_host, "fa_bwd": fa_bwd, "mla": mla, "fa_mask": fa_mask}[part]()
