@@ -52,24 +52,28 @@ def check_not_empty(name: str, t: torch.Tensor, dims: str) -> None:
         raise ValueError(f"{name} must have every size >= 1 ([{dims}]), got shape {tuple(t.shape)}")
 
 
-def check_same_device_and_dtype(**tensors: torch.Tensor) -> None:
-    """All on one device (ValueError) and of one dtype (TypeError); the message names them all."""
-    names = ", ".join(tensors)
-    devices = {t.device for t in tensors.values()}
-    if len(devices) > 1:
-        got = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
-        raise ValueError(f"{names} must be on one device, got {got}")
-    dtypes = {t.dtype for t in tensors.values()}
-    if len(dtypes) > 1:
-        got = ", ".join(f"{n} {_dtype_name(t.dtype)}" for n, t in tensors.items())
-        raise TypeError(f"{names} must share one dtype, got {got}")
-
-
 def check_same_device(**tensors: torch.Tensor) -> None:
     """All on one device (ValueError naming each)."""
     if len({t.device for t in tensors.values()}) > 1:
         got = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
         raise ValueError(f"{', '.join(tensors)} must be on one device, got {got}")
+
+
+def check_same_device_and_dtype(**tensors: torch.Tensor) -> None:
+    """All on one device (ValueError) and of one dtype (TypeError); the message names them all."""
+    check_same_device(**tensors)
+    if len({t.dtype for t in tensors.values()}) > 1:
+        got = ", ".join(f"{n} {_dtype_name(t.dtype)}" for n, t in tensors.items())
+        raise TypeError(f"{', '.join(tensors)} must share one dtype, got {got}")
+
+
+def check_has_values(**tensors: torch.Tensor) -> None:
+    """The rule for references, which compute on any device: not on the meta device, which holds
+    shapes but no values (ValueError naming the first such tensor)."""
+    for name, t in tensors.items():
+        if t.device.type == "meta":
+            raise ValueError(f"{name} is a meta tensor (the meta device holds shapes, no values): "
+                             "the reference computes on values")
 
 
 def check_kernel_device(**tensors: torch.Tensor) -> None:
@@ -127,5 +131,5 @@ def softmax_scale_or_default(scale, head_dim: int | None, name: str = "softmax_s
 
 
 __all__ = ["FLOATS", "REFERENCE_FLOATS", "check_tensor", "check_not_empty", "check_same_device_and_dtype",
-           "check_same_device", "check_kernel_device", "check_bool", "check_int", "check_choice",
+           "check_same_device", "check_has_values", "check_kernel_device", "check_bool", "check_int", "check_choice",
            "softmax_scale_or_default"]

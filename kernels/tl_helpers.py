@@ -1,5 +1,6 @@
-"""Triton device functions that more than one family calls: masking that lets nothing through, and
-the row log-sum-exp with IEEE's special values kept.
+"""Triton device functions kept apart from any one family's kernels: masking that lets nothing through
+(softmax families use `dot_visible`, the chunked linear families `dot_causal`), and the row
+log-sum-exp with IEEE's special values kept.
 
 Why `dot_visible` and `dot_causal`: a mask sets a probability (or a causal score) to exactly 0, but 0 * NaN is NaN, so
 a product P @ V still carries a NaN or inf that sits in V at a masked position into every row of the

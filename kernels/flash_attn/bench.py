@@ -20,7 +20,7 @@ import torch
 from .. import peers
 from ..bench import Benchmark, Panel
 from .interface import flash_attn_func
-from .reference import attention_eager
+from .reference import attention_eager, attention_flops
 
 DTYPE = torch.bfloat16
 SWEEP_T = [1024, 2048, 4096, 8192, 16384, 32768]
@@ -30,13 +30,6 @@ EAGER_MAX_T = 16384  # eager materialises B*H*T^2 scores: 16 GiB at 16K, and >10
 
 
 # ------------------------------------------------------------------ counted work
-def attention_flops(B: int, H: int, T: int, S: int, D: int, causal: bool, backward: bool = False) -> float:
-    """Matmul FLOPs: 4·B·H·T·S·D for the forward (QKᵀ and PV), half that when causal (T = S);
-    the backward counts 2.5× the forward (it recomputes QKᵀ, then makes dV, dP, dQ and dK)."""
-    flops = 4.0 * B * H * T * S * D / (2 if causal else 1)
-    return flops * (2.5 if backward else 1.0)
-
-
 def flops(c) -> float:
     """`attention_flops` of a benchmark case (S = T)."""
     return attention_flops(c["B"], c["H"], c["T"], c["T"], c["D"], c["causal"], backward=c["pass"] == "bwd")

@@ -7,16 +7,15 @@ import torch
 from ..checks import FLOATS, check_choice, check_kernel_device
 from .backward import attention_bwd
 from .forward import attention_fwd
-from .reference import check_attention_args
+from .reference import attention_flops, check_attention_args
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 SUPPORTED_DTYPES = FLOATS
 
-# The backward runs as one launch instead of two below this many FLOPs (its five T x S x D matmuls
-# per head: 10·B·Hq·T·S·D, half that when causal). On the H200 that is causal T = 1K at B = 1,
-# H = 32, D = 128 (21 GFLOP, about 0.12 ms of GPU work, as much as the host needs for a Python
-# autograd backward). One launch there measured 0.121 ms against 0.209 ms for two; at every larger
-# size measured, two launches were faster (re-reading O costs 2-6 %).
+# The backward runs as one launch instead of two below this many FLOPs (`attention_flops`). On the
+# H200 that is causal T = 1K at B = 1, H = 32, D = 128 (21 GFLOP, about 0.12 ms of GPU work, as much as
+# the host needs for a Python autograd backward). One launch there measured 0.121 ms against 0.209 ms
+# for two; at every larger size measured, two launches were faster (re-reading O costs 2-6 %).
 ONE_LAUNCH_MAX_FLOPS = 32e9
 
 
@@ -31,8 +30,7 @@ def _validate(q, k, v, causal, softmax_scale) -> float:
 def _one_launch(q, k, causal: bool) -> bool:
     """Whether the backward is small enough to run as one launch (see ONE_LAUNCH_MAX_FLOPS)."""
     B, T, HQ, D = q.shape
-    flops = 10.0 * B * HQ * T * k.shape[1] * D / (2 if causal else 1)
-    return flops < ONE_LAUNCH_MAX_FLOPS
+    return attention_flops(B, HQ, T, k.shape[1], D, causal, backward=True) < ONE_LAUNCH_MAX_FLOPS
 
 
 class FlashAttnFunction(torch.autograd.Function):

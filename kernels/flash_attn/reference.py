@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from ..checks import (REFERENCE_FLOATS, check_bool, check_int, check_not_empty, check_same_device_and_dtype,
-                      check_tensor, softmax_scale_or_default)
+from ..checks import (REFERENCE_FLOATS, check_bool, check_has_values, check_int, check_not_empty,
+                      check_same_device_and_dtype, check_tensor, softmax_scale_or_default)
 
 
 def check_attention_args(q, k, v, causal, softmax_scale, dtypes=REFERENCE_FLOATS) -> float:
@@ -32,6 +32,13 @@ def check_attention_args(q, k, v, causal, softmax_scale, dtypes=REFERENCE_FLOATS
         raise ValueError(f"q's heads Hq={HQ} must be a multiple of k's and v's heads Hkv={k.shape[2]}")
     check_bool("causal", causal)
     return softmax_scale_or_default(softmax_scale, D)
+
+
+def attention_flops(B: int, H: int, T: int, S: int, D: int, causal: bool, backward: bool = False) -> float:
+    """Matmul FLOPs: 4·B·H·T·S·D for the forward (QKᵀ and PV), half that when causal (T = S);
+    the backward counts 2.5× the forward (it recomputes QKᵀ, then makes dV, dP, dQ and dK)."""
+    flops = 4.0 * B * H * T * S * D / (2 if causal else 1)
+    return flops * (2.5 if backward else 1.0)
 
 
 def causal_mask(T: int, S: int, device=None) -> torch.Tensor:
@@ -64,7 +71,7 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, *, compute_dtype=to
     True
     """
     scale = check_attention_args(q, k, v, causal, softmax_scale)
-    _check_has_values("q, k, v", q)
+    check_has_values(q=q, k=k, v=v)
     _check_float_dtype("compute_dtype", compute_dtype)
     if out_dtype is not None:
         _check_float_dtype("out_dtype", out_dtype)
@@ -90,11 +97,6 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, *, compute_dtype=to
     return o.to(out_dtype or q.dtype)
 
 
-def _check_has_values(name, t) -> None:
-    if t.device.type == "meta":
-        raise ValueError(f"{name}: on the meta device, which holds shapes but no values to compute with")
-
-
 def _check_float_dtype(name, dtype) -> None:
     if dtype not in REFERENCE_FLOATS:
         raise TypeError(f"{name} must be one of {', '.join(str(d) for d in REFERENCE_FLOATS)}, got {dtype!r}")
@@ -111,7 +113,7 @@ def attention_eager(q, k, v, causal=False, softmax_scale=None):
     >>> (o - attention_ref(q, k, v, causal=True)).abs().max() < 1e-5
     """
     scale = check_attention_args(q, k, v, causal, softmax_scale)
-    _check_has_values("q, k, v", q)
+    check_has_values(q=q, k=k, v=v)
     B, T, Hq, D = q.shape
     S, Hkv = k.shape[1], k.shape[2]
     if causal and T > S:
@@ -139,7 +141,7 @@ def online_softmax_steps(x: torch.Tensor, block: int):
     True
     """
     check_tensor("x", x, ndim=1, dtypes=REFERENCE_FLOATS)
-    _check_has_values("x", x)
+    check_has_values(x=x)
     check_not_empty("x", x, "T")
     block = check_int("block", block, low=1)
     if not torch.isfinite(x).all():

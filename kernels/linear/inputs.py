@@ -14,8 +14,9 @@ import math
 
 import torch
 
-from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_kernel_device, check_not_empty, check_same_device,
-                      check_same_device_and_dtype, check_tensor, softmax_scale_or_default)
+from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_has_values, check_kernel_device,
+                      check_not_empty, check_same_device, check_same_device_and_dtype, check_tensor,
+                      softmax_scale_or_default)
 from ..common import INTERPRET, ON_GPU
 
 MAX_HEAD_DIM = 256  # the kernels hold a whole key row (padded to a power of two) in registers
@@ -126,9 +127,7 @@ def _checked_one_by_one(q, k, v, gates, scale, initial_state, output_final_state
     if kernel:
         check_kernel_device(**tensors)
     else:
-        for name, t in tensors.items():
-            if t.device.type == "meta":
-                raise ValueError(f"{name} is a meta tensor (it has no values): the reference computes on data")
+        check_has_values(**tensors)
     scale = softmax_scale_or_default(scale, sizes["K"], name="scale")
     return sizes["B"], sizes["T"], sizes["H"], sizes["K"], sizes["V"], scale
 

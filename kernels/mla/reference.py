@@ -12,8 +12,9 @@ import math
 
 import torch
 
-from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_int, check_kernel_device, check_not_empty,
-                      check_same_device, check_same_device_and_dtype, check_tensor, softmax_scale_or_default)
+from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_has_values, check_int, check_kernel_device,
+                      check_not_empty, check_same_device, check_same_device_and_dtype, check_tensor,
+                      softmax_scale_or_default)
 
 
 def _check_layout(**inputs):
@@ -179,8 +180,7 @@ def mla_decode_ref(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, bl
     scale = check_decode_inputs(q, kv_cache, cache_seqlens, softmax_scale, block_table)
     check_int("head_dim_v", head_dim_v, low=1, high=q.shape[-1])
     check_bool("causal", causal)
-    if q.device.type == "meta":
-        raise ValueError("q, kv_cache and cache_seqlens are on the meta device: the reference reads values")
+    check_has_values(q=q, kv_cache=kv_cache, cache_seqlens=cache_seqlens)
     check_cache_lengths(kv_cache, cache_seqlens, block_table, q.shape[1], causal)
     B, s_q, H, D = q.shape
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
