@@ -1,5 +1,6 @@
 # Two commands for a fresh Linux machine with Python 3.11+ (see README.md):
-#   make book   set up, then build the site into _build/html
+#   make book   set up, then build the site into _build/html (with the kernels wheel and sdist
+#               it offers for download, in _build/html/downloads)
 #   make test   set up, then run the kernel tests, the notebooks (strict nbval) and the site checks
 # Everything installs into .venv; nothing outside this folder is touched, except that
 # `make test`, run as root, installs Debian's chromium for the browser check if it is missing.

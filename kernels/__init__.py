@@ -7,12 +7,18 @@ same notebooks and tests run there under Triton's interpreter (slowly, on small 
 Notebook helpers (`show_source`, the widgets) are in `kernels.notebook`.
 """
 import os
+import sys
+import warnings
 
 import torch
 
-if not torch.cuda.is_available():
+if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
     # Must happen before the first `import triton`: @triton.jit reads it at decoration.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ["TRITON_INTERPRET"] = "1"
+    if "triton" in sys.modules:
+        warnings.warn("triton was imported before kernels on a machine without a CUDA GPU, so Triton's "
+                      "interpreter is off and the book's kernels cannot run here: import kernels first, "
+                      "or set TRITON_INTERPRET=1 before starting Python", stacklevel=2)
 
 from .common import DEVICE, INTERPRET, ON_GPU, assert_close, device_name, pick, rel_err, tolerance  # noqa: E402
 

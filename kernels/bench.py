@@ -34,7 +34,15 @@ import torch
 from .common import INTERPRET, ON_GPU
 from .peers import fla_version
 
-RESULTS_DIR = Path(os.environ.get("KERNELS_RESULTS_DIR", Path(__file__).resolve().parent.parent / "results"))
+
+def _default_results_dir() -> Path:
+    """The repository's results/ when the package runs from a checkout; results/ in the working
+    directory when it was installed (a wheel has no results folder of its own)."""
+    root = Path(__file__).resolve().parent.parent
+    return root / "results" if (root / "pyproject.toml").exists() else Path.cwd() / "results"
+
+
+RESULTS_DIR = Path(os.environ.get("KERNELS_RESULTS_DIR") or _default_results_dir())
 # do_bench settings (milliseconds of warm-up and of timed repeats), recorded with every table.
 WARMUP_MS, REP_MS = 50, 200
 _CHILD = "KERNELS_FRESH_PROCESS"  # set in the process that `run` starts from a Jupyter kernel
@@ -331,37 +339,55 @@ UNITS = {"ms": "time (ms)", "us": "time (µs)", "tflops": "TFLOP/s", "gbps": "GB
          "peak_gib": "peak memory (GiB)"}
 
 
+SPEEDUP = "speed-up over"  # X's time / the book kernel's time: > 1 means the book's kernel is faster
+NOT_RUN, OOM_TEXT = "—", "out of memory"
+
+
 def summary(df: pd.DataFrame, index, *, values: str = "ms", book: str = "book", over=(), scale: float = 1.0,
             roofline: bool = False, digits: int = 3) -> pd.DataFrame:
-    """One table per figure: `values` per provider (columns) for each `index` row, then
-    "speed-up over X" for each X in `over` (X's time / the book kernel's time: > 1 means the book is
-    faster), and with roofline=True the book kernel's "% of roofline". scale multiplies `values`
-    (1000 turns ms into µs). Shapes a provider did not run read "—", or "out of memory".
+    """One table per figure, with a unit in every header (two header rows):
+
+    - ("time (ms)" or the unit of `values`, provider): `values` per provider, times `scale`
+      (scale=1000 turns ms into "time (µs)");
+    - ("speed-up over", X) for each X in `over`: X's time / the `book` kernel's time, so > 1 means the
+      book is faster; an item (K, X) of `over` gives ("K's speed-up over", X), K's time against X's;
+    - with roofline=True, ("% of roofline", book).
+    Shapes a provider did not run read "—" (never NaN), or "out of memory" where that is what happened.
+    Cells are text with a fixed number of decimals per column: `values` `digits`, speed-ups two,
+    percentages one.
 
     >>> summary(df, index=["causal", "T"], values="tflops", over=["SDPA flash", "SDPA cuDNN"])
+    >>> summary(df, index=["B", "T"], over=["PyTorch absorbed", ("book: Triton", "book: no split")])
     """
     index = [index] if isinstance(index, str) else list(index)
     order = list(dict.fromkeys(df["provider"]))
-    table = df.pivot_table(index=index, columns="provider", values=values, dropna=False, sort=True) * scale
+    unit = "time (µs)" if values == "ms" and scale == 1000 else UNITS.get(values, values)
+    raw = df.pivot_table(index=index, columns="provider", values=values, dropna=False, sort=True) * scale
     # dropna=False crosses every index level with every other: keep only the cases the table holds
     ran = pd.MultiIndex.from_frame(df[index]) if len(index) > 1 else pd.Index(df[index[0]])
-    table = table[table.index.isin(ran)]
-    table = table[[p for p in order if p in table.columns]]
-    times = df.pivot_table(index=index, columns="provider", values="ms", dropna=False, sort=True)
-    for peer in over:
-        if book in times and peer in times:
-            table[f"speed-up over {peer}"] = times[peer] / times[book]
+    keep = raw.index.isin(ran)
+    columns = {(unit, p): raw.loc[keep, p] for p in order if p in raw.columns}
+    times = df.pivot_table(index=index, columns="provider", values="ms", dropna=False, sort=True)[keep]
+    for item in over:
+        kernel, peer = item if isinstance(item, (tuple, list)) else (book, item)
+        if kernel in times and peer in times:
+            group = SPEEDUP if kernel == book else f"{kernel}'s {SPEEDUP}"
+            columns[(group, peer)] = times[peer] / times[kernel]
     if roofline:
-        table[f"{book} % of roofline"] = df[df["provider"] == book].pivot_table(
-            index=index, values="pct_roofline", sort=True)["pct_roofline"]
-    table = table.round(digits)
+        pct = df[df["provider"] == book].pivot_table(index=index, values="pct_roofline", sort=True)["pct_roofline"]
+        columns[(UNITS["pct_roofline"], book)] = pct.reindex(times.index)
+    table = pd.DataFrame(columns)
+    table.columns = pd.MultiIndex.from_tuples(table.columns)
+    # numbers as text with a fixed number of decimals per column, so a column reads 1.30, 1.21, not 1.3, 1.21
+    decimals = {c: digits if c[0] == unit else (1 if c[0] == UNITS["pct_roofline"] else 2) for c in table.columns}
+    shown = pd.DataFrame({c: [NOT_RUN if v != v else f"{v:.{decimals[c]}f}" for v in table[c]] for c in table.columns},
+                         index=table.index)
+    shown.columns = table.columns
     oom = df[df["note"].astype("string").fillna("") == "OOM"]
-    shown = table.astype(object).where(table.notna(), "—")
     for _, row in oom.iterrows():
         key = tuple(row[c] for c in index) if len(index) > 1 else row[index[0]]
-        if row["provider"] in shown.columns and key in shown.index:
-            shown.loc[key, row["provider"]] = "out of memory"
-    shown.columns.name = "time (µs)" if values == "ms" and scale == 1000 else UNITS.get(values, values)
+        if (unit, row["provider"]) in shown.columns and key in shown.index:
+            shown.loc[key, (unit, row["provider"])] = OOM_TEXT
     return shown
 
 

@@ -11,6 +11,8 @@ import pandas as pd
 import torch
 from IPython.display import Code, display
 
+from .diagrams import (ONLINE_SOFTMAX_BLOCK, online_softmax_blocks, online_softmax_example,
+                       online_softmax_table)
 from .plot import natural_order, plot_results
 
 
@@ -27,16 +29,27 @@ def show_source(obj) -> Code:
 
 
 class WithStaticFallback:
-    """An ipywidget whose plain-text form is `text`. A live kernel shows the controls; the
-    rendered (static) book cannot run them and shows `text` instead."""
+    """An ipywidget with a static form for pages that have no kernel (the rendered book).
 
-    def __init__(self, widget, text: str):
-        self.widget, self.text = widget, text
+    A live kernel shows `figure` (if any) and then the controls. Without a kernel the widget view cannot
+    be drawn, so the page shows `figure` as a PNG and `text` (the widget's text/plain) instead; the
+    site's configuration must rank the widget view below text/plain for that (in Jupyter Book, the
+    mime type "application/vnd.jupyter.widget-view+json" given the priority null under
+    `nb_mime_priority_overrides`: lower numbers win there, so a negative one would pick the widget).
+    """
+
+    def __init__(self, widget, text: str, figure=None):
+        self.widget, self.text, self.figure = widget, text, figure
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = self.widget._repr_mimebundle_(**kwargs)
         bundle["text/plain"] = self.text
         return bundle
+
+    def _ipython_display_(self):
+        if self.figure is not None:
+            display(self.figure)  # its own output: a PNG, which every page can show
+        display(self._repr_mimebundle_(), raw=True)
 
 
 def explore(df: pd.DataFrame, x: str = "T", title: str = "", filters: tuple[str, ...] = ()):
@@ -78,27 +91,57 @@ def _subset(df, picked):
     return part
 
 
-def online_softmax_explorer(x: torch.Tensor, block: int):
-    """ipywidgets step-through of `online_softmax_steps`: a slider picks how many blocks have been
-    seen; it prints the running max and sum and the partial softmax they imply so far. The
-    rendered book, which cannot run the slider, shows every step as text instead."""
+def online_softmax_text(x: torch.Tensor | None = None, block: int = ONLINE_SOFTMAX_BLOCK) -> str:
+    """The online softmax of `x` a block at a time, as a text table: per block its scores, the running max
+    m, the factor alpha = e^(m_old - m) that rescaled the running sum, and the running sum l after it."""
+    x = online_softmax_example() if x is None else x
+    rows = online_softmax_table(x, block)
+    width = max(len(_scores(r["scores"])) for r in rows)
+    lines = [f"{'block':<6} {'scores':<{width}}  {'m (max)':>8}  {'α (rescale)':>11}  {'ℓ (sum)':>8}"]
+    for r in rows:
+        alpha = "—" if r["alpha"] is None else f"{r['alpha']:.4f}"
+        lines.append(f"{r['block']:<6} {_scores(r['scores']):<{width}}  {r['m']:>8.4f}  {alpha:>11}  {r['l']:>8.4f}")
+    rescaled = [str(r["block"]) for r in rows if r["rescaled"]]
+    lines.append("the max rose in block(s) " + ", ".join(rescaled) + ": the sum so far was multiplied by α there"
+                 if rescaled else "the max never rose after block 0: no rescale was needed")
+    p = torch.exp(x - rows[-1]["m"]) / rows[-1]["l"]
+    lines.append(f"softmax from the final m and ℓ equals torch.softmax(x): {torch.allclose(p, torch.softmax(x, 0))}")
+    return "\n".join(lines)
+
+
+def _scores(values) -> str:
+    return " ".join(f"{v:+.2f}" for v in values)
+
+
+def online_softmax_explorer(x: torch.Tensor | None = None, block: int = ONLINE_SOFTMAX_BLOCK, figure: bool = True):
+    """Step through `online_softmax_steps` with a slider (how many blocks have been seen): the running max
+    and sum, the rescale factor, and the partial softmax they imply so far. Without a kernel (the rendered
+    book) it shows the figure `online_softmax_blocks` and every step as a text table instead.
+
+    x: 1-D float scores (default: the book's worked example, whose maximum is not in the first block);
+    block: keys per block (default 4); figure: show `online_softmax_blocks(x, block)` above the controls
+    (False where the chapter has drawn it already).
+
+    >>> online_softmax_explorer()                  # the worked example, blocks of 4
+    >>> online_softmax_explorer(torch.randn(20, dtype=torch.float64), block=5)
+    """
     import ipywidgets as w
 
-    from .flash_attn.reference import online_softmax_steps
-
-    steps, _ = online_softmax_steps(x, block)
+    x = online_softmax_example() if x is None else x
+    rows = online_softmax_table(x, block)
 
     def describe(seen):
-        s = steps[seen - 1]
+        r = rows[seen - 1]
         n = min(seen * block, x.numel())
-        partial = torch.exp(x[:n] - s["m"]) / s["l"]
-        lines = [f"after block {seen - 1}: m = {s['m']:.4f}, l = {s['l']:.4f}",
+        partial = torch.exp(x[:n] - r["m"]) / r["l"]
+        alpha = "no earlier sum" if r["alpha"] is None else f"the old sum times α = {r['alpha']:.4f}"
+        lines = [f"after block {seen - 1}: m = {r['m']:.4f}, ℓ = {r['l']:.4f} ({alpha})",
                  "softmax over the keys seen so far: " + " ".join(f"{p:.3f}" for p in partial.tolist())]
-        if seen == len(steps):
+        if seen == len(rows):
             lines.append(f"all blocks seen: equals torch.softmax(x): {torch.allclose(partial, torch.softmax(x, 0))}")
         return "\n".join(lines)
 
-    slider = w.IntSlider(value=1, min=1, max=len(steps), description="blocks seen")
+    slider = w.IntSlider(value=1, min=1, max=len(rows), description="blocks seen")
     out = w.Output()
     out.append_stdout(describe(1) + "\n")  # the first view, without executing anything
 
@@ -107,4 +150,5 @@ def online_softmax_explorer(x: torch.Tensor, block: int):
         out.append_stdout(describe(change["new"]) + "\n")
 
     slider.observe(on_change, names="value")
-    return WithStaticFallback(w.VBox([slider, out]), "\n\n".join(describe(i) for i in range(1, len(steps) + 1)))
+    return WithStaticFallback(w.VBox([slider, out]), online_softmax_text(x, block),
+                              figure=online_softmax_blocks(x, block) if figure else None)

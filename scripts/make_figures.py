@@ -1,8 +1,9 @@
 """Draw the book's headline figure (book/images/headline.png) from the committed H200 tables.
 
 Runs anywhere: it reads results/, it times nothing. One panel per family that declares a HEADLINE
-(a `kernels.bench.Panel` in its bench.py): the book's kernel against its strongest peers, in the unit
-that chapter reads best.
+(a `kernels.bench.Panel` in its bench.py), stacked at the width of the book's text column: the book's
+kernel against its strongest peers, in the unit that chapter reads best, in the style of every other
+figure of the book (kernels.plot).
 """
 import importlib
 from pathlib import Path
@@ -10,13 +11,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 from kernels.bench import families, load, select  # noqa: E402
-from kernels.plot import plot_providers, plot_roofline, styled  # noqa: E402
+from kernels.plot import DPI, column_figure, log2_axis, plot_providers, plot_roofline, styled, y_label  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "book" / "images" / "headline.png"
-LABELS = {"tflops": "TFLOP/s (higher is better)", "ms": "time, ms (lower is better)"}
 
 
 def panels():
@@ -28,9 +27,9 @@ def panels():
 @styled
 def main():
     chosen = panels()
-    fig, axes = plt.subplots(1, len(chosen), figsize=(4.7 * len(chosen), 4.0), squeeze=False)
+    fig, axes = column_figure(len(chosen), height=3.3)
     gpu = None
-    for ax, panel in zip(axes[0], chosen):
+    for ax, panel in zip(axes, chosen):
         try:
             df = load(panel.benchmark)
         except (FileNotFoundError, ValueError) as e:
@@ -44,15 +43,14 @@ def main():
             ax.set_ylim(bottom=0)
         else:
             ax.set_yscale("log")
-        ax.legend(fontsize=8, loc="best")
-        ax.set_ylabel(LABELS[panel.y])
-        ax.set_xscale("log", base=2)
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
+        ax.set_ylabel(y_label(panel.y))
+        log2_axis(ax, df[panel.x].unique())
         ax.set_xlabel(panel.xlabel)
-        ax.set_title(panel.title, fontsize=10)
-    fig.suptitle(f"The book's kernels (blue) against their peers — measured on {gpu or 'the GPU'}", fontsize=12)
-    fig.tight_layout()
+        ax.set_title(panel.title.replace("\n", ", "), loc="left")
+    fig.suptitle(f"The book's kernels (blue) against their peers, measured on {gpu or 'the GPU'}")
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(OUT, dpi=110)
+    fig.savefig(OUT, dpi=DPI)
     print(f"wrote {OUT}")
 
 

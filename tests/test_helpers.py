@@ -1,6 +1,7 @@
 """The shared helpers: the comparison every test relies on, the input checks, the benchmark harness and
 its results loader, the figure, and the library's promise to import anywhere without side effects."""
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -228,14 +229,19 @@ def _table():
 
 
 def test_summary_speedup_means_the_book_is_faster():
-    t = bench.summary(_table(), index="T", over=["peer", "eager"], roofline=True)
-    assert t.loc[1024, "speed-up over peer"] == 2.0           # the peer takes twice as long
-    assert t.loc[1024, "speed-up over eager"] == 4.0
-    assert t.loc[2048, "eager"] == "out of memory"             # never NaN
-    assert t.loc[2048, "speed-up over eager"] == "—"
-    assert t.loc[1024, "book % of roofline"] == 20.0
-    assert t.columns.name == "time (ms)"
-    assert bench.summary(_table(), index="T", scale=1000).columns.name == "time (µs)"
+    t = bench.summary(_table(), index="T", over=["peer", "eager", ("peer", "eager")], roofline=True)
+    assert t.loc[1024, ("speed-up over", "peer")] == "2.00"        # the peer takes twice as long
+    assert t.loc[1024, ("speed-up over", "eager")] == "4.00"
+    assert t.loc[1024, ("peer's speed-up over", "eager")] == "2.00"  # another kernel's ratio names that kernel
+    assert t.loc[2048, ("time (ms)", "eager")] == "out of memory"   # never NaN
+    assert t.loc[2048, ("speed-up over", "eager")] == "—"
+    assert t.loc[1024, ("% of roofline", "book")] == "20.0"
+    assert list(t[("time (ms)", "book")]) == ["0.500", "1.000"]      # one number of decimals per column
+    assert list(t.columns.get_level_values(0).unique()) == ["time (ms)", "speed-up over", "peer's speed-up over",
+                                                            "% of roofline"]
+    assert set(bench.summary(_table(), index="T", scale=1000).columns.get_level_values(0)) == {"time (µs)"}
+    tflops = bench.summary(_table(), index="T", values="tflops")
+    assert set(tflops.columns.get_level_values(0)) == {"TFLOP/s"}
 
 
 def test_select_keeps_the_metadata():
@@ -248,7 +254,7 @@ def test_select_keeps_the_metadata():
 
 def test_every_family_declares_its_benchmarks():
     """A family is found, not listed: its bench.py declares BENCHMARKS (with tables named after the family,
-    in the one case schema) and a HEADLINE panel drawn from one of them."""
+    in the one case schema) and a HEADLINE panel drawn from one of them, or None to stay out of the figure."""
     found = bench.discover()
     assert {"flash_attn", "mla", "gla"} <= set(found)
     for family, benchmarks in found.items():
@@ -258,24 +264,71 @@ def test_every_family_declares_its_benchmarks():
             assert b.name.startswith(family), b.name
             for case in b.cases:
                 assert "N" not in case and {"B", "H"} <= set(case), (b.name, case)
-        headline = __import__(f"kernels.{family}.bench", fromlist=["HEADLINE"]).HEADLINE
-        assert headline.benchmark in names
+        headline = __import__(f"kernels.{family}.bench", fromlist=["HEADLINE"]).HEADLINE  # declared, maybe None
+        assert headline is None or headline.benchmark in names
 
 
-def test_plot_draws_every_provider_and_roofline(tmp_path, monkeypatch):
-    import matplotlib
-    matplotlib.use("Agg")
-    from kernels.plot import plot_results
-
-    rows = [dict(name="t", provider=p, T=n, ms=ms, tflops=1 / ms, gbps=2 / ms, roofline_ms=0.1, pct_roofline=10 / ms,
-                 note="") for p, ms in (("book", 0.5), ("SDPA flash", 1.0)) for n in (1024, 2048)]
+def _plot_table(providers=("book", "SDPA flash")):
+    rows = [dict(name="t", provider=p, T=n, causal=c, ms=ms, tflops=1 / ms, gbps=2 / ms, roofline_ms=0.1,
+                 pct_roofline=10 / ms, note="")
+            for i, p in enumerate(providers) for ms in [0.5 + 0.1 * i] for n in (1024, 2048) for c in (False, True)]
     df = pd.DataFrame(rows)
     df.attrs["meta"] = GOOD_META
-    fig = plot_results(df, y="tflops", title="shape")
+    return df
+
+
+def test_plot_draws_every_provider_and_roofline(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    from kernels.plot import COLUMN_INCHES, plot_results
+
+    fig = plot_results(_plot_table().query("causal"), y="tflops", title="shape")
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert labels == ["book", "SDPA flash", "roofline"]
-    assert "NVIDIA H200" in fig._suptitle.get_text()
+    roof = [line for line in fig.axes[0].lines if line.get_label() == "roofline"][0]
+    assert roof.get_linestyle() == "--"
+    assert "NVIDIA H200" in fig._suptitle.get_text() and "shape" in fig._suptitle.get_text()
+    assert fig.axes[0].get_xscale() == "log"
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1K", "2K"]
+    assert fig.get_size_inches()[0] == COLUMN_INCHES
     assert not matplotlib.rcParams["axes.grid"]  # the house style stays inside the book's figures
+
+
+def test_plot_stacks_panels_at_the_column_width(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from kernels.plot import COLUMN_PX, plot_results
+
+    fig = plot_results(_plot_table(), y="tflops", col="causal", title="shape")
+    boxes = [ax.get_position() for ax in fig.axes]
+    assert len(boxes) == 2 and boxes[0].y0 > boxes[1].y1          # one above the other, not side by side
+    assert all(b.width > 0.7 for b in boxes)                       # each nearly the full width
+    fig.savefig(tmp_path / "f.png")
+    assert plt.imread(tmp_path / "f.png").shape[1] == COLUMN_PX
+    # readable at the column width: 10-point ticks at the figure's dpi are >= 10 px on the page
+    tick = min(t.get_fontsize() for t in fig.axes[-1].get_xticklabels() + fig.axes[0].get_yticklabels())
+    assert tick * fig.dpi / 72 * min(1.0, 688 / COLUMN_PX) >= 10
+
+
+def test_every_provider_has_its_own_colour_and_marker():
+    from kernels.plot import BOOK_BLUES, provider_style
+
+    every = ["book", "book: Triton", "book: no split", "book: chunk", "book: sequential chunk", "SDPA flash",
+             "SDPA cuDNN", "eager", "PyTorch absorbed", "PyTorch naive", "fla chunk_gla", "FlashMLA", "TileLang",
+             "somebody new"]
+    styles = provider_style(every)
+    assert len({s.color for s in styles.values()}) == len(every)
+    assert len({s.marker for s in styles.values() if s.color in BOOK_BLUES}) == 5   # blues, told apart by marker
+    assert all(styles[p].color in BOOK_BLUES for p in every[:5])
+    assert all(styles[p].color not in BOOK_BLUES for p in every[5:])
+    # the chapters' own line-ups: every figure's lines differ in colour and in marker
+    for lineup in (["book", "book: Triton", "book: no split", "PyTorch absorbed", "PyTorch naive"],
+                   ["book", "PyTorch step", "fla fused_recurrent_gla"],
+                   ["book: chunk", "book: sequential chunk", "fla chunk_gla", "SDPA flash", "PyTorch step loop"],
+                   ["book", "SDPA flash", "SDPA cuDNN", "eager"]):
+        s = provider_style(lineup)
+        assert len({v.color for v in s.values()}) == len({v.marker for v in s.values()}) == len(lineup), lineup
 
 
 def test_explorer_degrades_to_static_text():
@@ -283,13 +336,43 @@ def test_explorer_degrades_to_static_text():
     matplotlib.use("Agg")
     from kernels.notebook import explore
 
-    rows = [dict(name="t", provider="book", T=n, causal=c, ms=1.0, tflops=1.0, gbps=1.0, roofline_ms=0.5,
-                 pct_roofline=50.0, note="") for n in (1024, 2048) for c in (False, True)]
-    df = pd.DataFrame(rows)
-    df.attrs["meta"] = GOOD_META
+    df = _plot_table(("book",))
     bundle = explore(df, filters=("causal",))._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert bundle["text/plain"].startswith("Interactive explorer")
+
+
+def test_online_softmax_explorer_has_a_figure_and_a_table(monkeypatch):
+    """Without a kernel, the page shows the explorer's figure (PNG) and its steps as text; its default
+    example rescales."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from kernels import notebook
+
+    shown = []
+    monkeypatch.setattr(notebook, "display", lambda obj, raw=False: shown.append((obj, raw)))
+    explorer = notebook.online_softmax_explorer()
+    explorer._ipython_display_()
+    (figure, _), (bundle, raw) = shown
+    assert isinstance(figure, Figure) and raw
+    from IPython.core.pylabtools import print_figure   # what the inline backend stores as image/png
+    assert print_figure(figure, "png").startswith(b"\x89PNG")
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    text = bundle["text/plain"]
+    lines = text.splitlines()
+    assert lines[0].split()[:2] == ["block", "scores"] and "α (rescale)" in lines[0]
+    assert lines[1].split()[-2] == "—"                     # no rescale in block 0
+    assert float(lines[2].split()[-2]) < 1                 # block 1 raised the max: a rescale
+    assert "rose in block(s) 1, 2" in text and text.endswith("torch.softmax(x): True")
+    assert "nan" not in text.lower()
+
+
+def test_summary_never_shows_nan():
+    t = bench.summary(_table(), index="T", over=["peer", "eager"], roofline=True)
+    assert "NaN" not in t.to_string() and "nan" not in t.to_html()
+    assert t.to_string().count("—") == 1 and "out of memory" in t.to_string()
 
 
 IMPORT_WITHOUT_JUPYTER = textwrap.dedent("""
@@ -319,3 +402,12 @@ def test_the_library_imports_without_jupyter_and_changes_no_global_state():
     done = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT_JUPYTER], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "imported without Jupyter" in done.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is only switched on without a GPU")
+def test_importing_triton_first_on_a_cpu_is_explained():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", "import triton, kernels"], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "import kernels first" in done.stderr

@@ -1,16 +1,21 @@
-"""The rendered site: it builds without a warning, and every chapter works in a real browser.
+"""The rendered site: it builds without a warning, it hands the reader the code, and every page works
+and reads well in a real browser.
 
-The browser check serves the built HTML on localhost and opens each page in headless Chromium
-(Debian's /usr/bin/chromium, driven by Playwright): no JavaScript error, no failed request,
-math typeset by the local MathJax, every image loaded.
+The browser checks serve the built HTML on localhost and open each page at 1280 px in headless
+Chromium (Debian's /usr/bin/chromium, driven by Playwright): no JavaScript error, no failed request,
+math typeset by the local MathJax, every image loaded; no display equation and no table wider than
+the text column; every figure as wide as the column and not shrunk below legibility.
 """
 import functools
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
+import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -19,11 +24,23 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.site
 
+WIDTH = 1280  # the browser window every layout check uses, in CSS px
+TOLERANCE_PX = 3  # rounding of borders and sub-pixel layout
+# The figure helper draws 10-point tick labels at 110 dpi (15 px in the PNG). Shown at less than
+# 0.65 of its pixel width, such a label drops below 10 px on screen: the figure was drawn too wide
+# (two panels side by side, say) and the browser shrank it to fit.
+MIN_FIGURE_SCALE = 0.65
+
 
 def _pages():
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     files = [toc["root"]] + [c["file"] for part in toc["parts"] for c in part["chapters"]]
     return files
+
+
+def _chapters():
+    """Every page of the table of contents except the intro itself."""
+    return _pages()[1:]
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +66,127 @@ def test_site_builds_without_warnings(site):
         assert (html / f"{page}.html").exists(), f"{page}.html was not built"
 
 
+# ------------------------------------------------------------------------------------------------
+# The reader's vocabulary: the glossary and the bibliography the chapters link to (no build needed).
+
+GLOSSARY_TERMS = [
+    "SM", "warp", "warpgroup", "CTA", "program", "grid", "tile", "tensor core", "wgmma", "TMA", "mbarrier",
+    "HBM", "L2", "shared memory", "registers", "spill", "occupancy", "num_warps", "num_stages", "autotuning",
+    "interpreter", "ptxas", "setmaxnreg", "warp specialization", "software pipelining", "CUDA graph",
+    "roofline", "% of roofline", "arithmetic intensity", "speed-up", "split-KV", "KV cache", "paged KV cache",
+    "GQA", "online softmax", "log-sum-exp", "chunk", "state"]
+BIB_KEYS = [
+    "dao2022flashattention", "dao2023flashattention2", "shah2024flashattention3", "milakov2018online",
+    "ainslie2023gqa", "deepseek2024v2", "deepseek2024v3", "flashmla2025", "yang2024gla",
+    "katharopoulos2020transformers", "qin2024lightning2", "minimax2025minimax01", "press2022alibi",
+    "yang2024deltanet", "yang2025gateddeltanet", "kimi2025linear", "gu2023mamba", "dao2024mamba2", "fla2024",
+    "tillet2019triton", "tilelang2025", "williams2009roofline", "liu2023ring", "nvidia2022hopper"]
+
+
+def test_glossary_defines_the_terms_the_chapters_link():
+    text = (ROOT / "book" / "notation.md").read_text()
+    body = text.split("```{glossary}", 1)[1].split("```", 1)[0]
+    defined = [line.strip() for line in body.splitlines() if line and not line.startswith(" ")]
+    assert sorted(defined) == sorted(GLOSSARY_TERMS), set(defined) ^ set(GLOSSARY_TERMS)
+
+
+def test_bibliography_has_every_key_with_a_title_year_and_link():
+    import pybtex.database
+
+    bib = pybtex.database.parse_file(str(ROOT / "book" / "references.bib"))
+    assert not set(BIB_KEYS) - set(bib.entries), f"missing keys: {set(BIB_KEYS) - set(bib.entries)}"
+    for key, entry in bib.entries.items():
+        fields = {name.lower() for name in entry.fields}
+        assert {"title", "year", "url"} <= fields, f"{key}: needs a title, a year and a url"
+        assert entry.persons.get("author"), f"{key}: no author"
+    # every page that cites ends with its own bibliography, so each citation resolves on its page
+    for page in _pages():
+        path = next(ROOT.glob(f"{page}.*"), None)
+        if path is None:  # a page missing from the tree fails the build test
+            continue
+        text = path.read_text()
+        if re.search(r"\{cite(:[pt])?\}`", text):
+            assert "{bibliography}" in text and ":filter: docname in docnames" in text, \
+                f"{path.name} cites but has no per-page bibliography"
+
+
+# ------------------------------------------------------------------------------------------------
+# The code in the reader's hands: the package, the tables, and the way to them.
+
+def _downloads(html):
+    folder = html / "downloads"
+    wheels, sdists = sorted(folder.glob("*.whl")), sorted(folder.glob("*.tar.gz"))
+    return folder, wheels, sdists
+
+
+def test_site_offers_the_kernels_package(site):
+    proc, html = site
+    assert proc.returncode == 0, "the site did not build"
+    folder, wheels, sdists = _downloads(html)
+    assert len(wheels) == 1 and len(sdists) == 1, f"expected one wheel and one sdist in {folder}"
+    assert (folder / "results.zip").exists(), "the measured tables (results.zip) are not offered"
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    with zipfile.ZipFile(wheels[0]) as whl:
+        names = whl.namelist()
+        assert "kernels/__init__.py" in names
+        # every module of the package is in the wheel
+        missing = [str(p.relative_to(ROOT)) for p in (ROOT / "kernels").rglob("*.py")
+                   if str(p.relative_to(ROOT)).replace(os.sep, "/") not in names]
+        assert not missing, f"modules missing from the wheel: {missing}"
+        metadata = whl.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert f"Version: {project['version']}" in metadata
+    requires = re.findall(r"^Requires-Dist: ([A-Za-z0-9_.-]+)(.*)$", metadata, re.M)
+    core = {name.lower() for name, rest in requires if "extra ==" not in rest}
+    assert {"torch", "triton", "numpy"} <= core, f"`pip install` of the wheel must bring torch, triton, numpy: {core}"
+    assert not core & {"jupyter", "jupyterlab", "notebook", "ipykernel", "ipywidgets", "jupyter-book"}, \
+        f"the package itself must not require Jupyter: {core}"
+
+    # the page that explains the two commands names the wheel the site actually offers
+    running = (ROOT / "book" / "running.md").read_text()
+    named = set(re.findall(r"attention_kernels_book-[^\s\"'\[]+\.whl", running))
+    assert named == {wheels[0].name}, f"book/running.md names {named}, the site offers {wheels[0].name}"
+
+    # every chapter's download menu offers the package next to the notebook, and the link resolves
+    for page in _chapters():
+        text = (html / f"{page}.html").read_text()
+        link = re.search(r'<a href="([^"]+\.whl)"[^>]*\n?[^>]*download-kernels-button', text)
+        assert link, f"{page}: no kernels download in the page's download menu"
+        assert (html / Path(page).parent / link.group(1)).resolve() == wheels[0].resolve(), link.group(1)
+
+
+def test_no_repository_or_launch_buttons_without_a_repository(site):
+    """Until `repository.url` is set in _config.yml, no page links a repository or a launch service."""
+    proc, html = site
+    assert proc.returncode == 0, "the site did not build"
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    if (config.get("repository") or {}).get("url"):
+        pytest.skip("a repository is configured: its buttons are wanted")
+    for page in _pages():
+        text = (html / f"{page}.html").read_text()
+        for marker in ("btn-source-repository-button", "btn-source-edit-button", "btn-source-issues-button",
+                       "dropdown-launch-buttons", 'href="https://mybinder.org', 'href="https://colab.research.google.com'):
+            assert marker not in text, f"{page}: {marker} without a repository to point at"
+
+
+def test_intro_links_every_chapter_and_the_downloads(site):
+    proc, html = site
+    assert proc.returncode == 0, "the site did not build"
+    root = yaml.safe_load((ROOT / "_toc.yml").read_text())["root"]
+    page = html / f"{root}.html"
+    article = page.read_text().split('<article class="bd-article">', 1)[-1].split("</article>", 1)[0]
+    targets = {(page.parent / href.split("#")[0]).resolve()
+               for href in re.findall(r'<a[^>]+href="([^"#:]+)', article)}
+    missing = [p for p in _chapters() if (html / f"{p}.html").resolve() not in targets]
+    assert not missing, f"the intro does not link {missing}"
+    _, wheels, sdists = _downloads(html)
+    for file in [*wheels, *sdists, html / "downloads" / "results.zip"]:
+        assert file.resolve() in targets, f"the intro does not link the download {file.name}"
+
+
+# ------------------------------------------------------------------------------------------------
+# In the browser.
+
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):  # one line per request would bury the test output
         pass
@@ -58,7 +196,34 @@ def _chromium():
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def test_pages_work_in_headless_chromium(site):
+# Measured in the page once MathJax has typeset it. The text column is the article's content box.
+_LAYOUT_JS = """
+() => {
+  const article = document.querySelector("article.bd-article");
+  if (!article) return null;
+  const cs = getComputedStyle(article), box = article.getBoundingClientRect();
+  const left = box.left + parseFloat(cs.paddingLeft), right = box.right - parseFloat(cs.paddingRight);
+  const where = (el) => { const s = el.closest("section"); return s ? s.id : ""; };
+  const snippet = (el) => (el.textContent || "").replace(/\\s+/g, " ").trim().slice(0, 70);
+  const wide = [];
+  for (const el of article.querySelectorAll('mjx-container[display="true"], table')) {
+    const r = el.getBoundingClientRect();
+    // scrollWidth catches content cut off or scrolled inside the element, the box what sticks out
+    const width = Math.max(r.width, el.scrollWidth);
+    wide.push({kind: el.tagName === "TABLE" ? "table" : "equation", width, left: r.left, right: r.right,
+               section: where(el), text: snippet(el)});
+  }
+  const figures = [...article.querySelectorAll("img")].map((img) => ({
+    src: img.getAttribute("src"), width: img.getBoundingClientRect().width, natural: img.naturalWidth,
+    section: where(img)}));
+  return {column: right - left, left, right, blocks: wide, figures};
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def browsed(site):
+    """Open every page once at 1280 px: the errors each page raised and its layout measurements."""
     proc, html = site
     assert proc.returncode == 0, "the site did not build"
     if not _chromium():
@@ -71,14 +236,14 @@ def test_pages_work_in_headless_chromium(site):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(html)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
-    problems = []
+    results = {}
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=_chromium(), args=[
                 "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync"])
             for page_name in _pages():
-                page = browser.new_page()
+                page = browser.new_page(viewport={"width": WIDTH, "height": 900})
                 errors = []
                 page.on("pageerror", lambda e, errors=errors: errors.append(f"JS error: {e}"))
                 page.on("console", lambda m, errors=errors: m.type == "error" and errors.append(f"console: {m.text}"))
@@ -88,14 +253,72 @@ def test_pages_work_in_headless_chromium(site):
                 if page.locator(".math").count():  # the page has math: MathJax must have typeset it
                     try:
                         page.wait_for_selector("mjx-container", state="attached", timeout=20000)
+                        page.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
                     except PlaywrightTimeout:
                         errors.append("math was not typeset (no mjx-container after 20 s)")
                 broken = page.eval_on_selector_all(
                     "img", "imgs => imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
                 errors += [f"image not loaded: {src}" for src in broken]
-                problems += [f"{page_name}: {e}" for e in errors]
+                results[page_name] = {"errors": errors, "layout": page.evaluate(_LAYOUT_JS)}
                 page.close()
             browser.close()
     finally:
         server.shutdown()
+    return results
+
+
+def test_pages_work_in_headless_chromium(browsed):
+    problems = [f"{name}: {e}" for name, page in browsed.items() for e in page["errors"]]
+    problems += [f"{name}: no article column found" for name, page in browsed.items() if page["layout"] is None]
+    assert not problems, "\n".join(problems)
+
+
+def test_no_equation_or_table_overflows_its_column(browsed):
+    """At 1280 px every display equation and every table fits the text column: nothing is cut off on the
+    right or hidden behind a horizontal scroll bar (break long equations over lines; narrow tables)."""
+    problems = []
+    for name, page in browsed.items():
+        layout = page["layout"]
+        if layout is None:
+            continue
+        for block in layout["blocks"]:
+            if (block["width"] > layout["column"] + TOLERANCE_PX or block["right"] > layout["right"] + TOLERANCE_PX
+                    or block["left"] < layout["left"] - TOLERANCE_PX):
+                problems.append(f"{name} §{block['section']}: {block['kind']} {block['width']:.0f} px wide in a "
+                                f"{layout['column']:.0f} px column: {block['text']!r}")
+    assert not problems, "\n".join(problems)
+
+
+def test_figures_span_the_text_column(browsed):
+    """Every figure is shown at the width of the text column (one panel per figure, or panels stacked),
+    and is not shrunk so far that its labels become unreadable."""
+    problems = []
+    for name, page in browsed.items():
+        layout = page["layout"]
+        if layout is None:
+            continue
+        for fig in layout["figures"]:
+            where = f"{name} §{fig['section']}: {Path(fig['src']).name}"
+            if abs(fig["width"] - layout["column"]) > TOLERANCE_PX:
+                problems.append(f"{where} is {fig['width']:.0f} px wide, the column {layout['column']:.0f} px "
+                                f"(drawn {fig['natural']} px wide)")
+            elif fig["natural"] and fig["width"] / fig["natural"] < MIN_FIGURE_SCALE:
+                problems.append(f"{where} is drawn {fig['natural']} px wide and shown at {fig['width']:.0f} px "
+                                f"(x{fig['width'] / fig['natural']:.2f}): its labels are too small to read")
+    assert not problems, "\n".join(problems)
+
+
+def test_rendered_pages_show_no_test_markers_or_nan(site):
+    """nbval's markers are cell tags, not comments the reader sees; tables say "—" where nothing was measured."""
+    proc, html = site
+    assert proc.returncode == 0, "the site did not build"
+    problems = []
+    for page in _pages():
+        text = (html / f"{page}.html").read_text()
+        article = text.split('<article class="bd-article">', 1)[-1].split("</article>", 1)[0]
+        if "NBVAL_" in article:
+            problems.append(f"{page}: an nbval marker is visible")
+        nan_cells = re.findall(r"<td[^>]*>\s*(?:NaN|nan)\s*</td>", article)
+        if nan_cells:
+            problems.append(f"{page}: {len(nan_cells)} table cells read NaN")
     assert not problems, "\n".join(problems)

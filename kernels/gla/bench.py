@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ..bench import Benchmark, Panel
-from ..linear import CHUNK
-from ..peers import fla, sdpa
+from ..linear import costs
+from ..peers import fla
 from .interface import chunk_gla, fused_recurrent_gla, sequential_chunk_gla
 from .reference import naive_recurrent_gla, torch_gla_step
 
@@ -32,31 +32,20 @@ def _qkvg(B, T, H, D):
     return q, k, v, gk
 
 
-def _state(c):
-    return torch.randn(c["B"], c["H"], c["D"], c["D"], device="cuda")
-
-
 # ---------------------------------------------------------------- decode
-def decode_flops(c):
-    """One step: decay + rank-1 update (2·K·V) and the read-out (2·K·V), per (batch, head); K = V = D."""
-    return 4 * c["B"] * c["H"] * c["D"] * c["D"]
-
-
-def decode_bytes(c):
-    """fp32 state read + write, plus q, k, gk, v in and o out (bf16): the least a step must move."""
-    B, H, D = c["B"], c["H"], c["D"]
-    return 2 * B * H * D * D * 4 + B * H * 5 * D * 2
+# the least a step moves: the fp32 state read and written, q, k, gk, v in and o out (bf16)
+STEP_BYTES = costs.decode_bytes(vectors_per_token=5)
 
 
 def _book_step(c):
     q, k, v, gk = _qkvg(c["B"], 1, c["H"], c["D"])
-    S = _state(c)
+    S = costs.random_state(c)
     return lambda: fused_recurrent_gla(q, k, v, gk, initial_state=S, output_final_state=True)
 
 
 def _torch_step(c):
     q, k, v, gk = (x[:, 0] for x in _qkvg(c["B"], 1, c["H"], c["D"]))
-    S = _state(c)
+    S = costs.random_state(c)
     return lambda: torch_gla_step(q, k, v, gk, S)
 
 
@@ -65,7 +54,7 @@ def _fla_step(c):
     if step is None:
         return None
     q, k, v, gk = _qkvg(c["B"], 1, c["H"], c["D"])
-    S = _state(c)
+    S = costs.random_state(c)
     return lambda: step(q, k, v, gk, initial_state=S, output_final_state=True)
 
 
@@ -74,51 +63,26 @@ DECODE_PROVIDERS = {"book": _book_step, "PyTorch step": _torch_step, "fla fused_
 
 # One step, B = 1, 8, 64: a plain Python call (launch and wrapper overhead included), and the same
 # call replayed from a CUDA graph (GPU time alone). The state dominates the bytes: 268 MB at B = 64.
-DECODE_PLAIN = Benchmark("gla_decode_plain", DECODE_CASES, DECODE_PROVIDERS, decode_flops, decode_bytes)
-DECODE_GRAPH = Benchmark("gla_decode_graph", DECODE_CASES, DECODE_PROVIDERS, decode_flops, decode_bytes,
+DECODE_PLAIN = Benchmark("gla_decode_plain", DECODE_CASES, DECODE_PROVIDERS, costs.decode_flops, STEP_BYTES)
+DECODE_GRAPH = Benchmark("gla_decode_graph", DECODE_CASES, DECODE_PROVIDERS, costs.decode_flops, STEP_BYTES,
                          timer="graph")
 
 
 # ---------------------------------------------------------------- decode against the context length
-def _sdpa_decode(c):
-    attend = sdpa("flash")
-    q = torch.randn(c["B"], c["H"], 1, c["D"], device="cuda", dtype=DT)          # SDPA's [B, H, T, D]
-    kc, vc = (torch.randn(c["B"], c["H"], c["T"], c["D"], device="cuda", dtype=DT) for _ in range(2))
-    return lambda: attend(q, kc, vc)
-
-
 CONTEXT_CASES = [{"B": 1, "T": t, "H": H_DEC, "D": D_DEC} for t in (4096, 8192, 16384, 32768, 65536)]
 
 # Softmax decode: one query over a T-long KV cache, 4·B·H·T·D FLOPs and the 2·B·H·T·D bf16 cache
 # read (its roofline grows with T). Graph-replayed.
-CONTEXT_SOFTMAX = Benchmark("gla_decode_context_softmax", CONTEXT_CASES, {"SDPA flash": _sdpa_decode},
-                            flops=lambda c: 4 * c["B"] * c["H"] * c["T"] * c["D"],
-                            bytes_moved=lambda c: 2 * c["B"] * c["H"] * c["T"] * c["D"] * 2, timer="graph")
+CONTEXT_SOFTMAX = Benchmark("gla_decode_context_softmax", CONTEXT_CASES, {"SDPA flash": costs.sdpa_decode},
+                            flops=costs.softmax_decode_flops, bytes_moved=costs.softmax_decode_bytes, timer="graph")
 # One GLA step at the same B, H, D: the fixed state read and write, whatever T is. Graph-replayed.
 CONTEXT_GLA = Benchmark("gla_decode_context_gla", CONTEXT_CASES, {"book": _book_step, "PyTorch step": _torch_step},
-                        flops=decode_flops, bytes_moved=decode_bytes, timer="graph")
+                        flops=costs.decode_flops, bytes_moved=STEP_BYTES, timer="graph")
 
 
 # ---------------------------------------------------------------- prefill
-def prefill_flops(c):
-    """Matmul work of the chunk algorithm (chunk C = 64, NT = ceil(T / C) chunks), per (batch, head):
-
-    per chunk, intra scores Q K^T on the causal triangle: C(C+1)/2 pairs x 2K = C(C+1)·K;
-    intra A V on the same triangle: C(C+1)·V; inter (Q ⊙ e^b) S: 2·C·K·V;
-    state update (K ⊙ e^{b_C - b})^T V: 2·C·K·V. Total B·H·NT·(C(C+1)(K+V) + 4·C·K·V).
-    The same count is used for every provider (SDPA's own work is different: read its ms).
-    At K = V = 128 that is 5.3 MFLOP per chunk and head, 64 FLOP per byte of `prefill_bytes`:
-    below the H200's ~160 FLOP/byte ridge, so the roofline is the memory floor (reading
-    q, k, v, gk and writing o once); the chunk states and scores are extra traffic on top.
-    """
-    C, K, V = CHUNK, c["D"], c["D"]
-    nt = -(-c["T"] // C)
-    return c["B"] * c["H"] * nt * (C * (C + 1) * (K + V) + 4 * C * K * V)
-
-
-def prefill_bytes(c):
-    """Read q, k, gk, v and write o once (bf16): B·T·H·(3K + 2V)·2."""
-    return c["B"] * c["T"] * c["H"] * (3 * c["D"] + 2 * c["D"]) * 2
+prefill_flops = costs.chunk_flops
+prefill_bytes = costs.prefill_bytes(vectors_per_token=5)  # q, k, gk, v read and o written once, bf16
 
 
 def _prefill(fn, max_T=None):
@@ -136,12 +100,6 @@ def _fla_chunk(c):
     return None if fla_chunk_gla is None else _prefill(fla_chunk_gla)(c)
 
 
-def _sdpa_causal(c):
-    attend = sdpa("flash")
-    q, k, v = (torch.randn(c["B"], c["H"], c["T"], c["D"], device="cuda", dtype=DT) for _ in range(3))
-    return lambda: attend(q, k, v, causal=True)
-
-
 # B = 1, H = 32, D = 128, T = 1K..16K, plus fla's test shape B = 4, T = 2048, H = 16. Plain calls.
 PREFILL = Benchmark(
     "gla_prefill",
@@ -152,7 +110,7 @@ PREFILL = Benchmark(
         # one launch per chunk, linear in T: three points show the slope
         "book: sequential chunk": _prefill(sequential_chunk_gla, max_T=4096),
         "fla chunk_gla": _fla_chunk,
-        "SDPA flash": _sdpa_causal,     # causal softmax at the same shape, for scale
+        "SDPA flash": costs.sdpa_causal,     # causal softmax at the same shape, for scale
         # tens of ms per 1K tokens: the first point only
         "PyTorch step loop": _prefill(naive_recurrent_gla, max_T=1024),
     },

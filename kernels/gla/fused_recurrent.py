@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, pow2_at_least_16
+from ..linear.recurrent import program_tile, recurrent_token, state_tile, store_state, token_inputs
 
 # the H200's picks for the decode step at B·H = 32, 256 and 2048 (K = V = 128)
 _CONFIGS = autotune_configs([({"BV": 16}, 8, 3), ({"BV": 64}, 2, 3), ({"BV": 32}, 4, 3)], interpreter={"BV": 32})
@@ -31,38 +32,17 @@ def _fused_recurrent_gla_kernel(
     BK: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
 ):
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
+    i_h, o_k, o_v, m_k, m_v, p_h, base_k, base_v = program_tile(T, H, K, V, BK, BV)
     m_h = m_k[:, None] & m_v[None, :]
-
     # the [BK, BV] state tile: fp32, in registers for the whole sequence
-    p_h = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
-    if USE_H0:
-        b_h = tl.load(h0 + p_h, mask=m_h, other=0.0)
-    else:
-        b_h = tl.zeros([BK, BV], dtype=tl.float32)
-
-    # token t of (b, h) lives at ((b*T + t)*H + h)*D in the [B, T, H, D] layout
-    base_k = (i_b * T * H + i_h) * K
-    base_v = (i_b * T * H + i_h) * V
+    b_h = state_tile(h0, p_h, m_h, USE_H0, BK, BV)
     for t in range(0, T):
-        b_q = tl.load(q + base_k + o_k, mask=m_k, other=0.0).to(tl.float32) * scale
-        b_k = tl.load(k + base_k + o_k, mask=m_k, other=0.0).to(tl.float32)
-        b_g = tl.load(gk + base_k + o_k, mask=m_k, other=0.0).to(tl.float32)
-        b_v = tl.load(v + base_v + o_v, mask=m_v, other=0.0).to(tl.float32)
-        # S = Diag(exp(gk)) S + k v^T ; gk <= 0 so exp never overflows (and -inf resets to 0)
-        b_h = b_h * tl.exp(b_g)[:, None] + b_k[:, None] * b_v[None, :]
-        # o = S^T (q * scale): a reduction over the key axis
-        b_o = tl.sum(b_h * b_q[:, None], axis=0)
-        tl.store(o + base_v + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
-        base_k += H * K
-        base_v += H * V
-
-    if STORE_HT:
-        tl.store(ht + p_h, b_h, mask=m_h)
+        b_q, b_k, b_v, p_tk, p_tv = token_inputs(q, k, v, t, base_k, base_v, o_k, o_v, m_k, m_v, scale, H, K, V)
+        b_g = tl.load(gk + p_tk, mask=m_k, other=0.0).to(tl.float32)
+        # S = Diag(exp(gk)) S + k v^T, o = S^T (q * scale); gk <= 0: exp never overflows (-inf resets to 0)
+        b_h, b_o = recurrent_token(b_h, tl.exp(b_g)[:, None], b_q, b_k, b_v)
+        tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_v)
+    store_state(ht, p_h, m_h, b_h, STORE_HT)
 
 
 def fused_recurrent_fwd(q, k, v, gk, o, scale: float, initial_state=None, final_state=None) -> None:

@@ -14,10 +14,12 @@ way (GLA: per-channel decays inside the sum over keys; Lightning: a fixed decay 
     chunk_output(q, v, b, states, A, o, scale)       o = (Q ⊙ e^b) S_start · scale + A V
 
 The caller allocates every buffer (the shapes are in each docstring). Gates are a log decay per
-key channel, [B, T, H, K] (GLA, KDA), or one per head and token, passed as [B, T, H, 1] (Lightning's
-fixed decay broadcast over T, Mamba-2's dt·A): the gate's last size G is K or 1, and G = 1 is read
-once per token and broadcast over the key channels. fp32 inputs multiply in IEEE fp32 (`tl.dot`
-with input_precision="ieee"), 16-bit inputs on tensor cores with fp32 accumulation.
+key channel, [B, T, H, K] (GLA, KDA), or one per head and token, passed as [B, T, H, 1] (Mamba-2's
+dt·A): the gate's last size G is K or 1, and G = 1 is read once per token and broadcast over the key
+channels. A decay that is the same at every step (Lightning Attention's λ_h = e^{-s_h}) needs no gate
+tensor at all: the state pass takes it as `gamma` [H], the log decay per step, and computes the
+decays itself. fp32 inputs multiply in IEEE fp32 (`tl.dot` with input_precision="ieee"), 16-bit
+inputs on tensor cores with fp32 accumulation.
 """
 from __future__ import annotations
 
@@ -100,6 +102,7 @@ def _chunk_state_kernel(
     k, v, b, h, h0, ht, T, H, NT, NBH,
     K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
+    gamma=None, GAMMA: tl.constexpr = False,
 ):
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -122,41 +125,72 @@ def _chunk_state_kernel(
         # K^T and b^T as [BK, BT] tiles, V as [BT, BV]
         m_kt = m_k[:, None] & m_t[None, :]
         b_kt = tl.load(k + ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None], mask=m_kt, other=0.0)
-        b_gt = tl.load(b + ((i_b * T + o_t[None, :]) * H + i_h) * G + o_gk[:, None], mask=m_kt, other=0.0)
         t_last = tl.minimum(i_t * BT + BT, T) - 1
-        b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
-        b_v = tl.load(v + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
-                      mask=m_t[:, None] & m_v[None, :], other=0.0)
-        # decay to the chunk end; every exponent b_last - b_t <= 0
-        b_kt = (b_kt * tl.exp(b_gl[:, None] - b_gt)).to(b_v.dtype)
-        b_h = b_h * tl.exp(b_gl)[:, None] + tl.dot(b_kt, b_v, input_precision=DOT_PREC)
+        if GAMMA:
+            b_v = tl.load(v + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
+                          mask=m_t[:, None] & m_v[None, :], other=0.0)
+            # a fixed log decay per step and head: from token t to the chunk end it is gamma·(t_last - t),
+            # one product (no difference of cumulative sums); <= 0 on every real token, 0 on the padding
+            b_gam = tl.load(gamma + i_h)
+            b_kt = (b_kt * tl.exp(b_gam * tl.maximum(t_last - o_t, 0).to(tl.float32))[None, :]).to(b_v.dtype)
+            b_h = b_h * tl.exp(b_gam * (t_last + 1 - i_t * BT).to(tl.float32)) \
+                + tl.dot(b_kt, b_v, input_precision=DOT_PREC)
+        else:
+            b_gt = tl.load(b + ((i_b * T + o_t[None, :]) * H + i_h) * G + o_gk[:, None], mask=m_kt, other=0.0)
+            b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+            b_v = tl.load(v + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
+                          mask=m_t[:, None] & m_v[None, :], other=0.0)
+            # decay to the chunk end; every exponent b_last - b_t <= 0
+            b_kt = (b_kt * tl.exp(b_gl[:, None] - b_gt)).to(b_v.dtype)
+            b_h = b_h * tl.exp(b_gl)[:, None] + tl.dot(b_kt, b_v, input_precision=DOT_PREC)
 
     if STORE_HT:
         tl.store(ht + i_bh * K * V + p_h, b_h, mask=m_h)
 
 
-def chunk_state_pass(k, v, b, states, initial_state=None, final_state=None) -> None:
+def chunk_state_pass(k, v, b, states, initial_state=None, final_state=None, *, gamma=None) -> None:
     """The state at the start of every chunk, and after the last: the only pass that is sequential
     over chunks (one program per K-tile, V-tile and batch·head walks them).
 
     k: [B, T, H, K]; v: [B, T, H, V]; b: fp32 [B, T, H, G], the in-chunk cumulative gates
-    (`chunk_local_cumsum`), G = K or 1. Written: states [B, NT, H, K, V] (NT = ceil(T / CHUNK)) in
-    k's dtype, which feeds the output matmul; final_state fp32 [B, H, K, V] unless None.
-    initial_state: fp32 [B, H, K, V] or None (zeros). All contiguous.
+    (`chunk_local_cumsum`), G = K or 1. Or, for a decay that is the same at every step (Lightning
+    Attention, RetNet), b = None and gamma: fp32 [H], the log decay per step of each head (finite,
+    <= 0); the kernel then computes the decays itself and reads no gates. Written: states
+    [B, NT, H, K, V] (NT = ceil(T / CHUNK)) in k's dtype, which feeds the output matmul; final_state
+    fp32 [B, H, K, V] unless None. initial_state: fp32 [B, H, K, V] or None (zeros). All contiguous.
 
         >>> states = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, dtype=k.dtype, device=k.device)
         >>> chunk_state_pass(k, v, b, states)
         >>> states[:, 1]            # S after the first chunk, [B, H, K, V]
     """
+    if (b is None) == (gamma is None):
+        raise ValueError("chunk_state_pass takes exactly one of b (cumulative gates) and gamma (a decay per head)")
     B, T, H, K = k.shape
-    V, G = v.shape[-1], b.shape[-1]
+    V = v.shape[-1]
+    G = 1 if b is None else b.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     _chunk_state_kernel[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), B * H)](
         k, v, b, states, initial_state, final_state, T, H, NT, B * H, K, V, G, BT=CHUNK,
-        USE_H0=initial_state is not None, STORE_HT=final_state is not None, DOT_PREC=dot_precision(k.dtype))
+        USE_H0=initial_state is not None, STORE_HT=final_state is not None, DOT_PREC=dot_precision(k.dtype),
+        gamma=gamma, GAMMA=gamma is not None)
 
 
 # ------------------------------------------------------------------ 3. the output assembly
+@triton.jit
+def output_tile(h, T, H, NT, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+    """Where an output program works: grid (V / BV, NT, B·H), the BT rows of chunk i_t and value
+    columns [i_v·BV, (i_v+1)·BV) of one (batch, head). Returns i_b, i_h, the rows inside the chunk
+    o_c and in the sequence o_t (mask m_t), the value columns o_v (mask m_v), and a pointer to the
+    state at the chunk's start in h [B, NT, H, K, V]."""
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_c = tl.arange(0, BT)
+    o_t = i_t * BT + o_c
+    o_v = i_v * BV + tl.arange(0, BV)
+    p_hc = h + ((i_b * NT + i_t) * H + i_h) * K * V
+    return i_b, i_h, o_c, o_t, o_t < T, o_v, o_v < V, p_hc
+
+
 # (BK, BV), num_warps, num_stages. V = 64 keeps only the BV = 64 one.
 _OUTPUT_CONFIGS = autotune_configs([({"BK": 64, "BV": 128}, 4, 3), ({"BK": 64, "BV": 128}, 8, 3),
                                     ({"BK": 64, "BV": 64}, 4, 3)])
@@ -169,14 +203,7 @@ def _chunk_output_kernel(
     K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_c = tl.arange(0, BT)                     # row (or column) inside the chunk
-    o_t = i_t * BT + o_c
-    m_t = o_t < T
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < V
-    p_hc = h + ((i_b * NT + i_t) * H + i_h) * K * V
+    i_b, i_h, o_c, o_t, m_t, o_v, m_v, p_hc = output_tile(h, T, H, NT, K, V, BT, BV)
 
     # inter-chunk: (Q ⊙ e^{b}) S_start · scale, a [BT, K] x [K, BV] product (exponent b <= 0)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)

@@ -10,13 +10,19 @@ import pandas as pd
 import torch
 
 from ..bench import Benchmark, Panel
-from ..plot import BOOK_COLOR, styled
+from ..plot import BOOK_COLOR, COLUMN_INCHES, styled
+
+OTHER_COLOR = "#8c8c8c"  # the caches MLA is compared with
 from .interface import mla_decode
 from .reference import yarn_softmax_scale
 
 H, D_C, D_R, D_NOPE, D_V = 128, 512, 64, 128, 128  # DeepSeek-V3 attention
 D_QK = D_C + D_R                                    # 576: the kernel's key width
 SCALE = yarn_softmax_scale()
+
+
+VALUES, KB_LAYER = "values per token, one layer", "KB per token, one layer"
+KB_MODEL, GB_128K = "KB per token, whole model", "GB at 128K tokens"
 
 
 def cache_bytes_table() -> pd.DataFrame:
@@ -32,10 +38,10 @@ def cache_bytes_table() -> pd.DataFrame:
         ("LLaMA-3-70B, GQA (8 KV heads x 2 x 128)", 80, 8 * 2 * 128),
         ("LLaMA-3-70B dims, MHA (64 heads x 2 x 128)", 80, 64 * 2 * 128),
     ]
-    df = pd.DataFrame(rows, columns=["cache", "layers", "values_per_token_per_layer"])
-    df["KB_per_token_per_layer"] = df["values_per_token_per_layer"] * 2 / 1024
-    df["KB_per_token_model"] = df["KB_per_token_per_layer"] * df["layers"]
-    df["GB_at_128K_tokens"] = df["KB_per_token_model"] * 1024 * 131072 / 1e9
+    df = pd.DataFrame(rows, columns=["cache", "layers", VALUES])
+    df[KB_LAYER] = df[VALUES] * 2 / 1024
+    df[KB_MODEL] = df[KB_LAYER] * df["layers"]
+    df[GB_128K] = df[KB_MODEL] * 1024 * 131072 / 1e9
     return df
 
 
@@ -44,10 +50,10 @@ def plot_cache_bytes(df: pd.DataFrame):
     """Horizontal bars: KB per token for the whole model (bf16), log scale."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 2.8))
-    colors = [BOOK_COLOR if "MLA" in c else "#9e9e9e" for c in df["cache"]]
-    ax.barh(df["cache"], df["KB_per_token_model"], color=colors)
-    for y, v in enumerate(df["KB_per_token_model"]):
+    fig, ax = plt.subplots(figsize=(COLUMN_INCHES, 2.8))
+    colors = [BOOK_COLOR if "MLA" in c else OTHER_COLOR for c in df["cache"]]
+    ax.barh(df["cache"], df[KB_MODEL], color=colors)
+    for y, v in enumerate(df[KB_MODEL]):
         ax.text(v * 1.05, y, f"{v:,.0f} KB", va="center", fontsize=9)
     ax.set_xscale("log")
     ax.invert_yaxis()

@@ -1,0 +1,72 @@
+"""Lightning Attention's public entry points: validate the inputs, allocate what is returned and the
+chunk buffers, launch. The launch functions in the kernel files take contiguous tensors and decide nothing.
+
+Every entry point has the same arguments and returns (o, final_state):
+q, k: [B, T, H, K]; v: [B, T, H, V] (sequence-major, as in fla); slopes: [H], the decay rate of each
+head, s_h >= 0 and finite (the decay per step is λ_h = exp(-s_h); 0 means no decay; the values are
+not checked, which would wait for the GPU); q, k, v one dtype (fp16, bf16 on a GPU, fp32), slopes
+any of them (used in fp32); K, V <= 256, any T >= 1. scale defaults to 1.0 (Lightning has no 1/√d;
+None also means 1.0). initial_state: fp32 [B, H, K, V] or None (zeros).
+o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..linear.chunk import CHUNK, chunk_state_pass
+from ..linear.inputs import check_linear_inputs
+from .chunk import chunk_lightning_output
+from .fused_recurrent import fused_recurrent_fwd
+
+
+def _checked(q, k, v, slopes, scale, initial_state, output_final_state):
+    """Validate (the shared checks, the machine rule included); return the sizes, the scale, and the
+    tensors made contiguous, slopes in fp32 (a copy only where one is needed)."""
+    B, T, H, K, V, scale = check_linear_inputs(q, k, v, {"slopes": (slopes, "H")}, 1.0 if scale is None else scale,
+                                               initial_state, output_final_state)
+    h0 = None if initial_state is None else initial_state.contiguous()
+    s = slopes.to(torch.float32).contiguous()
+    return (B, T, H, K, V), scale, (q.contiguous(), k.contiguous(), v.contiguous(), s, h0)
+
+
+def fused_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False):
+    """Fused recurrent Lightning Attention forward (Triton): one kernel walks the tokens with the
+    state in registers; with T = 1 it is the decode step (one read and one write of the state).
+
+    Shapes and dtypes as in this module's docstring; math and state in fp32 (no `tl.dot`: fp32
+    inputs are fp32-accurate on every machine).
+
+        >>> q, k, v = torch.randn(3, 1, 1, 32, 128, device="cuda").unbind(0)
+        >>> S, s = torch.zeros(1, 32, 128, 128, device="cuda"), lightning_slopes(32).cuda()
+        >>> o, S = fused_recurrent_lightning(q, k, v, s, initial_state=S, output_final_state=True)
+    """
+    (B, T, H, K, V), scale, (q, k, v, s, h0) = _checked(q, k, v, slopes, scale, initial_state, output_final_state)
+    o = torch.empty_like(v)
+    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    fused_recurrent_fwd(q, k, v, s, o, scale, h0, ht)
+    return o, ht
+
+
+def chunk_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False):
+    """Chunk-parallel Lightning Attention-2 forward (Triton, blocks of 64 tokens): the prefill.
+
+    Shapes and dtypes as in this module's docstring. Two launches: the shared state pass (the state
+    at every chunk start, sequential over chunks, with the decay λ_h^n computed in the kernel), then
+    Lightning's output kernel (intra-block (Q K^T ⊙ M) V and inter-block (Q ⊙ λ^(c+1)) kv_prev, all
+    chunks in parallel). The carried state is fp32; the per-chunk state snapshots are in the input
+    dtype (they feed tensor-core products). fp32 inputs multiply in IEEE fp32 (`tl.dot` with
+    input_precision="ieee"), so they are fp32-accurate on the GPU too.
+
+        >>> q, k, v = torch.randn(3, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
+        >>> o, _ = chunk_lightning(q, k, v, lightning_slopes(32, layer_idx=0, num_layers=80).cuda())
+        >>> o.shape              # torch.Size([1, 4096, 32, 128])
+    """
+    (B, T, H, K, V), scale, (q, k, v, s, h0) = _checked(q, k, v, slopes, scale, initial_state, output_final_state)
+    states = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, dtype=q.dtype, device=q.device)
+    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    gamma = -s                                   # the log decay per step, the same for every token
+    chunk_state_pass(k, v, None, states, h0, ht, gamma=gamma)
+    o = torch.empty_like(v)
+    chunk_lightning_output(q, k, v, states, gamma, o, scale)
+    return o, ht

@@ -1,0 +1,83 @@
+"""What the linear families' benchmarks count and feed alike: the work and the least traffic of one
+decode step and of a chunked prefill, a random fp32 state, and softmax decode over a KV cache (the
+yardstick a fixed-size state is measured against). Cases hold B, H, D (K = V = D) and, for prefill
+and context sweeps, T.
+
+    >>> step_bytes = decode_bytes(vectors_per_token=4)     # q, k, v in, o out
+    >>> Benchmark("x_decode", cases, providers, decode_flops, step_bytes)
+"""
+import torch
+
+from .chunk import CHUNK
+
+DT = torch.bfloat16  # the benchmarks' inputs; the state is fp32
+
+
+def random_state(c):
+    """A random fp32 state [B, H, D, D] on the GPU."""
+    return torch.randn(c["B"], c["H"], c["D"], c["D"], device="cuda")
+
+
+def decode_flops(c):
+    """One step: decay + rank-1 update (2·K·V) and the read-out (2·K·V), per (batch, head); K = V = D."""
+    return 4 * c["B"] * c["H"] * c["D"] * c["D"]
+
+
+def decode_bytes(vectors_per_token: int):
+    """The least one step moves: the fp32 state read and written, plus `vectors_per_token` bf16
+    vectors of D per (batch, head) (q, k, v, o, and a gate where the family has one per channel)."""
+    def count(c):
+        B, H, D = c["B"], c["H"], c["D"]
+        return 2 * B * H * D * D * 4 + B * H * vectors_per_token * D * 2
+    return count
+
+
+def chunk_flops(c):
+    """Matmul work of the chunk algorithm (chunk C = 64, NT = ceil(T / C) chunks), per (batch, head):
+
+    per chunk, intra scores Q K^T on the causal triangle: C(C+1)/2 pairs x 2K = C(C+1)·K;
+    intra (scores) V on the same triangle: C(C+1)·V; inter Q S (queries decayed to the chunk start):
+    2·C·K·V; the state update K^T V (keys decayed to the chunk end): 2·C·K·V.
+    Total B·H·NT·(C(C+1)(K+V) + 4·C·K·V), the same count for every provider (SDPA's own work is
+    different: read its ms). At K = V = 128 that is 5.3 MFLOP per chunk and head, 64 FLOP per byte
+    of four bf16 vectors per token (q, k, v, o; 51 with a gate per channel): below the H200's
+    ~160 FLOP/byte ridge, so the roofline is the memory floor (reading the inputs and writing o
+    once); the chunk states are extra traffic on top.
+    """
+    C, K, V = CHUNK, c["D"], c["D"]
+    nt = -(-c["T"] // C)
+    return c["B"] * c["H"] * nt * (C * (C + 1) * (K + V) + 4 * C * K * V)
+
+
+def prefill_bytes(vectors_per_token: int):
+    """Each bf16 input read and o written once: B·T·H·vectors_per_token·D·2."""
+    return lambda c: c["B"] * c["T"] * c["H"] * vectors_per_token * c["D"] * 2
+
+
+def softmax_decode_flops(c):
+    """One query over a T-long KV cache: 4·B·H·T·D."""
+    return 4 * c["B"] * c["H"] * c["T"] * c["D"]
+
+
+def softmax_decode_bytes(c):
+    """The bf16 KV cache read once: 2·B·H·T·D values."""
+    return 2 * c["B"] * c["H"] * c["T"] * c["D"] * 2
+
+
+def sdpa_decode(c):
+    """A provider: SDPA's flash kernel, one query against a T-long bf16 KV cache ([B, H, T, D])."""
+    from ..peers import sdpa
+
+    attend = sdpa("flash")
+    q = torch.randn(c["B"], c["H"], 1, c["D"], device="cuda", dtype=DT)
+    kc, vc = (torch.randn(c["B"], c["H"], c["T"], c["D"], device="cuda", dtype=DT) for _ in range(2))
+    return lambda: attend(q, kc, vc)
+
+
+def sdpa_causal(c):
+    """A provider: SDPA's flash kernel, causal softmax attention over the whole prompt ([B, H, T, D])."""
+    from ..peers import sdpa
+
+    attend = sdpa("flash")
+    q, k, v = (torch.randn(c["B"], c["H"], c["T"], c["D"], device="cuda", dtype=DT) for _ in range(3))
+    return lambda: attend(q, k, v, causal=True)
