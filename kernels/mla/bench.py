@@ -59,7 +59,6 @@ def plot_cache_bytes(df: pd.DataFrame):
     ax.invert_yaxis()
     ax.set_xlabel("KV cache per token, whole model, bf16 (KB, log scale)")
     ax.set_title("What one token costs in the cache", fontsize=11)
-    fig.tight_layout()
     plt.close(fig)  # shown once, as the cell's value
     return fig
 
