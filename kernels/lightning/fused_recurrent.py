@@ -10,27 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..common import INTERPRET
-from ..launch import launch, pow2_at_least_16
-from ..linear.recurrent import program_tile, recurrent_token, state_tile, store_state, token_inputs
-
-
-def decode_tiles(K: int, V: int, NBH: int):
-    """(BM, BN, num_warps, num_stages) for the step: BM = the key rows (K padded to a power of two),
-    BN = the value columns of one program's tile. The choices are GLA's step's H200 picks (the same
-    state tile and the same traffic): narrow tiles and many warps when few (batch, head) pairs must
-    fill 132 SMs, wider ones when there are plenty. The tile is kept at <= 128 fp32 registers per
-    thread, and never wider than V needs."""
-    BM = pow2_at_least_16(K)
-    if INTERPRET:
-        return [(BM, min(32, pow2_at_least_16(V)), 4, 1)]
-    bn, warps = (16, 8) if NBH <= 64 else (64, 2) if NBH <= 512 else (32, 4)
-    bn = min(bn, pow2_at_least_16(V))
-    while BM * bn > 128 * 32 * warps and bn > 16:
-        bn //= 2
-    while BM * bn > 128 * 32 * warps and warps < 8:
-        warps *= 2
-    return [(BM, bn, warps, 3)]
+from ..linear.recurrent import (decode_tiles, launch_step, program_tile, recurrent_token, state_tile, store_state,
+                                token_inputs)
 
 
 @triton.jit(do_not_specialize=["T", "H"])
@@ -61,17 +42,8 @@ def fused_recurrent_fwd(q, k, v, slopes, o, scale: float, initial_state=None, fi
     final_state (written): fp32 [B, H, K, V] or None. All contiguous. After the first call with a
     given (device, dtype, K, V, tile), the compiled kernel is launched directly (`kernels.launch`).
     """
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    tiles = decode_tiles(K, V, B * H)
-    use_h0, store_ht = initial_state is not None, final_state is not None
-    # an unused state pointer gets a stand-in tensor (never read nor written: USE_H0 / STORE_HT are
-    # False), so every argument is a tensor and the direct launch path applies
-    h0 = initial_state if use_h0 else o
-    ht = final_state if store_ht else o
-    launch(_fused_recurrent_lightning_kernel, lambda BM, BN: (triton.cdiv(V, BN), B * H), tiles,
-           ("lightning step", q.device, q.dtype, K, V, use_h0, store_ht, tiles[0]),
-           q, k, v, slopes, o, h0, ht, float(scale), T, H, K=K, V=V, USE_H0=use_h0, STORE_HT=store_ht)
+    launch_step(_fused_recurrent_lightning_kernel, "lightning step", (q, k, v, slopes), o, scale,
+                initial_state, final_state)
 
 
 __all__ = ["fused_recurrent_fwd", "decode_tiles"]

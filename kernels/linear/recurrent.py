@@ -1,9 +1,52 @@
-"""The pieces of a fused recurrent step that every linear family shares: the state tile a program
-holds in registers, and one token's update and read-out. Each family's kernel supplies its decay
-(GLA: a gate per key channel; Lightning: one number per head) and its own loads.
+"""The pieces of a fused recurrent step that the linear families share: the state tile a program
+holds in registers, one token's update and read-out, and the step's tiles and direct launch. Each
+family's kernel supplies its decay (GLA: a gate per key channel; Lightning: one number per head;
+KDA: a gate per key channel and the delta rule's correction) and its own loads.
 """
 import triton
 import triton.language as tl
+
+from ..common import INTERPRET
+from ..launch import launch, pow2_at_least_16
+
+
+def decode_tiles(K: int, V: int, NBH: int):
+    """(BM, BN, num_warps, num_stages) for the step: BM = the key rows (K padded to a power of two),
+    BN = the value columns of one program's tile. The choices are GLA's step's H200 picks (the same
+    state tile and the same traffic): narrow tiles and many warps when few (batch, head) pairs must
+    fill 132 SMs, wider ones when there are plenty. The tile is kept at <= 128 fp32 registers per
+    thread, and never wider than V needs."""
+    BM = pow2_at_least_16(K)
+    if INTERPRET:
+        return [(BM, min(32, pow2_at_least_16(V)), 4, 1)]
+    bn, warps = (16, 8) if NBH <= 64 else (64, 2) if NBH <= 512 else (32, 4)
+    bn = min(bn, pow2_at_least_16(V))
+    while BM * bn > 128 * 32 * warps and bn > 16:
+        bn //= 2
+    while BM * bn > 128 * 32 * warps and warps < 8:
+        warps *= 2
+    return [(BM, bn, warps, 3)]
+
+
+def launch_step(kernel, name: str, inputs, o, scale: float, initial_state=None, final_state=None, key=(),
+                **constexprs) -> None:
+    """Launch a family's fused recurrent kernel, one program per (V-tile, batch·head), with the tiles
+    of `decode_tiles` and, after the first call, directly (`kernels.launch`). The kernel's arguments:
+    *inputs (q [B, T, H, K] and v [B, T, H, V] first and third), o, h0, ht, scale, T, H, then the
+    constexprs K, V, USE_H0, STORE_HT, BM, BN and `constexprs`. `key` adds what else selects the
+    compiled variant (e.g. a constexpr flag)."""
+    q, v = inputs[0], inputs[2]
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    tiles = decode_tiles(K, V, B * H)
+    use_h0, store_ht = initial_state is not None, final_state is not None
+    # an unused state pointer gets a stand-in tensor (never read nor written: USE_H0 / STORE_HT are
+    # False), so every argument is a tensor and the direct launch path applies
+    h0 = initial_state if use_h0 else o
+    ht = final_state if store_ht else o
+    launch(kernel, lambda BM, BN: (triton.cdiv(V, BN), B * H), tiles,
+           (name, q.device, *(t.dtype for t in inputs), K, V, use_h0, store_ht, *key, tiles[0]),
+           *inputs, o, h0, ht, float(scale), T, H, K=K, V=V, USE_H0=use_h0, STORE_HT=store_ht, **constexprs)
 
 
 @triton.jit

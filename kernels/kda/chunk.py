@@ -1,0 +1,216 @@
+"""KDA's own pieces of the chunk-parallel forward: the WY/UT solve inside each chunk, and the state
+pass that turns its pseudo-values into the values the state really receives.
+
+Inside a chunk of C = 64 tokens, with b_t the in-chunk cumulative log gate and S the state at the
+chunk's start, unroll the step S_t = Diag(e^{g_t}) S_{t-1} + k_t u_tᵀ,
+u_t = β_t (v_t - k_tᵀ Diag(e^{g_t}) S_{t-1}):
+
+    u_t = β_t (v_t - (k_t ⊙ e^{b_t})ᵀ S - Σ_{j<t} (k_t · (k_j ⊙ e^{b_t - b_j})) u_j)
+
+Every u_t depends on the earlier ones through a strictly lower-triangular matrix
+A_tj = β_t Σ_c k_tc k_jc e^{b_tc - b_jc} (j < t), so in matrices (I + A) U = diag(β) (V - (K ⊙ e^b) S):
+
+    U = W' - W S,     W' = (I + A)⁻¹ diag(β) V,     W = (I + A)⁻¹ diag(β) (K ⊙ e^b)
+
+W and W' (the pseudo-values) do not depend on S: every chunk computes them in parallel, with one
+64 x 64 triangular solve (`kda_wy`). Then the walk over chunks (`kda_state_pass`) is GLA's, with
+U = W' - W S formed on the way in place of V: one more matmul per chunk. The chain of T rank-1
+updates has become matmuls of 64 rows. The output is GLA's with U in place of V:
+o = (Q ⊙ e^b) S · scale + A_qk U, A_qk being GLA's intra-chunk scores.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..launch import autotune_configs, pow2_at_least_16
+from ..linear.chunk import CHUNK, dot_precision
+from ..linear.recurrent import state_tile, store_state
+from ..tl_helpers import dot_causal
+
+
+# ------------------------------------------------------------------ 0. q and k divided by their L2 norm
+@triton.jit
+def _l2norm_kernel(x, y, N, K: tl.constexpr, EPS: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+    # one program: BR rows of K, each divided by sqrt(Σ x² + EPS) in fp32
+    o_r = tl.program_id(0) * BR + tl.arange(0, BR)
+    o_k = tl.arange(0, BK)
+    m = (o_r < N)[:, None] & (o_k < K)[None, :]
+    p = o_r[:, None] * K + o_k[None, :]
+    b_x = tl.load(x + p, mask=m, other=0.0).to(tl.float32)
+    b_y = b_x * tl.rsqrt(tl.sum(b_x * b_x, axis=1) + EPS)[:, None]
+    tl.store(y + p, b_y.to(y.dtype.element_ty), mask=m)
+
+
+def l2norm_rows(x, y, eps: float) -> None:
+    """y = x / sqrt(Σ x² + eps) over the last axis, in one pass (read x once, write y once).
+
+    x, y: [..., K], contiguous, one dtype; y written. The chunk form normalises q and k this way once,
+    before the kernels that read them (five of its launches read k)."""
+    K = x.shape[-1]
+    N = x.numel() // K
+    BK = triton.next_power_of_2(K)
+    BR = max(1, min(64, 4096 // BK))
+    _l2norm_kernel[(triton.cdiv(N, BR),)](x, y, N, K, EPS=eps, BR=BR, BK=BK, num_warps=4)
+
+
+# ------------------------------------------------------------------ 1. the in-chunk solve
+# num_warps, num_stages: at K = V = 128 and bf16, 8 warps hold the solve's 64 x 64 fp32 tiles with a
+# 64-byte spill (ptxas, sm_90); 4 warps spill 584 bytes.
+@triton.autotune(configs=autotune_configs([({}, 8, 1), ({}, 4, 1)]), key=["K", "V"])
+@triton.jit(do_not_specialize=["T", "H"])
+def _kda_wy_kernel(
+    k, v, b, beta, Akk, w, u, T, H,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
+    DOT_PREC: tl.constexpr, SOLVE_PREC: tl.constexpr,
+):
+    # one program: the BT rows of chunk i_t of one (batch, head)
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_c = tl.arange(0, BT)
+    o_t = i_t * BT + o_c
+    m_t = o_t < T
+    b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+
+    # A = diag(β) (K Kᵀ ⊙ decay), strictly below the diagonal (a select: the rest was never written)
+    b_A = tl.load(Akk + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
+    b_A = tl.where(o_c[:, None] > o_c[None, :], b_A, 0.0) * b_beta[:, None]
+
+    # X = (I + A)⁻¹ in two stages, with the chunk cut into blocks of BS = 16 rows.
+    # (a) The block-diagonal part D = (I + A_d)⁻¹ by forward substitution, the four blocks at once, a
+    #     column at a time: when local column s is reached, local row s of each block is final, and it
+    #     is subtracted from the block's later rows with weight A_is. 16 rank-1 updates of the tile.
+    o_blk = o_c // BS
+    m_same = o_blk[:, None] == o_blk[None, :]
+    b_Ad = tl.where(m_same, b_A, 0.0)
+    b_X = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)
+    for s in range(0, BS):
+        m_piv = (o_c % BS) == s
+        b_xs = tl.sum(tl.where(m_piv[:, None] & m_same, b_X, 0.0), axis=0)     # each column: its block's row s
+        b_as = tl.sum(tl.where(m_piv[None, :] & m_same, b_Ad, 0.0), axis=1)    # each row: its block's column s
+        b_X = b_X - tl.where(m_same, b_as[:, None] * b_xs[None, :], 0.0)
+    # (b) The rest from I + A = D⁻¹ (I + N), N = D A_o (A_o: the blocks below the diagonal). N is
+    #     strictly block-lower with four blocks, so N⁴ = 0 and X = (I - N + N² - N³) D: four products
+    #     of 64 x 64 tiles on tensor cores (IEEE fp32 for fp32 inputs; TF32 for 16-bit ones, whose X is
+    #     rounded to 16 bits next anyway).
+    b_N = tl.dot(b_X, tl.where(m_same, 0.0, b_A), input_precision=SOLVE_PREC)
+    b_N2 = tl.dot(b_N, b_N, input_precision=SOLVE_PREC)
+    b_N3 = tl.dot(b_N2, b_N, input_precision=SOLVE_PREC)
+    b_M = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0) - b_N + b_N2 - b_N3
+    b_X = tl.dot(b_M, b_X, input_precision=SOLVE_PREC)
+    b_Xd = b_X.to(k.dtype.element_ty)
+
+    # W = X diag(β) (K ⊙ e^b): b <= 0, so every factor e^b <= 1
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    m_tk = m_t[:, None] & m_k[None, :]
+    p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+    b_k = tl.load(k + p_k, mask=m_tk, other=0.0).to(tl.float32)
+    b_g = tl.load(b + p_k, mask=m_tk, other=0.0)
+    b_kb = (b_k * tl.exp(b_g) * b_beta[:, None]).to(k.dtype.element_ty)
+    # X is lower triangular: dot_causal keeps a NaN or inf in a later token out of the earlier rows
+    b_w = dot_causal(b_Xd, b_kb, tl.zeros([BT, BK], dtype=tl.float32), DOT_PREC)
+    tl.store(w + p_k, b_w.to(w.dtype.element_ty), mask=m_tk)
+
+    # W' = X diag(β) V, V in tiles of BV columns
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v < V)[None, :]
+        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        b_v = tl.load(v + p_v, mask=m_tv, other=0.0).to(tl.float32)
+        b_u = dot_causal(b_Xd, (b_v * b_beta[:, None]).to(k.dtype.element_ty), tl.zeros([BT, BV], dtype=tl.float32),
+                         DOT_PREC)
+        tl.store(u + p_v, b_u.to(u.dtype.element_ty), mask=m_tv)
+
+
+def kda_wy(k, v, b, beta, Akk, w, u) -> None:
+    """The pseudo-values of every chunk, all chunks in parallel (one program per chunk and batch·head).
+
+    k: [B, T, H, K]; v: [B, T, H, V]; b: fp32 [B, T, H, K], the in-chunk cumulative gates; beta:
+    [B, T, H]; Akk: fp32 [B, T, H, CHUNK], the key-key scores Σ_c k_tc k_jc e^{b_tc - b_jc} (GLA's
+    scores with k for q and scale 1), read strictly below the diagonal. Written: w [B, T, H, K] and
+    u [B, T, H, V] (in k's dtype): W = (I + A)⁻¹ diag(β) (K ⊙ e^b), W' = (I + A)⁻¹ diag(β) V.
+    """
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    _kda_wy_kernel[(triton.cdiv(T, CHUNK), B * H)](
+        k, v, b, beta, Akk, w, u, T, H, K, V, BT=CHUNK, BK=pow2_at_least_16(K),
+        BV=min(64, pow2_at_least_16(V)), BS=16, DOT_PREC=dot_precision(k.dtype),
+        SOLVE_PREC=dot_precision(k.dtype))
+
+
+# ------------------------------------------------------------------ 2. the state pass
+def _fits(configs, named_args, **kwargs):
+    pv = pow2_at_least_16(named_args["V"])
+    keep = [c for c in configs if c.kwargs["BV"] <= pv]
+    return keep or configs[:1]
+
+
+# BV, num_warps, num_stages. At K = 128 and bf16, ptxas (sm_90) fits BV = 32 and 16 in registers with
+# 8 warps (245 and 217 per thread); BV = 32 with 4 warps spills 480 bytes, BV = 64 spills at 4 and 8.
+_STATE_CONFIGS = autotune_configs([({"BV": 32}, 8, 2), ({"BV": 16}, 8, 2), ({"BV": 16}, 4, 2)],
+                                  interpreter={"BV": 32})
+
+
+@triton.autotune(configs=_STATE_CONFIGS, key=["K", "V", "NBH"], prune_configs_by={"early_config_prune": _fits})
+@triton.jit(do_not_specialize=["T", "H", "NT", "NBH"])
+def _kda_state_kernel(
+    k, w, u, b, h, vn, h0, ht, T, H, NT, NBH,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    # one program: every key row (U = W' - W S sums over K) and BV value columns of one (batch, head)
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_h = m_k[:, None] & m_v[None, :]
+    p_h = o_k[:, None] * V + o_v[None, :]
+    b_h = state_tile(h0, i_bh * K * V + p_h, m_h, USE_H0, BK, BV)
+
+    for i_t in range(NT):
+        # the state at the start of chunk i_t, for the output kernel (in the input dtype)
+        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_h, b_h.to(h.dtype.element_ty), mask=m_h)
+        o_t = i_t * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        # the values the state really receives: U = W' - W S, [BT, BV]
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_w = tl.load(w + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        m_tv = m_t[:, None] & m_v[None, :]
+        b_u = tl.load(u + p_v, mask=m_tv, other=0.0).to(tl.float32)
+        b_u -= tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)
+        b_ud = b_u.to(vn.dtype.element_ty)
+        tl.store(vn + p_v, b_ud, mask=m_tv)
+        # then GLA's update: decay to the chunk end (every exponent b_last - b_t <= 0), add Kᵀ U
+        m_kt = m_k[:, None] & m_t[None, :]
+        p_kt = ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None]
+        b_kt = tl.load(k + p_kt, mask=m_kt, other=0.0)
+        b_gt = tl.load(b + p_kt, mask=m_kt, other=0.0)
+        t_last = tl.minimum(i_t * BT + BT, T) - 1
+        b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+        b_kt = (b_kt * tl.exp(b_gl[:, None] - b_gt)).to(b_ud.dtype)
+        b_h = b_h * tl.exp(b_gl)[:, None] + tl.dot(b_kt, b_ud, input_precision=DOT_PREC)
+
+    store_state(ht, i_bh * K * V + p_h, m_h, b_h, STORE_HT)
+
+
+def kda_state_pass(k, w, u, b, states, v_new, initial_state=None, final_state=None) -> None:
+    """The state at every chunk start and after the last, and the values it receives (sequential
+    over chunks; one program per V-tile and batch·head walks them).
+
+    k, w: [B, T, H, K]; u: [B, T, H, V] (`kda_wy`); b: fp32 [B, T, H, K], the in-chunk cumulative
+    gates. Written: states [B, NT, H, K, V] and v_new [B, T, H, V] (U = W' - W S, per chunk) in k's
+    dtype; final_state fp32 [B, H, K, V] unless None. initial_state: fp32 [B, H, K, V] or None.
+    """
+    B, T, H, K = k.shape
+    V = u.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    _kda_state_kernel[lambda m: (triton.cdiv(V, m["BV"]), B * H)](
+        k, w, u, b, states, v_new, initial_state, final_state, T, H, NT, B * H, K, V, BT=CHUNK,
+        BK=pow2_at_least_16(K), USE_H0=initial_state is not None, STORE_HT=final_state is not None,
+        DOT_PREC=dot_precision(k.dtype))
+
+
+__all__ = ["l2norm_rows", "kda_wy", "kda_state_pass"]

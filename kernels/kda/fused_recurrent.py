@@ -1,0 +1,63 @@
+"""Fused recurrent KDA: the gated delta rule in one Triton kernel, the state kept in registers.
+
+One program owns one (batch, head, V-tile): it loads the [K, BN] fp32 state tile once, walks the T
+tokens in order, and writes the state back once. Per token, on the tile:
+
+    S ← Diag(e^{g}) S                 decay each key row
+    u = β (v - Sᵀ k)                  the prediction error for key k, a [BN] vector (a sum over K)
+    S ← S + k uᵀ;   o = Sᵀ (scale·q)  the rank-1 correction and the read-out (`recurrent_token`)
+
+The prediction Sᵀ k sums over the whole key dimension, so a program holds every key row of its value
+columns (BM >= K); the value columns are independent, so they split across programs as in GLA's and
+Lightning's steps. No D x D intermediate is ever written: with T = 1 this is the decode step, one
+read and one write of the state. With use_qk_l2norm_in_kernel, q and k are normalised in registers.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..linear.recurrent import launch_step, program_tile, recurrent_token, state_tile, store_state, token_inputs
+from .reference import L2NORM_EPS
+
+
+@triton.jit(do_not_specialize=["T", "H"])
+def _fused_recurrent_kda_kernel(
+    q, k, v, g, beta, o, h0, ht, scale, T, H,
+    K: tl.constexpr, V: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    L2NORM: tl.constexpr, EPS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+):
+    # BM covers the whole key dim (padded), BN is this program's slice of value columns
+    i_h, o_k, o_v, m_k, m_v, p_h, base_k, base_v = program_tile(T, H, K, V, BM, BN)
+    m_h = m_k[:, None] & m_v[None, :]
+    base_b = base_k // K                      # (b·T + 0)·H + h: token 0's β in [B, T, H]
+    b_h = state_tile(h0, p_h, m_h, USE_H0, BM, BN)
+    for t in range(0, T):
+        b_q, b_k, b_v, p_tk, p_tv = token_inputs(q, k, v, t, base_k, base_v, o_k, o_v, m_k, m_v, 1.0, H, K, V)
+        b_g = tl.load(g + p_tk, mask=m_k, other=0.0).to(tl.float32)
+        b_beta = tl.load(beta + base_b + t * H).to(tl.float32)
+        if L2NORM:
+            b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + EPS)
+            b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + EPS)
+        # decay (g <= 0: e^g never overflows, -inf clears the channel), then the error of the prediction
+        b_h = b_h * tl.exp(b_g)[:, None]
+        b_u = (b_v - tl.sum(b_h * b_k[:, None], axis=0)) * b_beta
+        # S += k uᵀ, o = Sᵀ (scale·q): the shared rank-1 update with no further decay
+        b_h, b_o = recurrent_token(b_h, 1.0, b_q * scale, b_k, b_u)
+        tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_v)
+    store_state(ht, p_h, m_h, b_h, STORE_HT)
+
+
+def fused_recurrent_fwd(q, k, v, g, beta, o, scale: float, initial_state=None, final_state=None,
+                        l2norm: bool = False) -> None:
+    """Launch the fused recurrent kernel: one program per (V-tile, batch·head).
+
+    q, k, g: [B, T, H, K]; v, o: [B, T, H, V] (o written); beta: [B, T, H]; initial_state (read)
+    and final_state (written): fp32 [B, H, K, V] or None. All contiguous. After the first call with a
+    given (device, dtype, K, V, tile), the compiled kernel is launched directly (`kernels.launch`).
+    """
+    launch_step(_fused_recurrent_kda_kernel, "kda step", (q, k, v, g, beta), o, scale, initial_state, final_state,
+                key=(l2norm,), L2NORM=l2norm, EPS=L2NORM_EPS)
+
+
+__all__ = ["fused_recurrent_fwd"]

@@ -1,0 +1,100 @@
+"""KDA's public entry points: validate the inputs, allocate what is returned and the chunk buffers,
+launch. The launch functions in the kernel files take contiguous tensors and decide nothing.
+
+Every entry point has fla's arguments and returns (o, final_state):
+q, k, g: [B, T, H, K]; v: [B, T, H, V] (sequence-major, as in fla); beta: [B, T, H]. g = log of the
+per-channel decay, <= 0 (-inf clears a channel); beta in [0, 1], the write strength (neither is
+checked: that would wait for the GPU). q, k, v one dtype (fp16, bf16 on a GPU, fp32), g and beta any
+of them; K, V <= 256, any T >= 1. scale defaults to K ** -0.5. initial_state: fp32 [B, H, K, V] or
+None (zeros). use_qk_l2norm_in_kernel: divide q and k by their L2 norm first (the model's keys must
+be normalised for the delta rule to stay a contraction; pass False if they already are).
+o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..checks import check_bool
+from ..gla.chunk import chunk_gla_scores
+from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output
+from ..linear.inputs import check_linear_inputs
+from .chunk import kda_state_pass, kda_wy, l2norm_rows
+from .fused_recurrent import fused_recurrent_fwd
+from .reference import L2NORM_EPS
+
+
+def _checked(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel):
+    """Validate (the shared checks, the machine rule included); return the sizes, the scale, and the
+    tensors made contiguous (a copy only where one is not)."""
+    B, T, H, K, V, scale = check_linear_inputs(q, k, v, {"g": (g, "B T H K"), "beta": (beta, "B T H")}, scale,
+                                               initial_state, output_final_state)
+    check_bool("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
+    h0 = None if initial_state is None else initial_state.contiguous()
+    return (B, T, H, K, V), scale, (q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(),
+                                    beta.contiguous(), h0)
+
+
+def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                        use_qk_l2norm_in_kernel=False):
+    """Fused recurrent KDA forward (Triton): one kernel walks the tokens with the state in registers;
+    with T = 1 it is the decode step (one read and one write of the state, q and k normalised in
+    registers when asked).
+
+    Shapes and dtypes as in this module's docstring; math and state in fp32 (no `tl.dot`: fp32
+    inputs are fp32-accurate on every machine).
+
+        >>> q, k, v, g = torch.randn(4, 1, 1, 32, 128, device="cuda").unbind(0)
+        >>> beta = torch.rand(1, 1, 32, device="cuda")
+        >>> S = torch.zeros(1, 32, 128, 128, device="cuda")
+        >>> o, S = fused_recurrent_kda(q, k, v, -g.abs(), beta, initial_state=S, output_final_state=True,
+        ...                            use_qk_l2norm_in_kernel=True)
+    """
+    (B, T, H, K, V), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, initial_state,
+                                                              output_final_state, use_qk_l2norm_in_kernel)
+    o = torch.empty_like(v)
+    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    fused_recurrent_fwd(q, k, v, g, beta, o, scale, h0, ht, l2norm=use_qk_l2norm_in_kernel)
+    return o, ht
+
+
+def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+              use_qk_l2norm_in_kernel=False):
+    """Chunk-parallel KDA forward (Triton, chunks of 64 tokens): the prefill.
+
+    Shapes and dtypes as in this module's docstring. Six launches (eight with the L2 norm, one pass
+    over q and one over k before the rest): the in-chunk cumulative gates
+    (shared), the key-key scores (GLA's scores kernel with k for q), the triangular solve for the
+    pseudo-values, the state pass (sequential over chunks), the query-key scores (GLA's), the output
+    (shared, with the corrected values in place of v). The gates and the carried state are fp32; the
+    per-chunk states, pseudo-values and query-key scores are in the input dtype (they feed
+    tensor-core products); the solve is in fp32.
+
+        >>> q, k, v, g = torch.randn(4, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
+        >>> g = torch.nn.functional.logsigmoid(g.float()) / 16
+        >>> beta = torch.rand(1, 4096, 32, device="cuda")
+        >>> o, _ = chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+    """
+    (B, T, H, K, V), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, initial_state,
+                                                              output_final_state, use_qk_l2norm_in_kernel)
+    if use_qk_l2norm_in_kernel:
+        qn, kn = torch.empty_like(q), torch.empty_like(k)
+        l2norm_rows(q, qn, L2NORM_EPS)
+        l2norm_rows(k, kn, L2NORM_EPS)
+        q, k = qn, kn
+    dev, NT = q.device, triton.cdiv(T, CHUNK)
+    b = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
+    chunk_local_cumsum(g, b)
+    Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)  # blocks above the diagonal stay unwritten
+    chunk_gla_scores(k, k, b, Akk, 1.0)
+    w, u = torch.empty_like(k), torch.empty_like(v)
+    kda_wy(k, v, b, beta, Akk, w, u)
+    states = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=dev)
+    v_new = torch.empty_like(v)
+    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    kda_state_pass(k, w, u, b, states, v_new, h0, ht)
+    Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)
+    chunk_gla_scores(q, k, b, Aqk, scale)
+    o = torch.empty_like(v)
+    chunk_output(q, v_new, b, states, Aqk, o, scale)
+    return o, ht
