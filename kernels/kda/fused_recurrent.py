@@ -57,7 +57,7 @@ def fused_recurrent_fwd(q, k, v, g, beta, o, scale: float, initial_state=None, f
     given (device, dtype, K, V, tile), the compiled kernel is launched directly (`kernels.launch`).
     """
     launch_step(_fused_recurrent_kda_kernel, "kda step", (q, k, v, g, beta), o, scale, initial_state, final_state,
-                key=(l2norm,), L2NORM=l2norm, EPS=L2NORM_EPS)
+                key=(g.dtype, beta.dtype, l2norm), L2NORM=l2norm, EPS=L2NORM_EPS)
 
 
 __all__ = ["fused_recurrent_fwd"]

@@ -34,7 +34,7 @@ def launch_step(kernel, name: str, inputs, o, scale: float, initial_state=None, 
     of `decode_tiles` and, after the first call, directly (`kernels.launch`). The kernel's arguments:
     *inputs (q [B, T, H, K] and v [B, T, H, V] first and third), o, h0, ht, scale, T, H, then the
     constexprs K, V, USE_H0, STORE_HT, BM, BN and `constexprs`. `key` adds what else selects the
-    compiled variant (e.g. a constexpr flag)."""
+    compiled variant beyond q's dtype, the sizes and the state flags (other inputs' dtypes, a flag)."""
     q, v = inputs[0], inputs[2]
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -45,7 +45,7 @@ def launch_step(kernel, name: str, inputs, o, scale: float, initial_state=None, 
     h0 = initial_state if use_h0 else o
     ht = final_state if store_ht else o
     launch(kernel, lambda BM, BN: (triton.cdiv(V, BN), B * H), tiles,
-           (name, q.device, *(t.dtype for t in inputs), K, V, use_h0, store_ht, *key, tiles[0]),
+           (name, q.device, q.dtype, K, V, use_h0, store_ht, *key, tiles[0]),
            *inputs, o, h0, ht, float(scale), T, H, K=K, V=V, USE_H0=use_h0, STORE_HT=store_ht, **constexprs)
 
 
