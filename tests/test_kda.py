@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
+from linear_cases import linear_input_cases, replace
 from kernels.common import DEVICE, assert_close, rel_err, tolerance
 from kernels.kda import chunk_kda, fused_recurrent_kda, l2_normalize, naive_recurrent_kda, torch_kda_step
 from kernels.linear import CHUNK
@@ -269,44 +270,21 @@ def _step_good():
     return {n: args[n][:, 0] for n in ("q", "k", "v", "g", "beta")} | {"state": args["initial_state"]}
 
 
-def _set(**changes):
-    def mutate(args):
-        args.update({k: f(args) for k, f in changes.items()})
-    return mutate
-
-
-def _shrink(dim, *names):
-    return _set(**{n: (lambda a, n=n: a[n].narrow(dim, 0, 0)) for n in names})
-
-
-SHARED_CASES = [
-    Case("mixed-dtypes", _set(k=lambda a: a["k"].half()), TypeError, "q, k, v must share one dtype"),
-    Case("k-length", _set(k=lambda a: a["k"][:, :4]), ValueError, r"k must be \[B, T, H, K\] = \[1, 8, 2, 16\]"),
-    Case("v-heads", _set(v=lambda a: a["v"][:, :, :1]), ValueError, r"v must be \[B, T, H, V\]"),
-    Case("g-per-head", _set(g=lambda a: a["g"][..., :1]), ValueError, r"g must be \[B, T, H, K\] = \[1, 8, 2, 16\]"),
-    Case("g-length", _set(g=lambda a: a["g"][:, :4]), ValueError, r"g must be \[B, T, H, K\]"),
-    Case("beta-per-channel", _set(beta=lambda a: a["g"]), ValueError, "beta must have 3 dims"),
-    Case("beta-heads", _set(beta=lambda a: a["beta"][..., :1]), ValueError, r"beta must be \[B, T, H\] = \[1, 8, 2\]"),
-    Case("initial_state-shape", _set(initial_state=lambda a: a["initial_state"][:, :1]), ValueError,
-         r"initial_state must be \[B, H, K, V\] = \[1, 2, 16, 12\]"),
-    Case("initial_state-fp16", _set(initial_state=lambda a: a["initial_state"].half()), TypeError,
-         "initial_state has dtype float16"),
-    Case("empty-length", _shrink(1, "q", "k", "v", "g", "beta"), ValueError, "q must have every size >= 1"),
-    Case("empty-V", _shrink(3, "v"), ValueError, "v must have every size >= 1"),
-    Case("scale-str", _set(scale=lambda a: "0.5"), TypeError, "scale must be a float"),
-    Case("scale-zero", _set(scale=lambda a: 0.0), ValueError, "scale must be finite and > 0"),
-    Case("scale-nan", _set(scale=lambda a: math.nan), ValueError, "scale must be finite and > 0"),
-    Case("output_final_state-int", _set(output_final_state=lambda a: 1), TypeError,
-         "output_final_state must be a bool"),
-    Case("l2norm-int", _set(use_qk_l2norm_in_kernel=lambda a: 1), TypeError,
+SHARED_CASES = linear_input_cases(token_tensors=("q", "k", "v", "g", "beta"),
+                                  key_tensors=("q", "k", "g")) + [
+    Case("g-per-head", replace(g=lambda a: a["g"][..., :1]), ValueError, r"g must be \[B, T, H, K\] = \[1, 8, 2, 16\]"),
+    Case("g-length", replace(g=lambda a: a["g"][:, :4]), ValueError, r"g must be \[B, T, H, K\]"),
+    Case("beta-per-channel", replace(beta=lambda a: a["g"]), ValueError, "beta must have 3 dims"),
+    Case("beta-heads", replace(beta=lambda a: a["beta"][..., :1]), ValueError, r"beta must be \[B, T, H\] = \[1, 8, 2\]"),
+    Case("l2norm-int", replace(use_qk_l2norm_in_kernel=lambda a: 1), TypeError,
          "use_qk_l2norm_in_kernel must be a bool"),
-    Case("l2norm-None", _set(use_qk_l2norm_in_kernel=lambda a: None), TypeError,
+    Case("l2norm-None", replace(use_qk_l2norm_in_kernel=lambda a: None), TypeError,
          "use_qk_l2norm_in_kernel must be a bool"),
 ]
 KERNEL_CASES = [
-    Case("initial_state-float64", _set(initial_state=lambda a: a["initial_state"].double()), TypeError,
+    Case("initial_state-float64", replace(initial_state=lambda a: a["initial_state"].double()), TypeError,
          "initial_state has dtype float64"),
-    Case("head-dim-too-big", _set(**{n: (lambda a, n=n: torch.zeros(1, 8, 2, 272, device=DEVICE))
+    Case("head-dim-too-big", replace(**{n: (lambda a, n=n: torch.zeros(1, 8, 2, 272, device=DEVICE))
                                      for n in ("q", "k", "g")}, initial_state=lambda a: None),
          ValueError, "head dims K=272, V=12 must be at most 256"),
 ]
@@ -326,11 +304,11 @@ def test_reference_refuses(case):
 
 
 STEP_CASES = [
-    Case("state-missing", _set(state=lambda a: None), TypeError, "state must be a torch.Tensor"),
-    Case("state-shape", _set(state=lambda a: a["state"][:, :1]), ValueError, r"state must be \[B, H, K, V\]"),
-    Case("g-shape", _set(g=lambda a: a["g"][..., :1]), ValueError, r"g must be \[B, H, K\]"),
-    Case("beta-shape", _set(beta=lambda a: a["beta"][:, :1]), ValueError, r"beta must be \[B, H\] = \[1, 2\]"),
-    Case("l2norm-int", _set(use_qk_l2norm_in_kernel=lambda a: 0), TypeError, "use_qk_l2norm_in_kernel must be a bool"),
+    Case("state-missing", replace(state=lambda a: None), TypeError, "state must be a torch.Tensor"),
+    Case("state-shape", replace(state=lambda a: a["state"][:, :1]), ValueError, r"state must be \[B, H, K, V\]"),
+    Case("g-shape", replace(g=lambda a: a["g"][..., :1]), ValueError, r"g must be \[B, H, K\]"),
+    Case("beta-shape", replace(beta=lambda a: a["beta"][:, :1]), ValueError, r"beta must be \[B, H\] = \[1, 2\]"),
+    Case("l2norm-int", replace(use_qk_l2norm_in_kernel=lambda a: 0), TypeError, "use_qk_l2norm_in_kernel must be a bool"),
 ]
 
 

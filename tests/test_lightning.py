@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
+from linear_cases import POISONS, assert_poison_pattern, linear_input_cases, poison, replace, shrink
 from kernels.common import DEVICE, assert_close, tolerance
 from kernels.lightning import (article_lightning_step, chunk_lightning, elu_feature_map, fused_recurrent_lightning,
                                lightning_slopes, minimax_lightning_block, naive_recurrent_elu_linear,
@@ -295,38 +296,18 @@ def test_minimax_block(attention):
 
 
 # ------------------------------------------------------------------ NaN and inf a row cannot see
-# o_t depends on tokens j <= t only. A NaN or inf at token t must reach exactly what the math says
-# (later rows of that head: every value channel for a key or a query, one for a value) and nothing
-# earlier, in particular not the earlier rows of t's block, which share the intra-block products.
-POISONS = {"nan-in-k": ("k", math.nan), "inf-in-k": ("k", math.inf), "nan-in-v": ("v", math.nan),
-           "inf-in-v": ("v", math.inf), "nan-in-q": ("q", math.nan)}
-
-
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("token", [35, CHUNK + 5], ids=["t35", "t69"])
-@pytest.mark.parametrize("poison", list(POISONS))
+@pytest.mark.parametrize("poison_case", list(POISONS))
 @pytest.mark.parametrize("form", list(FORMS))
-def test_poison_reaches_only_later_rows(form, poison, token):
-    name, value = POISONS[poison]
+def test_poison_reaches_only_later_rows(form, poison_case, token):
+    name, value = POISONS[poison_case]
     args = dict(zip(["q", "k", "v", "slopes", "h0"], make(2, 77, 2, 40, 24, "minimax", torch.float32)))
     h0 = args.pop("h0")
-    clean = {**args, name: args[name].clone()}
-    clean[name][:, token, 0, 3] = 0.0
-    args[name][:, token, 0, 3] = value
+    clean = poison(args, name, value, token)
     o_ref, _ = ref_lightning(*clean.values(), h0=h0)
     o, S = FORMS[form](*args.values(), initial_state=h0, output_final_state=True)
-    poisoned = torch.zeros_like(o, dtype=torch.bool)
-    if name == "v":
-        poisoned[:, token:, 0, 3] = True         # S[:, 3] carries it to every later row, channel 3 only
-    elif name == "k":
-        poisoned[:, token:, 0, :] = True         # S[3, :] carries it to every later row
-    else:
-        poisoned[:, token, 0, :] = True          # q_t is read by row t alone
-    bad = ~torch.isfinite(o)
-    assert torch.equal(bad, poisoned), f"non-finite at {sorted(set(bad.nonzero()[:, 1].tolist()))}, " \
-                                       f"expected rows {sorted(set(poisoned.nonzero()[:, 1].tolist()))}"
-    assert_close(o[~poisoned], o_ref[~poisoned], FP32, "the rows that cannot see the poison")
-    assert torch.isfinite(S[:, 1]).all(), "head 1 never saw the poison"
+    assert_poison_pattern(o, S, o_ref, name, token)
 
 
 @pytest.mark.parametrize("form", list(FORMS))
@@ -391,53 +372,14 @@ def _step_good():
     return {n: args[n][:, 0] for n in ("q", "k", "v")} | {"slopes": args["slopes"], "state": args["initial_state"]}
 
 
-def _set(**changes):
-    """A mutation: each argument replaced by f(args)."""
-    def mutate(args):
-        args.update({k: f(args) for k, f in changes.items()})
-    return mutate
-
-
-def _shrink(dim, *names):
-    """Every named tensor with size 0 along `dim`."""
-    return _set(**{n: (lambda a, n=n: a[n].narrow(dim, 0, 0)) for n in names})
-
-
-SHARED_CASES = [
-    Case("mixed-dtypes", _set(k=lambda a: a["k"].half()), TypeError, "q, k, v must share one dtype"),
-    Case("k-length", _set(k=lambda a: a["k"][:, :4]), ValueError, r"k must be \[B, T, H, K\] = \[1, 8, 2, 16\]"),
-    Case("v-length", _set(v=lambda a: a["v"][:, :4]), ValueError, r"v must be \[B, T, H, V\] = \[1, 8, 2, 12\]"),
-    Case("v-heads", _set(v=lambda a: a["v"][:, :, :1]), ValueError, r"v must be \[B, T, H, V\]"),
-    Case("slopes-heads", _set(slopes=lambda a: a["slopes"][:1]), ValueError, r"slopes must be \[H\] = \[2\]"),
-    Case("slopes-per-token", _set(slopes=lambda a: a["slopes"].expand(1, 8, 2)), ValueError, "slopes must have 1 dims"),
-    Case("initial_state-shape", _set(initial_state=lambda a: a["initial_state"][:, :1]), ValueError,
-         r"initial_state must be \[B, H, K, V\] = \[1, 2, 16, 12\]"),
-    Case("initial_state-transposed", _set(initial_state=lambda a: a["initial_state"].transpose(-1, -2)), ValueError,
-         r"initial_state must be \[B, H, K, V\]"),
-    Case("initial_state-int", _set(initial_state=lambda a: a["initial_state"].int()), TypeError,
-         "initial_state has dtype int32"),
-    Case("initial_state-fp16", _set(initial_state=lambda a: a["initial_state"].half()), TypeError,
-         "initial_state has dtype float16"),
-    Case("empty-batch", _shrink(0, "q", "k", "v", "initial_state"), ValueError, "q must have every size >= 1"),
-    Case("empty-length", _shrink(1, "q", "k", "v"), ValueError, "q must have every size >= 1"),
-    Case("empty-heads", _shrink(2, "q", "k", "v"), ValueError, "q must have every size >= 1"),
-    Case("empty-K", _shrink(3, "q", "k"), ValueError, "q must have every size >= 1"),
-    Case("empty-V", _shrink(3, "v"), ValueError, "v must have every size >= 1"),
-    Case("scale-bool", _set(scale=lambda a: True), TypeError, "scale must be a float"),
-    Case("scale-str", _set(scale=lambda a: "0.5"), TypeError, "scale must be a float"),
-    Case("scale-zero", _set(scale=lambda a: 0.0), ValueError, "scale must be finite and > 0"),
-    Case("scale-negative", _set(scale=lambda a: -0.5), ValueError, "scale must be finite and > 0"),
-    Case("scale-nan", _set(scale=lambda a: math.nan), ValueError, "scale must be finite and > 0"),
-    Case("scale-inf", _set(scale=lambda a: math.inf), ValueError, "scale must be finite and > 0"),
-    Case("output_final_state-int", _set(output_final_state=lambda a: 1), TypeError,
-         "output_final_state must be a bool"),
-    Case("output_final_state-None", _set(output_final_state=lambda a: None), TypeError,
-         "output_final_state must be a bool"),
+SHARED_CASES = linear_input_cases(token_tensors=("q", "k", "v"), key_tensors=("q", "k")) + [
+    Case("slopes-heads", replace(slopes=lambda a: a["slopes"][:1]), ValueError, r"slopes must be \[H\] = \[2\]"),
+    Case("slopes-per-token", replace(slopes=lambda a: a["slopes"].expand(1, 8, 2)), ValueError, "slopes must have 1 dims"),
 ]
 KERNEL_CASES = [
-    Case("initial_state-float64", _set(initial_state=lambda a: a["initial_state"].double()), TypeError,
+    Case("initial_state-float64", replace(initial_state=lambda a: a["initial_state"].double()), TypeError,
          "initial_state has dtype float64"),
-    Case("head-dim-too-big", _set(**{n: (lambda a, n=n: torch.zeros(1, 8, 2, 272, device=DEVICE)) for n in ("q", "k")},
+    Case("head-dim-too-big", replace(**{n: (lambda a, n=n: torch.zeros(1, 8, 2, 272, device=DEVICE)) for n in ("q", "k")},
                                   initial_state=lambda a: None),
          ValueError, "head dims K=272, V=12 must be at most 256"),
 ]
@@ -457,16 +399,16 @@ def test_reference_refuses(case):
 
 
 STEP_CASES = [
-    Case("state-missing", _set(state=lambda a: None), TypeError, "state must be a torch.Tensor"),
-    Case("state-fp16", _set(state=lambda a: a["state"].half()), TypeError, "state has dtype float16"),
-    Case("state-shape", _set(state=lambda a: a["state"][:, :1]), ValueError, r"state must be \[B, H, K, V\]"),
-    Case("mixed-dtypes", _set(v=lambda a: a["v"].half()), TypeError, "q, k, v must share one dtype"),
-    Case("k-heads", _set(k=lambda a: a["k"][:, :1]), ValueError, r"k must be \[B, H, K\] = \[1, 2, 16\]"),
-    Case("slopes-heads", _set(slopes=lambda a: a["slopes"][:1]), ValueError, r"slopes must be \[H\]"),
-    Case("v-batch", _set(v=lambda a: torch.cat([a["v"], a["v"]])), ValueError, r"v must be \[B, H, V\]"),
-    Case("empty-V", _shrink(2, "v"), ValueError, "v must have every size >= 1"),
-    Case("scale-str", _set(scale=lambda a: "0.5"), TypeError, "scale must be a float"),
-    Case("scale-nan", _set(scale=lambda a: math.nan), ValueError, "scale must be finite and > 0"),
+    Case("state-missing", replace(state=lambda a: None), TypeError, "state must be a torch.Tensor"),
+    Case("state-fp16", replace(state=lambda a: a["state"].half()), TypeError, "state has dtype float16"),
+    Case("state-shape", replace(state=lambda a: a["state"][:, :1]), ValueError, r"state must be \[B, H, K, V\]"),
+    Case("mixed-dtypes", replace(v=lambda a: a["v"].half()), TypeError, "q, k, v must share one dtype"),
+    Case("k-heads", replace(k=lambda a: a["k"][:, :1]), ValueError, r"k must be \[B, H, K\] = \[1, 2, 16\]"),
+    Case("slopes-heads", replace(slopes=lambda a: a["slopes"][:1]), ValueError, r"slopes must be \[H\]"),
+    Case("v-batch", replace(v=lambda a: torch.cat([a["v"], a["v"]])), ValueError, r"v must be \[B, H, V\]"),
+    Case("empty-V", shrink(2, "v"), ValueError, "v must have every size >= 1"),
+    Case("scale-str", replace(scale=lambda a: "0.5"), TypeError, "scale must be a float"),
+    Case("scale-nan", replace(scale=lambda a: math.nan), ValueError, "scale must be finite and > 0"),
 ]
 
 

@@ -1,0 +1,95 @@
+"""What the linear families' tests share: argument mutations, the bad inputs every linear family
+refuses alike, and the check that a NaN or inf at one token reaches exactly the rows the math says.
+
+    >>> SHARED_CASES = linear_input_cases(token_tensors=("q", "k", "v", "gk"), key_tensors=("q", "k", "gk"))
+    >>> assert_poison_pattern(o, S, o_ref, "v", token=35)
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from input_cases import Case
+from kernels.common import assert_close, tolerance
+
+
+def replace(**changes):
+    """A mutation: each named argument replaced by f(args)."""
+    def mutate(args):
+        args.update({k: f(args) for k, f in changes.items()})
+    return mutate
+
+
+def shrink(dim, *names):
+    """A mutation: every named tensor with size 0 along `dim`."""
+    return replace(**{n: (lambda a, n=n: a[n].narrow(dim, 0, 0)) for n in names})
+
+
+def linear_input_cases(token_tensors, key_tensors) -> list[Case]:
+    """The refusals every linear family shares, for a good call with q, k [1, 8, 2, 16], v [1, 8, 2, 12]
+    and an fp32 initial_state [1, 2, 16, 12]: mismatched q/k/v, state shapes and dtypes, empty sizes,
+    the scale and output_final_state. token_tensors: every [B, T, H, ...] argument; key_tensors: those
+    whose last dim is K."""
+    return [
+        Case("mixed-dtypes", replace(k=lambda a: a["k"].half()), TypeError, "q, k, v must share one dtype"),
+        Case("k-length", replace(k=lambda a: a["k"][:, :4]), ValueError, r"k must be \[B, T, H, K\] = \[1, 8, 2, 16\]"),
+        Case("v-length", replace(v=lambda a: a["v"][:, :4]), ValueError, r"v must be \[B, T, H, V\] = \[1, 8, 2, 12\]"),
+        Case("v-heads", replace(v=lambda a: a["v"][:, :, :1]), ValueError, r"v must be \[B, T, H, V\]"),
+        Case("initial_state-shape", replace(initial_state=lambda a: a["initial_state"][:, :1]), ValueError,
+             r"initial_state must be \[B, H, K, V\] = \[1, 2, 16, 12\]"),
+        Case("initial_state-transposed", replace(initial_state=lambda a: a["initial_state"].transpose(-1, -2)),
+             ValueError, r"initial_state must be \[B, H, K, V\]"),
+        Case("initial_state-int", replace(initial_state=lambda a: a["initial_state"].int()), TypeError,
+             "initial_state has dtype int32"),
+        Case("initial_state-fp16", replace(initial_state=lambda a: a["initial_state"].half()), TypeError,
+             "initial_state has dtype float16"),
+        Case("empty-batch", shrink(0, *token_tensors, "initial_state"), ValueError, "q must have every size >= 1"),
+        Case("empty-length", shrink(1, *token_tensors), ValueError, "q must have every size >= 1"),
+        Case("empty-heads", shrink(2, *token_tensors), ValueError, "q must have every size >= 1"),
+        Case("empty-K", shrink(3, *key_tensors), ValueError, "q must have every size >= 1"),
+        Case("empty-V", shrink(3, "v"), ValueError, "v must have every size >= 1"),
+        Case("scale-bool", replace(scale=lambda a: True), TypeError, "scale must be a float"),
+        Case("scale-str", replace(scale=lambda a: "0.5"), TypeError, "scale must be a float"),
+        Case("scale-zero", replace(scale=lambda a: 0.0), ValueError, "scale must be finite and > 0"),
+        Case("scale-negative", replace(scale=lambda a: -0.5), ValueError, "scale must be finite and > 0"),
+        Case("scale-nan", replace(scale=lambda a: math.nan), ValueError, "scale must be finite and > 0"),
+        Case("scale-inf", replace(scale=lambda a: math.inf), ValueError, "scale must be finite and > 0"),
+        Case("output_final_state-int", replace(output_final_state=lambda a: 1), TypeError,
+             "output_final_state must be a bool"),
+        Case("output_final_state-None", replace(output_final_state=lambda a: None), TypeError,
+             "output_final_state must be a bool"),
+    ]
+
+
+# o_t depends on tokens j <= t only. A NaN or inf at token t must reach exactly what the math says
+# (later rows of that head: every value channel for a key or a query, one for a value) and nothing
+# earlier, in particular not the earlier rows of t's chunk, which share the intra-chunk products.
+POISONS = {"nan-in-k": ("k", math.nan), "inf-in-k": ("k", math.inf), "nan-in-v": ("v", math.nan),
+           "inf-in-v": ("v", math.inf), "nan-in-q": ("q", math.nan)}
+
+
+def poison(args: dict, name: str, value: float, token: int) -> dict:
+    """Put `value` at channel 3 of head 0 of `token` in args[name]; return the same arguments with a
+    0 there instead (for the reference)."""
+    clean = {**args, name: args[name].clone()}
+    clean[name][:, token, 0, 3] = 0.0
+    args[name][:, token, 0, 3] = value
+    return clean
+
+
+def assert_poison_pattern(o, S, o_ref, name: str, token: int) -> None:
+    """o non-finite exactly where a poison in `name` at `token` (channel 3, head 0) must reach, equal to
+    the reference on the clean input everywhere else; head 1's final state S untouched."""
+    poisoned = torch.zeros_like(o, dtype=torch.bool)
+    if name == "v":
+        poisoned[:, token:, 0, 3] = True         # S[:, 3] carries it to every later row, channel 3 only
+    elif name == "k":
+        poisoned[:, token:, 0, :] = True         # S[3, :] carries it to every later row
+    else:
+        poisoned[:, token, 0, :] = True          # q_t is read by row t alone
+    bad = ~torch.isfinite(o)
+    assert torch.equal(bad, poisoned), f"non-finite at {sorted(set(bad.nonzero()[:, 1].tolist()))}, " \
+                                       f"expected rows {sorted(set(poisoned.nonzero()[:, 1].tolist()))}"
+    assert_close(o[~poisoned], o_ref[~poisoned], tolerance(torch.float32), "the rows that cannot see the poison")
+    assert torch.isfinite(S[:, 1]).all(), "head 1 never saw the poison"
