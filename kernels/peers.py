@@ -11,6 +11,9 @@ table then records "n/a" for it).
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+from pathlib import Path
 
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cuDNN": "CUDNN_ATTENTION"}
 
@@ -54,9 +57,22 @@ def flashmla(name: str = "flash_mla_with_kvcache"):
     return _optional("flash_mla", name)
 
 
+def mamba_ssm(module: str, name: str):
+    """mamba_ssm's Triton op `name` from `mamba_ssm.ops.triton.<module>`, or None. Its package __init__
+    pulls in CUDA extensions that a source checkout has not built; the Triton ops alone need triton and
+    einops, so a checkout named by MAMBA_SSM_PATH (the folder holding `mamba_ssm/`) is enough."""
+    where = os.environ.get("MAMBA_SSM_PATH")
+    if where and Path(where, "mamba_ssm").is_dir() and where not in sys.path:
+        sys.path.append(where)
+    try:
+        return getattr(importlib.import_module(f"mamba_ssm.ops.triton.{module}"), name)
+    except Exception:  # not installed, or its import fails here (a missing einops, an unbuilt extension)
+        return None
+
+
 def tilelang():
     """The `tilelang` module (TileLang's compiler, GPU box only), or None."""
     return _optional("tilelang")
 
 
-__all__ = ["sdpa", "fla", "fla_version", "flashmla", "tilelang"]
+__all__ = ["sdpa", "fla", "fla_version", "flashmla", "mamba_ssm", "tilelang"]

@@ -8,10 +8,10 @@ and final states, groups, D and z); the PyTorch chunked form; every kind of bad 
 CPU (interpreter): fp32 and fp16 on small shapes. GPU: bf16 at mamba_ssm's test shapes.
 """
 import itertools
+import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
 from kernels.common import DEVICE, ON_GPU, assert_close, tolerance
@@ -19,6 +19,7 @@ from kernels.mamba2 import (mamba1_step, mamba2_step, selective_state_update, se
                             ssd_chunk_scan, ssd_chunked_torch, ssd_scan_ref)
 from kernels.mamba2 import decode as decode_module
 from kernels.mamba2 import interface as interface_module
+from kernels.mamba2.inputs import check_step_inputs, step_accepted_at_once
 from kernels.mamba2.interface import a_is_scalar_per_head
 
 FP32 = tolerance(torch.float32)
@@ -53,11 +54,12 @@ def make_step(b=2, H=4, P=48, N=60, G=2, dtype=torch.float32, a="scalar", device
     """Good step arguments. a: "scalar" (one A per head, stride-0 broadcast) or "full"."""
     g = torch.Generator().manual_seed(b * 1000 + H * 100 + P + N + G)
     r = lambda *s: torch.randn(*s, generator=g)                           # noqa: E731
-    A_head = -torch.rand(H, generator=g) * 2 - 0.05
-    A = A_head[:, None, None].expand(H, P, N) if a == "scalar" else -torch.rand(H, P, N, generator=g) * 2
+    A = -torch.rand(H, generator=g) * 2 - 0.05 if a == "scalar" else -torch.rand(H, P, N, generator=g) * 2
     args = dict(state=r(b if slots is None else slots, H, P, N), x=r(b, H, P), dt=r(b, H, P) * 0.5 - 1,
                 A=A, B=r(b, G, N), C=r(b, G, N), D=r(H, P), z=r(b, H, P), dt_bias=r(H, P) * 0.5)
     args = {k: v.to(device) for k, v in args.items()}
+    if a == "scalar":           # broadcast on the device: .to() of a stride-0 view would materialise it
+        args["A"] = args["A"][:, None, None].expand(H, P, N)
     for k in ("x", "B", "C", "z"):
         args[k] = args[k].to(dtype)
     return args
@@ -152,7 +154,7 @@ def test_a_broadcast_on_one_axis_takes_the_general_path():
     """A varying along dstate but broadcast along headdim (stride 0 on one axis only) is not one
     scalar per head: the general path, still right."""
     H, P, N = 4, 48, 60
-    A = (-torch.rand(H, 1, N) - 0.1).expand(H, P, N).to(DEVICE)
+    A = (-torch.rand(H, 1, N, device=DEVICE) - 0.1).expand(H, P, N)
     assert not a_is_scalar_per_head(A)
     args = {**make_step(), "A": A}
     y_ref, h_ref = ref_step(**args)
@@ -271,7 +273,8 @@ STEP_CASES = [
     Case("A-shape", _with(A=lambda a: a["A"][:2]), ValueError, r"A must be \[nheads, headdim, dstate\]"),
     Case("B-dstate", _with(B=lambda a: a["B"][..., :8]), ValueError, r"B must be \[b, ngroups, dstate\]"),
     Case("C-groups", _with(C=lambda a: a["C"][:, :1]), ValueError, r"C must be \[b, ngroups, dstate\]"),
-    Case("groups-divide", _with(B=lambda a: torch.randn(2, 3, 16), C=lambda a: torch.randn(2, 3, 16)),
+    Case("groups-divide", _with(B=lambda a: torch.randn(2, 3, 16, device=DEVICE),
+                                C=lambda a: torch.randn(2, 3, 16, device=DEVICE)),
          ValueError, "3 groups, which must divide nheads"),
     Case("D-shape", _with(D=lambda a: a["D"][0]), ValueError, "D must have 2 dims"),
     Case("dt_bias-shape", _with(dt_bias=lambda a: a["dt_bias"][:, :3]), ValueError, r"dt_bias must be \[nheads"),
@@ -279,18 +282,23 @@ STEP_CASES = [
     Case("x-empty", _with(x=lambda a: a["x"][:0]), ValueError, r"x must have every size"),
     Case("z-dtype-differs", _with(z=lambda a: a["z"].half()), TypeError, "must share one dtype"),
     Case("dt_softplus-int", _with(dt_softplus=lambda a: 1), TypeError, "dt_softplus must be a bool"),
-    Case("slots-float", _with(state_batch_indices=lambda a: torch.zeros(2)), TypeError,
+    Case("slots-float", _with(state_batch_indices=lambda a: torch.zeros(2, device=DEVICE)),
+         TypeError,
          "state_batch_indices has dtype float32"),
-    Case("slots-shape", _with(state_batch_indices=lambda a: torch.zeros(3, dtype=torch.int32)), ValueError,
+    Case("slots-shape", _with(state_batch_indices=lambda a: torch.zeros(3, dtype=torch.int32, device=DEVICE)),
+         ValueError,
          r"state_batch_indices must be \[b\]"),
+] + ([] if ON_GPU else [        # the values are read on the CPU only (interface.py says why)
     Case("slots-out-of-range", _with(state_batch_indices=lambda a: torch.tensor([0, 2], dtype=torch.int32)),
          ValueError, r"state_batch_indices must lie in \[0, 1\]"),
     Case("slots-negative", _with(state_batch_indices=lambda a: torch.tensor([-1, 0])), ValueError,
          "state_batch_indices must lie in"),
-]
+])
 KERNEL_STEP_CASES = [
-    Case("dstate-too-big", _with(state=lambda a: torch.randn(2, 4, 8, 512), A=lambda a: torch.randn(4, 8, 512),
-                                 B=lambda a: torch.randn(2, 2, 512), C=lambda a: torch.randn(2, 2, 512)),
+    Case("dstate-too-big", _with(state=lambda a: torch.randn(2, 4, 8, 512, device=DEVICE),
+                                 A=lambda a: torch.randn(4, 8, 512, device=DEVICE),
+                                 B=lambda a: torch.randn(2, 2, 512, device=DEVICE),
+                                 C=lambda a: torch.randn(2, 2, 512, device=DEVICE)),
          ValueError, "dstate <= 256"),
 ]
 
@@ -303,3 +311,280 @@ def test_step_refuses(case):
 @pytest.mark.parametrize("case", bad_input_cases(STEP_TENSORS, kernel=False) + STEP_CASES, ids=case_id)
 def test_step_reference_refuses(case):
     expect_refusal(mamba2_step if case.id[:5] != "slots" else selective_state_update_ref, _step_good, case)
+
+
+# ------------------------------------------------------------------ the SSD chunk scan
+def make_scan(Bt=2, T=70, H=4, P=16, N=32, G=2, dtype=torch.float32, device=DEVICE, D_per_channel=True):
+    """Good scan arguments: x, dt, A, B, C, D, z, dt_bias (dt around softplus(-1) ≈ 0.3, A in [-2, -0.05])."""
+    g = torch.Generator().manual_seed(Bt * 7 + T * 5 + H * 3 + P + N + G)
+    r = lambda *s: torch.randn(*s, generator=g)                           # noqa: E731
+    x, z = r(Bt, T, H, P), r(Bt, T, H, P)
+    dt = r(Bt, T, H) * 0.5 - 1
+    A = -torch.rand(H, generator=g) * 2 - 0.05
+    B, C = r(Bt, T, G, N), r(Bt, T, G, N)
+    D = r(H, P) if D_per_channel else r(H)
+    bias = r(H) * 0.5
+    out = [x.to(dtype), dt, A, B.to(dtype), C.to(dtype), D, z.to(dtype), bias]
+    return [t.to(device) for t in out]
+
+
+def scan_ref64(x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, h0=None):
+    """The loop over tokens, written here from the formula, in float64: returns (y, final state)."""
+    d = lambda t: None if t is None else t.double()                      # noqa: E731
+    x, dt, A, B, C, D, z, dt_bias, h0 = map(d, (x, dt, A, B, C, D, z, dt_bias, h0))
+    Bt, T, H, P = x.shape
+    G, N = B.shape[2], B.shape[3]
+    if dt_bias is not None:
+        dt = dt + dt_bias
+    if dt_softplus:
+        dt = torch.log1p(torch.exp(dt))
+    Bh, Ch = B.repeat_interleave(H // G, dim=2), C.repeat_interleave(H // G, dim=2)
+    h = torch.zeros(Bt, H, P, N, dtype=torch.float64) if h0 is None else h0.clone()
+    y = torch.empty_like(x)
+    for t in range(T):
+        h = torch.exp(dt[:, t] * A)[..., None, None] * h \
+            + (dt[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None, :]
+        y[:, t] = (h * Ch[:, t, :, None, :]).sum(-1)
+    if D is not None:
+        y = y + x * (D if D.dim() == 2 else D[:, None])
+    if z is not None:
+        y = y * z * torch.sigmoid(z)
+    return y, h
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 130])
+def test_scan_lengths_initial_and_final_states(T):
+    x, dt, A, B, C, D, z, bias = make_scan(T=T)
+    h0 = torch.randn(2, 4, 16, 32, device=DEVICE)
+    y_ref, h_ref = scan_ref64(x, dt, A, B, C, D, z, bias, True, h0)
+    y, h = ssd_chunk_scan(x, dt, A, B, C, D=D, z=z, dt_bias=bias, dt_softplus=True, initial_states=h0,
+                          return_final_states=True)
+    assert y.shape == x.shape and h.shape == h0.shape and h.dtype == torch.float32
+    assert not torch.isnan(y).any()
+    assert_close(y, y_ref, FP32, "y")
+    assert_close(h, h_ref, FP32, "final state")
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(n for n, on in zip(OPTIONAL, c) if on) or "plain")
+def test_scan_every_optional_argument(combo):
+    x, dt, A, B, C, D, z, bias = make_scan(T=67, D_per_channel=combo[0] and combo[1])
+    # without the softplus, dt + dt_bias must be >= 0 by itself (the decay e^{dt·A} <= 1)
+    bias = bias if combo[3] else bias.abs()
+    kw = {n: t for n, t, on in zip(("D", "z", "dt_bias"), (D, z, bias), combo) if on}
+    dtr = dt if combo[3] else dt.abs() * 0.3
+    y_ref, _ = scan_ref64(x, dtr, A, B, C, dt_softplus=combo[3], **kw)
+    y = ssd_chunk_scan(x, dtr, A, B, C, dt_softplus=combo[3], **kw)
+    assert isinstance(y, torch.Tensor)
+    assert_close(y, y_ref, FP32, "y")
+
+
+@pytest.mark.parametrize("shape", [(1, 100, 4, 16, 32, 1), (1, 100, 4, 16, 32, 4), (2, 77, 6, 48, 60, 3),
+                                   (1, 65, 2, 64, 128, 2), (1, 20, 1, 1, 1, 1)],
+                         ids=lambda s: "B{}-T{}-H{}-P{}-N{}-G{}".format(*s))
+def test_scan_shapes_and_groups(shape):
+    x, dt, A, B, C, D, z, bias = make_scan(*shape)
+    h0 = torch.randn(shape[0], shape[2], shape[3], shape[4], device=DEVICE)
+    y_ref, h_ref = scan_ref64(x, dt, A, B, C, D, z, bias, True, h0)
+    y, h = ssd_chunk_scan(x, dt, A, B, C, D=D, z=z, dt_bias=bias, dt_softplus=True, initial_states=h0,
+                          return_final_states=True)
+    assert_close(y, y_ref, FP32, "y")
+    assert_close(h, h_ref, FP32, "final state")
+
+
+def test_scan_fp16():
+    x, dt, A, B, C, D, z, bias = make_scan(T=130, dtype=torch.float16)
+    y_ref, h_ref = scan_ref64(x, dt, A, B, C, D, z, bias, True)
+    y, h = ssd_chunk_scan(x, dt, A, B, C, D=D, z=z, dt_bias=bias, dt_softplus=True, return_final_states=True)
+    assert y.dtype == torch.float16 and not torch.isnan(y).any()
+    assert_close(y, y_ref, tolerance(torch.float16), "y")
+    assert_close(h, h_ref, tolerance(torch.float16), "final state")
+
+
+def test_scan_nan_stays_after_its_token():
+    """A NaN in token 70's x reaches rows >= 70 of its head (through the state) and no earlier row,
+    nor another head."""
+    x, dt, A, B, C, D, z, bias = make_scan(Bt=1, T=130, H=4)
+    x[0, 70, 1, 3] = float("nan")
+    y = ssd_chunk_scan(x, dt, A, B, C, dt_bias=bias, dt_softplus=True)
+    assert torch.isfinite(y[:, :70]).all() and torch.isfinite(y[:, :, [0, 2, 3]]).all()
+    assert y[0, 70:, 1].isnan().any(dim=-1).all()
+
+
+def test_scan_strong_decay_forgets():
+    """dt·A ≈ -40 per token: the state forgets within a token, so the output at t depends on token t
+    alone (y_t = (C_t·B_t) dt_t x_t), in every chunk."""
+    x, dt, A, B, C, _, _, _ = make_scan(Bt=1, T=100, H=2, G=1)
+    dt = torch.full_like(dt, 20.0)
+    A = torch.full_like(A, -2.0)
+    y = ssd_chunk_scan(x, dt, A, B, C, initial_states=torch.randn(1, 2, 16, 32, device=DEVICE) * 1e3)
+    cb = (C[0, :, 0] * B[0, :, 0]).sum(-1)                                 # [T]
+    assert_close(y[0], cb[:, None, None] * 20.0 * x[0], FP32, "y")
+
+
+def test_torch_forms_agree():
+    """The PyTorch chunked form (any chunk size) and the token loop equal the loop written here."""
+    x, dt, A, B, C, D, z, bias = (t.double() for t in make_scan(T=70, D_per_channel=False))
+    h0 = torch.randn(2, 4, 16, 32, dtype=torch.float64)
+    y_ref, h_ref = scan_ref64(x, dt, A, B, C, D, z, bias, True, h0)
+    for fn, L in ((ssd_scan_ref, 64), (ssd_chunked_torch, 16), (ssd_chunked_torch, 64)):
+        y, h = fn(x, dt, A, B, C, chunk_size=L, D=D, z=z, dt_bias=bias, dt_softplus=True, initial_states=h0,
+                  return_final_states=True)
+        assert_close(y, y_ref, 1e-12, f"{fn.__name__}({L}) y")
+        assert_close(h, h_ref, 1e-12, f"{fn.__name__}({L}) state")
+
+
+# ------------------------------------------------------------------ bad input: the scan
+def _scan_good():
+    x, dt, A, B, C, D, z, bias = make_scan(Bt=1, T=9, H=2, P=16, N=16, G=1, D_per_channel=False)
+    return dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=bias,
+                initial_states=torch.zeros(1, 2, 16, 16, device=DEVICE), return_final_states=True)
+
+
+SCAN_TENSORS = ["x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states"]
+SCAN_CASES = [
+    Case("dt-shape", _with(dt=lambda a: a["dt"][:, :4]), ValueError, r"dt must be \[batch, seqlen, nheads\]"),
+    Case("A-shape", _with(A=lambda a: a["A"][:1]), ValueError, r"A must be \[nheads\]"),
+    Case("B-shape", _with(B=lambda a: a["B"][:, :3]), ValueError, r"B must be \[batch, seqlen, ngroups, dstate\]"),
+    Case("C-dstate", _with(C=lambda a: a["C"][..., :8]), ValueError, r"C must be \[batch, seqlen, ngroups"),
+    Case("groups-divide", _with(B=lambda a: torch.randn(1, 9, 3, 16, device=DEVICE),
+                                C=lambda a: torch.randn(1, 9, 3, 16, device=DEVICE)),
+         ValueError, "3 groups, which must divide nheads"),
+    Case("D-shape", _with(D=lambda a: torch.randn(3, device=DEVICE)), ValueError,
+         r"D must be \[nheads\] or \[nheads, headdim\]"),
+    Case("z-shape", _with(z=lambda a: a["z"][:, :4]), ValueError, r"z must be \[batch, seqlen, nheads, headdim\]"),
+    Case("dt_bias-shape", _with(dt_bias=lambda a: torch.randn(3, device=DEVICE)), ValueError,
+         r"dt_bias must be \[nheads\]"),
+    Case("initial_states-shape", _with(initial_states=lambda a: a["initial_states"].transpose(-1, -2)[..., :8]),
+         ValueError, r"initial_states must be \[batch, nheads, headdim, dstate\]"),
+    Case("x-empty", _with(x=lambda a: a["x"][:, :0], dt=lambda a: a["dt"][:, :0], B=lambda a: a["B"][:, :0],
+                          C=lambda a: a["C"][:, :0], z=lambda a: a["z"][:, :0]), ValueError, "x must have every size"),
+    Case("chunk_size-float", _with(chunk_size=lambda a: 64.0), TypeError, "chunk_size must be an int"),
+    Case("chunk_size-zero", _with(chunk_size=lambda a: 0), ValueError, "chunk_size must be"),
+    Case("dt_softplus-str", _with(dt_softplus=lambda a: "yes"), TypeError, "dt_softplus must be a bool"),
+    Case("return_final_states-int", _with(return_final_states=lambda a: 1), TypeError,
+         "return_final_states must be a bool"),
+    Case("x-dtype-differs", _with(B=lambda a: a["B"].half()), TypeError, "must share one dtype"),
+]
+KERNEL_SCAN_CASES = [
+    Case("chunk_size-not-64", _with(chunk_size=lambda a: 128), ValueError, "chunk_size must be 64"),
+]
+
+
+@pytest.mark.parametrize("case", bad_input_cases(SCAN_TENSORS) + SCAN_CASES + KERNEL_SCAN_CASES, ids=case_id)
+def test_scan_refuses(case):
+    expect_refusal(ssd_chunk_scan, _scan_good, case)
+
+
+@pytest.mark.parametrize("case", bad_input_cases(SCAN_TENSORS, kernel=False) + SCAN_CASES, ids=case_id)
+def test_scan_reference_refuses(case):
+    expect_refusal(ssd_scan_ref, _scan_good, case)
+
+
+# ------------------------------------------------------------------ GPU: bf16 at mamba_ssm's test shapes
+# mamba_ssm tests the step with heads at dim 2048 / 2064 / 4096 (nheads = dim // headdim), dstate
+# 16 / 32 / 64, headdim 64, ngroups 1 / 2 / 4, with and without z, batch 2.
+GPU_STEP = [(dim, N, G, hz) for dim in (2048, 2064, 4096) for N in (16, 32, 64) for G in (1, 2, 4)
+            for hz in (False, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim, N, G, has_z", GPU_STEP, ids=lambda v: str(v))
+def test_gpu_step_bf16(dim, N, G, has_z):
+    P = 64
+    H = dim // P
+    args = make_step(b=2, H=H, P=P, N=N, G=G, dtype=torch.bfloat16, device="cuda")
+    if not has_z:
+        args.pop("z")
+    y_ref, h_ref = ref_step(**{k: v.cpu() for k, v in args.items()}, dt_softplus=True)
+    y = selective_state_update(**args, dt_softplus=True)
+    assert_close(y, y_ref, tolerance(torch.bfloat16), "y")
+    assert_close(args["state"], h_ref, FP32, "state")        # bf16 inputs are exact in the fp32 state
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 512, 8, 64, 64, 1), (2, 1000, 16, 64, 128, 2), (1, 2048, 4, 64, 128, 4),
+                                   (2, 333, 6, 48, 60, 3)], ids=lambda s: "B{}-T{}-H{}-P{}-N{}-G{}".format(*s))
+def test_gpu_scan_bf16(shape):
+    x, dt, A, B, C, D, z, bias = make_scan(*shape, dtype=torch.bfloat16, device="cuda")
+    h0 = torch.randn(shape[0], shape[2], shape[3], shape[4], device="cuda")
+    y_ref, h_ref = ssd_chunked_torch(*(t.double() for t in (x, dt, A, B, C)), D=D.double(), z=z.double(),
+                                     dt_bias=bias.double(), dt_softplus=True, initial_states=h0.double(),
+                                     return_final_states=True)
+    y, h = ssd_chunk_scan(x, dt, A, B, C, D=D, z=z, dt_bias=bias, dt_softplus=True, initial_states=h0,
+                          return_final_states=True)
+    assert_close(y, y_ref, 2 * tolerance(torch.bfloat16), "y")
+    assert_close(h, h_ref, 2 * tolerance(torch.bfloat16), "final state")
+
+
+@pytest.mark.gpu
+def test_gpu_step_allocates_no_state():
+    """The step at B = 64, 80 heads x 64 x 128: no state-sized allocation (the state is updated in place)."""
+    args = make_step(b=64, H=80, P=64, N=128, G=1, dtype=torch.bfloat16, device="cuda")
+    selective_state_update(**args, dt_softplus=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    selective_state_update(**args, dt_softplus=True)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - base < args["state"].numel() * 4 // 8
+
+
+# ------------------------------------------------------------------ the step's quick acceptance
+_QUICK_ARGS = ["state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus", "state_batch_indices"]
+
+
+def _quick(args):
+    full = {"D": None, "z": None, "dt_bias": None, "dt_softplus": False, "state_batch_indices": None, **args}
+    return step_accepted_at_once(*(full[k] for k in _QUICK_ARGS), device_type=DEVICE)
+
+
+@pytest.mark.parametrize("combo", COMBOS[::3], ids=lambda c: "-".join(n for n, on in zip(OPTIONAL, c) if on) or "plain")
+def test_quick_acceptance_agrees_on_good_calls(combo):
+    """On a good call the quick path (GPU only in use; exercised here on this machine's device) returns the
+    sizes the full check returns; a stride-0 A and fp16 inputs included."""
+    for args in (_subset(make_step(), combo), _subset(make_step(dtype=torch.float16, a="full"), combo)):
+        assert _quick(args) == check_step_inputs(**args) == (2, 4, 48, 60, 2)
+
+
+@pytest.mark.parametrize("case", bad_input_cases(STEP_TENSORS) + STEP_CASES + KERNEL_STEP_CASES, ids=case_id)
+def test_quick_acceptance_never_accepts_bad_input(case):
+    """Every bad call the full check refuses is left to it by the quick path (None), so its error names
+    the argument on the GPU too."""
+    args = _step_good()
+    case.mutate(args)
+    assert _quick(args) is None
+
+
+# ------------------------------------------------------------------ a NaN or inf reaches exactly what the math says
+# Token 35 of a 100-token prompt (inside the first chunk: rows 0..34 of that chunk share its products),
+# H = 4 heads in G = 2 groups (heads 0 and 1 read group 0's B and C). What each poison must reach:
+# x (a value) of head 0, channel 3: rows >= 35 of head 0, channel 3; B (a key) of group 0: rows >= 35
+# of heads 0 and 1; C (a query) of group 0: row 35 of heads 0 and 1; dt of head 0: rows >= 35 of head 0.
+SCAN_POISONS = {"nan-in-x": ("x", math.nan), "inf-in-x": ("x", math.inf), "nan-in-B": ("B", math.nan),
+                "nan-in-C": ("C", math.nan), "nan-in-dt": ("dt", math.nan)}
+
+
+@pytest.mark.parametrize("poison", list(SCAN_POISONS))
+def test_scan_poison_reaches_exactly_its_rows(poison):
+    name, value = SCAN_POISONS[poison]
+    x, dt, A, B, C, D, z, bias = make_scan(Bt=1, T=100, H=4, P=16, N=32, G=2)
+    args = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=bias, dt_softplus=True)
+    clean = {**args, name: args[name].clone()}
+    where = (slice(None), 35, 0, 3) if name != "dt" else (slice(None), 35, 0)
+    clean[name][where] = 0.0
+    args[name] = args[name].clone()
+    args[name][where] = value
+    y = ssd_chunk_scan(**args)
+    y_ref, _ = scan_ref64(**{k: v for k, v in clean.items() if k != "dt_softplus"}, dt_softplus=True)
+    expect = torch.zeros_like(y, dtype=torch.bool)
+    if name == "x":
+        expect[:, 35:, 0, 3] = True
+    elif name == "B":
+        expect[:, 35:, :2] = True
+    elif name == "C":
+        expect[:, 35, :2] = True
+    else:
+        expect[:, 35:, 0] = True
+    bad = ~torch.isfinite(y)
+    assert torch.equal(bad, expect), f"non-finite rows {sorted(set(bad.nonzero()[:, 1].tolist()))}"
+    assert_close(y[~expect], y_ref[~expect], FP32, "the rows that cannot see the poison")

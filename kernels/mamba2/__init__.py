@@ -1,0 +1,15 @@
+"""Mamba-2 (Dao & Gu 2024): a state-space layer with one scalar decay per head.
+
+    selective_state_update   the decode step, one Triton kernel, the state updated in place (mamba_ssm's name)
+    ssd_chunk_scan           the SSD chunk scan for prefill, on the shared chunk machinery
+    mamba2_step              the step in PyTorch (pure); selective_state_update_ref, the same in place
+    ssd_scan_ref             a step-by-step loop over a prompt (the scan's reference)
+    ssd_chunked_torch        the SSD chunk form in PyTorch ops (the paper's minimal listing, rewritten)
+    mamba1_step              Mamba-1's step, the predecessor (A per channel and state)
+"""
+from .interface import selective_state_update, ssd_chunk_scan
+from .reference import (mamba1_step, mamba2_step, segsum, selective_state_update_ref, ssd_chunked_torch,
+                        ssd_scan_ref)
+
+__all__ = ["selective_state_update", "ssd_chunk_scan", "mamba2_step", "selective_state_update_ref",
+           "ssd_scan_ref", "ssd_chunked_torch", "segsum", "mamba1_step"]

@@ -1,0 +1,151 @@
+"""Mamba-2's benchmarks on the H200 (bf16 inputs, fp32 state): declarations the shared harness runs.
+
+    DECODE_PLAIN, DECODE_GRAPH   one step (selective_state_update) at B = 1, 8, 64: plain calls and
+                                 CUDA-graph replay, against mamba_ssm's Triton step and the PyTorch step
+    PREFILL                      a whole prompt, B = 1 and 8, T = 1K..16K: the book's SSD chunk scan,
+                                 mamba_ssm's mamba_chunk_scan_combined, the PyTorch chunked form, and
+                                 causal softmax (SDPA flash) at the same heads
+
+    >>> from kernels.bench import run
+    >>> df = run(PREFILL)          # times on a GPU, loads results/mamba2_prefill.csv elsewhere
+
+Sizes are mamba_ssm's usual ones: headdim D = 64, dstate = 128, one group; H = 80 heads is Mamba-2
+2.7B (d_model 2560, expand 2: d_inner 5120 = 80 × 64), H = 64 the d_inner 4096 of the source article.
+The step is called as a Mamba-2 model calls it: A, dt, dt_bias and D one number per head, broadcast
+with stride 0 to [.., headdim(, dstate)], with D, z, dt_bias and the softplus. Case columns: B, T, H,
+D (headdim), dstate, G (groups).
+
+mamba_ssm is a peer, never a requirement: `kernels.peers.mamba_ssm` imports its Triton ops where it
+can (installed, or a source checkout named by MAMBA_SSM_PATH) and gives None (an "n/a" row) elsewhere.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..bench import Benchmark
+from ..linear.chunk import CHUNK
+from ..linear.costs import sdpa_causal
+from ..peers import mamba_ssm
+from .interface import selective_state_update, ssd_chunk_scan
+from .reference import mamba2_step, ssd_chunked_torch
+
+DT = torch.bfloat16
+HEADDIM, DSTATE = 64, 128
+
+
+# ---------------------------------------------------------------- decode
+def _step_inputs(c):
+    """One step's arguments, as a Mamba-2 model passes them (stride-0 per-head A, dt, dt_bias, D)."""
+    B, H, P, N, G = c["B"], c["H"], c["D"], c["dstate"], c["G"]
+    dev = "cuda"
+    A = -torch.exp(torch.rand(H, device=dev))
+    dt = torch.randn(B, H, device=dev, dtype=DT)
+    bias, D = torch.rand(H, device=dev) - 4, torch.randn(H, device=dev)
+    return dict(state=torch.randn(B, H, P, N, device=dev), x=torch.randn(B, H, P, device=dev, dtype=DT),
+                dt=dt[:, :, None].expand(B, H, P), A=A[:, None, None].expand(H, P, N),
+                B=torch.randn(B, G, N, device=dev, dtype=DT), C=torch.randn(B, G, N, device=dev, dtype=DT),
+                D=D[:, None].expand(H, P), z=torch.randn(B, H, P, device=dev, dtype=DT),
+                dt_bias=bias[:, None].expand(H, P), dt_softplus=True)
+
+
+def step_flops(c):
+    """Per (batch, head, headdim row, state): decay, update, read-out, about 6 FLOPs."""
+    return 6 * c["B"] * c["H"] * c["D"] * c["dstate"]
+
+
+def step_bytes(c):
+    """The least a step moves: the fp32 state read and written (2 × state bytes), x, z and y (bf16
+    [B, H, D]), B and C (bf16 [B, G, dstate]), dt (bf16 [B, H])."""
+    B, H, P, N, G = c["B"], c["H"], c["D"], c["dstate"], c["G"]
+    return 2 * B * H * P * N * 4 + 3 * B * H * P * 2 + 2 * B * G * N * 2 + B * H * 2
+
+
+def _book_step(c):
+    a = _step_inputs(c)
+    return lambda: selective_state_update(**a)
+
+
+def _mamba_ssm_step(c):
+    op = mamba_ssm("selective_state_update", "selective_state_update")
+    if op is None:
+        return None
+    a = _step_inputs(c)
+    return lambda: op(**a)
+
+
+def _torch_step(c):
+    a = _step_inputs(c)
+    return lambda: mamba2_step(**a)
+
+
+DECODE_CASES = [{"B": b, "H": h, "D": HEADDIM, "dstate": DSTATE, "G": 1} for h in (80, 64) for b in (1, 8, 64)]
+DECODE_PROVIDERS = {"book": _book_step, "mamba_ssm selective_state_update": _mamba_ssm_step,
+                    "PyTorch step": _torch_step}
+
+# One step, B = 1, 8, 64: a plain Python call (launch and checks included), and the same call replayed
+# from a CUDA graph (GPU time alone). The state dominates the bytes: 168 MB read and written at B = 64, H = 80.
+DECODE_PLAIN = Benchmark("mamba2_decode_plain", DECODE_CASES, DECODE_PROVIDERS, step_flops, step_bytes)
+DECODE_GRAPH = Benchmark("mamba2_decode_graph", DECODE_CASES, DECODE_PROVIDERS, step_flops, step_bytes,
+                         timer="graph")
+
+
+# ---------------------------------------------------------------- prefill
+def _scan_inputs(c):
+    B, T, H, P, N, G = c["B"], c["T"], c["H"], c["D"], c["dstate"], c["G"]
+    dev = "cuda"
+    return dict(x=torch.randn(B, T, H, P, device=dev, dtype=DT), dt=torch.randn(B, T, H, device=dev, dtype=DT),
+                A=-torch.exp(torch.rand(H, device=dev)), B=torch.randn(B, T, G, N, device=dev, dtype=DT),
+                C=torch.randn(B, T, G, N, device=dev, dtype=DT), D=torch.randn(H, device=dev),
+                z=torch.randn(B, T, H, P, device=dev, dtype=DT), dt_bias=torch.rand(H, device=dev) - 4,
+                dt_softplus=True)
+
+
+def prefill_flops(c):
+    """Matmul work of the chunk form (C = 64, NT chunks), per (batch, head): C Bᵀ on the causal
+    triangle C(C+1)·dstate, (L ∘ C Bᵀ) X on it C(C+1)·D, C S_start 2·C·dstate·D, the chunk state
+    Bᵀ X 2·C·dstate·D (counted per head, as the book computes it, also where heads share a group)."""
+    C, N, P = CHUNK, c["dstate"], c["D"]
+    nt = -(-c["T"] // C)
+    return c["B"] * c["H"] * nt * (C * (C + 1) * (N + P) + 4 * C * N * P)
+
+
+def prefill_bytes(c):
+    """Each bf16 input read and y written once: x, z, y [B, T, H, D], B and C [B, T, G, dstate], dt."""
+    B, T, H, P, N, G = c["B"], c["T"], c["H"], c["D"], c["dstate"], c["G"]
+    return B * T * (3 * H * P + 2 * G * N + H) * 2
+
+
+def _book_scan(c):
+    a = _scan_inputs(c)
+    return lambda: ssd_chunk_scan(**a)
+
+
+def _mamba_ssm_scan(c):
+    op = mamba_ssm("ssd_combined", "mamba_chunk_scan_combined")
+    if op is None:
+        return None
+    a = _scan_inputs(c)
+    return lambda: op(chunk_size=256, **a)          # mamba_ssm's default chunk for Mamba-2
+
+
+def _torch_scan(c):
+    if c["B"] * c["T"] > 4096:                       # its [B, H, chunks, 64, 64] masks in fp32: keep it small
+        return None
+    a = _scan_inputs(c)
+    return lambda: ssd_chunked_torch(**a)
+
+
+PREFILL_CASES = [{"B": b, "T": t, "H": 80, "D": HEADDIM, "dstate": DSTATE, "G": 1}
+                 for b in (1, 8) for t in (1024, 2048, 4096, 8192, 16384)]
+PREFILL = Benchmark(
+    "mamba2_prefill", PREFILL_CASES,
+    {"book: SSD chunk scan": _book_scan, "mamba_ssm mamba_chunk_scan_combined": _mamba_ssm_scan,
+     "PyTorch chunked": _torch_scan, "SDPA flash": sdpa_causal},
+    prefill_flops, prefill_bytes)
+
+BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL]
+
+HEADLINE = None      # until the H200 numbers are in
+
+__all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "BENCHMARKS", "HEADLINE", "step_bytes",
+           "step_flops", "prefill_flops", "prefill_bytes"]
