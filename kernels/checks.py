@@ -46,6 +46,13 @@ def check_tensor(name: str, t, *, ndim: int | None = None, dtypes=None, shape=No
     return t
 
 
+def check_dims(name: str, t: torch.Tensor, want, dims: str) -> None:
+    """ValueError unless `t` has exactly the sizes `want`; `dims` names them, e.g. "B, T, H, K", and the
+    message shows both: "k must be [B, T, H, K] = [1, 8, 2, 16], got [1, 4, 2, 16]"."""
+    if list(t.shape) != list(want):
+        raise ValueError(f"{name} must be [{dims}] = {list(want)}, got {list(t.shape)}")
+
+
 def check_not_empty(name: str, t: torch.Tensor, dims: str) -> None:
     """ValueError unless every size of `t` is >= 1; `dims` names them, e.g. "B, T, H, D"."""
     if any(s == 0 for s in t.shape):

@@ -11,7 +11,7 @@ import math
 import torch
 
 from input_cases import Case
-from kernels.common import assert_close, tolerance
+from kernels.common import DEVICE, assert_close, tolerance
 
 
 def replace(**changes):
@@ -59,6 +59,34 @@ def linear_input_cases(token_tensors, key_tensors) -> list[Case]:
              "output_final_state must be a bool"),
         Case("output_final_state-None", replace(output_final_state=lambda a: None), TypeError,
              "output_final_state must be a bool"),
+    ]
+
+
+def linear_kernel_cases(key_tensors) -> list[Case]:
+    """What the Triton forms refuse beyond `linear_input_cases` (the references accept both): an fp64
+    state, and head dims past what a program holds in registers. key_tensors: those whose last dim is K."""
+    return [
+        Case("initial_state-float64", replace(initial_state=lambda a: a["initial_state"].double()), TypeError,
+             "initial_state has dtype float64"),
+        Case("head-dim-too-big", replace(**{n: (lambda a: torch.zeros(1, 8, 2, 272, device=DEVICE))
+                                            for n in key_tensors}, initial_state=lambda a: None),
+             ValueError, "head dims K=272, V=12 must be at most 256"),
+    ]
+
+
+def linear_step_cases() -> list[Case]:
+    """What every family's PyTorch decode step refuses, for a good step with q, k [1, 2, 16], v [1, 2, 12]
+    and an fp32 state [1, 2, 16, 12]."""
+    return [
+        Case("state-missing", replace(state=lambda a: None), TypeError, "state must be a torch.Tensor"),
+        Case("state-fp16", replace(state=lambda a: a["state"].half()), TypeError, "state has dtype float16"),
+        Case("state-shape", replace(state=lambda a: a["state"][:, :1]), ValueError, r"state must be \[B, H, K, V\]"),
+        Case("mixed-dtypes", replace(v=lambda a: a["v"].half()), TypeError, "q, k, v must share one dtype"),
+        Case("k-heads", replace(k=lambda a: a["k"][:, :1]), ValueError, r"k must be \[B, H, K\] = \[1, 2, 16\]"),
+        Case("v-batch", replace(v=lambda a: torch.cat([a["v"], a["v"]])), ValueError, r"v must be \[B, H, V\]"),
+        Case("empty-V", shrink(2, "v"), ValueError, "v must have every size >= 1"),
+        Case("scale-str", replace(scale=lambda a: "0.5"), TypeError, "scale must be a float"),
+        Case("scale-nan", replace(scale=lambda a: math.nan), ValueError, "scale must be finite and > 0"),
     ]
 
 

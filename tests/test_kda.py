@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
-from linear_cases import linear_input_cases, replace
+from linear_cases import linear_input_cases, linear_kernel_cases, replace
 from kernels.common import DEVICE, assert_close, rel_err, tolerance
 from kernels.kda import chunk_kda, fused_recurrent_kda, l2_normalize, naive_recurrent_kda, torch_kda_step
 from kernels.linear import CHUNK
@@ -281,13 +281,7 @@ SHARED_CASES = linear_input_cases(token_tensors=("q", "k", "v", "g", "beta"),
     Case("l2norm-None", replace(use_qk_l2norm_in_kernel=lambda a: None), TypeError,
          "use_qk_l2norm_in_kernel must be a bool"),
 ]
-KERNEL_CASES = [
-    Case("initial_state-float64", replace(initial_state=lambda a: a["initial_state"].double()), TypeError,
-         "initial_state has dtype float64"),
-    Case("head-dim-too-big", replace(**{n: (lambda a, n=n: torch.zeros(1, 8, 2, 272, device=DEVICE))
-                                     for n in ("q", "k", "g")}, initial_state=lambda a: None),
-         ValueError, "head dims K=272, V=12 must be at most 256"),
-]
+KERNEL_CASES = linear_kernel_cases(key_tensors=("q", "k", "g"))
 
 
 @pytest.mark.parametrize("case", bad_input_cases(TENSORS, float_tensors=FLOAT_TENSORS) + SHARED_CASES

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
-from linear_cases import POISONS, assert_poison_pattern, linear_input_cases, poison, replace, shrink
+from linear_cases import (POISONS, assert_poison_pattern, linear_input_cases, linear_kernel_cases, linear_step_cases,
+                          poison, replace)
 from kernels.common import DEVICE, assert_close, tolerance
 from kernels.lightning import (article_lightning_step, chunk_lightning, elu_feature_map, fused_recurrent_lightning,
                                lightning_slopes, minimax_lightning_block, naive_recurrent_elu_linear,
@@ -376,13 +377,7 @@ SHARED_CASES = linear_input_cases(token_tensors=("q", "k", "v"), key_tensors=("q
     Case("slopes-heads", replace(slopes=lambda a: a["slopes"][:1]), ValueError, r"slopes must be \[H\] = \[2\]"),
     Case("slopes-per-token", replace(slopes=lambda a: a["slopes"].expand(1, 8, 2)), ValueError, "slopes must have 1 dims"),
 ]
-KERNEL_CASES = [
-    Case("initial_state-float64", replace(initial_state=lambda a: a["initial_state"].double()), TypeError,
-         "initial_state has dtype float64"),
-    Case("head-dim-too-big", replace(**{n: (lambda a, n=n: torch.zeros(1, 8, 2, 272, device=DEVICE)) for n in ("q", "k")},
-                                  initial_state=lambda a: None),
-         ValueError, "head dims K=272, V=12 must be at most 256"),
-]
+KERNEL_CASES = linear_kernel_cases(key_tensors=("q", "k"))
 
 
 @pytest.mark.parametrize("case", bad_input_cases(TENSORS, float_tensors=FLOAT_TENSORS) + SHARED_CASES
@@ -398,17 +393,8 @@ def test_reference_refuses(case):
     expect_refusal(naive_recurrent_lightning, _good, case)
 
 
-STEP_CASES = [
-    Case("state-missing", replace(state=lambda a: None), TypeError, "state must be a torch.Tensor"),
-    Case("state-fp16", replace(state=lambda a: a["state"].half()), TypeError, "state has dtype float16"),
-    Case("state-shape", replace(state=lambda a: a["state"][:, :1]), ValueError, r"state must be \[B, H, K, V\]"),
-    Case("mixed-dtypes", replace(v=lambda a: a["v"].half()), TypeError, "q, k, v must share one dtype"),
-    Case("k-heads", replace(k=lambda a: a["k"][:, :1]), ValueError, r"k must be \[B, H, K\] = \[1, 2, 16\]"),
+STEP_CASES = linear_step_cases() + [
     Case("slopes-heads", replace(slopes=lambda a: a["slopes"][:1]), ValueError, r"slopes must be \[H\]"),
-    Case("v-batch", replace(v=lambda a: torch.cat([a["v"], a["v"]])), ValueError, r"v must be \[B, H, V\]"),
-    Case("empty-V", shrink(2, "v"), ValueError, "v must have every size >= 1"),
-    Case("scale-str", replace(scale=lambda a: "0.5"), TypeError, "scale must be a float"),
-    Case("scale-nan", replace(scale=lambda a: math.nan), ValueError, "scale must be finite and > 0"),
 ]
 
 

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, pow2_at_least_16
-from ..linear.chunk import CHUNK, dot_precision
+from ..linear.chunk import CHUNK, dot_precision, tiles_that_fit
 from ..linear.recurrent import state_tile, store_state
 from ..tl_helpers import dot_causal
 
@@ -140,10 +140,7 @@ def kda_wy(k, v, b, beta, Akk, w, u) -> None:
 
 
 # ------------------------------------------------------------------ 2. the state pass
-def _fits(configs, named_args, **kwargs):
-    pv = pow2_at_least_16(named_args["V"])
-    keep = [c for c in configs if c.kwargs["BV"] <= pv]
-    return keep or configs[:1]
+_fits = tiles_that_fit()
 
 
 # BV, num_warps, num_stages. At K = 128 and bf16, ptxas (sm_90) fits BV = 32 and 16 in registers with

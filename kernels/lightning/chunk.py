@@ -17,8 +17,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..launch import autotune_configs, pow2_at_least_16
-from ..linear.chunk import CHUNK, dot_precision, output_tile
+from ..launch import autotune_configs
+from ..linear.chunk import CHUNK, dot_precision, output_tile, tiles_that_fit
 from ..tl_helpers import dot_causal
 
 # (BK, BV), num_warps, num_stages: BV = V = 128 computes Q K^T once per chunk and head. On the H200
@@ -29,11 +29,7 @@ _CONFIGS = autotune_configs([({"BK": 64, "BV": 128}, 4, 3), ({"BK": 64, "BV": 12
                             interpreter={"BK": 32, "BV": 32})
 
 
-def _fits(configs, named_args, **kwargs):
-    """Drop configs whose tiles are wider than the (power-of-two padded) head dims."""
-    pk, pv = pow2_at_least_16(named_args["K"]), pow2_at_least_16(named_args["V"])
-    keep = [c for c in configs if c.kwargs["BK"] <= pk and c.kwargs["BV"] <= pv]
-    return keep or configs[:1]
+_fits = tiles_that_fit()
 
 
 @triton.autotune(configs=_CONFIGS, key=["K", "V"], prune_configs_by={"early_config_prune": _fits})

@@ -49,11 +49,18 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _fits(configs, named_args, **kwargs):
-    """Drop configs whose tiles are wider than the (power-of-two padded) head dims."""
-    pk, pv = pow2_at_least_16(named_args["K"]), pow2_at_least_16(named_args["V"])
-    keep = [c for c in configs if c.kwargs.get("BK", 16) <= pk and c.kwargs.get("BV", 16) <= pv]
-    return keep or configs[:1]
+def tiles_that_fit(k: str = "K", v: str = "V"):
+    """An autotune prune (`early_config_prune`): drop the configs whose BK or BV tile is wider than the
+    kernel arguments named k and v, padded to a power of two (a config without BK or BV is kept on that
+    axis); keep the first if none fits."""
+    def prune(configs, named_args, **kwargs):
+        pk, pv = pow2_at_least_16(named_args[k]), pow2_at_least_16(named_args[v])
+        keep = [c for c in configs if c.kwargs.get("BK", 16) <= pk and c.kwargs.get("BV", 16) <= pv]
+        return keep or configs[:1]
+    return prune
+
+
+_fits = tiles_that_fit()
 
 
 # ------------------------------------------------------------------ 1. the in-chunk cumulative gate

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_has_values, check_kernel_device,
+from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_dims, check_has_values, check_kernel_device,
                       check_not_empty, check_same_device, check_same_device_and_dtype, check_tensor,
                       softmax_scale_or_default)
 from ..common import INTERPRET, ON_GPU
@@ -24,9 +24,8 @@ _INTERPRETER_FLOATS = (torch.float16, torch.float32)  # the interpreter computes
 
 
 def _check_dims(name: str, t: torch.Tensor, letters: str, sizes: dict) -> None:
-    want = [sizes[c] for c in letters.split()]
-    if list(t.shape) != want:
-        raise ValueError(f"{name} must be [{', '.join(letters.split())}] = {want}, got {list(t.shape)}")
+    letters = letters.split()
+    check_dims(name, t, [sizes[c] for c in letters], ", ".join(letters))
 
 
 def check_linear_inputs(q, k, v, gates, scale=None, initial_state=None, output_final_state=False, *,

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..launch import autotune_configs, pow2_at_least_16
-from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_state_pass, dot_precision, output_tile
+from ..launch import autotune_configs
+from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_state_pass, dot_precision, output_tile, tiles_that_fit
 from ..tl_helpers import dot_causal
 
 # (BK over dstate, BV over headdim), num_warps, num_stages. Not yet tuned on the H200.
@@ -35,11 +35,7 @@ _CONFIGS = autotune_configs([({"BK": 64, "BV": 64}, 4, 3), ({"BK": 64, "BV": 64}
                             interpreter={"BK": 32, "BV": 32})
 
 
-def _fits(configs, named_args, **kwargs):
-    """Drop configs whose tiles are wider than the (power-of-two padded) dstate and headdim."""
-    pk, pv = pow2_at_least_16(named_args["N"]), pow2_at_least_16(named_args["P"])
-    keep = [c for c in configs if c.kwargs["BK"] <= pk and c.kwargs["BV"] <= pv]
-    return keep or configs[:1]
+_fits = tiles_that_fit("N", "P")  # dstate and headdim
 
 
 @triton.autotune(configs=_CONFIGS, key=["N", "P", "HAS_D", "HAS_Z"], prune_configs_by={"early_config_prune": _fits})

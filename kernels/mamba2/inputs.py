@@ -16,17 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_has_values, check_kernel_device,
+from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_dims, check_has_values, check_kernel_device,
                       check_not_empty, check_same_device, check_same_device_and_dtype, check_tensor)
 from ..common import INTERPRET, ON_GPU
 
 MAX_DSTATE = 256    # the decode kernel holds a whole state row (padded to a power of two) in registers
 INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-def _shape(name, t, want, letters):
-    if list(t.shape) != list(want):
-        raise ValueError(f"{name} must be [{letters}] = {list(want)}, got {list(t.shape)}")
 
 
 def _devices(kernel: bool, **tensors):
@@ -112,22 +107,22 @@ def check_step_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_so
     check_not_empty("state", state, "slots, nheads, headdim, dstate")
     G = B.shape[1]
     if state_batch_indices is None:
-        _shape("state", state, (b, H, P, N), "b, nheads, headdim, dstate")
+        check_dims("state", state, (b, H, P, N), "b, nheads, headdim, dstate")
     else:
-        _shape("state", state, (S, H, P, N), "slots, nheads, headdim, dstate")
-        _shape("state_batch_indices", state_batch_indices, (b,), "b")
-    _shape("dt", dt, (b, H, P), "b, nheads, headdim")
-    _shape("A", A, (H, P, N), "nheads, headdim, dstate")
+        check_dims("state", state, (S, H, P, N), "slots, nheads, headdim, dstate")
+        check_dims("state_batch_indices", state_batch_indices, (b,), "b")
+    check_dims("dt", dt, (b, H, P), "b, nheads, headdim")
+    check_dims("A", A, (H, P, N), "nheads, headdim, dstate")
     if G < 1:
         raise ValueError(f"B must have ngroups >= 1, got shape {list(B.shape)}")
-    _shape("B", B, (b, G, N), "b, ngroups, dstate")
-    _shape("C", C, (b, G, N), "b, ngroups, dstate")
+    check_dims("B", B, (b, G, N), "b, ngroups, dstate")
+    check_dims("C", C, (b, G, N), "b, ngroups, dstate")
     _groups(H, G)
     for name, t in (("D", D), ("dt_bias", dt_bias)):
         if t is not None:
-            _shape(name, t, (H, P), "nheads, headdim")
+            check_dims(name, t, (H, P), "nheads, headdim")
     if z is not None:
-        _shape("z", z, (b, H, P), "b, nheads, headdim")
+        check_dims("z", z, (b, H, P), "b, nheads, headdim")
     if kernel and N > MAX_DSTATE:
         raise ValueError(f"state has dstate = {N}; the kernel takes dstate <= {MAX_DSTATE}")
     if state_batch_indices is not None and state_batch_indices.device.type == "cpu":
@@ -173,19 +168,19 @@ def check_scan_inputs(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=Non
     Bt, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     check_not_empty("B", B, "batch, seqlen, ngroups, dstate")
-    _shape("dt", dt, (Bt, T, H), "batch, seqlen, nheads")
-    _shape("A", A, (H,), "nheads")
-    _shape("B", B, (Bt, T, G, N), "batch, seqlen, ngroups, dstate")
-    _shape("C", C, (Bt, T, G, N), "batch, seqlen, ngroups, dstate")
+    check_dims("dt", dt, (Bt, T, H), "batch, seqlen, nheads")
+    check_dims("A", A, (H,), "nheads")
+    check_dims("B", B, (Bt, T, G, N), "batch, seqlen, ngroups, dstate")
+    check_dims("C", C, (Bt, T, G, N), "batch, seqlen, ngroups, dstate")
     _groups(H, G)
     if D is not None and list(D.shape) not in ([H], [H, P]):
         raise ValueError(f"D must be [nheads] or [nheads, headdim] = [{H}] or [{H}, {P}], got {list(D.shape)}")
     if z is not None:
-        _shape("z", z, (Bt, T, H, P), "batch, seqlen, nheads, headdim")
+        check_dims("z", z, (Bt, T, H, P), "batch, seqlen, nheads, headdim")
     if dt_bias is not None:
-        _shape("dt_bias", dt_bias, (H,), "nheads")
+        check_dims("dt_bias", dt_bias, (H,), "nheads")
     if initial_states is not None:
-        _shape("initial_states", initial_states, (Bt, H, P, N), "batch, nheads, headdim, dstate")
+        check_dims("initial_states", initial_states, (Bt, H, P, N), "batch, nheads, headdim, dstate")
     if kernel and (N > 256 or P > 256):
         raise ValueError(f"x and B have headdim = {P} and dstate = {N}; the kernels take both <= 256")
     return Bt, T, H, P, N, G
