@@ -3,20 +3,27 @@ from the formula (MATH.md, Mamba-2) for every combination of the optional argume
 updated in place (same storage, any strides, through a slot table), A as one scalar per head (the
 stride-0 fast path) and as a full [nheads, headdim, dstate] tensor, groups, odd sizes, NaN kept in
 its row; the SSD chunk scan against a step-by-step fp64 loop (T not a multiple of the chunk, initial
-and final states, groups, D and z); the PyTorch chunked form; every kind of bad input.
+and final states, groups, D and z, a strided dt); its gates kernel (dt's bias and softplus, the
+cumulative decay) against PyTorch; the PyTorch chunked form; every kind of bad input.
 
-CPU (interpreter): fp32 and fp16 on small shapes. GPU: bf16 at mamba_ssm's test shapes.
+CPU (interpreter): fp32 and fp16 on small shapes. GPU: bf16 at mamba_ssm's test shapes, and the scan
+with each config of its output kernel and of the state pass forced one at a time.
 """
+import contextlib
 import itertools
 import math
 
 import pytest
 import torch
+import triton
 
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
-from kernels.common import DEVICE, ON_GPU, assert_close, tolerance
+from kernels.common import DEVICE, INTERPRET, ON_GPU, assert_close, tolerance
 from kernels.mamba2 import (mamba1_step, mamba2_step, selective_state_update, selective_state_update_ref,
                             ssd_chunk_scan, ssd_chunked_torch, ssd_scan_ref)
+from kernels.launch import pow2_at_least_16
+from kernels.linear.chunk import CHUNK, GATE_FLOOR
+from kernels.mamba2 import chunk as chunk_module
 from kernels.mamba2 import decode as decode_module
 from kernels.mamba2 import interface as interface_module
 from kernels.mamba2.inputs import check_step_inputs, step_accepted_at_once
@@ -339,7 +346,7 @@ def scan_ref64(x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, 
     if dt_softplus:
         dt = torch.log1p(torch.exp(dt))
     Bh, Ch = B.repeat_interleave(H // G, dim=2), C.repeat_interleave(H // G, dim=2)
-    h = torch.zeros(Bt, H, P, N, dtype=torch.float64) if h0 is None else h0.clone()
+    h = torch.zeros(Bt, H, P, N, dtype=torch.float64, device=x.device) if h0 is None else h0.clone()
     y = torch.empty_like(x)
     for t in range(T):
         h = torch.exp(dt[:, t] * A)[..., None, None] * h \
@@ -424,13 +431,123 @@ def test_scan_strong_decay_forgets():
 def test_torch_forms_agree():
     """The PyTorch chunked form (any chunk size) and the token loop equal the loop written here."""
     x, dt, A, B, C, D, z, bias = (t.double() for t in make_scan(T=70, D_per_channel=False))
-    h0 = torch.randn(2, 4, 16, 32, dtype=torch.float64)
+    h0 = torch.randn(2, 4, 16, 32, dtype=torch.float64, device=x.device)
     y_ref, h_ref = scan_ref64(x, dt, A, B, C, D, z, bias, True, h0)
     for fn, L in ((ssd_scan_ref, 64), (ssd_chunked_torch, 16), (ssd_chunked_torch, 64)):
         y, h = fn(x, dt, A, B, C, chunk_size=L, D=D, z=z, dt_bias=bias, dt_softplus=True, initial_states=h0,
                   return_final_states=True)
         assert_close(y, y_ref, 1e-12, f"{fn.__name__}({L}) y")
         assert_close(h, h_ref, 1e-12, f"{fn.__name__}({L}) state")
+
+
+@contextlib.contextmanager
+def only_config(kernel, config):
+    """Within: the autotuned `kernel` runs `config` and nothing else (its list of configs holds that
+    one, and its cache of picks is empty); its configs and picks are restored after."""
+    configs, picks = kernel.configs, dict(kernel.cache)
+    kernel.configs = [config]
+    kernel.cache.clear()
+    try:
+        yield
+    finally:
+        kernel.configs = configs
+        kernel.cache.clear()
+        kernel.cache.update(picks)
+
+
+# ------------------------------------------------------------------ the gates kernel of the scan
+def _dt_view(Bt, T, H, layout, dtype):
+    """dt [Bt, T, H] as a caller may hold it: contiguous, a slice of a wider projection (every second
+    column of it), or the transpose of a [Bt, H, T] tensor."""
+    if layout == "contiguous":
+        return torch.randn(Bt, T, H, device=DEVICE).to(dtype)
+    if layout == "slice":
+        return torch.randn(Bt, T, 2 * H + 3, device=DEVICE).to(dtype)[:, :, 1:1 + 2 * H:2]
+    return torch.randn(Bt, H, T, device=DEVICE).to(dtype).transpose(1, 2)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "slice", "transposed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("bias, softplus", [(True, True), (False, True), (True, False), (False, False)],
+                         ids=["bias-softplus", "softplus", "bias", "plain"])
+def test_gates_kernel(bias, softplus, dtype, layout):
+    """ssd_gates against PyTorch: dtf = softplus(dt + dt_bias) and b = the in-chunk cumulative sum
+    of dtf·A, gates below GATE_FLOOR counted as GATE_FLOOR (a huge dt and an infinite one included),
+    for dt of any strides; T and H not multiples of the blocks."""
+    Bt, T, H = 2, 130, 5
+    dt = _dt_view(Bt, T, H, layout, dtype)
+    if not softplus:
+        dt = dt.abs()                        # dt >= 0 without the softplus (every decay <= 1)
+    dt[0, 5, 0] = 500.0                      # dt·A far below the floor: counted as GATE_FLOOR
+    dt[1, 70, 2] = math.inf                  # dt·A = -inf: the same
+    dt_bias = torch.rand(H, device=DEVICE) * 0.5 if bias else None
+    A = -torch.rand(H, device=DEVICE) * 2 - 0.05
+    dtf = torch.empty(Bt, T, H, device=DEVICE)
+    b = torch.empty(Bt, T, H, 1, device=DEVICE)
+    chunk_module.ssd_gates(dt, dt_bias, A, softplus, dtf, b)
+
+    ref = dt.double() + (0 if dt_bias is None else dt_bias.double())
+    if softplus:
+        ref = torch.nn.functional.softplus(ref)
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(dtf), finite) and dtf[1, 70, 2] == math.inf
+    assert_close(dtf[finite], ref[finite], FP32, "dt after bias and softplus")
+    g = (ref * A.double()).clamp(min=GATE_FLOOR)
+    b_ref = torch.cat([c.cumsum(1) for c in g.split(CHUNK, dim=1)], dim=1)
+    assert torch.isfinite(b).all()
+    assert_close(b[..., 0], b_ref, FP32, "b, the in-chunk cumulative log decay")
+
+
+def test_gates_kernel_keeps_nan():
+    """A NaN dt is not a reset: its chunk's sum stays NaN from that token on, and only there."""
+    dt = torch.randn(1, 80, 3, device=DEVICE)
+    dt[0, 10, 1] = math.nan
+    dtf, b = torch.empty(1, 80, 3, device=DEVICE), torch.empty(1, 80, 3, 1, device=DEVICE)
+    chunk_module.ssd_gates(dt, None, -torch.ones(3, device=DEVICE), True, dtf, b)
+    assert torch.isnan(b[0, 10:CHUNK, 1]).all() and dtf[0, 10, 1].isnan()
+    assert torch.isfinite(b[0, :10]).all() and torch.isfinite(b[0, CHUNK:]).all()
+    assert torch.isfinite(b[0, :, [0, 2]]).all()
+
+
+def test_scan_takes_a_strided_dt_and_D_per_head():
+    """dt as a slice of a wider tensor and D as one number per head with a stride: read where they
+    lie, the same result as the contiguous arguments."""
+    x, dt, A, B, C, _, z, bias = make_scan(T=70, D_per_channel=False)
+    wide = torch.randn(2, 70, 11, device=DEVICE)
+    wide[:, :, 2:6] = dt
+    D = torch.randn(4, 3, device=DEVICE)[:, 1]
+    y_ref, _ = scan_ref64(x, dt, A, B, C, D, z, bias, True)
+    y = ssd_chunk_scan(x, wide[:, :, 2:6], A, B, C, D=D, z=z, dt_bias=bias, dt_softplus=True)
+    assert_close(y, y_ref, FP32, "y")
+
+
+# BV = 32 tiles of the output kernel: (128, 32) ended in an illegal memory access on the H200, and an
+# autotuned run whose candidates included (64, 32) gave a wrong output at dstate 64. Checked here
+# under the interpreter, where the tile logic runs without the compiler.
+SUSPECT_OUTPUT_TILES = [(128, 32), (64, 32)]
+TILE_CASES = sorted({("output", m["BK"], m["BV"]) for m, _, _ in chunk_module._TILES}
+                    | {("output", bk, bv) for bk, bv in SUSPECT_OUTPUT_TILES}
+                    | {("state", m["BK"], m["BV"]) for m, _, _ in chunk_module._STATE_TILES})
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the GPU checks its tiles in test_gpu_scan_every_*_config")
+@pytest.mark.parametrize("case", TILE_CASES, ids=lambda c: "{}-BK{}-BV{}".format(*c))
+@pytest.mark.parametrize("shape", [(1, 130, 2, 64, 64, 1), (1, 130, 2, 64, 128, 1), (1, 70, 3, 48, 60, 3)],
+                         ids=lambda s: "B{}-T{}-H{}-P{}-N{}-G{}".format(*s))
+def test_scan_every_gpu_tile_interpreted(shape, case):
+    """The GPU's tiles of the output kernel and of the state pass, each forced in turn, in fp32 under
+    the interpreter: a tile wider than dstate or headdim, one trip over dstate, several, any error in
+    the addressing or the masks that depends on the tile shows here."""
+    kernel = chunk_module._ssd_output_kernel if case[0] == "output" else chunk_module._ssd_state_kernel
+    Bt, T, H, P, N, G = shape
+    x, dt, A, B, C, D, z, bias = make_scan(*shape)
+    h0 = torch.randn(Bt, H, P, N, device=DEVICE)
+    y_ref, h_ref = scan_ref64(x, dt, A, B, C, D, z, bias, True, h0)
+    with only_config(kernel, triton.Config({"BK": case[1], "BV": case[2]})):
+        y, h = ssd_chunk_scan(x, dt, A, B, C, D=D, z=z, dt_bias=bias, dt_softplus=True, initial_states=h0,
+                              return_final_states=True)
+    assert_close(h, h_ref, FP32, "final state")
+    assert_close(y, y_ref, FP32, "y")
 
 
 # ------------------------------------------------------------------ bad input: the scan
@@ -514,6 +631,52 @@ def test_gpu_scan_bf16(shape):
                           return_final_states=True)
     assert_close(y, y_ref, 2 * tolerance(torch.bfloat16), "y")
     assert_close(h, h_ref, 2 * tolerance(torch.bfloat16), "final state")
+
+
+def _config_id(c):
+    return "BK{BK}-BV{BV}".format(**c.kwargs) + f"-w{c.num_warps}-s{c.num_stages}"
+
+
+# The shape whose autotuned run once gave a wrong output (N = 64) beside the same at N = 128, and one
+# with odd sizes and groups.
+FORCED_SHAPES = [(2, 512, 8, 64, 64, 1), (2, 512, 8, 64, 128, 1), (1, 333, 6, 48, 60, 3)]
+
+
+def _forced_run(kernel, config, shape, size_names):
+    """The scan in bf16 with `kernel` held to `config`, against the fp64 chunked form: y and the final
+    state checked apart (the final state comes from the state pass alone)."""
+    Bt, T, H, P, N, G = shape
+    sizes = {"N": N, "P": P}
+    if any(config.kwargs[blk] > pow2_at_least_16(sizes[name]) for blk, name in zip(("BK", "BV"), size_names)):
+        pytest.skip("the autotuner never runs a tile wider than the padded size")
+    x, dt, A, B, C, D, z, bias = make_scan(*shape, dtype=torch.bfloat16, device="cuda")
+    h0 = torch.randn(Bt, H, P, N, device="cuda")
+    y_ref, h_ref = ssd_chunked_torch(*(t.double() for t in (x, dt, A, B, C)), D=D.double(), z=z.double(),
+                                     dt_bias=bias.double(), dt_softplus=True, initial_states=h0.double(),
+                                     return_final_states=True)
+    with only_config(kernel, config):
+        y, h = ssd_chunk_scan(x, dt, A, B, C, D=D, z=z, dt_bias=bias, dt_softplus=True, initial_states=h0,
+                              return_final_states=True)
+        torch.cuda.synchronize()
+    assert_close(h, h_ref, 2 * tolerance(torch.bfloat16), "final state")
+    assert_close(y, y_ref, 2 * tolerance(torch.bfloat16), "y")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", chunk_module._CONFIGS, ids=_config_id)
+@pytest.mark.parametrize("shape", FORCED_SHAPES, ids=lambda s: "B{}-T{}-H{}-P{}-N{}-G{}".format(*s))
+def test_gpu_scan_every_output_config(shape, config):
+    """Every config of the output kernel, one at a time: an error that depends on the tile shows here
+    with the tile's name, instead of in whichever config the autotuner happened to pick."""
+    _forced_run(chunk_module._ssd_output_kernel, config, shape, ("N", "P"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", chunk_module._STATE_CONFIGS, ids=_config_id)
+@pytest.mark.parametrize("shape", FORCED_SHAPES, ids=lambda s: "B{}-T{}-H{}-P{}-N{}-G{}".format(*s))
+def test_gpu_scan_every_state_config(shape, config):
+    """Every config of the state pass, one at a time, with B read per group and dt on the keys."""
+    _forced_run(chunk_module._ssd_state_kernel, config, shape, ("N", "P"))
 
 
 @pytest.mark.gpu

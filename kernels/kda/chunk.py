@@ -24,45 +24,140 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, pow2_at_least_16
-from ..linear.chunk import CHUNK, dot_precision, tiles_that_fit
+from ..linear.chunk import CHUNK, GATE_FLOOR, dot_precision, tiles_that_fit
 from ..linear.recurrent import state_tile, store_state
 from ..tl_helpers import dot_causal
 
+SUB_CHUNK = 16  # rows per program of the scores kernel: the smallest side of a tensor-core product
 
-# ------------------------------------------------------------------ 0. q and k divided by their L2 norm
-@triton.jit
-def _l2norm_kernel(x, y, N, K: tl.constexpr, EPS: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
-    # one program: BR rows of K, each divided by sqrt(Σ x² + EPS) in fp32
-    o_r = tl.program_id(0) * BR + tl.arange(0, BR)
+
+# ------------------------------------------------------------------ 0. one pass over q, k and g
+@triton.jit(do_not_specialize=["T", "H"])
+def _kda_prepare_kernel(
+    q, k, g, qn, kn, b, T, H,
+    K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, EPS: tl.constexpr,
+    FLOOR: tl.constexpr,
+):
+    # one program: the BT tokens of chunk i_t of one (batch, head), every key channel
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
     o_k = tl.arange(0, BK)
-    m = (o_r < N)[:, None] & (o_k < K)[None, :]
-    p = o_r[:, None] * K + o_k[None, :]
-    b_x = tl.load(x + p, mask=m, other=0.0).to(tl.float32)
-    b_y = b_x * tl.rsqrt(tl.sum(b_x * b_x, axis=1) + EPS)[:, None]
-    tl.store(y + p, b_y.to(y.dtype.element_ty), mask=m)
+    m = (o_t < T)[:, None] & (o_k < K)[None, :]
+    p = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+    # the in-chunk cumulative gate, as chunk_local_cumsum computes it (-inf raised to FLOOR)
+    b_g = tl.load(g + p, mask=m, other=0.0).to(tl.float32)
+    b_g = tl.where(b_g < FLOOR, FLOOR, b_g)
+    tl.store(b + p, tl.cumsum(b_g, axis=0), mask=m)
+    if L2NORM:
+        b_q = tl.load(q + p, mask=m, other=0.0).to(tl.float32)
+        b_k = tl.load(k + p, mask=m, other=0.0).to(tl.float32)
+        tl.store(qn + p, (b_q * tl.rsqrt(tl.sum(b_q * b_q, axis=1) + EPS)[:, None]).to(qn.dtype.element_ty), mask=m)
+        tl.store(kn + p, (b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=1) + EPS)[:, None]).to(kn.dtype.element_ty), mask=m)
 
 
-def l2norm_rows(x, y, eps: float) -> None:
-    """y = x / sqrt(Σ x² + eps) over the last axis, in one pass (read x once, write y once).
+def kda_prepare(q, k, g, b, qn=None, kn=None, eps: float = 0.0) -> None:
+    """The in-chunk cumulative gates b, and, when qn and kn are given, q and k divided by their L2 norm,
+    in one pass over the inputs (one program per chunk and batch·head).
 
-    x, y: [..., K], contiguous, one dtype; y written. The chunk form normalises q and k this way once,
-    before the kernels that read them (five of its launches read k)."""
-    K = x.shape[-1]
-    N = x.numel() // K
-    BK = triton.next_power_of_2(K)
-    BR = max(1, min(64, 4096 // BK))
-    _l2norm_kernel[(triton.cdiv(N, BR),)](x, y, N, K, EPS=eps, BR=BR, BK=BK, num_warps=4)
+    q, k, g: [B, T, H, K], contiguous; b: fp32 [B, T, H, K], written (what `chunk_local_cumsum` writes);
+    qn, kn: like q, written with q / sqrt(Σ q² + eps) and the same for k, or both None (no norm)."""
+    B, T, H, K = g.shape
+    l2norm = qn is not None
+    _kda_prepare_kernel[(triton.cdiv(T, CHUNK), B * H)](
+        q, k, g, qn if l2norm else q, kn if l2norm else k, b, T, H, K, BT=CHUNK, BK=pow2_at_least_16(K),
+        L2NORM=l2norm, EPS=eps, FLOOR=GATE_FLOOR, num_warps=8 if K > 64 else 4)
 
 
-# ------------------------------------------------------------------ 1. the in-chunk solve
-# num_warps, num_stages: at K = V = 128 and bf16, 8 warps hold the solve's 64 x 64 fp32 tiles with a
-# 64-byte spill (ptxas, sm_90); 4 warps spill 584 bytes.
-@triton.autotune(configs=autotune_configs([({}, 8, 1), ({}, 4, 1)]), key=["K", "V"])
+# ------------------------------------------------------------------ 1. the scores inside a chunk
+# q·k and k·k against the earlier tokens of the chunk, in one pass: KDA needs both (GLA only the first).
+# num_warps: at K = 128 and bf16, ptxas (sm_90) fits 4 and 8 warps without a spill; 2 warps spill.
+@triton.autotune(configs=autotune_configs([({}, 4, 1), ({}, 8, 1)]), key=["K"])
+@triton.jit(do_not_specialize=["T", "H"])
+def _kda_scores_kernel(
+    q, k, b, Aqk, Akk, scale, T, H,
+    K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    # one program: the BC rows of sub-chunk i_c of chunk i_t against every column j <= t. Both scores
+    # share the key side and every exponential: Aqk[t, j] = scale Σ_c q_tc k_jc e^{b_tc - b_jc} and
+    # Akk[t, j] = Σ_c k_tc k_jc e^{b_tc - b_jc}.
+    i_c, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0 = i_t * BT + i_c * BC                       # first row of the sub-chunk
+    if t0 < T:
+        o_r = tl.arange(0, BC)
+        o_t = t0 + o_r
+        m_t = o_t < T
+        p_row = ((i_b * T + o_t) * H + i_h) * BT + i_c * BC
+        p_qk = Aqk + p_row[:, None] + o_r[None, :]
+        p_kk = Akk + p_row[:, None] + o_r[None, :]
+
+        o_k = tl.arange(0, BK)
+        m_k = o_k < K
+        m_q = m_t[:, None] & m_k[None, :]
+        p_q = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+        b_q = tl.load(q + p_q, mask=m_q, other=0.0).to(tl.float32)
+        b_kr = tl.load(k + p_q, mask=m_q, other=0.0).to(tl.float32)      # the rows' own keys
+        b_g = tl.load(b + p_q, mask=m_q, other=0.0)
+
+        # (a) earlier sub-chunks on tensor cores, re-based at b_n = b[t0] as GLA's scores are: the rows
+        #     times e^{b - b_n}, the columns times e^{b_n - b}, every exponent <= 0
+        if i_c > 0:
+            b_gn = tl.load(b + ((i_b * T + t0) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+            b_e = tl.exp(tl.where(m_q, b_g - b_gn[None, :], 0.0))
+            b_qn = (b_q * b_e * scale).to(k.dtype.element_ty)
+            b_krn = (b_kr * b_e).to(k.dtype.element_ty)
+            for i_j in range(0, i_c):
+                p_k = ((i_b * T + i_t * BT + i_j * BC + o_r[:, None]) * H + i_h) * K + o_k[None, :]
+                b_k = tl.load(k + p_k, mask=m_k[None, :], other=0.0)
+                b_kn = tl.trans((b_k * tl.exp(b_gn[None, :] - tl.load(b + p_k, mask=m_k[None, :], other=0.0)))
+                                .to(k.dtype.element_ty))
+                b_sq = tl.dot(b_qn, b_kn, input_precision=DOT_PREC)         # [BC, BC]
+                b_sk = tl.dot(b_krn, b_kn, input_precision=DOT_PREC)
+                tl.store(p_qk + (i_j - i_c) * BC, b_sq.to(Aqk.dtype.element_ty), mask=m_t[:, None])
+                tl.store(p_kk + (i_j - i_c) * BC, b_sk.to(Akk.dtype.element_ty), mask=m_t[:, None])
+
+        # (b) the diagonal BC x BC block elementwise in fp32, one column j at a time: the factor
+        #     e^{b_tc - b_jc} (exponent <= 0 for j <= t, -inf above) serves both scores
+        b_aq = tl.zeros([BC, BC], dtype=tl.float32)
+        b_ak = tl.zeros([BC, BC], dtype=tl.float32)
+        for j in range(BC):
+            p_j = ((i_b * T + t0 + j) * H + i_h) * K + o_k
+            m_j = m_k & (t0 + j < T)
+            b_kj = tl.load(k + p_j, mask=m_j, other=0.0).to(tl.float32)
+            b_gj = tl.load(b + p_j, mask=m_j, other=0.0)
+            b_ke = b_kj[None, :] * tl.exp(tl.where(((o_r >= j) & m_t)[:, None], b_g - b_gj[None, :], float("-inf")))
+            b_aq += tl.where(o_r[None, :] == j, tl.sum(b_q * b_ke, axis=1)[:, None], 0.0)
+            b_ak += tl.where(o_r[None, :] == j, tl.sum(b_kr * b_ke, axis=1)[:, None], 0.0)
+        # a NaN or inf in a later token's key reaches the pairs above the diagonal as 0 · NaN: the
+        # select on the finished block clears them
+        m_lo = o_r[:, None] >= o_r[None, :]
+        tl.store(p_qk, tl.where(m_lo, b_aq * scale, 0.0).to(Aqk.dtype.element_ty), mask=m_t[:, None])
+        tl.store(p_kk, tl.where(m_lo, b_ak, 0.0).to(Akk.dtype.element_ty), mask=m_t[:, None])
+
+
+def kda_scores(q, k, b, Aqk, Akk, scale: float) -> None:
+    """The two intra-chunk score matrices KDA needs, every sub-chunk of every chunk in parallel.
+
+    q, k: [B, T, H, K]; b: fp32 [B, T, H, K], the in-chunk cumulative gates. Written, on and below the
+    diagonal of each chunk (the rest is left as it was): Aqk [B, T, H, CHUNK] in q's dtype, the
+    query-key scores with scale (GLA's A); Akk fp32 [B, T, H, CHUNK], the key-key scores without β.
+    Row t, column c holds the score against token (t // CHUNK) * CHUNK + c.
+    """
+    B, T, H, K = q.shape
+    _kda_scores_kernel[(CHUNK // SUB_CHUNK, triton.cdiv(T, CHUNK), B * H)](
+        q, k, b, Aqk, Akk, scale, T, H, K, BT=CHUNK, BC=SUB_CHUNK, BK=pow2_at_least_16(K),
+        DOT_PREC=dot_precision(q.dtype))
+
+
+# ------------------------------------------------------------------ 2. the in-chunk solve
+# num_warps, num_stages: not yet measured with the [NB, BS, BS] forward substitution.
+@triton.autotune(configs=autotune_configs([({}, 4, 1), ({}, 8, 1)]), key=["K", "V"])
 @triton.jit(do_not_specialize=["T", "H"])
 def _kda_wy_kernel(
     k, v, b, beta, Akk, w, u, T, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
-    DOT_PREC: tl.constexpr, SOLVE_PREC: tl.constexpr,
+    NB: tl.constexpr, DOT_PREC: tl.constexpr, SOLVE_PREC: tl.constexpr,
 ):
     # one program: the BT rows of chunk i_t of one (batch, head)
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -76,19 +171,29 @@ def _kda_wy_kernel(
     b_A = tl.load(Akk + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
     b_A = tl.where(o_c[:, None] > o_c[None, :], b_A, 0.0) * b_beta[:, None]
 
-    # X = (I + A)⁻¹ in two stages, with the chunk cut into blocks of BS = 16 rows.
-    # (a) The block-diagonal part D = (I + A_d)⁻¹ by forward substitution, the four blocks at once, a
-    #     column at a time: when local column s is reached, local row s of each block is final, and it
-    #     is subtracted from the block's later rows with weight A_is. 16 rank-1 updates of the tile.
+    # X = (I + A)⁻¹ in two stages, with the chunk cut into NB blocks of BS = 16 rows.
+    # (a) The block-diagonal part D = (I + A_d)⁻¹ by forward substitution on the NB diagonal blocks,
+    #     held as one [NB, BS, BS] tile (a quarter of the 64 x 64 one), a column at a time: when local
+    #     column s is reached, local row s of each block is final, and it is subtracted from the
+    #     block's later rows with weight A_is. 16 rank-1 updates of 16 x 16 blocks.
+    o_n = tl.arange(0, NB)
+    o_s = tl.arange(0, BS)
+    t3 = i_t * BT + o_n[:, None, None] * BS + o_s[None, :, None]            # the token of (block, row)
+    m3 = t3 < T
+    b_A3 = tl.load(Akk + ((i_b * T + t3) * H + i_h) * BT + o_n[:, None, None] * BS + o_s[None, None, :],
+                   mask=m3, other=0.0)
+    b_beta3 = tl.load(beta + (i_b * T + t3) * H + i_h, mask=m3, other=0.0).to(tl.float32)
+    b_A3 = tl.where(o_s[None, :, None] > o_s[None, None, :], b_A3 * b_beta3, 0.0)
+    b_X3 = tl.where(o_s[None, :, None] == o_s[None, None, :], 1.0, 0.0) + tl.zeros([NB, BS, BS], dtype=tl.float32)
+    for s in range(0, BS):
+        b_xs = tl.sum(tl.where(o_s[None, :, None] == s, b_X3, 0.0), axis=1)      # [NB, BS]: row s of each block
+        b_as = tl.sum(tl.where(o_s[None, None, :] == s, b_A3, 0.0), axis=2)      # [NB, BS]: column s of each block
+        b_X3 = b_X3 - b_as[:, :, None] * b_xs[:, None, :]
+    # back to a [BT, BT] tile, the blocks on its diagonal: [NB, BS, NB, BS] with block n in row-block n
+    b_X = tl.reshape(tl.where(o_n[:, None, None, None] == o_n[None, None, :, None], b_X3[:, :, None, :], 0.0),
+                     [BT, BT])
     o_blk = o_c // BS
     m_same = o_blk[:, None] == o_blk[None, :]
-    b_Ad = tl.where(m_same, b_A, 0.0)
-    b_X = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)
-    for s in range(0, BS):
-        m_piv = (o_c % BS) == s
-        b_xs = tl.sum(tl.where(m_piv[:, None] & m_same, b_X, 0.0), axis=0)     # each column: its block's row s
-        b_as = tl.sum(tl.where(m_piv[None, :] & m_same, b_Ad, 0.0), axis=1)    # each row: its block's column s
-        b_X = b_X - tl.where(m_same, b_as[:, None] * b_xs[None, :], 0.0)
     # (b) The rest from I + A = D⁻¹ (I + N), N = D A_o (A_o: the blocks below the diagonal). N is
     #     strictly block-lower with four blocks, so N⁴ = 0 and X = (I - N + N² - N³) D: four products
     #     of 64 x 64 tiles on tensor cores (IEEE fp32 for fp32 inputs; TF32 for 16-bit ones, whose X is
@@ -135,17 +240,17 @@ def kda_wy(k, v, b, beta, Akk, w, u) -> None:
     V = v.shape[-1]
     _kda_wy_kernel[(triton.cdiv(T, CHUNK), B * H)](
         k, v, b, beta, Akk, w, u, T, H, K, V, BT=CHUNK, BK=pow2_at_least_16(K),
-        BV=min(64, pow2_at_least_16(V)), BS=16, DOT_PREC=dot_precision(k.dtype),
+        BV=min(64, pow2_at_least_16(V)), BS=SUB_CHUNK, NB=CHUNK // SUB_CHUNK, DOT_PREC=dot_precision(k.dtype),
         SOLVE_PREC=dot_precision(k.dtype))
 
 
-# ------------------------------------------------------------------ 2. the state pass
+# ------------------------------------------------------------------ 3. the state pass
 _fits = tiles_that_fit()
 
 
 # BV, num_warps, num_stages. At K = 128 and bf16, ptxas (sm_90) fits BV = 32 and 16 in registers with
 # 8 warps (245 and 217 per thread); BV = 32 with 4 warps spills 480 bytes, BV = 64 spills at 4 and 8.
-_STATE_CONFIGS = autotune_configs([({"BV": 32}, 8, 2), ({"BV": 16}, 8, 2), ({"BV": 16}, 4, 2)],
+_STATE_CONFIGS = autotune_configs([({"BV": 32}, 8, 3), ({"BV": 32}, 8, 2), ({"BV": 16}, 4, 2)],
                                   interpreter={"BV": 32})
 
 
@@ -210,4 +315,4 @@ def kda_state_pass(k, w, u, b, states, v_new, initial_state=None, final_state=No
         DOT_PREC=dot_precision(k.dtype))
 
 
-__all__ = ["l2norm_rows", "kda_wy", "kda_state_pass"]
+__all__ = ["kda_prepare", "kda_scores", "kda_wy", "kda_state_pass"]

@@ -17,7 +17,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..linear.recurrent import launch_step, program_tile, recurrent_token, state_tile, store_state, token_inputs
+from ..common import INTERPRET
+from ..linear.recurrent import (decode_tiles, launch_step, program_tile, recurrent_token, state_tile, store_state,
+                                token_inputs)
+from ..launch import pow2_at_least_16
 from .reference import L2NORM_EPS
 
 
@@ -48,6 +51,16 @@ def _fused_recurrent_kda_kernel(
     store_state(ht, p_h, m_h, b_h, STORE_HT)
 
 
+def kda_step_tiles(K: int, V: int, NBH: int):
+    """The shared `decode_tiles`, except with more (batch, head) pairs than 64: then 16 value columns
+    and one warp per program. The delta rule reduces over the key axis twice per token (the prediction
+    Sᵀ k and the read-out), and with one warp both reductions stay inside the warp. On the H200 at
+    B = 64, H = 32, K = V = 128 (graph replay): 77 µs, against 88 µs with the shared pick (32, 4 warps)."""
+    if INTERPRET or NBH <= 64:
+        return decode_tiles(K, V, NBH)
+    return [(pow2_at_least_16(K), 16, 1, 1)]
+
+
 def fused_recurrent_fwd(q, k, v, g, beta, o, scale: float, initial_state=None, final_state=None,
                         l2norm: bool = False) -> None:
     """Launch the fused recurrent kernel: one program per (V-tile, batch·head).
@@ -56,8 +69,10 @@ def fused_recurrent_fwd(q, k, v, g, beta, o, scale: float, initial_state=None, f
     and final_state (written): fp32 [B, H, K, V] or None. All contiguous. After the first call with a
     given (device, dtype, K, V, tile), the compiled kernel is launched directly (`kernels.launch`).
     """
+    B, _, H, K = k.shape
     launch_step(_fused_recurrent_kda_kernel, "kda step", (q, k, v, g, beta), o, scale, initial_state, final_state,
-                key=(g.dtype, beta.dtype, l2norm), L2NORM=l2norm, EPS=L2NORM_EPS)
+                key=(g.dtype, beta.dtype, l2norm), tiles=kda_step_tiles(K, v.shape[-1], B * H), L2NORM=l2norm,
+                EPS=L2NORM_EPS)
 
 
-__all__ = ["fused_recurrent_fwd"]
+__all__ = ["fused_recurrent_fwd", "kda_step_tiles"]

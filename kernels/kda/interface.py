@@ -16,10 +16,9 @@ import torch
 import triton
 
 from ..checks import check_bool
-from ..gla.chunk import chunk_gla_scores
-from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output
+from ..linear.chunk import CHUNK, chunk_output
 from ..linear.inputs import check_linear_inputs
-from .chunk import kda_state_pass, kda_wy, l2norm_rows
+from .chunk import kda_prepare, kda_scores, kda_state_pass, kda_wy
 from .fused_recurrent import fused_recurrent_fwd
 from .reference import L2NORM_EPS
 
@@ -62,13 +61,12 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
               use_qk_l2norm_in_kernel=False):
     """Chunk-parallel KDA forward (Triton, chunks of 64 tokens): the prefill.
 
-    Shapes and dtypes as in this module's docstring. Six launches (eight with the L2 norm, one pass
-    over q and one over k before the rest): the in-chunk cumulative gates
-    (shared), the key-key scores (GLA's scores kernel with k for q), the triangular solve for the
-    pseudo-values, the state pass (sequential over chunks), the query-key scores (GLA's), the output
-    (shared, with the corrected values in place of v). The gates and the carried state are fp32; the
-    per-chunk states, pseudo-values and query-key scores are in the input dtype (they feed
-    tensor-core products); the solve is in fp32.
+    Shapes and dtypes as in this module's docstring. Five launches: one pass over the inputs (the
+    in-chunk cumulative gates, q and k normalised when asked), the two score matrices of every chunk
+    (query-key and key-key, in one kernel), the triangular solve for the pseudo-values, the state pass
+    (sequential over chunks), the output (shared with GLA, with the corrected values in place of v).
+    The gates, the key-key scores, the solve and the carried state are fp32; the per-chunk states,
+    pseudo-values and query-key scores are in the input dtype (they feed tensor-core products).
 
         >>> q, k, v, g = torch.randn(4, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
         >>> g = torch.nn.functional.logsigmoid(g.float()) / 16
@@ -77,24 +75,23 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     """
     (B, T, H, K, V), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, initial_state,
                                                               output_final_state, use_qk_l2norm_in_kernel)
-    if use_qk_l2norm_in_kernel:
-        qn, kn = torch.empty_like(q), torch.empty_like(k)
-        l2norm_rows(q, qn, L2NORM_EPS)
-        l2norm_rows(k, kn, L2NORM_EPS)
-        q, k = qn, kn
     dev, NT = q.device, triton.cdiv(T, CHUNK)
     b = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
-    chunk_local_cumsum(g, b)
-    Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)  # blocks above the diagonal stay unwritten
-    chunk_gla_scores(k, k, b, Akk, 1.0)
+    if use_qk_l2norm_in_kernel:
+        qn, kn = torch.empty_like(q), torch.empty_like(k)
+        kda_prepare(q, k, g, b, qn, kn, L2NORM_EPS)
+        q, k = qn, kn
+    else:
+        kda_prepare(q, k, g, b)
+    Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)         # blocks above the diagonal stay unwritten
+    Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)
+    kda_scores(q, k, b, Aqk, Akk, scale)
     w, u = torch.empty_like(k), torch.empty_like(v)
     kda_wy(k, v, b, beta, Akk, w, u)
     states = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=dev)
     v_new = torch.empty_like(v)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     kda_state_pass(k, w, u, b, states, v_new, h0, ht)
-    Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)
-    chunk_gla_scores(q, k, b, Aqk, scale)
     o = torch.empty_like(v)
     chunk_output(q, v_new, b, states, Aqk, o, scale)
     return o, ht

@@ -29,16 +29,17 @@ def decode_tiles(K: int, V: int, NBH: int):
 
 
 def launch_step(kernel, name: str, inputs, o, scale: float, initial_state=None, final_state=None, key=(),
-                **constexprs) -> None:
+                tiles=None, **constexprs) -> None:
     """Launch a family's fused recurrent kernel, one program per (V-tile, batch·head), with the tiles
-    of `decode_tiles` and, after the first call, directly (`kernels.launch`). The kernel's arguments:
+    of `decode_tiles` (or the given `tiles`, a list of (BM, BN, num_warps, num_stages)) and, after the
+    first call, directly (`kernels.launch`). The kernel's arguments:
     *inputs (q [B, T, H, K] and v [B, T, H, V] first and third), o, h0, ht, scale, T, H, then the
     constexprs K, V, USE_H0, STORE_HT, BM, BN and `constexprs`. `key` adds what else selects the
     compiled variant beyond q's dtype, the sizes and the state flags (other inputs' dtypes, a flag)."""
     q, v = inputs[0], inputs[2]
     B, T, H, K = q.shape
     V = v.shape[-1]
-    tiles = decode_tiles(K, V, B * H)
+    tiles = tiles or decode_tiles(K, V, B * H)
     use_h0, store_ht = initial_state is not None, final_state is not None
     # an unused state pointer gets a stand-in tensor (never read nor written: USE_H0 / STORE_HT are
     # False), so every argument is a tensor and the direct launch path applies

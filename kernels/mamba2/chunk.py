@@ -1,54 +1,186 @@
-"""The SSD chunk scan (Dao & Gu 2024): Mamba-2's prefill on the shared chunk machinery.
+"""The SSD chunk scan (Dao & Gu 2024): Mamba-2's prefill, built like the other linear families'.
 
 Mamba-2 is linear attention with a scalar gate per head and token: with the log decay a_t = dt_t·A
 (<= 0), k_t = B_t (per group), v_t = x_t·dt_t and q_t = C_t, the step h_t = e^{a_t} h_{t-1} + v_t k_tᵀ,
 y_t = h_t q_t is the book's recurrence S_t = e^{g_t} S_{t-1} + k_t v_tᵀ with S = hᵀ ([dstate, headdim]
-= [K, V]). So the pieces GLA and Lightning share do the work between chunks:
+= [K, V]). A prompt takes three launches, and (for contiguous x, B, C, z) nothing else runs on the
+GPU but the allocations of what they write:
 
-    chunk_local_cumsum(a as [Bt, T, H, 1])          b, the in-chunk cumulative log decay (G = 1)
-    chunk_state_pass(B per head, x·dt, b)           the state at every chunk start, and the final one
+    ssd_gates(dt, dt_bias, A)          dt after its bias and softplus, and b, the in-chunk cumulative
+                                       log decay of dt·A (one elementwise kernel)
+    ssd_state_pass(B, x, dt, b)        the state at every chunk start, and the final one: the shared
+                                       pass's loop with one decay per head, B read per group and dt
+                                       folded into the keys
 
-and one kernel of Mamba-2's own assembles the output of every chunk at once, in the SSD form:
+then the output of every chunk at once, in the SSD form:
 
-    Y = diag(e^{b}) C S_start  +  (L ∘ C Bᵀ) X  +  D ⊙ x,    then  Y ⊙ silu(z)
+    Y = diag(e^{b}) C S_start  +  (L ∘ C Bᵀ) diag(dt) x  +  D ⊙ x,    then  Y ⊙ silu(z)
     L_ts = e^{b_t - b_s} for s <= t (the 1-semiseparable mask, exp of a segment sum), else 0
 
-C Bᵀ is formed in place over dstate in tiles (one tensor-core product per tile, never stored), L is
-an elementwise mask, and (L ∘ C Bᵀ) X is a second product: the intra-chunk part is the quadratic,
-attention-like form, the inter-chunk part the linear one. C and B are read per group, as GQA reads
-its shared keys; only the state pass, which takes per-head keys, gets B expanded to the heads.
+C Bᵀ is formed in place over dstate in tiles (one tensor-core product per tile, never stored), L and
+dt_s scale its entries, and the product with x is a second tensor-core product: the intra-chunk part
+is the quadratic, attention-like form, the inter-chunk part the linear one. The values x·dt are never
+written: the state pass folds dt into the keys, the output kernel into the columns of the scores. B
+and C are read per group, as GQA reads its shared keys, and the initial and final states are read
+and written in mamba_ssm's [headdim, dstate] layout by the state pass itself.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from ..launch import autotune_configs
-from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_state_pass, dot_precision, output_tile, tiles_that_fit
+from ..linear.chunk import CHUNK, GATE_FLOOR, dot_precision, output_tile, tiles_that_fit
 from ..tl_helpers import dot_causal
+from .decode import _softplus
 
-# (BK over dstate, BV over headdim), num_warps, num_stages. Not yet tuned on the H200.
-_CONFIGS = autotune_configs([({"BK": 64, "BV": 64}, 4, 3), ({"BK": 64, "BV": 64}, 4, 2),
-                             ({"BK": 64, "BV": 32}, 4, 3), ({"BK": 128, "BV": 64}, 8, 3)],
-                            interpreter={"BK": 32, "BV": 32})
 
+# ------------------------------------------------------------------ 1. dt and the cumulative decay
+@triton.jit(do_not_specialize=["T", "H"])
+def _ssd_gates_kernel(
+    dt, dt_bias, A, dtf, b, T, H,
+    s_db, s_dt, s_dh, s_bias, s_A,             # dt's strides (batch, token, head); dt_bias's and A's
+    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, FLOOR: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
+):
+    # one program: the BT tokens of chunk i_t, heads [i_hb·BH, (i_hb+1)·BH), of batch row i_b
+    i_t, i_hb, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_h = i_hb * BH + tl.arange(0, BH)
+    m_h = o_h < H
+    m = (o_t < T)[:, None] & m_h[None, :]
+    # dt may be a strided view (a slice of the input projection): 64-bit offsets, its own strides
+    p_dt = dt + i_b.to(tl.int64) * s_db + o_t.to(tl.int64)[:, None] * s_dt + o_h[None, :] * s_dh
+    b_dt = tl.load(p_dt, mask=m, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        b_dt += tl.load(dt_bias + o_h * s_bias, mask=m_h, other=0.0).to(tl.float32)[None, :]
+    if SOFTPLUS:
+        b_dt = _softplus(b_dt)
+    b_g = b_dt * tl.load(A + o_h * s_A, mask=m_h, other=0.0).to(tl.float32)[None, :]
+    b_g = tl.where(b_g < FLOOR, FLOOR, b_g)    # -inf -> FLOOR, as chunk_local_cumsum does; NaN stays NaN
+    p_out = (i_b * T + o_t[:, None]) * H + o_h[None, :]
+    tl.store(dtf + p_out, b_dt, mask=m)
+    tl.store(b + p_out, tl.cumsum(b_g, axis=0), mask=m)
+
+
+def ssd_gates(dt, dt_bias, A, dt_softplus: bool, dtf, b) -> None:
+    """dt after its bias and softplus, and the in-chunk cumulative log decay, in one launch.
+
+    dt: [Bt, T, H], any float dtype and strides; dt_bias: [H] or None; A: [H] (<= 0). Written:
+    dtf fp32 [Bt, T, H] = softplus(dt + dt_bias) (the softplus when dt_softplus; the decode step's
+    cut-off at 20), and b fp32 [Bt, T, H, 1] = the cumulative sum of dtf·A inside each chunk of CHUNK
+    tokens, gates below GATE_FLOOR counted as GATE_FLOOR: what `chunk_local_cumsum` writes for
+    g = dtf·A. dtf and b contiguous.
+
+        >>> dtf, b = torch.empty(Bt, T, H, device=dt.device), torch.empty(Bt, T, H, 1, device=dt.device)
+        >>> ssd_gates(dt, dt_bias, A, True, dtf, b)
+        >>> b[:, :CHUNK, :, 0].exp()        # the decay from the first chunk's start to each of its tokens
+    """
+    Bt, T, H = dt.shape
+    BH = min(64, triton.next_power_of_2(H))
+    bias = dt_bias if dt_bias is not None else A          # a stand-in pointer, never read
+    _ssd_gates_kernel[(triton.cdiv(T, CHUNK), triton.cdiv(H, BH), Bt)](
+        dt, bias, A, dtf, b, T, H, *dt.stride(), bias.stride(0), A.stride(0),
+        HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus, FLOOR=GATE_FLOOR, BT=CHUNK, BH=BH)
+
+
+# ------------------------------------------------------------------ 2. the state at every chunk start
+# (BK over dstate, BV over headdim), num_warps, num_stages on the GPU (the interpreter runs (32, 32)).
+# On the H200 at dstate 128, headdim 64, 80 heads, B = 1, T = 4K, this loop as the shared pass ran
+# it: (32, 64) on 2 warps 345 µs, (64, 64) on 4 warps 392, (64, 64) on 2 warps 450, (64, 32) 515.
+_STATE_TILES = [({"BK": 32, "BV": 64}, 2, 3), ({"BK": 64, "BV": 64}, 4, 3), ({"BK": 64, "BV": 64}, 2, 3)]
+_STATE_CONFIGS = autotune_configs(_STATE_TILES, interpreter={"BK": 32, "BV": 32})
 
 _fits = tiles_that_fit("N", "P")  # dstate and headdim
+
+
+@triton.autotune(configs=_STATE_CONFIGS, key=["N", "P", "NBH"], prune_configs_by={"early_config_prune": _fits})
+@triton.jit(do_not_specialize=["T", "H", "NT", "NBH", "HPG", "G"])
+def _ssd_state_kernel(
+    B, x, dt, b, h, h0, ht, T, H, NT, NBH, HPG, G,
+    N: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    # one program: dstate rows [i_k·BK, ..) and headdim columns [i_v·BV, ..) of one (batch, head)'s
+    # state, carried in fp32 from chunk to chunk
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_g = i_h // HPG                                     # the head's group: its B
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < N, o_v < P
+    m_h = m_k[:, None] & m_v[None, :]
+    p_h = o_k[:, None] * P + o_v[None, :]                # a chunk state, [dstate, headdim]
+    p_io = o_k[:, None] + o_v[None, :] * N               # the initial and final ones, mamba_ssm's [headdim, dstate]
+    if USE_H0:
+        b_h = tl.load(h0 + i_bh * N * P + p_io, mask=m_h, other=0.0)
+    else:
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+
+    for i_t in range(NT):
+        # the state at the start of chunk i_t, for the output kernel (in the input dtype)
+        tl.store(h + ((i_b * NT + i_t) * H + i_h) * N * P + p_h, b_h.to(h.dtype.element_ty), mask=m_h)
+        o_t = i_t * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        t_last = tl.minimum(i_t * BT + BT, T) - 1
+        p_th = (i_b * T + o_t) * H + i_h
+        b_last = tl.load(b + (i_b * T + t_last) * H + i_h)
+        # token s enters the state as (dt_s e^{b_last - b_s} B_s) x_sᵀ: dt and the decay to the chunk
+        # end (exponent <= 0) are one number per token, applied to Bᵀ's columns; x·dt is never formed
+        b_w = tl.load(dt + p_th, mask=m_t, other=0.0) * tl.exp(b_last - tl.load(b + p_th, mask=m_t, other=0.0))
+        b_w = tl.where(m_t, b_w, 0.0)
+        b_kt = tl.load(B + ((i_b * T + o_t[None, :]) * G + i_g) * N + o_k[:, None],
+                       mask=m_k[:, None] & m_t[None, :], other=0.0)
+        b_x = tl.load(x + ((i_b * T + o_t[:, None]) * H + i_h) * P + o_v[None, :],
+                      mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_h = b_h * tl.exp(b_last) + tl.dot((b_kt * b_w[None, :]).to(b_x.dtype), b_x, input_precision=DOT_PREC)
+
+    if STORE_HT:
+        tl.store(ht + i_bh * N * P + p_io, b_h, mask=m_h)
+
+
+def ssd_state_pass(B, x, dtf, b, states, initial_states=None, final_states=None) -> None:
+    """The state at the start of every chunk, and after the last: the only pass that is sequential
+    over chunks (one program per dstate tile, headdim tile and batch·head walks them). The shared
+    pass's loop (kernels/linear/chunk.py) with Mamba-2's three differences: one decay per head and
+    token, B read per group, and dt folded into the keys.
+
+    B: [Bt, T, G, N]; x: [Bt, T, H, P]; dtf, b: fp32 [Bt, T, H] and [Bt, T, H, 1] (`ssd_gates`).
+    Written: states [Bt, NT, H, N, P] in x's dtype (the output kernel's operand); final_states fp32
+    [Bt, H, P, N] unless None. initial_states: fp32 [Bt, H, P, N] or None (zeros). The initial and
+    final states are in mamba_ssm's layout, which the decode step reads. All contiguous.
+    """
+    Bt, T, H, P = x.shape
+    G, N = B.shape[2], B.shape[3]
+    NT = triton.cdiv(T, CHUNK)
+    _ssd_state_kernel[lambda m: (triton.cdiv(N, m["BK"]), triton.cdiv(P, m["BV"]), Bt * H)](
+        B, x, dtf, b, states, initial_states, final_states, T, H, NT, Bt * H, H // G, G, N, P, BT=CHUNK,
+        USE_H0=initial_states is not None, STORE_HT=final_states is not None, DOT_PREC=dot_precision(x.dtype))
+
+
+# ------------------------------------------------------------------ 3. the output of every chunk
+# (BK over dstate, BV over headdim), num_warps, num_stages on the GPU (the interpreter runs (32, 32)
+# alone). (128, 64) at 4 warps and 2 stages was the fastest on the H200 at dstate 128, headdim 64,
+# 80 heads. No BV below 64: (128, 32) at 4 warps and 2 stages ended in an illegal memory access there,
+# though the same tile computes the right result under the interpreter (tests/test_mamba2.py).
+_TILES = [({"BK": 128, "BV": 64}, 4, 2), ({"BK": 64, "BV": 64}, 4, 3), ({"BK": 64, "BV": 64}, 4, 2),
+          ({"BK": 128, "BV": 64}, 8, 3)]
+_CONFIGS = autotune_configs(_TILES, interpreter={"BK": 32, "BV": 32})
 
 
 @triton.autotune(configs=_CONFIGS, key=["N", "P", "HAS_D", "HAS_Z"], prune_configs_by={"early_config_prune": _fits})
 @triton.jit(do_not_specialize=["T", "H", "NT", "HPG", "G"])
 def _ssd_output_kernel(
-    C, B, v, x, b, h, D, z, y, T, H, NT, HPG, G,
+    C, B, x, dt, b, h, D, z, y, T, H, NT, HPG, G, s_Dh, s_Dp,
     N: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     # one program: the BT rows of chunk i_t, headdim columns [i_v·BV, (i_v+1)·BV), of one (batch, head)
     i_b, i_h, o_c, o_t, m_t, o_v, m_v, p_hc = output_tile(h, T, H, NT, N, P, BT, BV)
     i_g = i_h // HPG                                     # the head's group: its B and C
-    b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)   # [BT] cumulative log decay
+    p_th = (i_b * T + o_t) * H + i_h                     # token rows of this head in [Bt, T, H]
+    b_b = tl.load(b + p_th, mask=m_t, other=0.0)         # [BT] cumulative log decay
+    b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)       # [BT] dt after bias and softplus
 
     # C S_start and C Bᵀ, both over dstate in tiles of BK: [BT, BV] and [BT, BT]
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
@@ -66,39 +198,45 @@ def _ssd_output_kernel(
     # inter-chunk: diag(e^{b_t}) (C S_start): one decay per row, from the chunk start to token t
     b_o = b_o * tl.exp(b_b)[:, None]
 
-    # intra-chunk: (L ∘ C Bᵀ) X with L_ts = e^{b_t - b_s} on and below the diagonal; the select
-    # (not a factor 0) keeps the pairs s > t out, whatever their exponent or a later token's values
+    # intra-chunk: (L ∘ C Bᵀ) diag(dt) x, with L_ts = e^{b_t - b_s} on and below the diagonal: column s
+    # of the scores takes token s's dt, so x·dt is never formed. The select (not a factor 0) keeps the
+    # pairs s > t out, whatever their exponent or a later token's values.
     m_lo = o_c[:, None] >= o_c[None, :]
-    b_L = tl.exp(tl.minimum(b_b[:, None] - b_b[None, :], 0.0))
+    b_L = tl.exp(tl.minimum(b_b[:, None] - b_b[None, :], 0.0)) * b_dt[None, :]
     b_S = tl.where(m_lo, b_S * b_L, 0.0)
-    p_v = ((i_b * T + o_t[:, None]) * H + i_h) * P + o_v[None, :]
-    m_ov = m_t[:, None] & m_v[None, :]
-    b_v = tl.load(v + p_v, mask=m_ov, other=0.0)
-    b_o = dot_causal(b_S.to(b_v.dtype), b_v, b_o, DOT_PREC)
+    p_x = ((i_b * T + o_t[:, None]) * H + i_h) * P + o_v[None, :]
+    m_x = m_t[:, None] & m_v[None, :]
+    b_x = tl.load(x + p_x, mask=m_x, other=0.0)
+    b_o = dot_causal(b_S.to(b_x.dtype), b_x, b_o, DOT_PREC)
 
-    # the skip D ⊙ x and the gate silu(z), on the fp32 accumulator
+    # the skip D ⊙ x (x is already in registers) and the gate silu(z), on the fp32 accumulator
     if HAS_D:
-        b_x = tl.load(x + p_v, mask=m_ov, other=0.0).to(tl.float32)
-        b_o += b_x * tl.load(D + i_h * P + o_v, mask=m_v, other=0.0).to(tl.float32)[None, :]
+        b_D = tl.load(D + i_h * s_Dh + o_v * s_Dp, mask=m_v, other=0.0).to(tl.float32)
+        b_o += b_x.to(tl.float32) * b_D[None, :]
     if HAS_Z:
-        b_z = tl.load(z + p_v, mask=m_ov, other=0.0).to(tl.float32)
+        b_z = tl.load(z + p_x, mask=m_x, other=0.0).to(tl.float32)
         b_o = b_o * b_z * tl.sigmoid(b_z)
-    tl.store(y + p_v, b_o.to(y.dtype.element_ty), mask=m_ov)
+    tl.store(y + p_x, b_o.to(y.dtype.element_ty), mask=m_x)
 
 
-def ssd_output(C, B, v, x, b, states, D, z, y) -> None:
-    """Y = diag(e^b) C S_start + (L ∘ C Bᵀ) V (+ D ⊙ x, ⊙ silu(z)) for every chunk, all chunks in
-    parallel: one program per headdim tile, chunk and batch·head.
+def ssd_output(C, B, x, dtf, b, states, D, z, y) -> None:
+    """Y = diag(e^b) C S_start + (L ∘ C Bᵀ) diag(dt) x (+ D ⊙ x, ⊙ silu(z)) for every chunk, all
+    chunks in parallel: one program per headdim tile, chunk and batch·head.
 
-    C, B: [Bt, T, G, N]; v (x·dt), x, z: [Bt, T, H, P]; b: fp32 [Bt, T, H, 1] (`chunk_local_cumsum`
-    of dt·A); states: [Bt, NT, H, N, P] (`chunk_state_pass`); D: [H, P] or None. Written: y
-    [Bt, T, H, P]. All contiguous."""
-    Bt, T, H, P = v.shape
+    C, B: [Bt, T, G, N]; x, z: [Bt, T, H, P]; dtf, b: fp32 [Bt, T, H] and [Bt, T, H, 1] (`ssd_gates`);
+    states: [Bt, NT, H, N, P] (`ssd_state_pass`); D: [H, P] or [H] (any strides and float dtype) or
+    None. Written: y [Bt, T, H, P]. C, B, x, z, dtf, b, states contiguous.
+
+        >>> y = torch.empty_like(x)
+        >>> ssd_output(C, B, x, dtf, b, states, D, z, y)
+    """
+    Bt, T, H, P = x.shape
     G, N = C.shape[2], C.shape[3]
     NT = triton.cdiv(T, CHUNK)
+    s_D = (0, 0) if D is None else (D.stride(0), D.stride(1) if D.dim() == 2 else 0)   # [H]: one D per head
     _ssd_output_kernel[lambda m: (triton.cdiv(P, m["BV"]), NT, Bt * H)](
-        C, B, v, x, b, states, D, z, y, T, H, NT, H // G, G, N, P, BT=CHUNK,
-        HAS_D=D is not None, HAS_Z=z is not None, DOT_PREC=dot_precision(v.dtype))
+        C, B, x, dtf, b, states, D, z, y, T, H, NT, H // G, G, *s_D, N, P, BT=CHUNK,
+        HAS_D=D is not None, HAS_Z=z is not None, DOT_PREC=dot_precision(x.dtype))
 
 
 def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, return_final_states):
@@ -106,25 +244,16 @@ def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial
     Bt, T, H, P, N, G = dims
     x, B, C = x.contiguous(), B.contiguous(), C.contiguous()
     z = None if z is None else z.contiguous()
-    # dt in fp32: bias, softplus; the log decay a = dt·A per head and token, as a [Bt, T, H, 1] gate
-    dtf = dt.float() + (0.0 if dt_bias is None else dt_bias.float())
-    if dt_softplus:
-        dtf = F.softplus(dtf)
-    g = (dtf * A.float()).unsqueeze(-1).contiguous()
-    b = torch.empty_like(g)
-    chunk_local_cumsum(g, b)
-    v = (x.float() * dtf.unsqueeze(-1)).to(x.dtype)                      # X = x·dt, the values
-    k = B if G == H else B.repeat_interleave(H // G, dim=2)               # per-head keys for the state pass
+    dtf = torch.empty(Bt, T, H, dtype=torch.float32, device=x.device)
+    b = torch.empty(Bt, T, H, 1, dtype=torch.float32, device=x.device)
+    ssd_gates(dt, dt_bias, A, dt_softplus, dtf, b)
     states = torch.empty(Bt, triton.cdiv(T, CHUNK), H, N, P, dtype=x.dtype, device=x.device)
-    # the book's state is [K, V] = [dstate, headdim], mamba_ssm's [headdim, dstate]: transposed here
-    # once per prompt (the decode step reads mamba_ssm's layout directly)
-    h0 = None if initial_states is None else initial_states.transpose(-1, -2).contiguous()
-    ht = torch.empty(Bt, H, N, P, dtype=torch.float32, device=x.device) if return_final_states else None
-    chunk_state_pass(k, v, b, states, h0, ht)
-    Dhp = None if D is None else (D if D.dim() == 2 else D[:, None].expand(H, P)).float().contiguous()
+    h0 = None if initial_states is None else initial_states.contiguous()
+    ht = torch.empty(Bt, H, P, N, dtype=torch.float32, device=x.device) if return_final_states else None
+    ssd_state_pass(B, x, dtf, b, states, h0, ht)
     y = torch.empty_like(x)
-    ssd_output(C, B, v, x, b, states, Dhp, z, y)
-    return y, (None if ht is None else ht.transpose(-1, -2).contiguous())
+    ssd_output(C, B, x, dtf, b, states, D, z, y)
+    return y, ht
 
 
-__all__ = ["ssd_output", "ssd_chunk_scan_fwd"]
+__all__ = ["ssd_gates", "ssd_state_pass", "ssd_output", "ssd_chunk_scan_fwd"]
