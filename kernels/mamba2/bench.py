@@ -139,14 +139,14 @@ PREFILL_CASES = [{"B": b, "T": t, "H": 80, "D": HEADDIM, "dstate": DSTATE, "G": 
                  for b in (1, 8) for t in (1024, 2048, 4096, 8192, 16384)]
 PREFILL = Benchmark(
     "mamba2_prefill", PREFILL_CASES,
-    {"book: SSD chunk scan": _book_scan, "mamba_ssm mamba_chunk_scan_combined": _mamba_ssm_scan,
+    {"book: SSD chunk scan": _book_scan, "mamba_ssm": _mamba_ssm_scan,          # mamba_chunk_scan_combined
      "PyTorch chunked": _torch_scan, "SDPA flash": sdpa_causal},
     prefill_flops, prefill_bytes)
 
 BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL]
 
 HEADLINE = Panel("mamba2_prefill", {"B": 1}, "T", "ms",
-                 ("book: SSD chunk scan", "mamba_ssm mamba_chunk_scan_combined", "SDPA flash"),
+                 ("book: SSD chunk scan", "mamba_ssm", "SDPA flash"),
                  "Mamba-2 prefill (SDPA: causal softmax)\nB=1, 80 heads x 64, dstate 128")
 
 __all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "BENCHMARKS", "HEADLINE", "step_bytes",
