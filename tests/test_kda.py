@@ -101,7 +101,8 @@ def test_beta_one_overwrites_the_key():
     """With β = 1, no decay and a unit key, the state afterwards returns exactly v for that key."""
     q, k, v, g, _, h0 = make(1, 1, 1, 16, 8, "none")
     k = l2_normalize(k)
-    _, S = naive_recurrent_kda(q, k, v, g, torch.ones(1, 1, 1, device=q.device), initial_state=h0, output_final_state=True)
+    beta = torch.ones(1, 1, 1, device=q.device)
+    _, S = naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     recalled = torch.einsum("k,kv->v", k[0, 0, 0], S[0, 0])
     assert torch.allclose(recalled, v[0, 0, 0], atol=1e-5)
 
