@@ -16,9 +16,9 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, pow2_at_least_16
-from ..linear.chunk import CHUNK, dot_precision
+from ..linear.chunk import CHUNK, SUB_CHUNK, dot_precision
 
-BC = 16  # rows per sub-chunk: the smallest side of a tensor-core product
+BC = SUB_CHUNK  # rows per sub-chunk
 
 
 @triton.autotune(configs=autotune_configs([({}, 2, 1), ({}, 4, 1)]), key=["K"])

@@ -24,11 +24,9 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, pow2_at_least_16
-from ..linear.chunk import CHUNK, GATE_FLOOR, dot_precision, tiles_that_fit
+from ..linear.chunk import CHUNK, GATE_FLOOR, SUB_CHUNK, dot_precision, tiles_that_fit
 from ..linear.recurrent import state_tile, store_state
 from ..tl_helpers import dot_causal
-
-SUB_CHUNK = 16  # rows per program of the scores kernel: the smallest side of a tensor-core product
 
 
 # ------------------------------------------------------------------ 0. one pass over q, k and g

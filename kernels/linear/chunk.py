@@ -14,9 +14,10 @@ way (GLA: per-channel decays inside the sum over keys; Lightning: a fixed decay 
     chunk_output(q, v, b, states, A, o, scale)       o = (Q ⊙ e^b) S_start · scale + A V
 
 The caller allocates every buffer (the shapes are in each docstring). Gates are a log decay per
-key channel, [B, T, H, K] (GLA, KDA), or one per head and token, passed as [B, T, H, 1] (Mamba-2's
-dt·A): the gate's last size G is K or 1, and G = 1 is read once per token and broadcast over the key
-channels. A decay that is the same at every step (Lightning Attention's λ_h = e^{-s_h}) needs no gate
+key channel, [B, T, H, K] (GLA, KDA), or one per head and token, passed as [B, T, H, 1]: the gate's
+last size G is K or 1, and G = 1 is read once per token and broadcast over the key channels (Mamba-2,
+whose gate is one per head, has a state pass of its own that takes one exponential per token instead;
+kernels/mamba2/chunk.py). A decay that is the same at every step (Lightning Attention's λ_h = e^{-s_h}) needs no gate
 tensor at all: the state pass takes it as `gamma` [H], the log decay per step, and computes the
 decays itself. fp32 inputs multiply in IEEE fp32 (`tl.dot` with input_precision="ieee"), 16-bit
 inputs on tensor cores with fp32 accumulation.
@@ -31,6 +32,8 @@ from ..launch import autotune_configs, pow2_at_least_16
 from ..tl_helpers import dot_causal
 
 CHUNK = 64  # tokens per chunk, in every chunk-parallel kernel (the scores A are [CHUNK] wide)
+SUB_CHUNK = 16  # rows of the secondary chunks the score kernels cut a chunk into: the smallest side of a
+                # tensor-core product
 
 # Log gates below this are raised to it before they are summed. A gate of -inf is legitimate (the
 # channel forgets everything, and the recurrent forms compute e^-inf = 0), but the kernels take
@@ -253,4 +256,5 @@ def chunk_output(q, v, b, states, A, o, scale: float) -> None:
         q, v, b, states, A, o, scale, T, H, NT, K, V, G, BT=CHUNK, DOT_PREC=dot_precision(q.dtype))
 
 
-__all__ = ["CHUNK", "GATE_FLOOR", "chunk_local_cumsum", "chunk_state_pass", "chunk_output", "dot_precision"]
+__all__ = ["CHUNK", "SUB_CHUNK", "GATE_FLOOR", "chunk_local_cumsum", "chunk_state_pass", "chunk_output",
+           "dot_precision"]
