@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Here, before a run on the lent H200: fill the ignored folders a device call carries.
+#   .whl             the Jupyter stack and fla, as wheels for the GPU box's Python 3.12
+#   .peers           mamba_ssm's Triton ops (MAMBA_SSM_PATH points here on the GPU box)
+#   .peers-flashmla  FlashMLA's source, built there by notes/device/run.sh flashmla
+#   .tl/a, .tl/b     TileLang's wheels, in two halves (one call can carry only one)
+#   .device_commit   the commit the results will name (the GPU box gets no .git)
+# Usage, from the repository root, with the project's shared folder beside it:
+#   bash notes/device/prepare.sh [--tilelang]
+# Then carry [".whl", ".peers", ".peers-flashmla", ".device_commit"] (or .tl/a, .tl/b for TileLang's calls).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+shared=${SHARED:-../shared}
+for ignored in /.whl/ /.peers/ /.peers-flashmla/ /.tl/ /.device_commit; do
+  grep -qxF "$ignored" .git/info/exclude 2>/dev/null || echo "$ignored" >> .git/info/exclude
+done
+[ -d .whl ] && [ "$(ls .whl | wc -l)" -gt 30 ] || bash "$shared/gpu/wheels.sh"
+[ -d .peers/mamba_ssm ] || { mkdir -p .peers && cp -r "$shared/peers/mamba_ssm" .peers/; }
+[ -d .peers-flashmla ] || cp -r "$shared/peers/flashmla" .peers-flashmla
+if [ "${1:-}" = --tilelang ] && [ ! -d .tl/b ]; then bash "$shared/gpu/tilelang.sh"; fi
+git rev-parse --short HEAD > .device_commit
+if git status --short --untracked-files=no | grep -q .; then
+  echo "note: uncommitted changes; the results will name $(cat .device_commit) all the same"
+fi
+du -sch .whl .peers .peers-flashmla | tail -1 | xargs echo "to carry:"

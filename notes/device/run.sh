@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# On the lent H200, in one call: set up (wheels, peers, commit), then run each step given, in order, logging
+# all of it to $OUT/device.log and packing results/, the notebooks and their images into $OUT/device.tgz.
+# A step is one shell command line; these words are short for the usual ones:
+#   flashmla                build FlashMLA from .peers-flashmla (about a minute) and put it on the path
+#   tilelang-a, tilelang-b  install TileLang's two wheel halves (two calls to one warm machine)
+#   suite                   the whole test suite, as a user with a GPU box runs it
+#   notebooks NB...         execute these chapters in place, then redraw the headline figure
+# Steps after the time budget (DEVICE_BUDGET_S, default 540 s) are skipped and named, not cut off midway.
+# Example (the device tool's command; carry .whl .peers .peers-flashmla .device_commit):
+#   bash notes/device/run.sh flashmla "python3 -m pytest -q -n 8 tests/test_mla.py" "notebooks book/mla.ipynb"
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-.}
+log="$out/device.log"
+start=$SECONDS
+budget=${DEVICE_BUDGET_S:-540}
+exec > >(tee -a "$log") 2>&1
+pip_install() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$@"; }
+
+# (TileLang's first half travels alone: with it, .whl would pass one call's carry limit)
+if [ -d .whl ]; then
+  pip_install --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "device_run: the wheels in .whl did not install (run notes/device/prepare.sh here first)"; exit 2; }
+fi
+export PYTHONPATH="/tmp/site:$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 MAMBA_SSM_PATH="$PWD/.peers"
+export KERNELS_COMMIT="${KERNELS_COMMIT:-$(cat .device_commit 2>/dev/null || echo unknown)}"
+[ -d /tmp/tlsite/tilelang ] && export PYTHONPATH="/tmp/tlsite:$PYTHONPATH"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+echo "device_run: commit $KERNELS_COMMIT, $(date -u '+%F %H:%M UTC')"
+
+step() {
+  case "$1" in
+    flashmla) bash .peers-flashmla/build.sh ;;
+    tilelang-a) pip_install --target /tmp/tlsite .tl/a/*.whl ;;
+    tilelang-b)
+      [ -d /tmp/tlsite/tilelang ] || { echo "the machine was recycled: run tilelang-a again"; return 3; }
+      pip_install --target /tmp/tlsite .tl/b/*.whl &&
+        export PYTHONPATH="/tmp/tlsite:$PYTHONPATH" ;;
+    suite) python3 -m pytest -q -n 8 tests/ -p no:cacheprovider ;;
+    notebooks\ *)
+      python3 scripts/execute_notebooks.py ${1#notebooks } | grep -v ': cell ' && python3 scripts/make_figures.py ;;
+    *) bash -c "$1" ;;
+  esac
+}
+
+[ -d .peers-flashmla/flashmla_src ] && export PYTHONPATH="$PWD/.peers-flashmla/flashmla_src:$PYTHONPATH"
+status=0
+for s in "$@"; do
+  if (( SECONDS - start > budget )); then echo "device_run: SKIPPED (over ${budget}s): $s"; status=1; continue; fi
+  t0=$SECONDS
+  echo "=== device_run: $s"
+  step "$s"; rc=$?
+  echo "=== device_run: rc=$rc in $((SECONDS - t0)) s: $s"
+  [ $rc = 0 ] || status=1
+done
+tar czf "$out/device.tgz" results book/*.ipynb book/images 2>/dev/null
+echo "device_run: status $status after $((SECONDS - start)) s; results in $out/device.tgz"
+exit $status
