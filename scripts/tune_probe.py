@@ -11,6 +11,7 @@ fa_mask: what keeping hidden NaN out costs the causal forward: the kernel as it 
 kda_step, m2_step: the decode steps at B = 64 (KDA 32 heads x 128 x 128; Mamba-2 80 and 64 heads x 64 x 128),
   graph replays, % of the copy ceiling measured in the same run: the book's kernel against copies whose
   programs take several state tiles each and load the next one before writing the last.
+kda_prefill: KDA's prefill at T = 4K and 16K, GPU time per kernel, the book's and fla's (torch.profiler).
 """
 import importlib.util
 import pathlib
@@ -163,7 +164,8 @@ def mla():
                 CAUSAL=False, SPLIT=False, BV=512, BP=64, BX=1, BH=bh, BN=bn, num_warps=w, num_stages=s)
         try:
             ms = time_graph_ms(call)
-            print(f"  BH={bh:3d} BN={bn:3d} warps={w:2d} stages={s} TMA={tma}: {ms:.3f} ms  {flops / ms / 1e9:.0f} TFLOP/s")
+            print(f"  BH={bh:3d} BN={bn:3d} warps={w:2d} stages={s} TMA={tma}: {ms:.3f} ms  "
+                  f"{flops / ms / 1e9:.0f} TFLOP/s")
         except Exception as e:  # noqa: BLE001 - a config that does not fit: say so, go on
             print(f"  BH={bh:3d} BN={bn:3d} warps={w:2d} stages={s} TMA={tma}: {type(e).__name__} {str(e)[:80]}")
 
@@ -358,7 +360,44 @@ def m2_step():
             variants.append((f"prefetch: {rows} rows x {units} tiles, {warps} warp(s)", call, check_with(call)))
         _decode_sweep(f"Mamba-2 step, B=64 {heads} heads x 64 x 128", bench.step_bytes(case), variants)
 
+# ---------------------------------------------------------------- where a prefill's time goes
+def _kernel_times_us(fn, reps=20):
+    """GPU time per call of each kernel `fn` launches, in µs (torch.profiler, `reps` calls after a warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for event in prof.key_averages():
+        if event.device_type.name == "CUDA" and event.self_device_time_total > 0:
+            times[event.key] = event.self_device_time_total / reps
+    return times
+
+
+def kda_prefill():
+    """KDA's prefill (B = 1, H = 32, K = V = 128, bf16) at T = 4K and 16K: the book's launches and fla's,
+    GPU µs per call, and both whole calls (plain, as the chapter times them)."""
+    from kernels.kda import bench
+    for T in (4096, 16384):
+        case = {"B": 1, "T": T, "H": bench.H_DEC, "D": bench.D_DEC}
+        print(f"--- KDA prefill, T = {T}")
+        for name, make in (("book", bench._book_chunk), ("fla", bench._fla_chunk)):
+            fn = make(case)
+            if fn is None:
+                print(f"  {name}: not installed")
+                continue
+            times = _kernel_times_us(fn)
+            for kernel, us in sorted(times.items(), key=lambda kv: -kv[1]):
+                print(f"  {name:5s} {us:8.1f} us  {kernel[:90]}")
+            print(f"  {name:5s} {sum(times.values()):8.1f} us  GPU time in all; plain call {time_ms(fn) * 1000:.1f} us",
+                  flush=True)
+
+
 if __name__ == "__main__":
     for part in sys.argv[1:]:
         {"fa_host": fa_host, "fa_bwd": fa_bwd, "mla": mla, "fa_mask": fa_mask, "kda_step": kda_step,
-         "m2_step": m2_step}[part]()
+         "m2_step": m2_step, "kda_prefill": kda_prefill}[part]()
