@@ -309,7 +309,8 @@ def _child_main(targets) -> None:
 def families() -> list[str]:
     """The families of the package: every sub-package of `kernels` that has a bench.py."""
     root = Path(__file__).resolve().parent
-    return sorted(m.name for m in pkgutil.iter_modules([str(root)]) if m.ispkg and (root / m.name / "bench.py").exists())
+    return sorted(m.name for m in pkgutil.iter_modules([str(root)])
+                  if m.ispkg and (root / m.name / "bench.py").exists())
 
 
 def discover(family: str | None = None) -> dict[str, list[Benchmark]]:

@@ -81,7 +81,8 @@ def ptxas_stats(ptx: str, keep: Path | None, tag: str) -> dict:
 
 def ptx_counts(ptx: str) -> dict:
     pats = {"wgmma": r"wgmma\.mma_async", "wgmma_commit": r"wgmma\.commit_group", "wgmma_wait": r"wgmma\.wait_group",
-            "tma_load": r"cp\.async\.bulk\.tensor", "mbar_arrive": r"mbarrier\.arrive", "mbar_wait": r"mbarrier\.try_wait",
+            "tma_load": r"cp\.async\.bulk\.tensor", "mbar_arrive": r"mbarrier\.arrive",
+            "mbar_wait": r"mbarrier\.try_wait",
             "bar_sync": r"\bbar(rier)?\.sync", "setmaxnreg": r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+\d+",
             "tensormap": r"tensormap", "ld_local": r"ld\.local", "st_shared": r"st\.shared", "ld_shared": r"ld\.shared",
             "stmatrix": r"stmatrix", "ldmatrix": r"ldmatrix"}

@@ -276,7 +276,8 @@ SHARED_CASES = linear_input_cases(token_tensors=("q", "k", "v", "g", "beta"),
     Case("g-per-head", replace(g=lambda a: a["g"][..., :1]), ValueError, r"g must be \[B, T, H, K\] = \[1, 8, 2, 16\]"),
     Case("g-length", replace(g=lambda a: a["g"][:, :4]), ValueError, r"g must be \[B, T, H, K\]"),
     Case("beta-per-channel", replace(beta=lambda a: a["g"]), ValueError, "beta must have 3 dims"),
-    Case("beta-heads", replace(beta=lambda a: a["beta"][..., :1]), ValueError, r"beta must be \[B, T, H\] = \[1, 8, 2\]"),
+    Case("beta-heads", replace(beta=lambda a: a["beta"][..., :1]), ValueError,
+         r"beta must be \[B, T, H\] = \[1, 8, 2\]"),
     Case("l2norm-int", replace(use_qk_l2norm_in_kernel=lambda a: 1), TypeError,
          "use_qk_l2norm_in_kernel must be a bool"),
     Case("l2norm-None", replace(use_qk_l2norm_in_kernel=lambda a: None), TypeError,
@@ -303,7 +304,8 @@ STEP_CASES = [
     Case("state-shape", replace(state=lambda a: a["state"][:, :1]), ValueError, r"state must be \[B, H, K, V\]"),
     Case("g-shape", replace(g=lambda a: a["g"][..., :1]), ValueError, r"g must be \[B, H, K\]"),
     Case("beta-shape", replace(beta=lambda a: a["beta"][:, :1]), ValueError, r"beta must be \[B, H\] = \[1, 2\]"),
-    Case("l2norm-int", replace(use_qk_l2norm_in_kernel=lambda a: 0), TypeError, "use_qk_l2norm_in_kernel must be a bool"),
+    Case("l2norm-int", replace(use_qk_l2norm_in_kernel=lambda a: 0), TypeError,
+         "use_qk_l2norm_in_kernel must be a bool"),
 ]
 
 

@@ -375,7 +375,8 @@ def _step_good():
 
 SHARED_CASES = linear_input_cases(token_tensors=("q", "k", "v"), key_tensors=("q", "k")) + [
     Case("slopes-heads", replace(slopes=lambda a: a["slopes"][:1]), ValueError, r"slopes must be \[H\] = \[2\]"),
-    Case("slopes-per-token", replace(slopes=lambda a: a["slopes"].expand(1, 8, 2)), ValueError, "slopes must have 1 dims"),
+    Case("slopes-per-token", replace(slopes=lambda a: a["slopes"].expand(1, 8, 2)), ValueError,
+         "slopes must have 1 dims"),
 ]
 KERNEL_CASES = linear_kernel_cases(key_tensors=("q", "k"))
 

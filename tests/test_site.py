@@ -179,7 +179,8 @@ def test_no_repository_or_launch_buttons_without_a_repository(site):
     for page in _pages():
         text = (html / f"{page}.html").read_text()
         for marker in ("btn-source-repository-button", "btn-source-edit-button", "btn-source-issues-button",
-                       "dropdown-launch-buttons", 'href="https://mybinder.org', 'href="https://colab.research.google.com'):
+                       "dropdown-launch-buttons", 'href="https://mybinder.org',
+                       'href="https://colab.research.google.com'):
             assert marker not in text, f"{page}: {marker} without a repository to point at"
 
 
@@ -262,7 +263,8 @@ def browsed(site):
                 page.on("pageerror", lambda e, errors=errors: errors.append(f"JS error: {e}"))
                 page.on("console", lambda m, errors=errors: m.type == "error" and errors.append(f"console: {m.text}"))
                 page.on("requestfailed", lambda r, errors=errors: errors.append(f"failed request: {r.url}"))
-                page.on("response", lambda r, errors=errors: r.status >= 400 and errors.append(f"HTTP {r.status}: {r.url}"))
+                page.on("response",
+                        lambda r, errors=errors: r.status >= 400 and errors.append(f"HTTP {r.status}: {r.url}"))
                 page.goto(f"{base}/{page_name}.html", wait_until="networkidle")
                 if page.locator(".math").count():  # the page has math: MathJax must have typeset it
                     try:
