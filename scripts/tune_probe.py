@@ -30,6 +30,7 @@ from kernels.flash_attn import interface
 from kernels.flash_attn.bench import attention_flops
 from kernels.flash_attn.forward import attention_fwd
 from kernels.flash_attn.interface import flash_attn_func
+from kernels.mamba2.decode import _softplus
 
 
 def _host_us(fn, n=300):
@@ -222,8 +223,7 @@ def _m2_step_prefetch_kernel(state, x, dt, dt_bias, A, Bm, Cm, Dm, z, y, s_db, s
         row = u * BM + o_m                                   # rows of [b * H * P]: (i_b * H + i_h) * P + p
         bh = u * BM // P
         i_b, i_h = bh // H, bh % H
-        b_dt = tl.load(dt + i_b * s_db + i_h * s_dh).to(tl.float32) + tl.load(dt_bias + i_h)
-        b_dt = tl.where(b_dt <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(b_dt, 20.0))), b_dt)
+        b_dt = _softplus(tl.load(dt + i_b * s_db + i_h * s_dh).to(tl.float32) + tl.load(dt_bias + i_h))
         b_x = tl.load(x + row).to(tl.float32)
         i_g = i_h // (H // G)
         b_B = tl.load(Bm + (i_b * G + i_g) * N + o_n).to(tl.float32)

@@ -5,7 +5,8 @@
 #   flashmla                build FlashMLA from .peers-flashmla (about a minute) and put it on the path
 #   tilelang-a, tilelang-b  install TileLang's two wheel halves (two calls to one warm machine)
 #   suite                   the whole test suite, as a user with a GPU box runs it
-#   notebooks NB...         execute these chapters in place, then redraw the headline figure
+#   notebooks NB...         execute these chapters in place and redraw the headline figure
+#                           (scripts/refresh_gpu.sh --no-tests, its archive left in /tmp)
 # Steps after the time budget (DEVICE_BUDGET_S, default 540 s) are skipped and named, not cut off midway.
 # Example (the device tool's command; carry .whl .peers .peers-flashmla .device_commit):
 #   bash notes/device/run.sh flashmla "python3 -m pytest -q -n 8 tests/test_mla.py" "notebooks book/mla.ipynb"
@@ -38,8 +39,7 @@ step() {
       pip_install --target /tmp/tlsite .tl/b/*.whl &&
         export PYTHONPATH="/tmp/tlsite:$PYTHONPATH" ;;
     suite) python3 -m pytest -q -n 8 tests/ -p no:cacheprovider ;;
-    notebooks\ *)
-      python3 scripts/execute_notebooks.py ${1#notebooks } | grep -v ': cell ' && python3 scripts/make_figures.py ;;
+    notebooks\ *) mkdir -p /tmp/refresh && OUT=/tmp/refresh bash scripts/refresh_gpu.sh --no-tests ${1#notebooks } ;;
     *) bash -c "$1" ;;
   esac
 }
