@@ -68,74 +68,83 @@ def kda_prepare(q, k, g, b, qn=None, kn=None, eps: float = 0.0) -> None:
 
 
 # ------------------------------------------------------------------ 1. the scores inside a chunk
-# q·k and k·k against the earlier tokens of the chunk, in one pass: KDA needs both (GLA only the first).
-# num_warps: at K = 128 and bf16, ptxas (sm_90) fits 4 and 8 warps without a spill; 2 warps spill.
-@triton.autotune(configs=autotune_configs([({}, 4, 1), ({}, 8, 1)]), key=["K"])
+# Both score matrices KDA needs, Aqk[t, j] = scale Σ_c q_tc k_jc e^{b_tc - b_jc} and
+# Akk[t, j] = Σ_c k_tc k_jc e^{b_tc - b_jc} (j <= t), in two kernels that write disjoint entries: the
+# blocks below the chunk's diagonal 16 x 16 blocks on tensor cores, and the diagonal blocks, where the
+# exponent cannot be split, elementwise with one program per token.
+
+# num_warps: at K = 128 and bf16, ptxas (sm_90) fits 4 warps without a spill.
+@triton.autotune(configs=autotune_configs([({}, 4, 1), ({}, 2, 1)]), key=["K"])
 @triton.jit(do_not_specialize=["T", "H"])
 def _kda_scores_kernel(
     q, k, b, Aqk, Akk, scale, T, H,
     K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    # one program: the BC rows of sub-chunk i_c of chunk i_t against every column j <= t. Both scores
-    # share the key side and every exponential: Aqk[t, j] = scale Σ_c q_tc k_jc e^{b_tc - b_jc} and
-    # Akk[t, j] = Σ_c k_tc k_jc e^{b_tc - b_jc}.
-    i_c, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # one program: the BC rows of sub-chunk i_c >= 1 of chunk i_t against the earlier sub-chunks, re-based
+    # at b_n = b[t0] as GLA's scores are: the rows times e^{b - b_n}, the columns times e^{b_n - b}, every
+    # exponent <= 0; both products share the columns
+    i_c, i_t, i_bh = tl.program_id(0) + 1, tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_t * BT + i_c * BC                       # first row of the sub-chunk
     if t0 < T:
         o_r = tl.arange(0, BC)
         o_t = t0 + o_r
         m_t = o_t < T
-        p_row = ((i_b * T + o_t) * H + i_h) * BT + i_c * BC
-        p_qk = Aqk + p_row[:, None] + o_r[None, :]
-        p_kk = Akk + p_row[:, None] + o_r[None, :]
-
         o_k = tl.arange(0, BK)
         m_k = o_k < K
         m_q = m_t[:, None] & m_k[None, :]
         p_q = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-        b_q = tl.load(q + p_q, mask=m_q, other=0.0).to(tl.float32)
-        b_kr = tl.load(k + p_q, mask=m_q, other=0.0).to(tl.float32)      # the rows' own keys
-        b_g = tl.load(b + p_q, mask=m_q, other=0.0)
+        b_gn = tl.load(b + ((i_b * T + t0) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+        b_e = tl.exp(tl.where(m_q, tl.load(b + p_q, mask=m_q, other=0.0) - b_gn[None, :], 0.0))
+        b_qn = (tl.load(q + p_q, mask=m_q, other=0.0).to(tl.float32) * b_e * scale).to(k.dtype.element_ty)
+        b_krn = (tl.load(k + p_q, mask=m_q, other=0.0).to(tl.float32) * b_e).to(k.dtype.element_ty)
+        p_row = ((i_b * T + o_t) * H + i_h) * BT
+        for i_j in range(0, i_c):
+            p_k = ((i_b * T + i_t * BT + i_j * BC + o_r[:, None]) * H + i_h) * K + o_k[None, :]
+            b_k = tl.load(k + p_k, mask=m_k[None, :], other=0.0)
+            b_kn = tl.trans((b_k * tl.exp(b_gn[None, :] - tl.load(b + p_k, mask=m_k[None, :], other=0.0)))
+                            .to(k.dtype.element_ty))
+            p_A = p_row[:, None] + i_j * BC + o_r[None, :]
+            tl.store(Aqk + p_A, tl.dot(b_qn, b_kn, input_precision=DOT_PREC).to(Aqk.dtype.element_ty),
+                     mask=m_t[:, None])
+            tl.store(Akk + p_A, tl.dot(b_krn, b_kn, input_precision=DOT_PREC).to(Akk.dtype.element_ty),
+                     mask=m_t[:, None])
 
-        # (a) earlier sub-chunks on tensor cores, re-based at b_n = b[t0] as GLA's scores are: the rows
-        #     times e^{b - b_n}, the columns times e^{b_n - b}, every exponent <= 0
-        if i_c > 0:
-            b_gn = tl.load(b + ((i_b * T + t0) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-            b_e = tl.exp(tl.where(m_q, b_g - b_gn[None, :], 0.0))
-            b_qn = (b_q * b_e * scale).to(k.dtype.element_ty)
-            b_krn = (b_kr * b_e).to(k.dtype.element_ty)
-            for i_j in range(0, i_c):
-                p_k = ((i_b * T + i_t * BT + i_j * BC + o_r[:, None]) * H + i_h) * K + o_k[None, :]
-                b_k = tl.load(k + p_k, mask=m_k[None, :], other=0.0)
-                b_kn = tl.trans((b_k * tl.exp(b_gn[None, :] - tl.load(b + p_k, mask=m_k[None, :], other=0.0)))
-                                .to(k.dtype.element_ty))
-                b_sq = tl.dot(b_qn, b_kn, input_precision=DOT_PREC)         # [BC, BC]
-                b_sk = tl.dot(b_krn, b_kn, input_precision=DOT_PREC)
-                tl.store(p_qk + (i_j - i_c) * BC, b_sq.to(Aqk.dtype.element_ty), mask=m_t[:, None])
-                tl.store(p_kk + (i_j - i_c) * BC, b_sk.to(Akk.dtype.element_ty), mask=m_t[:, None])
 
-        # (b) the diagonal BC x BC block elementwise in fp32, one column j at a time: the factor
-        #     e^{b_tc - b_jc} (exponent <= 0 for j <= t, -inf above) serves both scores
-        b_aq = tl.zeros([BC, BC], dtype=tl.float32)
-        b_ak = tl.zeros([BC, BC], dtype=tl.float32)
-        for j in range(BC):
-            p_j = ((i_b * T + t0 + j) * H + i_h) * K + o_k
-            m_j = m_k & (t0 + j < T)
-            b_kj = tl.load(k + p_j, mask=m_j, other=0.0).to(tl.float32)
-            b_gj = tl.load(b + p_j, mask=m_j, other=0.0)
-            b_ke = b_kj[None, :] * tl.exp(tl.where(((o_r >= j) & m_t)[:, None], b_g - b_gj[None, :], float("-inf")))
-            b_aq += tl.where(o_r[None, :] == j, tl.sum(b_q * b_ke, axis=1)[:, None], 0.0)
-            b_ak += tl.where(o_r[None, :] == j, tl.sum(b_kr * b_ke, axis=1)[:, None], 0.0)
-        # a NaN or inf in a later token's key reaches the pairs above the diagonal as 0 · NaN: the
-        # select on the finished block clears them
-        m_lo = o_r[:, None] >= o_r[None, :]
-        tl.store(p_qk, tl.where(m_lo, b_aq * scale, 0.0).to(Aqk.dtype.element_ty), mask=m_t[:, None])
-        tl.store(p_kk, tl.where(m_lo, b_ak, 0.0).to(Akk.dtype.element_ty), mask=m_t[:, None])
+# BH (heads per program), num_warps: not yet measured on the H200.
+@triton.autotune(configs=autotune_configs([({"BH": 4}, 4, 1), ({"BH": 2}, 2, 1), ({"BH": 8}, 4, 1),
+                                           ({"BH": 4}, 2, 1)], interpreter={"BH": 2}),
+                 key=["K", "H"])
+@triton.jit(do_not_specialize=["T"])
+def _kda_diag_scores_kernel(
+    q, k, b, Aqk, Akk, scale, T, H,
+    K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr,
+):
+    # one program: token t of one batch row, BH heads (adjacent in memory), against the tokens j <= t of
+    # its own sub-chunk, one column per step. Every exponent b_tc - b_jc is <= 0, and no later token is
+    # ever read, so a NaN or inf in one reaches no earlier row.
+    i_bt, i_hb = tl.program_id(0), tl.program_id(1)
+    i_b, i_t = i_bt // T, i_bt % T
+    o_h = i_hb * BH + tl.arange(0, BH)
+    o_k = tl.arange(0, BK)
+    m = (o_h < H)[:, None] & (o_k < K)[None, :]
+    p_t = ((i_b * T + i_t) * H + o_h[:, None]) * K + o_k[None, :]
+    b_q = tl.load(q + p_t, mask=m, other=0.0).to(tl.float32) * scale
+    b_k = tl.load(k + p_t, mask=m, other=0.0).to(tl.float32)
+    b_g = tl.load(b + p_t, mask=m, other=0.0)
+    p_A = ((i_b * T + i_t) * H + o_h) * BT
+    t_sub = i_t // BC * BC                          # the first token of t's sub-chunk
+    for j in range(t_sub, i_t + 1):
+        p_j = p_t + (j - i_t) * H * K
+        b_ke = tl.load(k + p_j, mask=m, other=0.0).to(tl.float32) * tl.exp(b_g - tl.load(b + p_j, mask=m, other=0.0))
+        tl.store(Aqk + p_A + j % BT, tl.sum(b_q * b_ke, axis=1).to(Aqk.dtype.element_ty), mask=o_h < H)
+        tl.store(Akk + p_A + j % BT, tl.sum(b_k * b_ke, axis=1).to(Akk.dtype.element_ty), mask=o_h < H)
 
 
 def kda_scores(q, k, b, Aqk, Akk, scale: float) -> None:
-    """The two intra-chunk score matrices KDA needs, every sub-chunk of every chunk in parallel.
+    """The two intra-chunk score matrices KDA needs, in two launches: the blocks below the diagonal
+    16 x 16 blocks (one program per sub-chunk), the diagonal blocks (one program per token and group
+    of heads).
 
     q, k: [B, T, H, K]; b: fp32 [B, T, H, K], the in-chunk cumulative gates. Written, on and below the
     diagonal of each chunk (the rest is left as it was): Aqk [B, T, H, CHUNK] in q's dtype, the
@@ -143,9 +152,11 @@ def kda_scores(q, k, b, Aqk, Akk, scale: float) -> None:
     Row t, column c holds the score against token (t // CHUNK) * CHUNK + c.
     """
     B, T, H, K = q.shape
-    _kda_scores_kernel[(CHUNK // SUB_CHUNK, triton.cdiv(T, CHUNK), B * H)](
-        q, k, b, Aqk, Akk, scale, T, H, K, BT=CHUNK, BC=SUB_CHUNK, BK=pow2_at_least_16(K),
-        DOT_PREC=dot_precision(q.dtype))
+    BK = pow2_at_least_16(K)
+    _kda_scores_kernel[(CHUNK // SUB_CHUNK - 1, triton.cdiv(T, CHUNK), B * H)](
+        q, k, b, Aqk, Akk, scale, T, H, K, BT=CHUNK, BC=SUB_CHUNK, BK=BK, DOT_PREC=dot_precision(q.dtype))
+    _kda_diag_scores_kernel[lambda m: (B * T, triton.cdiv(H, m["BH"]))](
+        q, k, b, Aqk, Akk, scale, T, H, K, BT=CHUNK, BC=SUB_CHUNK, BK=BK)
 
 
 # ------------------------------------------------------------------ 2. the in-chunk solve
@@ -181,7 +192,8 @@ def _kda_wy_kernel(
     b_A3 = tl.load(Akk + ((i_b * T + t3) * H + i_h) * BT + o_n[:, None, None] * BS + o_s[None, None, :],
                    mask=m3, other=0.0)
     b_beta3 = tl.load(beta + (i_b * T + t3) * H + i_h, mask=m3, other=0.0).to(tl.float32)
-    b_A3 = tl.where(o_s[None, :, None] > o_s[None, None, :], b_A3 * b_beta3, 0.0)
+    # select before multiplying: the entries on and above the diagonal were never written
+    b_A3 = tl.where(o_s[None, :, None] > o_s[None, None, :], b_A3, 0.0) * b_beta3
     b_X3 = tl.where(o_s[None, :, None] == o_s[None, None, :], 1.0, 0.0) + tl.zeros([NB, BS, BS], dtype=tl.float32)
     for s in range(0, BS):
         b_xs = tl.sum(tl.where(o_s[None, :, None] == s, b_X3, 0.0), axis=1)      # [NB, BS]: row s of each block
