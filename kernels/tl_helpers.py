@@ -58,12 +58,3 @@ def log2_sum_exp2(m, l):
     safe = tl.where(l > 0, l, 1.0)
     lse = tl.where(l > 0, m + tl.log2(safe), tl.where(l == 0, float("-inf"), float("nan")))
     return tl.where(m == float("inf"), float("inf"), lse)
-
-
-@triton.jit
-def wide(x, WIDE: tl.constexpr):
-    """x as a 64-bit integer when the tensors it indexes hold 2^31 elements or more (WIDE), else as it is:
-    32-bit offsets keep the common case's registers (64-bit ones made the FlashAttention backward spill more)."""
-    if WIDE:
-        x = x.to(tl.int64)
-    return x

@@ -1,8 +1,3 @@
-import fcntl
-import gc
-import tempfile
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -26,18 +21,3 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-
-
-@pytest.fixture
-def gpu_memory_alone():
-    """For a test that needs tens of GB of GPU memory: it runs while no other such test does (a lock file
-    shared by the pytest-xdist workers), and its memory goes back to the driver when it ends. Without the
-    second part the worker's caching allocator keeps it, and the other workers' tests run out of memory."""
-    with open(Path(tempfile.gettempdir()) / "kernels-gpu-memory-alone.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            gc.collect()
-            torch.cuda.empty_cache()
-            fcntl.flock(lock, fcntl.LOCK_UN)

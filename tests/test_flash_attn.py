@@ -54,53 +54,6 @@ def _check(B, T, S, HQ, HKV, D, causal, dtype, scale=1.0, ref_dtype=torch.float6
     return o, grads
 
 
-def _lse_ref(q, k, v, causal):
-    """log Σ_j exp(s_ij · scale) per (batch, head, row), natural log, in float64: [B, Hq, T]."""
-    B, T, HQ, D = q.shape
-    S, HKV = k.shape[1], k.shape[2]
-    kk = k.double().repeat_interleave(HQ // HKV, dim=2)
-    s = torch.einsum("bthd,bshd->bhts", q.double(), kk) * D ** -0.5
-    if causal:
-        s = s.masked_fill(~causal_mask(T, S, device=q.device), -math.inf)
-    return torch.logsumexp(s, dim=-1)
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_return_lse_is_the_natural_log_sum_exp(causal):
-    """return_lse=True adds the rows' log-sum-exp (natural log, fp32, [B, Hq, T], as flash-attn returns
-    it, not differentiable); the output is the same call's output without it."""
-    q, k, v = _inputs(2, 70, 90, 4, 2, 32, torch.float32)
-    o, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
-    assert lse.shape == (2, 4, 70) and lse.dtype == torch.float32 and not lse.requires_grad
-    assert rel_err(lse, _lse_ref(q, k, v, causal)) <= tolerance(torch.float32, tf32_dots=True)
-    assert torch.equal(o, flash_attn_func(q, k, v, causal=causal))
-    with torch.no_grad():
-        o2, lse2 = flash_attn_func(q, k, v, causal=causal, return_lse=True)
-    assert torch.equal(o2, o) and torch.equal(lse2, lse)
-
-
-def test_return_lse_of_a_row_that_sees_no_key_is_inf():
-    q, k, v = _inputs(1, 9, 4, 2, 2, 32, torch.float32)         # causal with T > S: rows 0..4 see nothing
-    _, lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
-    assert torch.isinf(lse[..., :5]).all() and (lse[..., :5] > 0).all() and torch.isfinite(lse[..., 5:]).all()
-
-
-def test_return_lse_keeps_the_gradients():
-    q, k, v = _inputs(1, 40, 40, 2, 2, 32, torch.float32)
-    g = torch.randn(1, 40, 2, 32, device=DEVICE)
-    o, _ = flash_attn_func(q, k, v, causal=True, return_lse=True)
-    with_lse = torch.autograd.grad(o, (q, k, v), g)
-    without = torch.autograd.grad(flash_attn_func(q, k, v, causal=True), (q, k, v), g)
-    for a, b in zip(with_lse, without):
-        assert torch.equal(a, b)
-
-
-def test_return_lse_refuses_a_non_bool():
-    q, k, v = _inputs(1, 8, 8, 2, 2, 32, torch.float32)
-    with pytest.raises(TypeError, match="return_lse"):
-        flash_attn_func(q, k, v, return_lse=1)
-
-
 @pytest.fixture(params=[1, 2], ids=["1launch", "2launches"])
 def launches(request, monkeypatch):
     """Run the backward as one launch (dK/dV programs compute delta from O) or as two (the dQ
@@ -541,72 +494,6 @@ def test_gpu_odd_lengths(shape, causal, launches):
 ], ids=lambda x: _id(x) if isinstance(x, tuple) else ("causal" if x else "full"))
 def test_gpu_head_dims(shape, causal, launches):
     _check(*shape, causal, torch.bfloat16, ref_dtype=torch.float32)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_wide_offsets_compute_the_same(monkeypatch, causal):
-    """The 64-bit offset path (taken from 2^31 elements on), forced on a small GQA case: the same output and
-    gradients as the reference. (Its reason to exist, tensors past 2^31 elements, is tested on the GPU.)"""
-    from kernels.flash_attn import backward, forward
-    monkeypatch.setattr(forward, "WIDE_ELEMENTS", 0)
-    monkeypatch.setattr(backward, "WIDE_ELEMENTS", 0)
-    _check(2, 37, 45, 4, 2, 32, causal, torch.float32)
-
-
-@pytest.mark.gpu
-@pytest.mark.usefixtures("gpu_memory_alone")
-def test_gpu_offsets_past_2_to_the_31_queries():
-    """T·Hq·D > 2^31 elements in Q and O (131089 rows of 128 heads of 128; 4.3 GB each in bf16): the row
-    offsets need 64 bits. One KV head of 96 keys keeps the work small; the last rows are checked against
-    the reference on those rows alone (a row's output needs only its own query)."""
-    T, HQ, D, S = 131089, 128, 128, 96
-    q = torch.randn(1, T, HQ, D, device="cuda", dtype=torch.bfloat16).requires_grad_()
-    k, v = (torch.randn(1, S, 1, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(2))
-    o = flash_attn_func(q, k, v)
-    g = torch.randn_like(o)
-    dq, = torch.autograd.grad(o, (q,), g)
-    rows = slice(T - 64, T)
-    ref = _reference(q[:, rows], k, v, False, g[:, rows], torch.float32)
-    tol_f, tol_b = _tols(torch.bfloat16)
-    assert rel_err(o[:, rows], ref[0]) <= tol_f and rel_err(dq[:, rows], ref[1]) <= tol_b
-
-
-@pytest.mark.gpu
-@pytest.mark.usefixtures("gpu_memory_alone")
-def test_gpu_offsets_past_2_to_the_31_keys():
-    """S·Hkv·D > 2^31 elements in K, V, dK and dV (131089 keys of 128 heads of 128): the key offsets need
-    64 bits. 64 queries keep the work small; the whole result is checked against the fp32 reference."""
-    T, S, H, D = 64, 131089, 128, 128
-    q = torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16).requires_grad_()
-    k, v = (torch.randn(1, S, H, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(2))
-    o = flash_attn_func(q, k, v)
-    g = torch.randn_like(o)
-    grads = torch.autograd.grad(o, (q, k, v), g)
-    refs = _reference(q, k, v, False, g, torch.float32)
-    tol_f, tol_b = _tols(torch.bfloat16)
-    for name, out, ref, tol in zip(("o", "dq", "dk", "dv"), (o, *grads), refs, (tol_f, tol_b, tol_b, tol_b)):
-        assert rel_err(out, ref) <= tol, name
-
-
-@pytest.mark.gpu
-@pytest.mark.usefixtures("gpu_memory_alone")
-def test_gpu_offsets_past_2_to_the_31_batches():
-    """Three batch elements of 65537 rows (or keys) of 128 heads of 128: each under 2^31 elements, the third
-    one's start past it (the wide path, whose batch offsets are 64-bit as well). Checked on the last element."""
-    B, N, H, D, few = 3, 65537, 128, 128, 64
-    for T, S, HQ, HKV in ((N, few, H, 1), (few, N, H, H)):
-        q = torch.randn(B, T, HQ, D, device="cuda", dtype=torch.bfloat16).requires_grad_()
-        k, v = (torch.randn(B, S, HKV, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(2))
-        o = flash_attn_func(q, k, v)
-        g = torch.randn_like(o)
-        grads = torch.autograd.grad(o, (q, k, v), g)
-        rows = slice(T - few, T)       # the last rows of the last element (a row needs only its own query)
-        refs = _reference(q[-1:, rows], k[-1:], v[-1:], False, g[-1:, rows], torch.float32)
-        tol_f, tol_b = _tols(torch.bfloat16)
-        assert rel_err(o[-1:, rows], refs[0]) <= tol_f and rel_err(grads[0][-1:, rows], refs[1]) <= tol_b
-        if T == few:                    # every query of the element is in the reference: dK and dV too
-            assert rel_err(grads[1][-1:], refs[2]) <= tol_b and rel_err(grads[2][-1:], refs[3]) <= tol_b
-        del q, k, v, o, g, grads, refs
 
 
 @pytest.mark.gpu

@@ -20,8 +20,7 @@ import triton
 import triton.language as tl
 
 from ..launch import LOG2E, launch, on_machine
-from ..tl_helpers import wide
-from .forward import WIDE_ELEMENTS, _key_ranges
+from .forward import _key_ranges
 
 # Tiles (BM, BN, num_warps, num_stages): a program owns BN keys (dK/dV) or BN queries (dQ) and steps
 # over the other axis BM at a time. Fixed from what autotuning picked on the H200 (bf16, D = 128):
@@ -70,7 +69,7 @@ def _finite_or_zero(b):
 @triton.jit
 def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_o0, p_do0, p_lse0, p_delta0, stride_t, o_n, o_d,
                          lo, hi, T, shift, qk_scale, BM: tl.constexpr, MASKED: tl.constexpr,
-                         DELTA_FROM_O: tl.constexpr, WIDE: tl.constexpr):
+                         DELTA_FROM_O: tl.constexpr):
     """Visit query blocks [lo, hi) for one key block: recompute Pᵀ, accumulate dV and dK. MASKED (the
     causal diagonal): a pair the mask hides has P = 0 and dS = 0, so a NaN or inf in dO at a row that
     cannot see a key stays out of that key's dK, and one in Q out of its dV. (Not the other way round:
@@ -80,7 +79,7 @@ def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_o0, p_do0, p_lse0, p_delt
     for i_m in range(lo, hi, BM):
         o_m = i_m + o_mb
         m_m = o_m < T  # rows past T load as zeros: they add nothing to dK, dV
-        p_row = wide(o_m, WIDE)[:, None] * stride_t + o_d[None, :]  # Q, O and dO share the layout
+        p_row = o_m[:, None] * stride_t + o_d[None, :]  # Q, O and dO share the layout
         b_q = tl.load(p_q0 + p_row, mask=m_m[:, None], other=0.0)
         b_lse = tl.load(p_lse0 + o_m, mask=m_m, other=0.0)
         b_sT = tl.dot(b_k, tl.trans(b_q)) * qk_scale - b_lse[None, :]  # [BN, BM], log2 of Pᵀ
@@ -106,7 +105,7 @@ def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_o0, p_do0, p_lse0, p_delt
 @triton.jit
 def _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, i_n, i_bh, T, S, HQ, GROUP, qk_scale, sm_scale,
                    D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   DELTA_FROM_O: tl.constexpr, WIDE: tl.constexpr):
+                   DELTA_FROM_O: tl.constexpr):
     """dK, dV for keys [i_n*BN, i_n*BN + BN) of KV head i_bh % HKV in batch i_bh // HKV."""
     HKV = HQ // GROUP
     i_b = (i_bh // HKV).to(tl.int64)
@@ -115,7 +114,7 @@ def _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, i_n, i_bh, T, S, HQ, GROU
     o_n = n0 + tl.arange(0, BN)
     o_d = tl.arange(0, D)
     m_n = o_n < S
-    kv_offset = (i_b * S * HKV + i_hk) * D + wide(o_n, WIDE)[:, None] * (HKV * D) + o_d[None, :]
+    kv_offset = (i_b * S * HKV + i_hk) * D + o_n[:, None] * (HKV * D) + o_d[None, :]
     b_k = tl.load(k + kv_offset, mask=m_n[:, None], other=0.0)
     b_v = tl.load(v + kv_offset, mask=m_n[:, None], other=0.0)
     b_dk = tl.zeros([BN, D], dtype=tl.float32)
@@ -137,10 +136,10 @@ def _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, i_n, i_bh, T, S, HQ, GROU
         if CAUSAL:
             b_dk, b_dv = _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, q + q_offset, o + q_offset, do + q_offset,
                                               lse + row0, delta + row0, HQ * D, o_n, o_d, lo, full, T, shift,
-                                              qk_scale, BM, True, DELTA_FROM_O, WIDE)
+                                              qk_scale, BM, True, DELTA_FROM_O)
         b_dk, b_dv = _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, q + q_offset, o + q_offset, do + q_offset,
                                           lse + row0, delta + row0, HQ * D, o_n, o_d, full, t_end, T, shift,
-                                          qk_scale, BM, False, DELTA_FROM_O, WIDE)
+                                          qk_scale, BM, False, DELTA_FROM_O)
 
     tl.store(dk + kv_offset, (b_dk * sm_scale).to(dk.dtype.element_ty), mask=m_n[:, None])
     tl.store(dv + kv_offset, b_dv.to(dv.dtype.element_ty), mask=m_n[:, None])
@@ -149,16 +148,15 @@ def _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, i_n, i_bh, T, S, HQ, GROU
 # ---------------------------------------------------------------- dQ
 @triton.jit
 def _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_s, o_m, o_d,
-                       lo, hi, S, shift, qk_scale, BK: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                       WIDE: tl.constexpr):
+                       lo, hi, S, shift, qk_scale, BK: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """Visit key blocks [lo, hi), BK keys at a time, for one query block: recompute P, accumulate
     dQ (unscaled). MASKED (the causal diagonal, keys >= S): a pair the mask hides adds nothing,
     even where K or V hold NaN or inf."""
     o_kb = tl.arange(0, BK)
     for i_n in range(lo, hi, BK):
         o_s = i_n + o_kb
-        p_k = p_k0 + wide(o_s, WIDE)[:, None] * stride_s + o_d[None, :]
-        p_v = p_v0 + wide(o_s, WIDE)[:, None] * stride_s + o_d[None, :]
+        p_k = p_k0 + o_s[:, None] * stride_s + o_d[None, :]
+        p_v = p_v0 + o_s[:, None] * stride_s + o_d[None, :]
         if MASKED:
             m_s = o_s < S
             b_k = tl.load(p_k, mask=m_s[:, None], other=0.0)
@@ -185,7 +183,7 @@ def _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_s, o_
 @triton.jit
 def _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, i_m, i_bh, T, S, HQ, GROUP, qk_scale, sm_scale,
                  D: tl.constexpr, CAUSAL: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
-                 STORE_DELTA: tl.constexpr, WIDE: tl.constexpr):
+                 STORE_DELTA: tl.constexpr):
     """dQ for the i_m-th query block (from the last when causal: those see the most keys, so they
     start first) of query head i_bh % HQ in batch i_bh // HQ."""
     if CAUSAL:
@@ -197,7 +195,7 @@ def _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, i_m, i_bh, T, S, HQ, GROUP, qk_
     o_m = i_m * BQ + tl.arange(0, BQ)
     o_d = tl.arange(0, D)
     m_m = o_m < T
-    q_offset = (i_b * T * HQ + i_h) * D + wide(o_m, WIDE)[:, None] * (HQ * D) + o_d[None, :]
+    q_offset = (i_b * T * HQ + i_h) * D + o_m[:, None] * (HQ * D) + o_d[None, :]
     b_q = tl.load(q + q_offset, mask=m_m[:, None], other=0.0)
     b_do = tl.load(do + q_offset, mask=m_m[:, None], other=0.0)
     b_delta = _row_delta(b_do, tl.load(o + q_offset, mask=m_m[:, None], other=0.0))
@@ -211,9 +209,9 @@ def _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, i_m, i_bh, T, S, HQ, GROUP, qk_
     full_end, hi = _key_ranges(i_m * BQ, T, S, BQ, BK, CAUSAL)
     shift = S - T
     b_dq = _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, HKV * D, o_m, o_d,
-                              0, full_end, S, shift, qk_scale, BK, False, CAUSAL, WIDE)
+                              0, full_end, S, shift, qk_scale, BK, False, CAUSAL)
     b_dq = _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, HKV * D, o_m, o_d,
-                              full_end, hi, S, shift, qk_scale, BK, True, CAUSAL, WIDE)
+                              full_end, hi, S, shift, qk_scale, BK, True, CAUSAL)
     tl.store(dq + q_offset, (b_dq * sm_scale).to(dq.dtype.element_ty), mask=m_m[:, None])
 
 
@@ -221,7 +219,7 @@ def _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, i_m, i_bh, T, S, HQ, GROUP, qk_
 @triton.jit(do_not_specialize=["B", "T", "S", "HQ", "GROUP"])
 def _attn_bwd_kernel(q, k, v, o, do, dq, dk, dv, lse, delta, B, T, S, HQ, GROUP, qk_scale, sm_scale,
                      D: tl.constexpr, CAUSAL: tl.constexpr, DQ: tl.constexpr, DKDV: tl.constexpr,
-                     WIDE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+                     BM: tl.constexpr, BN: tl.constexpr):
     """q, o, do, dq: [B, T, HQ, D]; k, v, dk, dv: [B, S, HQ // GROUP, D]; all contiguous;
     lse, delta: fp32 [B, HQ, T]. DQ and DKDV say which programs this launch runs: DQ alone stores
     delta, DKDV alone reads it, both (one launch) compute it where needed."""
@@ -233,21 +231,21 @@ def _attn_bwd_kernel(q, k, v, o, do, dq, dk, dv, lse, delta, B, T, S, HQ, GROUP,
         n_dq = tl.cdiv(T, BN) * B * HQ
         if pid < n_dq:
             _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, pid // (B * HQ), pid % (B * HQ), T, S, HQ, GROUP,
-                         qk_scale, sm_scale, D, CAUSAL, BN, BM, False, WIDE)
+                         qk_scale, sm_scale, D, CAUSAL, BN, BM, False)
         else:
             pid -= n_dq
             _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, pid // (B * HKV), pid % (B * HKV), T, S, HQ, GROUP,
-                           qk_scale, sm_scale, D, CAUSAL, BM, BN, True, WIDE)
+                           qk_scale, sm_scale, D, CAUSAL, BM, BN, True)
     elif DQ:
         # Long sequences: the block varies fastest, so the programs running together share one
         # head's K and V (or Q and dO) through L2.
         n_qblocks = tl.cdiv(T, BN)
         _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, pid % n_qblocks, pid // n_qblocks, T, S, HQ, GROUP,
-                     qk_scale, sm_scale, D, CAUSAL, BN, BM, True, WIDE)
+                     qk_scale, sm_scale, D, CAUSAL, BN, BM, True)
     else:
         n_kblocks = tl.cdiv(S, BN)
         _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, pid % n_kblocks, pid // n_kblocks, T, S, HQ, GROUP,
-                       qk_scale, sm_scale, D, CAUSAL, BM, BN, False, WIDE)
+                       qk_scale, sm_scale, D, CAUSAL, BM, BN, False)
 
 
 def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, one_launch: bool):
@@ -262,18 +260,16 @@ def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, one_l
     args = (q, k, v, o, do, dq, dk, dv, lse)
     sizes = (B, T, S, HQ, HQ // HKV, softmax_scale * LOG2E, softmax_scale)
     tiles = bwd_tiles(D, B, S, HKV)
-    wide = max(q.numel(), k.numel()) >= WIDE_ELEMENTS
     n_dkdv = lambda BN: triton.cdiv(S, BN) * B * HKV  # noqa: E731
     n_dq = lambda BN: triton.cdiv(T, BN) * B * HQ  # noqa: E731
     if one_launch:
         launch(_attn_bwd_kernel, lambda BM, BN: (n_dkdv(BN) + n_dq(BN),), tiles,
-               ("bwd", q.device, q.dtype, D, causal, wide, tiles[0]),  # below, lse stands in for the unused delta
-               *args, lse, *sizes, D=D, CAUSAL=causal, DQ=True, DKDV=True, WIDE=wide)
+               ("bwd", q.device, q.dtype, D, causal, tiles[0]),
+               *args, lse, *sizes, D=D, CAUSAL=causal, DQ=True, DKDV=True)  # lse stands in for the unused delta
         return dq, dk, dv
     delta = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
-    launch(_attn_bwd_kernel, lambda BM, BN: (n_dq(BN),), dq_tiles(D), ("bwd dq", q.device, q.dtype, D, causal, wide),
-           *args, delta, *sizes, D=D, CAUSAL=causal, DQ=True, DKDV=False, WIDE=wide)
-    launch(_attn_bwd_kernel, lambda BM, BN: (n_dkdv(BN),), tiles,
-           ("bwd dkdv", q.device, q.dtype, D, causal, wide, tiles[0]),
-           *args, delta, *sizes, D=D, CAUSAL=causal, DQ=False, DKDV=True, WIDE=wide)
+    launch(_attn_bwd_kernel, lambda BM, BN: (n_dq(BN),), dq_tiles(D), ("bwd dq", q.device, q.dtype, D, causal),
+           *args, delta, *sizes, D=D, CAUSAL=causal, DQ=True, DKDV=False)
+    launch(_attn_bwd_kernel, lambda BM, BN: (n_dkdv(BN),), tiles, ("bwd dkdv", q.device, q.dtype, D, causal, tiles[0]),
+           *args, delta, *sizes, D=D, CAUSAL=causal, DQ=False, DKDV=True)
     return dq, dk, dv

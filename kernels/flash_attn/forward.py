@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ..launch import LOG2E, launch, on_machine
-from ..tl_helpers import dot_visible, wide
+from ..tl_helpers import dot_visible
 
 # Tile sizes per head dim: (BM, BN, num_warps, num_stages). Fixed, not autotuned: on the H200
 # (bf16, D = 128, T = 1K..16K) autotuning over eight configs picked BM = 128, BN = 64, 8 warps
@@ -31,14 +31,9 @@ def fwd_tiles(D: int, causal: bool):
     return on_machine(gpu=[(bm, bn, warps, stages), FWD_FALLBACK], interpreter=[INTERPRET_TILES])
 
 
-# From this many elements in q or k on, the kernels compute offsets in 64 bits (`tl_helpers.wide`); below it,
-# in 32 bits, as the registers of the common case want.
-WIDE_ELEMENTS = 2 ** 31
-
-
 @triton.jit
 def _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, stride_s, o_m, o_d, lo, hi, S, shift, qk_scale,
-                    BN: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WIDE: tl.constexpr):
+                    BN: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """Visit key blocks [lo, hi): one online-softmax update per block. MASKED=False is the fast
     path for blocks every row of the tile may fully see; MASKED=True handles the causal diagonal
     and the ragged last block (keys >= S): a hidden key's score is -inf before exp2, and its
@@ -46,8 +41,8 @@ def _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, stride_s, o_m, o_d, lo, hi
     o_n = tl.arange(0, BN)
     for i_n in range(lo, hi, BN):
         o_s = i_n + o_n
-        p_k = p_k0 + wide(o_s, WIDE)[:, None] * stride_s + o_d[None, :]  # K and V share the layout
-        p_v = p_v0 + wide(o_s, WIDE)[:, None] * stride_s + o_d[None, :]
+        p_k = p_k0 + o_s[:, None] * stride_s + o_d[None, :]  # K and V share the layout
+        p_v = p_v0 + o_s[:, None] * stride_s + o_d[None, :]
         if MASKED:
             m_s = o_s < S
             b_k = tl.load(p_k, mask=m_s[:, None], other=0.0)
@@ -98,7 +93,7 @@ def _key_ranges(m0, T, S, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constex
 
 @triton.jit(do_not_specialize=["T", "S", "HQ", "GROUP"])  # one compiled kernel for every length
 def _attn_fwd_kernel(q, k, v, o, lse, T, S, HQ, GROUP, qk_scale,
-                     D: tl.constexpr, CAUSAL: tl.constexpr, WIDE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+                     D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """q, o: [B, T, HQ, D], k, v: [B, S, HQ // GROUP, D], all contiguous: the strides follow
     from the shape, so the launch passes ten arguments instead of twenty-two."""
     i_m = tl.program_id(0)
@@ -113,7 +108,7 @@ def _attn_fwd_kernel(q, k, v, o, lse, T, S, HQ, GROUP, qk_scale,
     o_d = tl.arange(0, D)
     m_m = o_m < T
 
-    q_offset = (i_b * T * HQ + i_h) * D + wide(o_m, WIDE)[:, None] * (HQ * D) + o_d[None, :]  # O has Q's layout
+    q_offset = (i_b * T * HQ + i_h) * D + o_m[:, None] * (HQ * D) + o_d[None, :]  # O has Q's layout
     b_q = tl.load(q + q_offset, mask=m_m[:, None], other=0.0)
     kv_base = (i_b * S * HKV + i_hk) * D  # K and V share their layout
     p_k0 = k + kv_base
@@ -125,9 +120,9 @@ def _attn_fwd_kernel(q, k, v, o, lse, T, S, HQ, GROUP, qk_scale,
     full_end, hi = _key_ranges(i_m * BM, T, S, BM, BN, CAUSAL)
     shift = S - T
     b_acc, b_m, b_l = _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, HKV * D, o_m, o_d,
-                                      0, full_end, S, shift, qk_scale, BN, False, CAUSAL, WIDE)
+                                      0, full_end, S, shift, qk_scale, BN, False, CAUSAL)
     b_acc, b_m, b_l = _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, HKV * D, o_m, o_d,
-                                      full_end, hi, S, shift, qk_scale, BN, True, CAUSAL, WIDE)
+                                      full_end, hi, S, shift, qk_scale, BN, True, CAUSAL)
 
     empty = b_l == 0.0  # causal with T > S: a row that sees no key; its output is 0
     b_l1 = tl.where(empty, 1.0, b_l)
@@ -145,10 +140,8 @@ def attention_fwd(q, k, v, causal: bool, softmax_scale: float):
     o = torch.empty((B, T, HQ, D), device=q.device, dtype=q.dtype)
     lse = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
     tiles = fwd_tiles(D, causal)
-    wide = max(q.numel(), k.numel()) >= WIDE_ELEMENTS
-    launch(_attn_fwd_kernel, lambda BM, BN: (triton.cdiv(T, BM), B * HQ), tiles,
-           ("fwd", q.device, q.dtype, D, causal, wide), q, k, v, o, lse, T, S, HQ, HQ // HKV, softmax_scale * LOG2E,
-           D=D, CAUSAL=causal, WIDE=wide)
+    launch(_attn_fwd_kernel, lambda BM, BN: (triton.cdiv(T, BM), B * HQ), tiles, ("fwd", q.device, q.dtype, D, causal),
+           q, k, v, o, lse, T, S, HQ, HQ // HKV, softmax_scale * LOG2E, D=D, CAUSAL=causal)
     return o, lse
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import FLOATS, check_bool, check_choice, check_kernel_device
-from ..launch import LN2  # the kernels keep the log-sum-exp in base 2; flash-attn returns it in natural log
+from ..checks import FLOATS, check_choice, check_kernel_device
 from .backward import attention_bwd
 from .forward import attention_fwd
 from .reference import attention_flops, check_attention_args
@@ -39,26 +38,22 @@ class FlashAttnFunction(torch.autograd.Function):
     Backward: `attention_bwd` (one Triton kernel, launched once or twice), recomputing P."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, return_lse=False):
+    def forward(ctx, q, k, v, causal, softmax_scale):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # the kernels derive strides from shapes
         o, lse = attention_fwd(q, k, v, causal, softmax_scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.softmax_scale = causal, softmax_scale
-        if not return_lse:
-            return o
-        lse_e = lse * LN2
-        ctx.mark_non_differentiable(lse_e)  # an output to read, not to differentiate through
-        return o, lse_e
+        return o
 
     @staticmethod
-    def backward(ctx, do, *_):  # *_: the lse's (undefined) gradient when return_lse
+    def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.softmax_scale,
                                    _one_launch(q, k, ctx.causal))
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None
 
 
-def flash_attn_func(q, k, v, causal=False, softmax_scale=None, return_lse=False):
+def flash_attn_func(q, k, v, causal=False, softmax_scale=None):
     """FlashAttention-2 (Triton), GQA-aware, differentiable.
 
     q: [B, T, Hq, D]; k, v: [B, S, Hkv, D], Hq a multiple of Hkv (MHA, GQA, MQA); query head h
@@ -68,17 +63,13 @@ def flash_attn_func(q, k, v, causal=False, softmax_scale=None, return_lse=False)
     j <= i + S - T; rows that see no key output 0, and a NaN or inf at a key a row cannot see does
     not reach that row. softmax_scale defaults to 1/sqrt(D). Returns o: [B, T, Hq, D] in q's dtype.
     Non-contiguous inputs (e.g. a transposed [B, H, T, D] view) are copied to contiguous first.
-    return_lse=True returns (o, lse) with lse = log Σ_j exp(s_ij · scale) per row: fp32 [B, Hq, T],
-    natural log (flash-attn's softmax_lse), +inf on a row that sees no key, not differentiable.
 
     >>> q = torch.randn(2, 1000, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     >>> k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
     >>> flash_attn_func(q, k, v, causal=True).sum().backward()   # q.grad: [2, 1000, 32, 128]
     """
     scale = _validate(q, k, v, causal, softmax_scale)
-    check_bool("return_lse", return_lse)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return FlashAttnFunction.apply(q, k, v, causal, scale, return_lse)
+        return FlashAttnFunction.apply(q, k, v, causal, scale)
     # inference: skip autograd's bookkeeping (a few microseconds a call, which matter at short T)
-    o, lse = attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale)
-    return (o, lse * LN2) if return_lse else o
+    return attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale)[0]

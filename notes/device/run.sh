@@ -5,9 +5,13 @@
 #   flashmla                build FlashMLA from .peers-flashmla (about a minute) and put it on the path
 #   tilelang-a, tilelang-b  install TileLang's two wheel halves (two calls to one warm machine)
 #   suite                   the whole test suite, as a user with a GPU box runs it
-#   notebooks NB...         execute these chapters in place and redraw the headline figure
-#                           (scripts/refresh_gpu.sh --no-tests, its archive left in /tmp)
-# Steps after the time budget (DEVICE_BUDGET_S, default 540 s) are skipped and named, not cut off midway.
+#   bench FAMILY NAME...    time these benchmarks of kernels/FAMILY/bench.py and save their tables, outside any
+#                           notebook (then execute the chapter with KERNELS_BENCH=load to read them)
+#   notebooks NB...         execute these chapters in place, cell by cell with the time, and redraw the
+#                           headline figure
+# The steps share one time budget (DEVICE_BUDGET_S, default 540 s): a step that would start past it is skipped
+# and named, and a running step is stopped when the budget runs out. The archive is rewritten after every
+# step, so what finished comes back even when the call itself is cut off.
 # Example (the device tool's command; carry .whl .peers .peers-flashmla .device_commit):
 #   bash notes/device/run.sh flashmla "python3 -m pytest -q -n 8 tests/test_mla.py" "notebooks book/mla.ipynb"
 set -uo pipefail
@@ -36,24 +40,35 @@ step() {
     tilelang-a) pip_install --target /tmp/tlsite .tl/a/*.whl ;;
     tilelang-b)
       [ -d /tmp/tlsite/tilelang ] || { echo "the machine was recycled: run tilelang-a again"; return 3; }
-      pip_install --target /tmp/tlsite .tl/b/*.whl &&
-        export PYTHONPATH="/tmp/tlsite:$PYTHONPATH" ;;
+      pip_install --target /tmp/tlsite .tl/b/*.whl ;;
     suite) python3 -m pytest -q -n 8 tests/ -p no:cacheprovider ;;
-    notebooks\ *) mkdir -p /tmp/refresh && OUT=/tmp/refresh bash scripts/refresh_gpu.sh --no-tests ${1#notebooks } ;;
+    bench\ *) python3 -c 'import importlib, sys
+from kernels.bench import run
+module = importlib.import_module(f"kernels.{sys.argv[1]}.bench")
+for name in sys.argv[2:]:
+    run(getattr(module, name))' ${1#bench } ;;
+    notebooks\ *) python3 scripts/execute_notebooks.py ${1#notebooks } && python3 scripts/make_figures.py ;;
     *) bash -c "$1" ;;
   esac
 }
+export -f step pip_install
+pack() { tar czf "$out/device.tgz" results book/*.ipynb book/images 2>/dev/null; }
 
 [ -d .peers-flashmla/flashmla_src ] && export PYTHONPATH="$PWD/.peers-flashmla/flashmla_src:$PYTHONPATH"
 status=0
 for s in "$@"; do
-  if (( SECONDS - start > budget )); then echo "device_run: SKIPPED (over ${budget}s): $s"; status=1; continue; fi
+  left=$((budget - (SECONDS - start)))
+  if (( left < 10 )); then echo "device_run: SKIPPED (over ${budget}s): $s"; status=1; continue; fi
   t0=$SECONDS
   echo "=== device_run: $s"
-  step "$s"; rc=$?
+  timeout "$left" bash -c 'step "$1"' _ "$s"; rc=$?
+  (( rc == 124 )) && echo "device_run: STOPPED at the budget of ${budget}s: $s"
   echo "=== device_run: rc=$rc in $((SECONDS - t0)) s: $s"
   [ $rc = 0 ] || status=1
+  # (TileLang's halves land in /tmp/tlsite: from then on every step imports it)
+  [[ -d /tmp/tlsite/tilelang && ":$PYTHONPATH:" != *:/tmp/tlsite:* ]] && export PYTHONPATH="/tmp/tlsite:$PYTHONPATH"
+  pack
 done
-tar czf "$out/device.tgz" results book/*.ipynb book/images 2>/dev/null
+pack
 echo "device_run: status $status after $((SECONDS - start)) s; results in $out/device.tgz"
 exit $status
