@@ -11,7 +11,8 @@
 #                           headline figure
 # The steps share one time budget (DEVICE_BUDGET_S, default 540 s): a step that would start past it is skipped
 # and named, and a running step is stopped when the budget runs out. The archive is rewritten after every
-# step, so what finished comes back even when the call itself is cut off.
+# step, so what finished comes back even when the call itself is cut off. Tables and chapters written by an
+# earlier call on the same warm machine are put back before the steps run (a new machine starts clean).
 # Example (the device tool's command; carry .whl .peers .peers-flashmla .device_commit):
 #   bash notes/device/run.sh flashmla "python3 -m pytest -q -n 8 tests/test_mla.py" "notebooks book/mla.ipynb"
 set -uo pipefail
@@ -33,6 +34,18 @@ export KERNELS_COMMIT="${KERNELS_COMMIT:-$(cat .device_commit 2>/dev/null || ech
 [ -d /tmp/tlsite/tilelang ] && export PYTHONPATH="/tmp/tlsite:$PYTHONPATH"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 echo "device_run: commit $KERNELS_COMMIT, $(date -u '+%F %H:%M UTC')"
+# Each call gets the working tree afresh, so what earlier calls on this warm machine wrote (tables, executed
+# chapters) is kept outside it and put back first: a chapter can read tables timed in the call before.
+keep=/tmp/device-keep
+if [ -d "$keep" ]; then
+  cp -r "$keep"/. . && echo "device_run: put back $(find "$keep" -type f | wc -l) files written by earlier calls"
+fi
+touch /tmp/device-call-start
+keep_new() {
+  find results book -maxdepth 1 -type f -newer /tmp/device-call-start 2>/dev/null | while read -r f; do
+    mkdir -p "$keep/$(dirname "$f")" && cp -p "$f" "$keep/$f"
+  done
+}
 
 step() {
   case "$1" in
@@ -67,6 +80,7 @@ for s in "$@"; do
   [ $rc = 0 ] || status=1
   # (TileLang's halves land in /tmp/tlsite: from then on every step imports it)
   [[ -d /tmp/tlsite/tilelang && ":$PYTHONPATH:" != *:/tmp/tlsite:* ]] && export PYTHONPATH="/tmp/tlsite:$PYTHONPATH"
+  keep_new
   pack
 done
 pack
