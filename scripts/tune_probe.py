@@ -25,6 +25,7 @@ import triton.language as tl
 import triton.testing
 
 from kernels.bench import time_graph_ms, time_ms
+from kernels.common import rel_err
 from kernels.flash_attn import backward as fb
 from kernels.flash_attn import interface
 from kernels.flash_attn.bench import attention_flops
@@ -320,7 +321,9 @@ def kda_step():
     def check_with(o_fn):
         def check():
             o = o_fn()
-            assert (o.float() - o_ref.float()).abs().max() < 3e-2 and (final - s_ref).abs().max() < 1e-3
+            # bf16 outputs by relative error: another summation order may round an element one bf16 step
+            # the other way, and at |o| ~ 30 one step is 0.125
+            assert rel_err(o, o_ref) < 1e-2 and (final - s_ref).abs().max() < 1e-3
         return check
 
     book = lambda: fused_recurrent_kda(q, k, v, g, beta, initial_state=S, output_final_state=True,  # noqa: E731
@@ -350,7 +353,7 @@ def m2_step():
                 s_ref = a["state"].clone()
                 a["state"].copy_(state0)
                 y = y_fn()
-                assert (y.float() - y_ref.float()).abs().max() < 3e-2 and (a["state"] - s_ref).abs().max() < 1e-4
+                assert rel_err(y, y_ref) < 1e-2 and (a["state"] - s_ref).abs().max() < 1e-4  # (as for KDA)
             return check
 
         variants = [("book (4 rows, 1 warp)", lambda a=a: selective_state_update(**a), lambda: None)]
