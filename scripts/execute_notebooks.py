@@ -6,16 +6,20 @@ Widget state is dropped after execution: the rendered book shows the static figu
 and saved widget state would make the site load widget JavaScript from a CDN. Progress
 bars are collapsed to their final state, so the page shows one line per sweep, not
 every redraw.
-Exit status 1 if any notebook raised; its partial outputs are still written, so the
-traceback can be read.
+Exit status 1 if any notebook raised, ran past a cell's time limit (KERNELS_CELL_TIMEOUT_S, default
+1800 s) or lost its kernel (as `timeout` stopping this script does): its partial outputs are still
+written, so the traceback, or how far it got, can be read. Each cell's first line is printed as it
+starts, so a cell that never ends is named in the log.
 """
+import os
 import sys
 import time
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
 
 
 def tidy_streams(nb) -> None:
@@ -43,20 +47,28 @@ def execute(path: Path) -> bool:
     n_code = sum(c.cell_type == "code" for c in nb.cells)
     done = 0
 
+    def on_cell_start(cell, cell_index):
+        first = cell.source.strip().split("\n", 1)[0][:80]
+        print(f"  {path.name}: cell {done + 1}/{n_code} starts at {time.time() - start:6.1f} s: {first}", flush=True)
+
     def on_cell_executed(cell, cell_index, execute_reply):
         nonlocal done
         if cell.cell_type == "code":
             done += 1
             print(f"  {path.name}: cell {done}/{n_code} done at {time.time() - start:6.1f} s", flush=True)
 
-    client = NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
+    client = NotebookClient(nb, timeout=int(os.environ.get("KERNELS_CELL_TIMEOUT_S", 1800)), kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}}, on_cell_start=on_cell_start,
                             on_cell_executed=on_cell_executed)
     ok = True
     try:
         client.execute()
-    except CellExecutionError as e:
+    except (CellExecutionError, CellTimeoutError, DeadKernelError, AssertionError) as e:
+        # SIGTERM (from `timeout`) ends the kernel, whose process group it reaches, while nbclient ignores it
+        # here; its clean-up of the dead kernel then fails an assertion of its own
         ok = False
-        print(f"{path}: FAILED\n{str(e)[-3000:]}", flush=True)
+        print(f"{path}: FAILED after {done} of {n_code} code cells ({type(e).__name__})\n{str(e)[-3000:]}",
+              flush=True)
     nb.metadata.pop("widgets", None)
     tidy_streams(nb)
     nbformat.write(nb, path)
