@@ -1,7 +1,8 @@
 """Run families' benchmarks on the GPU and print one compact table each (no notebooks).
 
-    python scripts/gpu_probe.py              # every family's BENCHMARKS
-    python scripts/gpu_probe.py gla mla      # just these families
+    python scripts/gpu_probe.py                     # every family's BENCHMARKS
+    python scripts/gpu_probe.py gla mla             # just these families
+    python scripts/gpu_probe.py mla_decode_paged    # just this table (a Benchmark's name)
 
 Meant for tuning: the full tables land in results/ as usual; this prints, per table, the time of
 each provider for each case and the % of the roofline. Families are found, not listed: every
@@ -31,10 +32,21 @@ def show(df):
         print(errors[["provider", "note"]].drop_duplicates().to_string())
 
 
+def chosen(names):
+    """The benchmarks the arguments name: a family gives all of its BENCHMARKS, a table's name that one."""
+    every = discover()
+    out = []
+    for name in names:
+        found = every.get(name) or [b for family in every.values() for b in family if b.name == name]
+        if not found:
+            raise SystemExit(f"{name!r} is neither a family ({', '.join(every)}) nor the name of a benchmark table")
+        out += found
+    return out
+
+
 if __name__ == "__main__":
     pd.set_option("display.width", 200)
-    for family in sys.argv[1:] or families():
-        for benchmark in discover(family)[family]:
-            start = time.time()
-            show(run(benchmark))
-            print(f"({family}: {benchmark.name}, {time.time() - start:.0f} s)", flush=True)
+    for benchmark in chosen(sys.argv[1:] or families()):
+        start = time.time()
+        show(run(benchmark))
+        print(f"({benchmark.name}, {time.time() - start:.0f} s)", flush=True)

@@ -201,7 +201,6 @@ def fa_mask():
         print(f"B={B} H={H} T={T} causal: " + "  ".join(f"{n} {min(t):.1f} us" for n, t in times.items()))
 
 
-
 # ---------------------------------------------------------------- decode steps: longer-lived programs
 # The book's steps give each program one state tile (2-8 KB): read, update, write, done. These copies give a
 # program UNITS consecutive tiles and load tile i + 1 before tile i is updated and written, so that each
@@ -363,6 +362,7 @@ def m2_step():
             variants.append((f"prefetch: {rows} rows x {units} tiles, {warps} warp(s)", call, check_with(call)))
         _decode_sweep(f"Mamba-2 step, B=64 {heads} heads x 64 x 128", bench.step_bytes(case), variants)
 
+
 # ---------------------------------------------------------------- where a prefill's time goes
 def _kernel_times_us(fn, reps=20):
     """GPU time per call of each kernel `fn` launches, in µs (torch.profiler, `reps` calls after a warm-up)."""
@@ -385,9 +385,8 @@ def kda_prefill():
     """KDA's prefill (B = 1, H = 32, K = V = 128, bf16) at T = 4K and 16K: the book's launches and fla's,
     GPU µs per call, and both whole calls (plain, as the chapter times them)."""
     from kernels.kda import bench
-    for T in (4096, 16384):
-        case = {"B": 1, "T": T, "H": bench.H_DEC, "D": bench.D_DEC}
-        print(f"--- KDA prefill, T = {T}")
+    for case in (c for c in bench.PREFILL.cases if c["T"] in (4096, 16384)):
+        print(f"--- KDA prefill, T = {case['T']}")
         for name, make in (("book", bench._book_chunk), ("fla", bench._fla_chunk)):
             fn = make(case)
             if fn is None:

@@ -5,10 +5,10 @@
 #   flashmla                build FlashMLA from .peers-flashmla (about a minute) and put it on the path
 #   tilelang-a, tilelang-b  install TileLang's two wheel halves (two calls to one warm machine)
 #   suite                   the whole test suite, as a user with a GPU box runs it
-#   bench FAMILY NAME...    time these benchmarks of kernels/FAMILY/bench.py and save their tables, outside any
-#                           notebook (then execute the chapter with KERNELS_BENCH=load to read them)
-#   notebooks NB...         execute these chapters in place, cell by cell with the time, and redraw the
-#                           headline figure
+#   notebooks NB...         execute these chapters in place and redraw the headline figure
+#                           (scripts/refresh_gpu.sh --no-tests; its log, every cell named as it starts, in $OUT)
+# To time benchmarks outside any chapter, a step `python3 scripts/gpu_probe.py TABLE...` saves their tables,
+# and a chapter executed with KERNELS_BENCH=load then reads them.
 # The steps share one time budget (DEVICE_BUDGET_S, default 540 s): a step that would start past it is skipped
 # and named, and a running step is stopped when the budget runs out. The archive is rewritten after every
 # step, so what finished comes back even when the call itself is cut off. Tables and chapters written by an
@@ -55,16 +55,12 @@ step() {
       [ -d /tmp/tlsite/tilelang ] || { echo "the machine was recycled: run tilelang-a again"; return 3; }
       pip_install --target /tmp/tlsite .tl/b/*.whl ;;
     suite) python3 -m pytest -q -n 8 tests/ -p no:cacheprovider ;;
-    bench\ *) python3 -c 'import importlib, sys
-from kernels.bench import run
-module = importlib.import_module(f"kernels.{sys.argv[1]}.bench")
-for name in sys.argv[2:]:
-    run(getattr(module, name))' ${1#bench } ;;
-    notebooks\ *) python3 scripts/execute_notebooks.py ${1#notebooks } && python3 scripts/make_figures.py ;;
+    notebooks\ *) OUT="$out" bash scripts/refresh_gpu.sh --no-tests ${1#notebooks } ;;
     *) bash -c "$1" ;;
   esac
 }
 export -f step pip_install
+export out
 pack() { tar czf "$out/device.tgz" results book/*.ipynb book/images 2>/dev/null; }
 
 [ -d .peers-flashmla/flashmla_src ] && export PYTHONPATH="$PWD/.peers-flashmla/flashmla_src:$PYTHONPATH"
