@@ -171,6 +171,7 @@ def sweep(benchmark: Benchmark) -> pd.DataFrame:
 
     Running out of GPU memory is recorded as a row with ms empty and note "OOM"; a provider that
     does not apply, "n/a"; any other failure, "error: ..." (a broken peer must not sink the sweep).
+    Progress is a bar on stderr; with KERNELS_BENCH_TRACE set, one line per job as it starts instead.
     """
     from tqdm import tqdm
 
@@ -179,7 +180,11 @@ def sweep(benchmark: Benchmark) -> pd.DataFrame:
     ceil = measure_ceilings()
     rows = []
     jobs = [(case, label, factory) for case in benchmark.cases for label, factory in benchmark.providers.items()]
-    for case, label, factory in tqdm(jobs, desc=benchmark.name, file=sys.stderr, mininterval=2.0):
+    trace = bool(os.environ.get("KERNELS_BENCH_TRACE"))
+    for i, (case, label, factory) in enumerate(tqdm(jobs, desc=benchmark.name, file=sys.stderr, mininterval=2.0,
+                                                    disable=trace)):
+        if trace:  # one line as each job starts: a job that never ends is the last one named
+            print(f"[{benchmark.name} {i + 1}/{len(jobs)}] {label} {dict(case)}", file=sys.stderr, flush=True)
         row = {"name": benchmark.name, "provider": label, **case}
         f, b = float(benchmark.flops(case)), float(benchmark.bytes_moved(case))
         roof_ms = max(f / (ceil["peak_tflops"] * 1e9), b / (ceil["peak_gbps"] * 1e6))

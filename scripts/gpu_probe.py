@@ -8,6 +8,7 @@ Meant for tuning: the full tables land in results/ as usual; this prints, per ta
 each provider for each case and the % of the roofline. Families are found, not listed: every
 `kernels/<family>/bench.py` with a BENCHMARKS list.
 """
+import os
 import sys
 import time
 
@@ -46,6 +47,7 @@ def chosen(names):
 
 if __name__ == "__main__":
     pd.set_option("display.width", 200)
+    os.environ.setdefault("KERNELS_BENCH_TRACE", "1")  # each job named as it starts: a hang names its job
     for benchmark in chosen(sys.argv[1:] or families()):
         start = time.time()
         show(run(benchmark))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Here, before a run on the lent H200: fill the ignored folders a device call carries.
 #   .whl             the Jupyter stack and fla, as wheels for the GPU box's Python 3.12
-#   .peers           mamba_ssm's Triton ops (MAMBA_SSM_PATH points here on the GPU box)
+#   .peers           mamba_ssm's Triton ops (MAMBA_SSM_PATH points at .peers/mamba_ssm, the folder holding the package)
 #   .peers-flashmla  FlashMLA's source, built there by notes/device/run.sh flashmla
 #   .tl/a, .tl/b     TileLang's wheels, in two halves (one call can carry only one)
 #   .device_commit   the commit the results will name (the GPU box gets no .git)

@@ -29,9 +29,13 @@ if [ -d .whl ]; then
   pip_install --upgrade --target /tmp/site .whl/*.whl \
     || { echo "device_run: the wheels in .whl did not install (run notes/device/prepare.sh here first)"; exit 2; }
 fi
-export PYTHONPATH="/tmp/site:$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 MAMBA_SSM_PATH="$PWD/.peers"
+export PYTHONPATH="/tmp/site:$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 MAMBA_SSM_PATH="$PWD/.peers/mamba_ssm"
 export KERNELS_COMMIT="${KERNELS_COMMIT:-$(cat .device_commit 2>/dev/null || echo unknown)}"
 [ -d /tmp/tlsite/tilelang ] && export PYTHONPATH="/tmp/tlsite:$PYTHONPATH"
+# a peer that does not import gives "n/a" rows, silently: say here which ones a chapter will meet
+python3 -c "from kernels import peers
+print('device_run: peers: fla', peers.fla_version() or 'NOT IMPORTABLE', '| mamba_ssm',
+      'ok' if peers.mamba_ssm('selective_state_update', 'selective_state_update') else 'NOT IMPORTABLE')"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 echo "device_run: commit $KERNELS_COMMIT, $(date -u '+%F %H:%M UTC')"
 # Each call gets the working tree afresh, so what earlier calls on this warm machine wrote (tables, executed
