@@ -21,7 +21,6 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 
-
 def tidy_streams(nb) -> None:
     """Merge consecutive stream outputs and keep only what a terminal would show after each
     carriage return (the last redraw of a progress bar)."""

@@ -8,9 +8,6 @@ fa_bwd: the backward at short T (B=1, H=32, D=128) against SDPA flash: through a
 mla: the Triton MLA decode kernel's tile configurations (TMA and pointer loads) at B=128, H=128, T=8K.
 fa_mask: what keeping hidden NaN out costs the causal forward: the kernel as it is against a copy whose
   masked path multiplies P and V with a plain `tl.dot` (short lengths, where diagonal blocks weigh most).
-kda_step, m2_step: the decode steps at B = 64 (KDA 32 heads x 128 x 128; Mamba-2 80 and 64 heads x 64 x 128),
-  graph replays, % of the copy ceiling measured in the same run: the book's kernel against copies whose
-  programs take several state tiles each and load the next one before writing the last.
 kda_prefill: KDA's prefill at T = 4K and 16K, GPU time per kernel, the book's and fla's (torch.profiler).
 """
 import importlib.util
@@ -21,17 +18,14 @@ import time
 
 import torch
 import triton
-import triton.language as tl
 import triton.testing
 
 from kernels.bench import time_graph_ms, time_ms
-from kernels.common import rel_err
 from kernels.flash_attn import backward as fb
 from kernels.flash_attn import interface
 from kernels.flash_attn.bench import attention_flops
 from kernels.flash_attn.forward import attention_fwd
 from kernels.flash_attn.interface import flash_attn_func
-from kernels.mamba2.decode import _softplus
 
 
 def _host_us(fn, n=300):
@@ -201,168 +195,6 @@ def fa_mask():
         print(f"B={B} H={H} T={T} causal: " + "  ".join(f"{n} {min(t):.1f} us" for n, t in times.items()))
 
 
-# ---------------------------------------------------------------- decode steps: longer-lived programs
-# The book's steps give each program one state tile (2-8 KB): read, update, write, done. These copies give a
-# program UNITS consecutive tiles and load tile i + 1 before tile i is updated and written, so that each
-# program keeps a read in flight while it writes (notes/TUNING.md, "Decode steps at B = 64"). Probe-only
-# kernels, fixed to the benchmark's case (T = 1, contiguous tensors, one A, dt, dt_bias and D per head).
-
-@triton.jit
-def _m2_step_prefetch_kernel(state, x, dt, dt_bias, A, Bm, Cm, Dm, z, y, s_db, s_dh, H, G,
-                             P: tl.constexpr, N: tl.constexpr, BM: tl.constexpr, UNITS: tl.constexpr):
-    # unit u: rows u * BM ... of the state seen as a [b * H * P, N] matrix (BM divides P)
-    o_m, o_n = tl.arange(0, BM), tl.arange(0, N)
-    u0 = tl.program_id(0) * UNITS
-    p_tile = o_m[:, None] * N + o_n[None, :]
-    b_next = tl.load(state + u0.to(tl.int64) * BM * N + p_tile)
-    for i in range(UNITS):
-        u = u0 + i
-        p_s = state + u.to(tl.int64) * BM * N + p_tile
-        b_s = b_next
-        b_next = tl.load(p_s + BM * N, mask=(i + 1 < UNITS) & (p_tile >= 0), other=0.0)  # the next tile, early
-        row = u * BM + o_m                                   # rows of [b * H * P]: (i_b * H + i_h) * P + p
-        bh = u * BM // P
-        i_b, i_h = bh // H, bh % H
-        b_dt = _softplus(tl.load(dt + i_b * s_db + i_h * s_dh).to(tl.float32) + tl.load(dt_bias + i_h))
-        b_x = tl.load(x + row).to(tl.float32)
-        i_g = i_h // (H // G)
-        b_B = tl.load(Bm + (i_b * G + i_g) * N + o_n).to(tl.float32)
-        b_C = tl.load(Cm + (i_b * G + i_g) * N + o_n).to(tl.float32)
-        b_s = b_s * tl.exp(tl.load(A + i_h) * b_dt) + (b_dt * b_x)[:, None] * b_B[None, :]
-        tl.store(p_s, b_s)
-        b_y = tl.sum(b_s * b_C[None, :], axis=1) + tl.load(Dm + i_h) * b_x
-        b_z = tl.load(z + row).to(tl.float32)
-        tl.store(y + row, (b_y * b_z * tl.sigmoid(b_z)).to(y.dtype.element_ty))
-
-
-def m2_step_prefetch(a, BM, units, warps):
-    """Mamba-2's step on the benchmark's arguments `a` (bench._step_inputs) with the prefetching kernel."""
-    state, x = a["state"], a["x"]
-    b, H, P = x.shape
-    N, G = state.shape[-1], a["B"].shape[1]
-    assert state.is_contiguous() and P % BM == 0 and (b * H * P // BM) % units == 0
-    assert a["dt"].stride(2) == 0 and a["dt_bias"].stride() == (1, 0) and a["D"].stride() == (1, 0)
-    y = torch.empty_like(x)
-    _m2_step_prefetch_kernel[(b * H * P // BM // units,)](
-        state, x, a["dt"], a["dt_bias"], a["A"], a["B"], a["C"], a["D"], a["z"], y, a["dt"].stride(0),
-        a["dt"].stride(1), H, G, P=P, N=N, BM=BM, UNITS=units, num_warps=warps)
-    return y
-
-
-@triton.jit
-def _kda_step_prefetch_kernel(q, k, v, g, beta, o, h0, ht, scale, EPS,
-                              K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, UNITS: tl.constexpr):
-    # unit u: value columns (u % (V / BN)) * BN ... of (batch·head) u // (V / BN); T = 1
-    o_k, o_v = tl.arange(0, K), tl.arange(0, BN)
-    u0 = tl.program_id(0) * UNITS
-    p_tile = o_k[:, None] * V + o_v[None, :]
-    NV: tl.constexpr = V // BN
-    b_next = tl.load(h0 + (u0 // NV).to(tl.int64) * K * V + (u0 % NV) * BN + p_tile)
-    for i in range(UNITS):
-        u = u0 + i
-        bh, i_v = u // NV, u % NV
-        p_h = bh.to(tl.int64) * K * V + i_v * BN + p_tile
-        b_h = b_next
-        u1 = u + 1
-        b_next = tl.load(h0 + (u1 // NV).to(tl.int64) * K * V + (u1 % NV) * BN + p_tile,
-                         mask=(i + 1 < UNITS) & (p_tile >= 0), other=0.0)      # the next tile, early
-        b_q = tl.load(q + bh * K + o_k).to(tl.float32)
-        b_k = tl.load(k + bh * K + o_k).to(tl.float32)
-        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + EPS) * scale
-        b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + EPS)
-        b_h = b_h * tl.exp(tl.load(g + bh * K + o_k).to(tl.float32))[:, None]
-        b_v = tl.load(v + bh * V + i_v * BN + o_v).to(tl.float32)
-        b_u = (b_v - tl.sum(b_h * b_k[:, None], axis=0)) * tl.load(beta + bh).to(tl.float32)
-        b_h = b_h + b_k[:, None] * b_u[None, :]
-        tl.store(o + bh * V + i_v * BN + o_v, tl.sum(b_h * b_q[:, None], axis=0).to(o.dtype.element_ty))
-        tl.store(ht + p_h, b_h)
-
-
-def kda_step_prefetch(q, k, v, g, beta, S, final, BN, units, warps):
-    """KDA's step (T = 1, q and k normalised in the kernel) with the prefetching kernel; returns o."""
-    from kernels.kda.reference import L2NORM_EPS
-    B, _, H, K = q.shape
-    V = v.shape[-1]
-    assert (B * H * (V // BN)) % units == 0
-    o = torch.empty_like(v)
-    _kda_step_prefetch_kernel[(B * H * (V // BN) // units,)](
-        q, k, v, g, beta, o, S, final, K ** -0.5, L2NORM_EPS, K=K, V=V, BN=BN, UNITS=units, num_warps=warps)
-    return o
-
-
-def _decode_sweep(title, nbytes, variants):
-    """Time each (label, call) by graph replay, after checking it against the book's result; print µs and %
-    of the copy ceiling measured in this process."""
-    from kernels.bench import measure_ceilings
-    copy_gbps = measure_ceilings()["peak_gbps"]
-    print(f"--- {title}: {nbytes / 1e6:.0f} MB a step, copy ceiling {copy_gbps:.0f} GB/s "
-          f"(at the ceiling: {nbytes / copy_gbps / 1e3:.1f} us)")
-    for label, call, check in variants:
-        try:
-            check()
-            us = min(time_graph_ms(call) for _ in range(2)) * 1000
-            print(f"  {label:40s} {us:7.2f} us  {nbytes / us / 1e3 / copy_gbps * 100:5.1f} % of copy", flush=True)
-        except Exception as e:  # noqa: BLE001 - a variant that fails or does not fit: say so, go on
-            print(f"  {label:40s} {type(e).__name__}: {str(e)[:100]}", flush=True)
-
-
-def kda_step():
-    """KDA's decode step at B = 64, H = 32, K = V = 128 (out of place, as output_final_state=True): the
-    book's kernel against the prefetching one, value columns x tiles per program x warps."""
-    from kernels.kda import bench, fused_recurrent_kda
-    case = {"B": 64, "H": bench.H_DEC, "D": bench.D_DEC}
-    q, k, v, g, beta = bench._inputs(case["B"], 1, case["H"], case["D"])
-    S = bench.costs.random_state(case)
-    final = torch.empty_like(S)
-    o_ref, s_ref = fused_recurrent_kda(q, k, v, g, beta, initial_state=S, output_final_state=True,
-                                       use_qk_l2norm_in_kernel=True)
-
-    def check_with(o_fn):
-        def check():
-            o = o_fn()
-            # bf16 outputs by relative error: another summation order may round an element one bf16 step
-            # the other way, and at |o| ~ 30 one step is 0.125
-            assert rel_err(o, o_ref) < 1e-2 and (final - s_ref).abs().max() < 1e-3
-        return check
-
-    book = lambda: fused_recurrent_kda(q, k, v, g, beta, initial_state=S, output_final_state=True,  # noqa: E731
-                                       use_qk_l2norm_in_kernel=True)
-    variants = [("book (16 columns, 1 warp)", book, lambda: None)]
-    for cols, units, warps in ((16, 2, 1), (16, 4, 1), (16, 8, 1), (16, 8, 2), (32, 2, 2), (32, 4, 2), (32, 8, 4),
-                               (64, 4, 4), (128, 2, 4), (128, 4, 8)):
-        call = (lambda c, n, w: lambda: kda_step_prefetch(q, k, v, g, beta, S, final, c, n, w))(cols, units, warps)
-        variants.append((f"prefetch: {cols} columns x {units} tiles, {warps} warp(s)", call, check_with(call)))
-    _decode_sweep("KDA step, B=64 H=32 K=V=128", bench.STEP_BYTES(case), variants)
-
-
-def m2_step():
-    """Mamba-2's decode step at B = 64 (80 and 64 heads x 64 x 128, with D, z, dt_bias, softplus): the book's
-    kernel against the prefetching one, rows x tiles per program x warps."""
-    from kernels.mamba2 import bench, selective_state_update
-    for heads in (80, 64):
-        case = {"B": 64, "H": heads, "D": bench.HEADDIM, "dstate": bench.DSTATE, "G": 1}
-        torch.manual_seed(0)
-        a = bench._step_inputs(case)
-        state0 = a["state"].clone()
-
-        def check_with(y_fn, a=a, state0=state0):
-            def check():
-                a["state"].copy_(state0)
-                y_ref = selective_state_update(**a)
-                s_ref = a["state"].clone()
-                a["state"].copy_(state0)
-                y = y_fn()
-                assert rel_err(y, y_ref) < 1e-2 and (a["state"] - s_ref).abs().max() < 1e-4  # (as for KDA)
-            return check
-
-        variants = [("book (4 rows, 1 warp)", lambda a=a: selective_state_update(**a), lambda: None)]
-        for rows, units, warps in ((4, 4, 1), (4, 16, 1), (8, 2, 1), (8, 8, 1), (8, 8, 2), (16, 4, 2), (16, 4, 4),
-                                   (32, 2, 4), (64, 1, 4), (64, 4, 8)):
-            call = (lambda r, n, w, a=a: lambda: m2_step_prefetch(a, r, n, w))(rows, units, warps)
-            variants.append((f"prefetch: {rows} rows x {units} tiles, {warps} warp(s)", call, check_with(call)))
-        _decode_sweep(f"Mamba-2 step, B=64 {heads} heads x 64 x 128", bench.step_bytes(case), variants)
-
-
 # ---------------------------------------------------------------- where a prefill's time goes
 def _kernel_times_us(fn, reps=20):
     """GPU time per call of each kernel `fn` launches, in µs (torch.profiler, `reps` calls after a warm-up)."""
@@ -401,5 +233,4 @@ def kda_prefill():
 
 if __name__ == "__main__":
     for part in sys.argv[1:]:
-        {"fa_host": fa_host, "fa_bwd": fa_bwd, "mla": mla, "fa_mask": fa_mask, "kda_step": kda_step,
-         "m2_step": m2_step, "kda_prefill": kda_prefill}[part]()
+        {"fa_host": fa_host, "fa_bwd": fa_bwd, "mla": mla, "fa_mask": fa_mask, "kda_prefill": kda_prefill}[part]()

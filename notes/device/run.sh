@@ -31,7 +31,6 @@ if [ -d .whl ]; then
 fi
 export PYTHONPATH="/tmp/site:$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 MAMBA_SSM_PATH="$PWD/.peers/mamba_ssm"
 export KERNELS_COMMIT="${KERNELS_COMMIT:-$(cat .device_commit 2>/dev/null || echo unknown)}"
-[ -d /tmp/tlsite/tilelang ] && export PYTHONPATH="/tmp/tlsite:$PYTHONPATH"
 # a peer that does not import gives "n/a" rows, silently: say here which ones a chapter will meet
 python3 -c "from kernels import peers
 print('device_run: peers: fla', peers.fla_version() or 'NOT IMPORTABLE', '| mamba_ssm',
@@ -70,6 +69,8 @@ pack() { tar czf "$out/device.tgz" results book/*.ipynb book/images 2>/dev/null;
 [ -d .peers-flashmla/flashmla_src ] && export PYTHONPATH="$PWD/.peers-flashmla/flashmla_src:$PYTHONPATH"
 status=0
 for s in "$@"; do
+  # TileLang's halves land in /tmp/tlsite (in this call or an earlier one on this machine): every step imports it
+  [[ -d /tmp/tlsite/tilelang && ":$PYTHONPATH:" != *:/tmp/tlsite:* ]] && export PYTHONPATH="/tmp/tlsite:$PYTHONPATH"
   left=$((budget - (SECONDS - start)))
   if (( left < 10 )); then echo "device_run: SKIPPED (over ${budget}s): $s"; status=1; continue; fi
   t0=$SECONDS
@@ -78,8 +79,6 @@ for s in "$@"; do
   (( rc == 124 )) && echo "device_run: STOPPED at the budget of ${budget}s: $s"
   echo "=== device_run: rc=$rc in $((SECONDS - t0)) s: $s"
   [ $rc = 0 ] || status=1
-  # (TileLang's halves land in /tmp/tlsite: from then on every step imports it)
-  [[ -d /tmp/tlsite/tilelang && ":$PYTHONPATH:" != *:/tmp/tlsite:* ]] && export PYTHONPATH="/tmp/tlsite:$PYTHONPATH"
   keep_new
   pack
 done
