@@ -8,6 +8,11 @@ fa_bwd: the backward at short T (B=1, H=32, D=128) against SDPA flash: through a
 mla: the Triton MLA decode kernel's tile configurations (TMA and pointer loads) at B=128, H=128, T=8K.
 fa_mask: what keeping hidden NaN out costs the causal forward: the kernel as it is against a copy whose
   masked path multiplies P and V with a plain `tl.dot` (short lengths, where diagonal blocks weigh most).
+m2_step: Mamba-2's decode step at B = 64 (80 and 64 heads x 64 x 128), graph replays, % of the copy ceiling
+  measured in the same run: the book's kernel at the tiles `step_tiles` picks and at others.
+kda_step: KDA's decode step (H = 32, K = V = 128): at B = 64 the book's kernel against itself at other tiles and
+  without its whole-tile (EVEN) and one-token (STEP) variants, graph replays, % of the copy ceiling; at B = 1, 8
+  and 64 a plain call as the chapter times it, its graph replay and its host time.
 kda_prefill: KDA's prefill at T = 4K and 16K, GPU time per kernel, the book's and fla's (torch.profiler).
 """
 import importlib.util
@@ -21,6 +26,7 @@ import triton
 import triton.testing
 
 from kernels.bench import time_graph_ms, time_ms
+from kernels.common import rel_err
 from kernels.flash_attn import backward as fb
 from kernels.flash_attn import interface
 from kernels.flash_attn.bench import attention_flops
@@ -195,6 +201,63 @@ def fa_mask():
         print(f"B={B} H={H} T={T} causal: " + "  ".join(f"{n} {min(t):.1f} us" for n, t in times.items()))
 
 
+# ---------------------------------------------------------------- the Mamba-2 step's tiles
+def _decode_sweep(title, nbytes, variants):
+    """Time each (label, call) by graph replay, after checking it against the book's result; print µs and %
+    of the copy ceiling measured in this process."""
+    from kernels.bench import measure_ceilings
+    copy_gbps = measure_ceilings()["peak_gbps"]
+    print(f"--- {title}: {nbytes / 1e6:.0f} MB a step, copy ceiling {copy_gbps:.0f} GB/s "
+          f"(at the ceiling: {nbytes / copy_gbps / 1e3:.1f} us)")
+    for label, call, check in variants:
+        try:
+            check()
+            us = min(time_graph_ms(call) for _ in range(2)) * 1000
+            print(f"  {label:40s} {us:7.2f} us  {nbytes / us / 1e3 / copy_gbps * 100:5.1f} % of copy", flush=True)
+        except Exception as e:  # noqa: BLE001 - a variant that fails or does not fit: say so, go on
+            print(f"  {label:40s} {type(e).__name__}: {str(e)[:100]}", flush=True)
+
+
+def _book_step_with_tiles(a, BM, units, warps):
+    """The book's Mamba-2 step with its tile choice replaced: BM headdim rows, `units` tiles a program."""
+    from kernels.mamba2 import decode, selective_state_update
+    chosen = decode.step_tiles
+    decode.step_tiles = lambda P, N, rows: (BM, chosen(P, N, rows)[1], units, warps)
+    try:
+        return selective_state_update(**a)
+    finally:
+        decode.step_tiles = chosen
+
+
+def m2_step():
+    """Mamba-2's decode step at B = 64 (80 and 64 heads x 64 x 128, with D, z, dt_bias, softplus): the book's
+    kernel with `step_tiles`' choice against the same kernel at other tiles, rows x tiles per program x warps."""
+    from kernels.mamba2 import bench, selective_state_update
+    for heads in (80, 64):
+        case = {"B": 64, "H": heads, "D": bench.HEADDIM, "dstate": bench.DSTATE, "G": 1}
+        torch.manual_seed(0)
+        a = bench._step_inputs(case)
+        state0 = a["state"].clone()
+
+        def check_with(y_fn, a=a, state0=state0):
+            def check():
+                a["state"].copy_(state0)
+                y_ref = selective_state_update(**a)
+                s_ref = a["state"].clone()
+                a["state"].copy_(state0)
+                y = y_fn()
+                # bf16 outputs by relative error: another summation order may round an element one bf16 step
+                # the other way
+                assert rel_err(y, y_ref) < 1e-2 and (a["state"] - s_ref).abs().max() < 1e-4
+            return check
+
+        variants = [("book (step_tiles)", lambda a=a: selective_state_update(**a), lambda: None)]
+        for rows, units, warps in ((4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (16, 2, 2)):
+            call = (lambda r, n, w, a=a: lambda: _book_step_with_tiles(a, r, n, w))(rows, units, warps)
+            variants.append((f"book: {rows} rows x {units} tiles, {warps} warp(s)", call, check_with(call)))
+        _decode_sweep(f"Mamba-2 step, B=64 {heads} heads x 64 x 128", bench.step_bytes(case), variants)
+
+
 # ---------------------------------------------------------------- where a prefill's time goes
 def _kernel_times_us(fn, reps=20):
     """GPU time per call of each kernel `fn` launches, in µs (torch.profiler, `reps` calls after a warm-up)."""
@@ -231,6 +294,58 @@ def kda_prefill():
                   flush=True)
 
 
+
+def kda_step():
+    """KDA's step at B = 64: the book's launch against the same kernel at forced (value columns, warps, EVEN,
+    STEP); then plain call, graph replay and host time at B = 1, 8, 64."""
+    from kernels.kda import bench, fused_recurrent as fr
+    from kernels.kda import fused_recurrent_kda
+
+    def inputs(B):
+        torch.manual_seed(0)
+        q, k, v, g, beta = bench._inputs(B, 1, bench.H_DEC, bench.D_DEC)
+        return q, k, v, g, beta, torch.randn(B, bench.H_DEC, bench.D_DEC, bench.D_DEC, device="cuda")
+
+    def book(a):
+        return lambda: fused_recurrent_kda(*a[:5], initial_state=a[5], output_final_state=True,
+                                           use_qk_l2norm_in_kernel=True)
+
+    def forced(a, BN, warps, even, step):
+        q, k, v, g, beta, S = a
+        o, ht = torch.empty_like(v), torch.empty_like(S)
+
+        def call():
+            fr.launch_step(fr._fused_recurrent_kda_kernel, "kda probe", (q, k, v, g, beta), o, q.shape[-1] ** -0.5,
+                           S, ht, key=(g.dtype, beta.dtype, even, step), tiles=[(q.shape[-1], BN, warps, 1)],
+                           L2NORM=True, EPS=fr.L2NORM_EPS, EVEN=even, STEP=step)
+            return o, ht
+        return call
+
+    def check_with(a, call):
+        def check():
+            o_ref, S_ref = book(a)()
+            o, S = call()
+            assert rel_err(o, o_ref) < 1e-2 and rel_err(S, S_ref) < 1e-5
+        return check
+
+    case = {"B": 64, "H": bench.H_DEC, "D": bench.D_DEC}
+    a = inputs(64)
+    variants = [("book (kda_step_tiles)", book(a), lambda: None)]
+    for BN, warps, even, step in ((16, 1, False, False), (16, 1, True, False), (16, 1, False, True),
+                                  (16, 1, True, True), (8, 1, True, True), (32, 1, True, True), (32, 2, True, True),
+                                  (16, 2, True, True), (64, 4, True, True)):
+        call = forced(a, BN, warps, even, step)
+        variants.append((f"{BN} cols, {warps} warp(s), EVEN={even:d} STEP={step:d}", call, check_with(a, call)))
+    _decode_sweep("KDA step, B=64, 32 heads x 128 x 128", bench.STEP_BYTES(case), variants)
+
+    print("--- KDA step, plain call (do_bench, as the chapter) / graph replay / host time per call, us")
+    for B in (1, 8, 64):
+        fn = book(inputs(B))
+        plain, graph = time_ms(fn) * 1000, time_graph_ms(fn) * 1000
+        print(f"  B={B:3d}  plain {plain:7.2f}  graph {graph:7.2f}  ({plain / graph:.2f}x)  host {_host_us(fn):7.2f}",
+              flush=True)
+
 if __name__ == "__main__":
     for part in sys.argv[1:]:
-        {"fa_host": fa_host, "fa_bwd": fa_bwd, "mla": mla, "fa_mask": fa_mask, "kda_prefill": kda_prefill}[part]()
+        {"fa_host": fa_host, "fa_bwd": fa_bwd, "mla": mla, "fa_mask": fa_mask, "m2_step": m2_step,
+         "kda_step": kda_step, "kda_prefill": kda_prefill}[part]()

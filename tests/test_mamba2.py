@@ -211,6 +211,51 @@ def test_slot_table():
     assert_close(args2["state"], ref_cache, FP32, "cache (int64 table)")
 
 
+@pytest.mark.parametrize("tiles", [(4, 16, 4, 1), (8, 16, 7, 1), (16, 32, 1, 4)],
+                         ids=lambda t: "BM{}-UNITS{}".format(t[0], t[2]))
+def test_step_tiles_per_program(monkeypatch, tiles):
+    """Whatever the tile (BM rows) and the tiles per program (UNITS), with a last program that has fewer
+    tiles than UNITS (30 tiles of 4 rows, 15 of 8) and a tile short of BM rows (P = 6): the formula's result, the
+    slots of the slot table updated and no other (every tile of every program is read before it is written,
+    and a tile past the last is neither)."""
+    monkeypatch.setattr(decode_module, "step_tiles", lambda P, N, rows: tiles)
+    args = make_step(b=3, H=5, P=6, N=9, G=5, slots=7)
+    idx = torch.tensor([6, 0, 3], device=DEVICE, dtype=torch.int32)
+    cache = args["state"]
+    before = cache.clone()
+    y_ref, h_ref = ref_step(**{**args, "state": cache[idx.long()]}, dt_softplus=True)
+    y = selective_state_update(**args, dt_softplus=True, state_batch_indices=idx)
+    assert_close(y, y_ref, FP32, "y")
+    assert_close(cache[idx.long()], h_ref, FP32, "the rows' slots")
+    for s in (1, 2, 4, 5):
+        assert torch.equal(cache[s], before[s])
+
+
+@pytest.mark.parametrize("tiles", [(4, 16, 2, 1), (8, 16, 1, 1)], ids=["BM4-UNITS2", "BM8-UNITS1"])
+def test_step_whole_tiles_and_tied_headdim(monkeypatch, tiles):
+    """A model's case: dt, dt_bias and D hold one number per head, broadcast over headdim with stride 0 as A
+    is, so the kernel reads them as numbers (TIE_HDIM); every tile is whole and every program's tiles are
+    real, so it computes no masks for the state (EVEN). The formula's result, and both flags taken."""
+    monkeypatch.setattr(decode_module, "step_tiles", lambda P, N, rows: tiles)
+    flags = {}
+    launch = decode_module.launch
+
+    def spy(*a, **constexprs):
+        flags.update(constexprs)
+        return launch(*a, **constexprs)
+
+    monkeypatch.setattr(decode_module, "launch", spy)
+    args = make_step(b=2, H=4, P=16, N=16, G=2)
+    for name in ("dt", "dt_bias", "D"):
+        args[name] = args[name][..., :1].expand_as(args[name])
+    y_ref, h_ref = ref_step(**args, dt_softplus=True)
+    state = args["state"].clone()
+    y = selective_state_update(**{**args, "state": state}, dt_softplus=True)
+    assert flags["TIE_HDIM"] and flags["EVEN"]
+    assert_close(y, y_ref, FP32, "y")
+    assert_close(state, h_ref, FP32, "state")
+
+
 def test_nan_stays_in_its_row():
     """A NaN in one batch row's x or state reaches that row's output and nothing else."""
     args = make_step(b=3, H=4, P=16, N=32, G=2)
