@@ -35,9 +35,22 @@ def autotune_configs(space, interpreter: dict | None = None):
     return [triton.Config(kw, num_warps=w, num_stages=s) for kw, w, s in space]
 
 
+# Host-side arithmetic for the launchers, in plain Python. Triton 3.6 makes `triton.cdiv` and
+# `triton.next_power_of_2` constexpr functions, usable inside kernels too, and each call from Python pays about
+# 2 us of wrapping: that counts in a decode step, whose whole host time is tens of microseconds.
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive ints."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def pow2_at_least_16(n: int) -> int:
     """The block that covers n: a power of two, and >= 16 (the smallest side `tl.dot` takes)."""
-    return max(16, triton.next_power_of_2(n))
+    return max(16, next_power_of_2(n))
 
 
 # ------------------------------------------------------------------ device facts, asked once
@@ -129,5 +142,5 @@ def launch(kernel, grid, candidates, key, *args, **constexprs):
         return
 
 
-__all__ = ["LOG2E", "LN2", "on_machine", "autotune_configs", "pow2_at_least_16", "sm_count", "capability",
+__all__ = ["LOG2E", "LN2", "on_machine", "autotune_configs", "cdiv", "next_power_of_2", "pow2_at_least_16", "sm_count", "capability",
            "is_hopper", "tma_ready", "tma_scratch", "launch"]

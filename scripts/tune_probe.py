@@ -344,6 +344,45 @@ def kda_step():
         plain, graph = time_ms(fn) * 1000, time_graph_ms(fn) * 1000
         print(f"  B={B:3d}  plain {plain:7.2f}  graph {graph:7.2f}  ({plain / graph:.2f}x)  host {_host_us(fn):7.2f}",
               flush=True)
+    _kda_host_parts(inputs(1), book)
+
+
+def _kda_host_parts(a, book):
+    """Where a B = 1 step's host time goes: each piece of the wrapper alone (µs a call), then the whole call
+    under cProfile (the functions with the most time of their own)."""
+    import cProfile
+    import pstats
+
+    from kernels import launch as launch_module
+    from kernels.kda import fused_recurrent as fr
+    from kernels.kda.interface import _checked
+    q, k, v, g, beta, S = a
+    o, ht = torch.empty_like(v), torch.empty_like(S)
+    whole = book(a)
+    whole()
+    key = next(key for key in launch_module._VARIANTS if key[0] == "kda step")
+    _, compiled, tail = launch_module._VARIANTS[key]
+    args = (q, k, v, g, beta, o, S, ht, q.shape[-1] ** -0.5, 1, q.shape[2])
+    grid = (launch_module.cdiv(v.shape[-1], key[-1][1]), q.shape[0] * q.shape[2], 1)
+    parts = {
+        "whole call": whole,
+        "input checks (_checked)": lambda: _checked(q, k, v, g, beta, None, S, True, True),
+        "two torch.empty": lambda: (torch.empty_like(v), torch.empty(1, 32, 128, 128, device="cuda")),
+        "kda_step_tiles": lambda: fr.kda_step_tiles(128, 128, 32),
+        "fused_recurrent_fwd (launch_step)": lambda: fr.fused_recurrent_fwd(q, k, v, g, beta, o, 0.1, S, ht, True),
+        "compiled kernel, called directly": lambda: compiled[grid](*args, *tail),
+        "torch.cuda.current_device": torch.cuda.current_device,
+    }
+    print("--- KDA step at B = 1: host time of each piece, us")
+    for label, fn in parts.items():
+        print(f"  {label:40s} {_host_us(fn, n=2000):7.2f}", flush=True)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(2000):
+        whole()
+    profile.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(14)
 
 if __name__ == "__main__":
     for part in sys.argv[1:]:

@@ -74,13 +74,14 @@ def _fused_recurrent_kda_kernel(
 
 
 def kda_step_tiles(K: int, V: int, NBH: int):
-    """The shared `decode_tiles`, except with more (batch, head) pairs than 64: then 16 value columns
-    and one warp per program. The delta rule reduces over the key axis twice per token (the prediction
-    Sᵀ k and the read-out), and with one warp both reductions stay inside the warp. On the H200 at
-    B = 64, H = 32, K = V = 128 (graph replay): 77 µs, against 88 µs with the shared pick (32, 4 warps)."""
+    """The shared `decode_tiles`, except with more (batch, head) pairs than 64: then 32 value columns
+    on two warps a program. The delta rule reduces over the key axis twice per token (the prediction
+    Sᵀ k and the read-out), so few warps a program keep those sums short. On the H200 at B = 64, H = 32,
+    K = V = 128 (graph replay, one run, the one-token whole-tile kernel): 73.5 µs with (32, 2), against
+    76.4 with (32, 1), 76.8 with (16, 1) or (16, 2), 78.4 with (64, 4) and 98.5 with (8, 1)."""
     if INTERPRET or NBH <= 64:
         return decode_tiles(K, V, NBH)
-    return [(pow2_at_least_16(K), 16, 1, 1)]
+    return [(pow2_at_least_16(K), 32, 2, 1)]
 
 
 def fused_recurrent_fwd(q, k, v, g, beta, o, scale: float, initial_state=None, final_state=None,

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from ..common import INTERPRET
-from ..launch import launch, pow2_at_least_16
+from ..launch import cdiv, launch, pow2_at_least_16
 
 
 def decode_tiles(K: int, V: int, NBH: int):
@@ -45,7 +45,7 @@ def launch_step(kernel, name: str, inputs, o, scale: float, initial_state=None, 
     # False), so every argument is a tensor and the direct launch path applies
     h0 = initial_state if use_h0 else o
     ht = final_state if store_ht else o
-    launch(kernel, lambda BM, BN: (triton.cdiv(V, BN), B * H), tiles,
+    launch(kernel, lambda BM, BN: (cdiv(V, BN), B * H), tiles,
            (name, q.device, q.dtype, K, V, use_h0, store_ht, *key, tiles[0]),
            *inputs, o, h0, ht, float(scale), T, H, K=K, V=V, USE_H0=use_h0, STORE_HT=store_ht, **constexprs)
 

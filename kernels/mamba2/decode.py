@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..common import INTERPRET
-from ..launch import launch
+from ..launch import cdiv, launch, next_power_of_2
 
 
 @triton.jit
@@ -147,10 +147,10 @@ def step_tiles(P: int, N: int, rows: int) -> tuple[int, int, int, int]:
     8-row tiles 91.3 and two 16-row tiles on 2 warps 95.6: more than one tile a program only adds work. Under
     the interpreter, all rows at once and two tiles a program (fewer programs run faster there, and the
     read-ahead is exercised)."""
-    BN = max(16, triton.next_power_of_2(N))
+    BN = max(16, next_power_of_2(N))
     if INTERPRET:
-        return max(1, triton.next_power_of_2(P)), BN, 2, 4
-    return max(1, min(triton.next_power_of_2(P), 512 // BN)), BN, 1, 1
+        return max(1, next_power_of_2(P)), BN, 2, 4
+    return max(1, min(next_power_of_2(P), 512 // BN)), BN, 1, 1
 
 
 def selective_state_update_fwd(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, y, a_scalar: bool) -> None:
@@ -168,7 +168,7 @@ def selective_state_update_fwd(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus
     strides = (*state.stride(), *dt.stride(), *(dt_bias.stride() if has[0] else (0, 0)), *A.stride(),
                *(D.stride() if has[1] else (0, 0)))
     sizes = (H, P, N, H // G, G)
-    tiles = triton.cdiv(P, BM) * b * H
+    tiles = cdiv(P, BM) * b * H
     # EVEN: every tile whole, every program's units real and each tile's rows back to back in memory
     even = P % BM == 0 and N == BN and tiles % units == 0 and state.stride(3) == 1 and state.stride(2) == N
     # a model's dt, dt_bias, D and A hold one number per head, broadcast over headdim with stride 0
@@ -176,7 +176,7 @@ def selective_state_update_fwd(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus
         not has[1] or D.stride(1) == 0)
     key = ("mamba2_step", x.device, x.dtype, dt.dtype, A.dtype, dt_bias_.dtype, D_.dtype, slots_.dtype,
            has, a_scalar, dt_softplus, strides, sizes, BM, BN, units, warps, even)
-    launch(_selective_state_update_kernel, lambda BM, BN_: (triton.cdiv(tiles, units),), [(BM, BN, warps, 1)], key,
+    launch(_selective_state_update_kernel, lambda BM, BN_: (cdiv(tiles, units),), [(BM, BN, warps, 1)], key,
            state, x, dt, dt_bias_, A, B, C, D_, z_, y, slots_, *strides, b, *sizes, UNITS=units, EVEN=even,
            A_SCALAR=a_scalar, TIE_HDIM=tie_hdim, HAS_BIAS=has[0], SOFTPLUS=dt_softplus, HAS_D=has[1],
            HAS_Z=has[2], HAS_SLOTS=has[3])
