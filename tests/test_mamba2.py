@@ -188,18 +188,25 @@ def test_state_with_strides_updated_in_place():
     assert torch.equal(big[mask], outside[mask]), "the kernel wrote outside the state's elements"
 
 
-def test_slot_table():
-    """state_batch_indices: batch row i updates slot idx[i] of a [slots, ...] cache; other slots keep
-    their values, NaN included (a NaN in an unused slot stays there)."""
-    args = make_step(b=3, H=4, P=16, N=32, G=2, slots=6)
-    idx = torch.tensor([4, 0, 2], device=DEVICE, dtype=torch.int32)
-    args["state"][5] = float("nan")
+def step_through_slots(args, idx):
+    """One step through the slot table idx (batch row i updates slot idx[i] of args["state"]): y and the
+    rows' slots against the formula. Returns the cache as it was before, for the caller's other slots."""
     cache = args["state"]
     before = cache.clone()
     y_ref, h_ref = ref_step(**{**args, "state": cache[idx.long()]}, dt_softplus=True)
     y = selective_state_update(**args, dt_softplus=True, state_batch_indices=idx)
     assert_close(y, y_ref, FP32, "y")
     assert_close(cache[idx.long()], h_ref, FP32, "the rows' slots")
+    return before
+
+
+def test_slot_table():
+    """state_batch_indices: batch row i updates slot idx[i] of a [slots, ...] cache; other slots keep
+    their values, NaN included (a NaN in an unused slot stays there)."""
+    args = make_step(b=3, H=4, P=16, N=32, G=2, slots=6)
+    idx = torch.tensor([4, 0, 2], device=DEVICE, dtype=torch.int32)
+    args["state"][5] = float("nan")
+    cache, before = args["state"], step_through_slots(args, idx)
     for s in (1, 3, 5):
         assert torch.equal(cache[s].nan_to_num(), before[s].nan_to_num()) and cache[5].isnan().all()
     # int64 indices and the in-place reference agree
@@ -221,12 +228,7 @@ def test_step_tiles_per_program(monkeypatch, tiles):
     monkeypatch.setattr(decode_module, "step_tiles", lambda P, N, rows: tiles)
     args = make_step(b=3, H=5, P=6, N=9, G=5, slots=7)
     idx = torch.tensor([6, 0, 3], device=DEVICE, dtype=torch.int32)
-    cache = args["state"]
-    before = cache.clone()
-    y_ref, h_ref = ref_step(**{**args, "state": cache[idx.long()]}, dt_softplus=True)
-    y = selective_state_update(**args, dt_softplus=True, state_batch_indices=idx)
-    assert_close(y, y_ref, FP32, "y")
-    assert_close(cache[idx.long()], h_ref, FP32, "the rows' slots")
+    cache, before = args["state"], step_through_slots(args, idx)
     for s in (1, 2, 4, 5):
         assert torch.equal(cache[s], before[s])
 
