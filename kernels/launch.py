@@ -142,5 +142,5 @@ def launch(kernel, grid, candidates, key, *args, **constexprs):
         return
 
 
-__all__ = ["LOG2E", "LN2", "on_machine", "autotune_configs", "cdiv", "next_power_of_2", "pow2_at_least_16", "sm_count", "capability",
-           "is_hopper", "tma_ready", "tma_scratch", "launch"]
+__all__ = ["LOG2E", "LN2", "on_machine", "autotune_configs", "cdiv", "next_power_of_2", "pow2_at_least_16",
+           "sm_count", "capability", "is_hopper", "tma_ready", "tma_scratch", "launch"]

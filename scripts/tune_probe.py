@@ -201,7 +201,7 @@ def fa_mask():
         print(f"B={B} H={H} T={T} causal: " + "  ".join(f"{n} {min(t):.1f} us" for n, t in times.items()))
 
 
-# ---------------------------------------------------------------- the Mamba-2 step's tiles
+# ---------------------------------------------------------------- the decode steps' tiles (Mamba-2, KDA)
 def _decode_sweep(title, nbytes, variants):
     """Time each (label, call) by graph replay, after checking it against the book's result; print µs and %
     of the copy ceiling measured in this process."""
@@ -222,7 +222,7 @@ def _book_step_with_tiles(a, BM, units, warps):
     """The book's Mamba-2 step with its tile choice replaced: BM headdim rows, `units` tiles a program."""
     from kernels.mamba2 import decode, selective_state_update
     chosen = decode.step_tiles
-    decode.step_tiles = lambda P, N, rows: (BM, chosen(P, N, rows)[1], units, warps)
+    decode.step_tiles = lambda P, N: (BM, chosen(P, N)[1], units, warps)
     try:
         return selective_state_update(**a)
     finally:
@@ -292,7 +292,6 @@ def kda_prefill():
                 print(f"  {name:5s} {us:8.1f} us  {kernel[:90]}")
             print(f"  {name:5s} {sum(times.values()):8.1f} us  GPU time in all; plain call {time_ms(fn) * 1000:.1f} us",
                   flush=True)
-
 
 
 def kda_step():
@@ -367,7 +366,7 @@ def _kda_host_parts(a, book):
     parts = {
         "whole call": whole,
         "input checks (_checked)": lambda: _checked(q, k, v, g, beta, None, S, True, True),
-        "two torch.empty": lambda: (torch.empty_like(v), torch.empty(1, 32, 128, 128, device="cuda")),
+        "two torch.empty": lambda: (torch.empty_like(v), torch.empty_like(S)),
         "kda_step_tiles": lambda: fr.kda_step_tiles(128, 128, 32),
         "fused_recurrent_fwd (launch_step)": lambda: fr.fused_recurrent_fwd(q, k, v, g, beta, o, 0.1, S, ht, True),
         "compiled kernel, called directly": lambda: compiled[grid](*args, *tail),
@@ -383,6 +382,7 @@ def _kda_host_parts(a, book):
     profile.disable()
     torch.cuda.synchronize()
     pstats.Stats(profile).sort_stats("tottime").print_stats(14)
+
 
 if __name__ == "__main__":
     for part in sys.argv[1:]:

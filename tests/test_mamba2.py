@@ -225,7 +225,7 @@ def test_step_tiles_per_program(monkeypatch, tiles):
     tiles than UNITS (30 tiles of 4 rows, 15 of 8) and a tile short of BM rows (P = 6): the formula's result, the
     slots of the slot table updated and no other (every tile of every program is read before it is written,
     and a tile past the last is neither)."""
-    monkeypatch.setattr(decode_module, "step_tiles", lambda P, N, rows: tiles)
+    monkeypatch.setattr(decode_module, "step_tiles", lambda P, N: tiles)
     args = make_step(b=3, H=5, P=6, N=9, G=5, slots=7)
     idx = torch.tensor([6, 0, 3], device=DEVICE, dtype=torch.int32)
     cache, before = args["state"], step_through_slots(args, idx)
@@ -238,7 +238,7 @@ def test_step_whole_tiles_and_tied_headdim(monkeypatch, tiles):
     """A model's case: dt, dt_bias and D hold one number per head, broadcast over headdim with stride 0 as A
     is, so the kernel reads them as numbers (TIE_HDIM); every tile is whole and every program's tiles are
     real, so it computes no masks for the state (EVEN). The formula's result, and both flags taken."""
-    monkeypatch.setattr(decode_module, "step_tiles", lambda P, N, rows: tiles)
+    monkeypatch.setattr(decode_module, "step_tiles", lambda P, N: tiles)
     flags = {}
     launch = decode_module.launch
 

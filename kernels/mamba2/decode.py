@@ -139,11 +139,11 @@ def _selective_state_update_kernel(
         tl.store(y + p_x, b_y.to(y.dtype.element_ty), mask=m_p)
 
 
-def step_tiles(P: int, N: int, rows: int) -> tuple[int, int, int, int]:
-    """(BM, BN, UNITS, num_warps) for a step over `rows` = batch rows x heads: BN covers dstate (padded to a
-    power of two); one tile of about 512 fp32 values (4 headdim rows at dstate 128) a program, on one warp,
-    every tile started at once. On the H200 at 80 heads x 64 x 128 and B = 64 (graph replay, one run), one
-    4-row tile a program took 87.4 µs, one 8-row tile 87.5, two 4-row tiles 88.5, two 8-row tiles 88.6, four
+def step_tiles(P: int, N: int) -> tuple[int, int, int, int]:
+    """(BM, BN, UNITS, num_warps) for a step at headdim P and dstate N, whatever the batch: BN covers dstate
+    (padded to a power of two); one tile of about 512 fp32 values (4 headdim rows at dstate 128) a program, on
+    one warp, every tile started at once. On the H200 at 80 heads x 64 x 128 and B = 64 (graph replay, one run),
+    one 4-row tile a program took 87.4 µs, one 8-row tile 87.5, two 4-row tiles 88.5, two 8-row tiles 88.6, four
     8-row tiles 91.3 and two 16-row tiles on 2 warps 95.6: more than one tile a program only adds work. Under
     the interpreter, all rows at once and two tiles a program (fewer programs run faster there, and the
     read-ahead is exercised)."""
@@ -160,7 +160,7 @@ def selective_state_update_fwd(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus
     y [b, H, P] written, state updated in place."""
     b, H, P = x.shape
     N, G = state.shape[-1], B.shape[1]
-    BM, BN, units, warps = step_tiles(P, N, b * H)
+    BM, BN, units, warps = step_tiles(P, N)
     has = (dt_bias is not None, D is not None, z is not None, slots is not None)
     # an absent optional gets a stand-in tensor (never read: its HAS_ flag is False), so every pointer
     # argument is a tensor and the direct launch applies
