@@ -23,8 +23,10 @@ import math
 import os
 import pkgutil
 import platform
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -129,6 +131,24 @@ def time_graph_ms(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(graph.replay, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
 
 
+def time_loop_ms(fn: Callable[[], object], calls: int = 100, repeats: int = 25) -> float:
+    """Time of one `fn()` in ms, as a decode loop sees it: the median over `repeats` runs of `calls`
+    calls in a row, with no synchronisation between them and no flush of L2, so a call costs whichever
+    is longer, its host work or its GPU work. (do_bench empties L2 between calls: that GPU work can
+    hide a call's host time, or not, from one run to the next.)"""
+    for _ in range(10):  # warm up (and compile)
+        fn()
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3 / calls)
+    return statistics.median(times)
+
+
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
     """One results table: every provider on every case, with the work each case must do.
@@ -140,7 +160,8 @@ class Benchmark:
         The book's own kernels are labelled "book" or "book: <variant>".
     flops, bytes_moved: counted for a case, the same for every provider (the work the operation must do,
         not what a given implementation happens to do).
-    timer: "plain" (Python calls, launch overhead included) or "graph" (replayed from a CUDA graph).
+    timer: "plain" (Python calls, launch overhead included, do_bench), "loop" (calls back to back,
+        `time_loop_ms`) or "graph" (replayed from a CUDA graph).
     measure: instead of timing, measure(fn) -> dict of extra columns (peak memory, say); ms stays empty.
     """
     name: str
@@ -158,7 +179,7 @@ class Benchmark:
         object.__setattr__(self, "module", sys._getframe(2).f_globals.get("__name__"))
 
 
-TIMERS = {"plain": time_ms, "graph": time_graph_ms}
+TIMERS = {"plain": time_ms, "loop": time_loop_ms, "graph": time_graph_ms}
 
 
 def _error_note(e: Exception) -> str:

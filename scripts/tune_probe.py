@@ -196,7 +196,7 @@ def fa_mask():
         times = {"checked": [], "plain dot": []}
         for _ in range(2):
             for name, module in (("checked", forward), ("plain dot", plain)):
-                kernels.launch._VARIANTS.clear()  # the direct-launch cache is keyed by shape, not by module
+                kernels.launch._DIRECT.clear()  # the direct-launch cache is keyed by shape, not by module
                 times[name].append(time_ms(lambda: module.attention_fwd(q, k, v, True, 128 ** -0.5)) * 1000)
         print(f"B={B} H={H} T={T} causal: " + "  ".join(f"{n} {min(t):.1f} us" for n, t in times.items()))
 
@@ -295,9 +295,10 @@ def kda_prefill():
 
 
 def kda_step():
-    """KDA's step at B = 64: the book's launch against the same kernel at forced (value columns, warps, EVEN,
-    STEP); then plain call, graph replay and host time at B = 1, 8, 64."""
-    from kernels.kda import bench, fused_recurrent as fr
+    """KDA's step: plain calls (do_bench, as most chapters time them; back to back, as the KDA chapter does),
+    graph replay and host time at B = 1, 8, 64; then where a B = 1 call's host time goes."""
+    from kernels.bench import time_loop_ms
+    from kernels.kda import bench
     from kernels.kda import fused_recurrent_kda
 
     def inputs(B):
@@ -309,40 +310,12 @@ def kda_step():
         return lambda: fused_recurrent_kda(*a[:5], initial_state=a[5], output_final_state=True,
                                            use_qk_l2norm_in_kernel=True)
 
-    def forced(a, BN, warps, even, step):
-        q, k, v, g, beta, S = a
-        o, ht = torch.empty_like(v), torch.empty_like(S)
-
-        def call():
-            fr.launch_step(fr._fused_recurrent_kda_kernel, "kda probe", (q, k, v, g, beta), o, q.shape[-1] ** -0.5,
-                           S, ht, key=(g.dtype, beta.dtype, even, step), tiles=[(q.shape[-1], BN, warps, 1)],
-                           L2NORM=True, EPS=fr.L2NORM_EPS, EVEN=even, STEP=step)
-            return o, ht
-        return call
-
-    def check_with(a, call):
-        def check():
-            o_ref, S_ref = book(a)()
-            o, S = call()
-            assert rel_err(o, o_ref) < 1e-2 and rel_err(S, S_ref) < 1e-5
-        return check
-
-    case = {"B": 64, "H": bench.H_DEC, "D": bench.D_DEC}
-    a = inputs(64)
-    variants = [("book (kda_step_tiles)", book(a), lambda: None)]
-    for BN, warps, even, step in ((16, 1, False, False), (16, 1, True, False), (16, 1, False, True),
-                                  (16, 1, True, True), (8, 1, True, True), (32, 1, True, True), (32, 2, True, True),
-                                  (16, 2, True, True), (64, 4, True, True)):
-        call = forced(a, BN, warps, even, step)
-        variants.append((f"{BN} cols, {warps} warp(s), EVEN={even:d} STEP={step:d}", call, check_with(a, call)))
-    _decode_sweep("KDA step, B=64, 32 heads x 128 x 128", bench.STEP_BYTES(case), variants)
-
-    print("--- KDA step, plain call (do_bench, as the chapter) / graph replay / host time per call, us")
+    print("--- KDA step: plain (do_bench) / back to back / graph replay / host time per call, us")
     for B in (1, 8, 64):
         fn = book(inputs(B))
-        plain, graph = time_ms(fn) * 1000, time_graph_ms(fn) * 1000
-        print(f"  B={B:3d}  plain {plain:7.2f}  graph {graph:7.2f}  ({plain / graph:.2f}x)  host {_host_us(fn):7.2f}",
-              flush=True)
+        plain, loop, graph = time_ms(fn) * 1000, time_loop_ms(fn) * 1000, time_graph_ms(fn) * 1000
+        print(f"  B={B:3d}  plain {plain:7.2f}  back to back {loop:7.2f}  graph {graph:7.2f}  "
+              f"({loop / graph:.2f}x)  host {_host_us(fn):7.2f}", flush=True)
     _kda_host_parts(inputs(1), book)
 
 
@@ -359,17 +332,24 @@ def _kda_host_parts(a, book):
     o, ht = torch.empty_like(v), torch.empty_like(S)
     whole = book(a)
     whole()
-    key = next(key for key in launch_module._VARIANTS if key[0] == "kda step")
-    _, compiled, tail = launch_module._VARIANTS[key]
+    key = next(key for key in launch_module._DIRECT if key[0] == "kda step")
+    direct = launch_module._DIRECT[key]
     args = (q, k, v, g, beta, o, S, ht, q.shape[-1] ** -0.5, 1, q.shape[2])
-    grid = (launch_module.cdiv(v.shape[-1], key[-1][1]), q.shape[0] * q.shape[2], 1)
+    ints = [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in args]
+    grid = (launch_module.cdiv(v.shape[-1], direct.tile[1]), q.shape[0] * q.shape[2], 1)
+    stream = torch.cuda.current_stream().cuda_stream
+    c = direct.compiled
     parts = {
         "whole call": whole,
         "input checks (_checked)": lambda: _checked(q, k, v, g, beta, None, S, True, True),
         "two torch.empty": lambda: (torch.empty_like(v), torch.empty_like(S)),
-        "kda_step_tiles": lambda: fr.kda_step_tiles(128, 128, 32),
         "fused_recurrent_fwd (launch_step)": lambda: fr.fused_recurrent_fwd(q, k, v, g, beta, o, 0.1, S, ht, True),
-        "compiled kernel, called directly": lambda: compiled[grid](*args, *tail),
+        "_Direct call": lambda: direct(grid, args),
+        "Triton's C launcher, integer pointers": lambda: c.run(*grid, stream, c.function, c.packed_metadata, None,
+                                                             None, None, *ints, *direct.tail),
+        "Triton's C launcher, tensors": lambda: c.run(*grid, stream, c.function, c.packed_metadata, None, None, None,
+                                                      *args, *direct.tail),
+        "compiled[grid](*args), as before": lambda: c[grid](*args, *direct.tail),
         "torch.cuda.current_device": torch.cuda.current_device,
     }
     print("--- KDA step at B = 1: host time of each piece, us")
@@ -381,7 +361,7 @@ def _kda_host_parts(a, book):
         whole()
     profile.disable()
     torch.cuda.synchronize()
-    pstats.Stats(profile).sort_stats("tottime").print_stats(14)
+    pstats.Stats(profile).sort_stats("tottime").print_stats(16)
 
 
 if __name__ == "__main__":

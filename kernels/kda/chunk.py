@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..launch import autotune_configs, pow2_at_least_16
+from ..launch import autotune_configs, cdiv, pow2_at_least_16
 from ..linear.chunk import CHUNK, GATE_FLOOR, SUB_CHUNK, dot_precision, tiles_that_fit
 from ..linear.recurrent import state_tile, store_state
 from ..tl_helpers import dot_causal
@@ -62,7 +62,7 @@ def kda_prepare(q, k, g, b, qn=None, kn=None, eps: float = 0.0) -> None:
     qn, kn: like q, written with q / sqrt(Σ q² + eps) and the same for k, or both None (no norm)."""
     B, T, H, K = g.shape
     l2norm = qn is not None
-    _kda_prepare_kernel[(triton.cdiv(T, CHUNK), B * H)](
+    _kda_prepare_kernel[(cdiv(T, CHUNK), B * H)](
         q, k, g, qn if l2norm else q, kn if l2norm else k, b, T, H, K, BT=CHUNK, BK=pow2_at_least_16(K),
         L2NORM=l2norm, EPS=eps, FLOOR=GATE_FLOOR, num_warps=8 if K > 64 else 4)
 
@@ -153,9 +153,9 @@ def kda_scores(q, k, b, Aqk, Akk, scale: float) -> None:
     """
     B, T, H, K = q.shape
     BK = pow2_at_least_16(K)
-    _kda_scores_kernel[(CHUNK // SUB_CHUNK - 1, triton.cdiv(T, CHUNK), B * H)](
+    _kda_scores_kernel[(CHUNK // SUB_CHUNK - 1, cdiv(T, CHUNK), B * H)](
         q, k, b, Aqk, Akk, scale, T, H, K, BT=CHUNK, BC=SUB_CHUNK, BK=BK, DOT_PREC=dot_precision(q.dtype))
-    _kda_diag_scores_kernel[lambda m: (B * T, triton.cdiv(H, m["BH"]))](
+    _kda_diag_scores_kernel[lambda m: (B * T, cdiv(H, m["BH"]))](
         q, k, b, Aqk, Akk, scale, T, H, K, BT=CHUNK, BC=SUB_CHUNK, BK=BK)
 
 
@@ -164,7 +164,7 @@ def kda_scores(q, k, b, Aqk, Akk, scale: float) -> None:
 @triton.autotune(configs=autotune_configs([({}, 4, 1), ({}, 8, 1)]), key=["K", "V"])
 @triton.jit(do_not_specialize=["T", "H"])
 def _kda_wy_kernel(
-    k, v, b, beta, Akk, w, u, T, H,
+    k, v, b, beta, Akk, w, u, kg, T, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
     NB: tl.constexpr, DOT_PREC: tl.constexpr, SOLVE_PREC: tl.constexpr,
 ):
@@ -223,6 +223,10 @@ def _kda_wy_kernel(
     b_k = tl.load(k + p_k, mask=m_tk, other=0.0).to(tl.float32)
     b_g = tl.load(b + p_k, mask=m_tk, other=0.0)
     b_kb = (b_k * tl.exp(b_g) * b_beta[:, None]).to(k.dtype.element_ty)
+    # the keys decayed to the chunk's last token, K ⊙ e^{b_last - b}, for the state pass: computed here,
+    # in parallel over chunks, they leave the sequential pass no exponential but one per key row
+    b_gl = tl.load(b + ((i_b * T + tl.minimum(i_t * BT + BT, T) - 1) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+    tl.store(kg + p_k, (b_k * tl.exp(b_gl[None, :] - b_g)).to(kg.dtype.element_ty), mask=m_tk)
     # X is lower triangular: dot_causal keeps a NaN or inf in a later token out of the earlier rows
     b_w = dot_causal(b_Xd, b_kb, tl.zeros([BT, BK], dtype=tl.float32), DOT_PREC)
     tl.store(w + p_k, b_w.to(w.dtype.element_ty), mask=m_tk)
@@ -238,18 +242,19 @@ def _kda_wy_kernel(
         tl.store(u + p_v, b_u.to(u.dtype.element_ty), mask=m_tv)
 
 
-def kda_wy(k, v, b, beta, Akk, w, u) -> None:
+def kda_wy(k, v, b, beta, Akk, w, u, kg) -> None:
     """The pseudo-values of every chunk, all chunks in parallel (one program per chunk and batch·head).
 
     k: [B, T, H, K]; v: [B, T, H, V]; b: fp32 [B, T, H, K], the in-chunk cumulative gates; beta:
     [B, T, H]; Akk: fp32 [B, T, H, CHUNK], the key-key scores Σ_c k_tc k_jc e^{b_tc - b_jc} (GLA's
-    scores with k for q and scale 1), read strictly below the diagonal. Written: w [B, T, H, K] and
-    u [B, T, H, V] (in k's dtype): W = (I + A)⁻¹ diag(β) (K ⊙ e^b), W' = (I + A)⁻¹ diag(β) V.
+    scores with k for q and scale 1), read strictly below the diagonal. Written, in k's dtype: w and kg
+    [B, T, H, K], u [B, T, H, V]: W = (I + A)⁻¹ diag(β) (K ⊙ e^b), W' = (I + A)⁻¹ diag(β) V, and the keys
+    decayed to their chunk's last token, K ⊙ e^{b_last - b}, which the state pass adds with.
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
-    _kda_wy_kernel[(triton.cdiv(T, CHUNK), B * H)](
-        k, v, b, beta, Akk, w, u, T, H, K, V, BT=CHUNK, BK=pow2_at_least_16(K),
+    _kda_wy_kernel[(cdiv(T, CHUNK), B * H)](
+        k, v, b, beta, Akk, w, u, kg, T, H, K, V, BT=CHUNK, BK=pow2_at_least_16(K),
         BV=min(64, pow2_at_least_16(V)), BS=SUB_CHUNK, NB=CHUNK // SUB_CHUNK, DOT_PREC=dot_precision(k.dtype),
         SOLVE_PREC=dot_precision(k.dtype))
 
@@ -267,7 +272,7 @@ _STATE_CONFIGS = autotune_configs([({"BV": 32}, 8, 3), ({"BV": 32}, 8, 2), ({"BV
 @triton.autotune(configs=_STATE_CONFIGS, key=["K", "V", "NBH"], prune_configs_by={"early_config_prune": _fits})
 @triton.jit(do_not_specialize=["T", "H", "NT", "NBH"])
 def _kda_state_kernel(
-    k, w, u, b, h, vn, h0, ht, T, H, NT, NBH,
+    kg, w, u, b, h, vn, h0, ht, T, H, NT, NBH,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
@@ -295,34 +300,31 @@ def _kda_state_kernel(
         b_u -= tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)
         b_ud = b_u.to(vn.dtype.element_ty)
         tl.store(vn + p_v, b_ud, mask=m_tv)
-        # then GLA's update: decay to the chunk end (every exponent b_last - b_t <= 0), add Kᵀ U
-        m_kt = m_k[:, None] & m_t[None, :]
+        # then GLA's update: decay the state to the chunk end, add (K ⊙ e^{b_last - b})ᵀ U (kg, from the solve)
         p_kt = ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None]
-        b_kt = tl.load(k + p_kt, mask=m_kt, other=0.0)
-        b_gt = tl.load(b + p_kt, mask=m_kt, other=0.0)
+        b_kgt = tl.load(kg + p_kt, mask=m_k[:, None] & m_t[None, :], other=0.0)
         t_last = tl.minimum(i_t * BT + BT, T) - 1
         b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-        b_kt = (b_kt * tl.exp(b_gl[:, None] - b_gt)).to(b_ud.dtype)
-        b_h = b_h * tl.exp(b_gl)[:, None] + tl.dot(b_kt, b_ud, input_precision=DOT_PREC)
+        b_h = b_h * tl.exp(b_gl)[:, None] + tl.dot(b_kgt, b_ud, input_precision=DOT_PREC)
 
     store_state(ht, i_bh * K * V + p_h, m_h, b_h, STORE_HT)
 
 
-def kda_state_pass(k, w, u, b, states, v_new, initial_state=None, final_state=None) -> None:
+def kda_state_pass(kg, w, u, b, states, v_new, initial_state=None, final_state=None) -> None:
     """The state at every chunk start and after the last, and the values it receives (sequential
     over chunks; one program per V-tile and batch·head walks them).
 
-    k, w: [B, T, H, K]; u: [B, T, H, V] (`kda_wy`); b: fp32 [B, T, H, K], the in-chunk cumulative
-    gates. Written: states [B, NT, H, K, V] and v_new [B, T, H, V] (U = W' - W S, per chunk) in k's
+    kg, w: [B, T, H, K]; u: [B, T, H, V] (`kda_wy`); b: fp32 [B, T, H, K], the in-chunk cumulative
+    gates (the pass reads each chunk's last row). Written: states [B, NT, H, K, V] and v_new [B, T, H, V] (U = W' - W S, per chunk) in k's
     dtype; final_state fp32 [B, H, K, V] unless None. initial_state: fp32 [B, H, K, V] or None.
     """
-    B, T, H, K = k.shape
+    B, T, H, K = kg.shape
     V = u.shape[-1]
-    NT = triton.cdiv(T, CHUNK)
-    _kda_state_kernel[lambda m: (triton.cdiv(V, m["BV"]), B * H)](
-        k, w, u, b, states, v_new, initial_state, final_state, T, H, NT, B * H, K, V, BT=CHUNK,
+    NT = cdiv(T, CHUNK)
+    _kda_state_kernel[lambda m: (cdiv(V, m["BV"]), B * H)](
+        kg, w, u, b, states, v_new, initial_state, final_state, T, H, NT, B * H, K, V, BT=CHUNK,
         BK=pow2_at_least_16(K), USE_H0=initial_state is not None, STORE_HT=final_state is not None,
-        DOT_PREC=dot_precision(k.dtype))
+        DOT_PREC=dot_precision(kg.dtype))
 
 
 __all__ = ["kda_prepare", "kda_scores", "kda_wy", "kda_state_pass"]

@@ -13,10 +13,9 @@ o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_s
 from __future__ import annotations
 
 import torch
-import triton
-
 from ..checks import check_bool
 from ..linear.chunk import CHUNK, chunk_output
+from ..launch import cdiv
 from ..linear.inputs import check_linear_inputs
 from .chunk import kda_prepare, kda_scores, kda_state_pass, kda_wy
 from .fused_recurrent import fused_recurrent_fwd
@@ -61,10 +60,11 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
               use_qk_l2norm_in_kernel=False):
     """Chunk-parallel KDA forward (Triton, chunks of 64 tokens): the prefill.
 
-    Shapes and dtypes as in this module's docstring. Five launches: one pass over the inputs (the
-    in-chunk cumulative gates, q and k normalised when asked), the two score matrices of every chunk
-    (query-key and key-key, in one kernel), the triangular solve for the pseudo-values, the state pass
-    (sequential over chunks), the output (shared with GLA, with the corrected values in place of v).
+    Shapes and dtypes as in this module's docstring. Six launches: one pass over the inputs (the
+    in-chunk cumulative gates, q and k normalised when asked); the two score matrices of every chunk,
+    query-key and key-key together (the blocks below the diagonal, then the diagonal blocks token by
+    token); the triangular solve for the pseudo-values, which also decays each chunk's keys to its end;
+    the state pass (sequential over chunks); the output (GLA's, with the corrected values for v).
     The gates, the key-key scores, the solve and the carried state are fp32; the per-chunk states,
     pseudo-values and query-key scores are in the input dtype (they feed tensor-core products).
 
@@ -75,7 +75,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     """
     (B, T, H, K, V), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, initial_state,
                                                               output_final_state, use_qk_l2norm_in_kernel)
-    dev, NT = q.device, triton.cdiv(T, CHUNK)
+    dev, NT = q.device, cdiv(T, CHUNK)
     b = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
     if use_qk_l2norm_in_kernel:
         qn, kn = torch.empty_like(q), torch.empty_like(k)
@@ -86,12 +86,12 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)         # blocks above the diagonal stay unwritten
     Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)
     kda_scores(q, k, b, Aqk, Akk, scale)
-    w, u = torch.empty_like(k), torch.empty_like(v)
-    kda_wy(k, v, b, beta, Akk, w, u)
+    w, kg, u = torch.empty_like(k), torch.empty_like(k), torch.empty_like(v)
+    kda_wy(k, v, b, beta, Akk, w, u, kg)
     states = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=dev)
     v_new = torch.empty_like(v)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
-    kda_state_pass(k, w, u, b, states, v_new, h0, ht)
+    kda_state_pass(kg, w, u, b, states, v_new, h0, ht)
     o = torch.empty_like(v)
     chunk_output(q, v_new, b, states, Aqk, o, scale)
     return o, ht

@@ -75,10 +75,11 @@ def _accepted_at_once(q, k, v, gates, scale, h0, output_final_state, kernel, ste
     if dtype not in dtypes:
         return None
     B, H, T = shape[0], shape[-2], 1 if step else shape[1]
+    sizes = {"B": B, "T": T, "H": H, "K": K, "V": V}
     for g, letters in gates.values():
         if not (type(g) is Tensor and g.dtype in dtypes and g.device == device
                 and (g.shape == shape if letters == ("B H K" if step else "B T H K") else
-                     list(g.shape) == [{"B": B, "T": T, "H": H, "K": K, "V": V}[c] for c in letters.split()])):
+                     list(g.shape) == [sizes[c] for c in letters.split()])):
             return None
     if h0 is None:
         if step:
