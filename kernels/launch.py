@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import math
-import operator
 
 import torch
 import triton
-from triton import knobs
 from triton.runtime.errors import OutOfResources
 
 from .common import INTERPRET
@@ -103,33 +100,7 @@ def tma_scratch():
 
 
 # ------------------------------------------------------------------ the direct-launch fast path
-class _Direct:
-    """One compiled kernel, its tile, and the constexpr values that complete its argument list, launched
-    straight into Triton's C launcher. Pointers go in as integers: given a tensor, the launcher asks
-    the driver about the pointer (a few tenths of a microsecond apiece); the wrapper's checks have
-    already done that job."""
-
-    def __init__(self, compiled, tile, args, tail):
-        self.compiled, self.run, self.tile, self.tail = compiled, compiled.run, tile, tail  # `run` loads it
-        self.is_tensor = [isinstance(a, torch.Tensor) for a in args]
-
-    def __call__(self, grid, args) -> bool:
-        """Launch on the current stream, unless a pointer is not 16-byte aligned (the kernel was compiled
-        for aligned ones): then launch nothing and return False."""
-        values = [a.data_ptr() if t else a for a, t in zip(args, self.is_tensor)]
-        if functools.reduce(operator.or_, itertools.compress(values, self.is_tensor)) % 16:
-            return False
-        # (torch.cuda.current_device() without its initialisation check: a kernel was compiled, so CUDA is up)
-        stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
-        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-        meta = None if enter is None else self.compiled.launch_metadata(grid, stream, *args)
-        self.run(*grid, stream, self.compiled.function, self.compiled.packed_metadata, meta, enter, leave,
-                 *values, *self.tail)
-        return True
-
-
-_DIRECT = {}  # key -> _Direct, after the key's first launch with aligned pointers on a GPU
-_TILE = {}    # key -> index of the first candidate that fits
+_VARIANTS = {}  # key -> (index of the candidate that fits, compiled kernel or None, its constexpr values)
 
 
 def _aligned(args) -> bool:
@@ -142,16 +113,17 @@ def launch(kernel, grid, candidates, key, *args, **constexprs):
     `grid(BM, BN)` gives the launch grid; `key` names the compiled variant (device, dtype and the
     constexprs), so a candidate that does not fit is compiled and rejected once, not on every call.
 
-    After the first call, a key's compiled kernel is launched directly (`_Direct`). Triton's
-    dispatcher re-derives every argument's specialisation on each call: about 20 us of host time per
-    launch with 15 arguments on the H200's CPU, and at short lengths that host time is what bounds a
-    call. Skipping it is safe for kernels that specialise on nothing that changes between calls with
-    one key: lengths are `do_not_specialize`, floats are never specialised, and pointers are checked
-    to be 16-byte aligned, as they were when the kernel was compiled."""
-    direct = _DIRECT.get(key)
-    if direct is not None and direct((*grid(*direct.tile), 1, 1)[:3], args):  # it wants all three grid sides
+    After the first call, a key's compiled kernel is launched directly. Triton's dispatcher
+    re-derives every argument's specialisation on each call: about 20 us of host time per launch
+    with 15 arguments on the H200's CPU, and at short lengths that host time is what bounds a call.
+    Skipping the dispatcher is safe for kernels that specialise on nothing that changes between
+    calls with one key: lengths are `do_not_specialize`, floats are never specialised, and pointers
+    are checked to be 16-byte aligned, as they were when the kernel was compiled."""
+    i, compiled, tail = _VARIANTS.get(key, (0, None, ()))
+    if compiled is not None and _aligned(args):
+        bm, bn = candidates[i][:2]
+        compiled[(*grid(bm, bn), 1, 1)[:3]](*args, *tail)  # this path wants all three grid sides
         return
-    i = _TILE.get(key, 0)
     while True:
         bm, bn, warps, stages = candidates[i]
         try:
@@ -161,11 +133,12 @@ def launch(kernel, grid, candidates, key, *args, **constexprs):
                 raise
             i += 1
             continue
-        _TILE[key] = i
-        if compiled is not None and _aligned(args) and key not in _DIRECT:  # (the interpreter compiles nothing)
+        if compiled is not None and _aligned(args):  # (the interpreter compiles nothing)
             # the compiled kernel takes every parameter, constexprs too, in signature order
             values = {**constexprs, "BM": bm, "BN": bn}
-            _DIRECT[key] = _Direct(compiled, (bm, bn), args, tuple(values[n] for n in kernel.arg_names[len(args):]))
+            _VARIANTS[key] = (i, compiled, tuple(values[name] for name in kernel.arg_names[len(args):]))
+        elif key not in _VARIANTS:
+            _VARIANTS[key] = (i, None, ())
         return
 
 

@@ -196,7 +196,7 @@ def fa_mask():
         times = {"checked": [], "plain dot": []}
         for _ in range(2):
             for name, module in (("checked", forward), ("plain dot", plain)):
-                kernels.launch._DIRECT.clear()  # the direct-launch cache is keyed by shape, not by module
+                kernels.launch._VARIANTS.clear()  # the direct-launch cache is keyed by shape, not by module
                 times[name].append(time_ms(lambda: module.attention_fwd(q, k, v, True, 128 ** -0.5)) * 1000)
         print(f"B={B} H={H} T={T} causal: " + "  ".join(f"{n} {min(t):.1f} us" for n, t in times.items()))
 
@@ -332,24 +332,22 @@ def _kda_host_parts(a, book):
     o, ht = torch.empty_like(v), torch.empty_like(S)
     whole = book(a)
     whole()
-    key = next(key for key in launch_module._DIRECT if key[0] == "kda step")
-    direct = launch_module._DIRECT[key]
+    key = next(key for key in launch_module._VARIANTS if key[0] == "kda step")
+    _, c, tail = launch_module._VARIANTS[key]
     args = (q, k, v, g, beta, o, S, ht, q.shape[-1] ** -0.5, 1, q.shape[2])
     ints = [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in args]
-    grid = (launch_module.cdiv(v.shape[-1], direct.tile[1]), q.shape[0] * q.shape[2], 1)
+    grid = (launch_module.cdiv(v.shape[-1], key[-1][1]), q.shape[0] * q.shape[2], 1)
     stream = torch.cuda.current_stream().cuda_stream
-    c = direct.compiled
     parts = {
         "whole call": whole,
         "input checks (_checked)": lambda: _checked(q, k, v, g, beta, None, S, True, True),
         "two torch.empty": lambda: (torch.empty_like(v), torch.empty_like(S)),
         "fused_recurrent_fwd (launch_step)": lambda: fr.fused_recurrent_fwd(q, k, v, g, beta, o, 0.1, S, ht, True),
-        "_Direct call": lambda: direct(grid, args),
-        "Triton's C launcher, integer pointers": lambda: c.run(*grid, stream, c.function, c.packed_metadata, None,
-                                                             None, None, *ints, *direct.tail),
-        "Triton's C launcher, tensors": lambda: c.run(*grid, stream, c.function, c.packed_metadata, None, None, None,
-                                                      *args, *direct.tail),
-        "compiled[grid](*args), as before": lambda: c[grid](*args, *direct.tail),
+        "compiled[grid](*args), as launch does": lambda: c[grid](*args, *tail),
+        "Triton's launcher, tensors": lambda: c.run(*grid, stream, c.function, c.packed_metadata, None, None, None,
+                                                    *args, *tail),
+        "Triton's launcher, integer pointers": lambda: c.run(*grid, stream, c.function, c.packed_metadata, None,
+                                                             None, None, *ints, *tail),
         "torch.cuda.current_device": torch.cuda.current_device,
     }
     print("--- KDA step at B = 1: host time of each piece, us")

@@ -216,7 +216,7 @@ def test_launch_falls_back_when_a_tile_does_not_fit():
         for _ in range(2):
             launch.launch(FakeKernel(), lambda BM, BN: (1000 // BM,), tiles, key)
     finally:
-        launch._TILE.pop(key, None)
+        launch._VARIANTS.pop(key, None)
     assert tried == [(128, 64, (7,)), (64, 32, (15,)), (64, 32, (15,))]
 
 

@@ -190,6 +190,27 @@ def test_decode_steps_continue_a_prefill():
     assert_close(S_t, S_ref, FP32, "PyTorch step state")
 
 
+@pytest.mark.parametrize("T, K, V, flags", [(1, 32, 64, (True, True)), (1, 24, 40, (False, True)),
+                                             (5, 32, 64, (True, False)), (5, 24, 40, (False, False))],
+                         ids=["step-even", "step-uneven", "tokens-even", "tokens-uneven"])
+def test_fused_kernel_variants(monkeypatch, T, K, V, flags):
+    """The fused kernel compiles a decode step (T = 1: no token loop, STEP) and whole tiles (K a power
+    of two, value tiles dividing V: no masks, EVEN) apart from the general case: each of the four agrees
+    with the formula, and the launch took the variant named."""
+    from kernels.kda import fused_recurrent as module
+    taken = {}
+    launch_step = module.launch_step
+    monkeypatch.setattr(module, "launch_step",
+                        lambda *a, **kw: taken.update(kw) or launch_step(*a, **kw))
+    q, k, v, g, beta, h0 = make(2, T, 3, K, V)
+    o_ref, S_ref = ref_kda(q, k, v, g, beta, h0=h0, l2norm=True)
+    o, S = fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                               use_qk_l2norm_in_kernel=True)
+    assert (taken["EVEN"], taken["STEP"]) == flags
+    assert_close(o, o_ref, FP32, "o")
+    assert_close(S, S_ref, FP32, "final state")
+
+
 def test_reference_takes_fp64_and_matches_the_matrix_form():
     q, k, v, g, beta, h0 = make(1, 30, 2, 16, 8)
     args = [x.double() for x in (q, k, v, g, beta)]
@@ -360,8 +381,8 @@ def test_decode_step_gpu(B):
 
 @pytest.mark.gpu
 def test_decode_step_replayed_from_a_cuda_graph():
-    """The direct launch inside a graph capture: the replay reads the inputs the graph was captured with,
-    as they are at replay time, and writes where the capture's outputs live."""
+    """The direct launch inside a graph capture: each replay reads the captured inputs as they are then,
+    and writes where the captured outputs live."""
     q, k, v, g, b, h0 = make(2, 1, 4, 128, 128, dtype=torch.bfloat16, device="cuda")
 
     def step():
