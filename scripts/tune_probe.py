@@ -12,7 +12,8 @@ m2_step: Mamba-2's decode step at B = 64 (80 and 64 heads x 64 x 128), graph rep
   measured in the same run: the book's kernel at the tiles `step_tiles` picks and at others.
 kda_step: KDA's decode step (H = 32, K = V = 128): at B = 64 the book's kernel against itself at other tiles and
   without its whole-tile (EVEN) and one-token (STEP) variants, graph replays, % of the copy ceiling; at B = 1, 8
-  and 64 a plain call as the chapter times it, its graph replay and its host time.
+  and 64 plain calls (do_bench, and back to back as the chapter times them), the graph replay and the host
+  time, and the pieces of a B = 1 call's host time (Triton's launcher given tensors or integer pointers).
 kda_prefill: KDA's prefill at T = 4K and 16K, GPU time per kernel, the book's and fla's (torch.profiler).
 """
 import importlib.util
@@ -295,10 +296,11 @@ def kda_prefill():
 
 
 def kda_step():
-    """KDA's step: plain calls (do_bench, as most chapters time them; back to back, as the KDA chapter does),
-    graph replay and host time at B = 1, 8, 64; then where a B = 1 call's host time goes."""
+    """KDA's step at B = 64: the book's launch against the same kernel at forced (value columns, warps, EVEN,
+    STEP); then plain calls (do_bench, as most chapters time them; back to back, as the KDA chapter does),
+    graph replay and host time at B = 1, 8, 64, and where a B = 1 call's host time goes."""
     from kernels.bench import time_loop_ms
-    from kernels.kda import bench
+    from kernels.kda import bench, fused_recurrent as fr
     from kernels.kda import fused_recurrent_kda
 
     def inputs(B):
@@ -309,6 +311,34 @@ def kda_step():
     def book(a):
         return lambda: fused_recurrent_kda(*a[:5], initial_state=a[5], output_final_state=True,
                                            use_qk_l2norm_in_kernel=True)
+
+    def forced(a, BN, warps, even, step):
+        q, k, v, g, beta, S = a
+        o, ht = torch.empty_like(v), torch.empty_like(S)
+
+        def call():
+            fr.launch_step(fr._fused_recurrent_kda_kernel, "kda probe", (q, k, v, g, beta), o, q.shape[-1] ** -0.5,
+                           S, ht, key=(g.dtype, beta.dtype, even, step), tiles=[(q.shape[-1], BN, warps, 1)],
+                           L2NORM=True, EPS=fr.L2NORM_EPS, EVEN=even, STEP=step)
+            return o, ht
+        return call
+
+    def check_with(a, call):
+        def check():
+            o_ref, S_ref = book(a)()
+            o, S = call()
+            assert rel_err(o, o_ref) < 1e-2 and rel_err(S, S_ref) < 1e-5
+        return check
+
+    case = {"B": 64, "H": bench.H_DEC, "D": bench.D_DEC}
+    a = inputs(64)
+    variants = [("book (kda_step_tiles)", book(a), lambda: None)]
+    for BN, warps, even, step in ((16, 1, False, False), (16, 1, True, False), (16, 1, False, True),
+                                  (16, 1, True, True), (8, 1, True, True), (32, 1, True, True), (32, 2, False, False), (32, 2, True, True),
+                                  (16, 2, True, True), (64, 4, True, True)):
+        call = forced(a, BN, warps, even, step)
+        variants.append((f"{BN} cols, {warps} warp(s), EVEN={even:d} STEP={step:d}", call, check_with(a, call)))
+    _decode_sweep("KDA step, B=64, 32 heads x 128 x 128", bench.STEP_BYTES(case), variants)
 
     print("--- KDA step: plain (do_bench) / back to back / graph replay / host time per call, us")
     for B in (1, 8, 64):
