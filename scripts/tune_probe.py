@@ -334,8 +334,8 @@ def kda_step():
     a = inputs(64)
     variants = [("book (kda_step_tiles)", book(a), lambda: None)]
     for BN, warps, even, step in ((16, 1, False, False), (16, 1, True, False), (16, 1, False, True),
-                                  (16, 1, True, True), (8, 1, True, True), (32, 1, True, True), (32, 2, False, False), (32, 2, True, True),
-                                  (16, 2, True, True), (64, 4, True, True)):
+                                  (16, 1, True, True), (8, 1, True, True), (32, 1, True, True), (32, 2, False, False),
+                                  (32, 2, True, True), (16, 2, True, True), (64, 4, True, True)):
         call = forced(a, BN, warps, even, step)
         variants.append((f"{BN} cols, {warps} warp(s), EVEN={even:d} STEP={step:d}", call, check_with(a, call)))
     _decode_sweep("KDA step, B=64, 32 heads x 128 x 128", bench.STEP_BYTES(case), variants)
