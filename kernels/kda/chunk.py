@@ -315,8 +315,9 @@ def kda_state_pass(kg, w, u, b, states, v_new, initial_state=None, final_state=N
     over chunks; one program per V-tile and batch·head walks them).
 
     kg, w: [B, T, H, K]; u: [B, T, H, V] (`kda_wy`); b: fp32 [B, T, H, K], the in-chunk cumulative
-    gates (the pass reads each chunk's last row). Written: states [B, NT, H, K, V] and v_new [B, T, H, V] (U = W' - W S, per chunk) in k's
-    dtype; final_state fp32 [B, H, K, V] unless None. initial_state: fp32 [B, H, K, V] or None.
+    gates (the pass reads each chunk's last row). Written: states [B, NT, H, K, V] and v_new [B, T, H, V]
+    (U = W' - W S, per chunk) in kg's dtype; final_state fp32 [B, H, K, V] unless None. initial_state:
+    fp32 [B, H, K, V] or None.
     """
     B, T, H, K = kg.shape
     V = u.shape[-1]

@@ -13,9 +13,10 @@ o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_s
 from __future__ import annotations
 
 import torch
+
 from ..checks import check_bool
-from ..linear.chunk import CHUNK, chunk_output
 from ..launch import cdiv
+from ..linear.chunk import CHUNK, chunk_output
 from ..linear.inputs import check_linear_inputs
 from .chunk import kda_prepare, kda_scores, kda_state_pass, kda_wy
 from .fused_recurrent import fused_recurrent_fwd
