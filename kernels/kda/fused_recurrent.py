@@ -98,7 +98,7 @@ def fused_recurrent_fwd(q, k, v, g, beta, o, scale: float, initial_state=None, f
     BM, BN = tiles[0][:2]
     even, step = K == BM and V % BN == 0, T == 1
     launch_step(_fused_recurrent_kda_kernel, "kda step", (q, k, v, g, beta), o, scale, initial_state, final_state,
-                key=(g.dtype, beta.dtype, l2norm, even, step), tiles=tiles, L2NORM=l2norm, EPS=L2NORM_EPS,
+                key=(g.dtype, beta.dtype, l2norm, step), tiles=tiles, L2NORM=l2norm, EPS=L2NORM_EPS,
                 EVEN=even, STEP=step)
 
 

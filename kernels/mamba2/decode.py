@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..common import INTERPRET
-from ..launch import cdiv, launch, next_power_of_2
+from ..launch import cdiv, launch, next_power_of_2, pow2_at_least_16
 
 
 @triton.jit
@@ -147,7 +147,7 @@ def step_tiles(P: int, N: int) -> tuple[int, int, int, int]:
     8-row tiles 91.3 and two 16-row tiles on 2 warps 95.6: more than one tile a program only adds work. Under
     the interpreter, all rows at once and two tiles a program (fewer programs run faster there, and the
     read-ahead is exercised)."""
-    BN = max(16, next_power_of_2(N))
+    BN = pow2_at_least_16(N)
     if INTERPRET:
         return max(1, next_power_of_2(P)), BN, 2, 4
     return max(1, min(next_power_of_2(P), 512 // BN)), BN, 1, 1
