@@ -5,7 +5,9 @@ references and benchmarks work in a plain Python process without it.
 """
 from __future__ import annotations
 
+import ast
 import inspect
+import textwrap
 
 import pandas as pd
 import torch
@@ -16,16 +18,43 @@ from .diagrams import (ONLINE_SOFTMAX_BLOCK, online_softmax_blocks, online_softm
 from .plot import natural_order, plot_results
 
 
+def _unwrapped(obj):
+    """A Triton or Gluon kernel's Python function (JITFunction, Autotuner and Heuristics wrap it as .fn)."""
+    target = getattr(obj, "fn", obj)
+    while hasattr(target, "fn") and not inspect.isfunction(target):
+        target = target.fn
+    return target
+
+
 def show_source(obj) -> Code:
     """Return the source of a function, class or module as a highlighted Python block.
 
     Triton kernels are unwrapped first, so `show_source(_attn_fwd_kernel)` shows the
     `@triton.jit` function as written, decorators included.
     """
-    target = getattr(obj, "fn", obj)  # triton JITFunction / Autotuner / Heuristics wrap .fn
-    while hasattr(target, "fn") and not inspect.isfunction(target):
-        target = target.fn
-    return Code(inspect.getsource(target), language="python")
+    return Code(inspect.getsource(_unwrapped(obj)), language="python")
+
+
+def code_lines(*objs) -> int:
+    """Lines of code of the given functions or kernels, or of every Triton/Gluon kernel a given module
+    defines: the lines that are not blank, comments or docstrings (decorators and signatures count)."""
+    functions = []
+    for obj in objs:
+        if inspect.ismodule(obj):
+            functions += [_unwrapped(f) for f in vars(obj).values()
+                          if hasattr(f, "fn") and getattr(_unwrapped(f), "__module__", None) == obj.__name__]
+        else:
+            functions.append(_unwrapped(obj))
+    total = 0
+    for function in dict.fromkeys(functions):  # once each (an autotuned kernel wraps a kernel listed too)
+        source = textwrap.dedent(inspect.getsource(function))
+        docstrings = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node) is not None:
+                docstrings.update(range(node.body[0].lineno, node.body[0].end_lineno + 1))
+        total += sum(1 for number, line in enumerate(source.splitlines(), 1)
+                     if line.strip() and not line.strip().startswith("#") and number not in docstrings)
+    return total
 
 
 class WithStaticFallback:

@@ -1,12 +1,13 @@
-"""Compile the Gluon MLA decode kernel for sm_90a without a GPU and print what ptxas reports.
+"""Compile the Gluon MLA decode kernel for sm_90a without a GPU, for both caches (dense and paged), and print
+what ptxas reports.
 
-    python scripts/mla_gluon_compile.py            # compile, print, check
-    python scripts/mla_gluon_compile.py --keep DIR # also write the .ttgir / .ptx / ptxas log there
+    python scripts/mla_gluon_compile.py            # both variants: compile, print, check
+    python scripts/mla_gluon_compile.py --keep DIR # also write each variant's .ttgir / .ptx / ptxas log there
 
-Triton's shared-memory figure (all of it dynamic), ptxas's registers / spills, its
-performance notes, and a few instruction counts from the PTX (wgmma, TMA copies, mbarrier ops,
-setmaxnreg). Exits 1 if compilation fails, or ptxas spills, or serializes the wgmma pipeline, or
-shared memory exceeds 227 KB. Needs no CUDA device: the target is given explicitly.
+Triton's shared-memory figure (all of it dynamic), ptxas's registers / spills, its performance notes, and a few
+instruction counts from the PTX (wgmma, TMA copies, mbarrier ops, setmaxnreg). Exits 1 if compilation fails, or
+ptxas spills, or serializes the wgmma pipeline, or shared memory exceeds 227 KB, or the two variants' consumers
+differ (only the copy warp should). Needs no CUDA device: the target is given explicitly.
 Note: ptxas's "Used N registers" is the launch bound (maxnreg 168); the warpgroups then
 move to setmaxnreg's values (240 / 240 / 24), which the PTX counts show.
 """
@@ -34,25 +35,9 @@ SMEM_LIMIT = 232448  # bytes of shared memory one CTA may use on H100/H200 (227 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 H = 128  # heads of the benchmark shape (only enters index arithmetic)
 
-_COMMON_SIG = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "seqlens_ptr": "*i32", "o_ptr": "*bf16", "lse_ptr": "*fp32",
-               "ws_o_ptr": "*fp32", "ws_lse_ptr": "*fp32", "scale_log2": "fp32", "t_max": "i32", "stride_kb": "i32",
-               "stride_kt": "i32", "num_splits": "i32"}
-
-
-def build():
-    consts = {"H": H, "BN": gd.BN, "STAGES": gd.STAGES, "D_V": gd.D_V, "D_PE": gd.D_PE,
-              "CONSUMER_REGS": gd.WS_CONSUMER_REGS, "num_warps": 4}
-    fn = gd._mla_decode_ws_kernel
-    options = {"num_warps": 4, "maxnreg": gd.WS_MAXNREG}
-    sig = dict(_COMMON_SIG, **{k: "constexpr" for k in consts})
-    # What the launcher's specialization would add at the benchmark shape: every pointer 16-byte aligned,
-    # and t_max (8192), stride_kb (8192 * 576), stride_kt (576) divisible by 16.
-    div16 = [["tt.divisibility", 16]]
-    attrs = {(fn.arg_names.index(a), ): div16
-             for a in ("q_ptr", "kv_ptr", "seqlens_ptr", "o_ptr", "lse_ptr", "ws_o_ptr", "ws_lse_ptr", "t_max",
-                       "stride_kb", "stride_kt")}
-    src = GluonASTSource(fn, sig, consts, attrs)
-    return triton.compile(src, target=TARGET, options=options)
+SIG = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "seqlens_ptr": "*i32", "bt_ptr": "*i32", "o_ptr": "*bf16",
+       "lse_ptr": "*fp32", "ws_o_ptr": "*fp32", "ws_lse_ptr": "*fp32", "scale_log2": "fp32", "t_max": "i32",
+       "stride_kb": "i32", "stride_kt": "i32", "stride_bt": "i32", "num_splits": "i32"}
 
 
 def ptxas_stats(ptx: str, keep: Path | None, tag: str) -> dict:
@@ -93,46 +78,74 @@ def ptx_counts(ptx: str) -> dict:
     return out
 
 
-def main(argv):
-    keep = None
-    if "--keep" in argv:
-        keep = Path(argv[argv.index("--keep") + 1])
-        keep.mkdir(parents=True, exist_ok=True)
-    tag = "mla_decode_ws"
-    print(f"triton {triton.__version__}, target {TARGET}, ptxas {PTXAS}")
+def build(paged: bool):
+    consts = {"H": H, "BN": gd.BN, "STAGES": gd.STAGES, "D_V": gd.D_V, "D_PE": gd.D_PE,
+              "CONSUMER_REGS": gd.WS_CONSUMER_REGS, "PAGED": paged, "num_warps": 4}
+    fn = gd._mla_decode_ws_kernel
+    missing = set(fn.arg_names) - set(SIG) - set(consts)
+    if missing:
+        raise SystemExit(f"the kernel has arguments this script does not know: {sorted(missing)}")
+    sig = dict(SIG, **{k: "constexpr" for k in consts})
+    # What the launcher would see at the benchmark shape: pointers 16-byte aligned (ints are not specialized).
+    div16 = [["tt.divisibility", 16]]
+    attrs = {(fn.arg_names.index(a), ): div16
+             for a in ("q_ptr", "kv_ptr", "seqlens_ptr", "bt_ptr", "o_ptr", "lse_ptr", "ws_o_ptr", "ws_lse_ptr")}
+    return triton.compile(GluonASTSource(fn, sig, consts, attrs), target=TARGET,
+                          options={"num_warps": 4, "maxnreg": gd.WS_MAXNREG})
+
+
+def check(paged: bool, keep: Path | None) -> tuple[list, dict]:
+    tag = "mla_decode_ws_paged" if paged else "mla_decode_ws_dense"
     print(f"\n=== {tag} (BN, STAGES = {gd.BN}, {gd.STAGES}) ===")
-    try:
-        c = build()
-        ptx = c.asm["ptx"]
-        if keep:
-            (keep / f"{tag}.ttgir").write_text(c.asm["ttgir"])
-            (keep / f"{tag}.ptx").write_text(ptx)
-        st = ptxas_stats(ptx, keep, tag)
-    except Exception:  # noqa: BLE001 - report the failure, then exit non-zero
-        traceback.print_exc()
-        print("FAIL  : compilation error")
-        return 1
+    c = build(paged)
+    ptx = c.asm["ptx"]
+    if keep:
+        (keep / f"{tag}.ttgir").write_text(c.asm["ttgir"])
+        (keep / f"{tag}.ptx").write_text(ptx)
+    st = ptxas_stats(ptx, keep, tag)
     smem = c.metadata.shared
     print(f"triton: num_warps (total) {c.metadata.num_warps}, shared {smem} B ({smem / 1024:.1f} KB), "
           f"global scratch {c.metadata.global_scratch_size} B")
     print(f"ptxas : {st['regs']} registers, spill stores {st['spill_stores']} B, spill loads "
-          f"{st['spill_loads']} B, stack {st['stack']} B, static smem {st['static_smem']} B")
+          f"{st['spill_loads']} B, stack {st['stack']} B")
     serialized = False
     for line in st["log"].splitlines():
         low = line.lower()
         if "error" in low or "warning" in low or "performance loss" in low or "injected" in low:
             print("ptxas :", line.strip())
-        # C7514 / C7515: ptxas serializes every wgmma of the kernel (a wait after each one).
         serialized |= "wgmma.mma_async instructions are serialized" in line
-    print("ptx   :", ptx_counts(ptx))
+    counts = ptx_counts(ptx)
+    print("ptx   :", counts)
     problems = []
     if st["spill_stores"] or st["spill_loads"]:
-        problems.append("register spills")
+        problems.append(f"{tag}: register spills")
     if smem > SMEM_LIMIT:
-        problems.append(f"shared memory {smem} > {SMEM_LIMIT}")
+        problems.append(f"{tag}: shared memory {smem} > {SMEM_LIMIT}")
     if serialized:
-        problems.append("ptxas serialized the wgmma instructions")
-    print("FAIL  : " + ", ".join(problems) if problems else "OK")
+        problems.append(f"{tag}: ptxas serialized the wgmma instructions")
+    return problems, counts
+
+
+def main(argv):
+    keep = None
+    if "--keep" in argv:
+        keep = Path(argv[argv.index("--keep") + 1])
+        keep.mkdir(parents=True, exist_ok=True)
+    print(f"triton {triton.__version__}, target {TARGET}")
+    problems, counts = [], {}
+    for paged in (False, True):
+        try:
+            p, counts[paged] = check(paged, keep)
+            problems += p
+        except Exception:  # noqa: BLE001 - report the failure, then exit non-zero
+            traceback.print_exc()
+            problems.append(f"{'paged' if paged else 'dense'}: compilation error")
+    if len(counts) == 2:
+        # the consumers are shared: the same wgmma work in both (the copy warp is what differs)
+        for k in ("wgmma", "wgmma_wait", "setmaxnreg_values", "wgmma_shapes"):
+            if counts[False][k] != counts[True][k]:
+                problems.append(f"{k} differs between dense and paged: {counts[False][k]} vs {counts[True][k]}")
+    print("FAIL  : " + "; ".join(problems) if problems else "OK")
     return 1 if problems else 0
 
 

@@ -6,6 +6,8 @@ fa_host: where the host time of one FlashAttention-2 call goes (tiny shapes).
 fa_bwd: the backward at short T (B=1, H=32, D=128) against SDPA flash: through autograd, the
   kernels alone, a CUDA-graph replay (GPU time only), and autograd on one thread.
 mla: the Triton MLA decode kernel's tile configurations (TMA and pointer loads) at B=128, H=128, T=8K.
+mla_splits: MLA decode on shuffled pages of 64 at B = 8, 32, 64 (T = 8K): the Gluon kernel at the split count
+  `_num_splits` picks and at others, graph replays beside FlashMLA, and each launch's GPU time (main, combine).
 fa_mask: what keeping hidden NaN out costs the causal forward: the kernel as it is against a copy whose
   masked path multiplies P and V with a plain `tl.dot` (short lengths, where diagonal blocks weigh most).
 m2_step: Mamba-2's decode step at B = 64 (80 and 64 heads x 64 x 128), graph replays, % of the copy ceiling
@@ -392,7 +394,33 @@ def _kda_host_parts(a, book):
     pstats.Stats(profile).sort_stats("tottime").print_stats(16)
 
 
+def mla_splits():
+    """The Gluon MLA decode on shuffled pages at B = 8, 32, 64, T = 8K: graph-replayed time and each kernel's
+    GPU time (torch.profiler) at every split count worth trying, the cost model's pick marked, and FlashMLA's
+    replayed time on the same pages."""
+    from kernels.launch import sm_count
+    from kernels.mla import bench as mla_bench
+    from kernels.mla import interface
+    for B in (8, 32, 64):
+        case = mla_bench._paged_case(B, 8192, "shuffled")
+        q, _, pages, table, seqlens = mla_bench._paged_inputs(case)
+        picked = interface._num_splits(B, case["H"] // interface._BH_PLAN, case["T"], sm_count(q.device))
+        flash = mla_bench._flashmla_paged(case)
+        flash_ms = time_graph_ms(flash) if flash is not None else float("nan")
+        print(f"--- MLA paged decode, B = {B}, T = 8K, shuffled: FlashMLA {flash_ms * 1000:.1f} us replayed; "
+              f"_num_splits picks {picked}", flush=True)
+        for splits in sorted({1, 2, 3, 4, 6, 8, 12, 16, picked}):
+            def call(splits=splits):
+                return interface.mla_decode(q, pages, seqlens, mla_bench.SCALE, block_table=table,
+                                            check_seqlens=False, num_splits=splits)
+            ms = time_graph_ms(call)
+            kernels = ", ".join(f"{name[:40]} {us:.1f}" for name, us in
+                                sorted(_kernel_times_us(call).items(), key=lambda kv: -kv[1]))
+            print(f"  {splits:3d} slices{' (picked)' if splits == picked else '':9s} {ms * 1000:7.1f} us "
+                  f"({flash_ms / ms:.2f}x FlashMLA's speed); GPU us per kernel: {kernels}", flush=True)
+
+
 if __name__ == "__main__":
     for part in sys.argv[1:]:
         {"fa_host": fa_host, "fa_bwd": fa_bwd, "mla": mla, "fa_mask": fa_mask, "m2_step": m2_step,
-         "kda_step": kda_step, "kda_prefill": kda_prefill}[part]()
+         "kda_step": kda_step, "mla_splits": mla_splits, "kda_prefill": kda_prefill}[part]()

@@ -431,3 +431,21 @@ def test_importing_triton_first_on_a_cpu_is_explained():
                           timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "import kernels first" in done.stderr
+
+
+def _counted(x):
+    """A docstring
+    over two lines."""
+    # a comment line
+
+    y = x + 1
+    return y  # a line with a comment counts
+
+
+def test_code_lines_leaves_out_blanks_comments_and_docstrings():
+    from kernels.mla import decode
+    from kernels.notebook import code_lines
+    assert code_lines(_counted) == 3
+    assert code_lines(_counted, _counted) == 3              # a function named twice counts once
+    kernels_of_module = code_lines(decode)      # every kernel the module defines, each once
+    assert kernels_of_module == code_lines(decode._mla_decode_kernel, decode._mla_combine_kernel, decode._cache_row)

@@ -105,6 +105,120 @@ def test_decode_seqlen_one_everywhere():
     assert_close(lse, s, FP32_TOL, "lse")
 
 
+@pytest.mark.parametrize("num_splits", [3, 5])
+def test_combine_weighs_slices_by_their_lse(num_splits):
+    """The split-KV merge alone, against its formula: out = sum_s softmax(lse)_s * partial_s. A slice of lse
+    -inf (empty) weighs nothing (its partial here is random, not the 0 a kernel writes); a row with every
+    slice empty gives 0 and lse -inf."""
+    from kernels.mla import decode
+
+    B, s_q, H, V = 2, 2, 3, 60                    # D_v not a power of two: masked columns
+    rows = B * s_q * H                            # (batch, query, head), out's order
+    ws_o = torch.randn(rows, num_splits, V, device=DEVICE)
+    ws_lse = torch.randn(rows, num_splits, device=DEVICE) * 4   # base 2
+    ws_lse[1, 1:] = float("-inf")                 # one slice seen
+    ws_lse[4, ::2] = float("-inf")                # every other slice empty
+    ws_lse[7] = float("-inf")                     # none seen
+    out = torch.empty(B, s_q, H, V, device=DEVICE)
+    lse = torch.empty(B, H, s_q, device=DEVICE)
+    decode.launch_combine(ws_o, ws_lse, out, lse, num_splits)
+    ref_lse = torch.logsumexp(ws_lse * math.log(2), dim=1)
+    weights = (ws_lse * math.log(2) - ref_lse[:, None]).exp().nan_to_num(0.0)   # row 7: exp(-inf + inf) -> 0
+    got, got_lse = out.reshape(rows, V), lse.transpose(1, 2).reshape(rows)
+    assert_close(got, (weights[:, :, None] * ws_o).sum(1), 1e-5, "out")
+    assert torch.equal(got[7], torch.zeros(V, device=DEVICE)) and got_lse[7] == float("-inf")
+    seen = torch.arange(rows, device=DEVICE) != 7
+    assert (got_lse[seen] - ref_lse[seen]).abs().max() < 1e-5
+
+
+# ---------------------------------------------------------------------------------- paged caches, FlashMLA's layout
+PAGE_LENS = [1, 63, 65, 130]   # one position, a page but one, a page and one, two pages and two
+
+
+def flashmla_pages(kv, lens, page=64, spare=3):
+    """kv [B, T, D] as FlashMLA's paged cache: pages [num_blocks, page, D] in shuffled order, `spare` pages no
+    sequence uses, NaN in every slot no sequence uses (past each length, and the spare pages), and a block
+    table int32 [B, max_blocks] whose entries past each sequence's pages are -1 (never read)."""
+    B, T, D = kv.shape
+    n_pages = math.ceil(T / page)
+    n_blocks = B * n_pages + spare
+    cache = torch.full((n_blocks, page, D), float("nan"), device=kv.device, dtype=kv.dtype)
+    perm = torch.randperm(n_blocks, device=kv.device)[: B * n_pages].reshape(B, n_pages)
+    table = torch.full((B, n_pages), -1, dtype=torch.int32, device=kv.device)
+    for b in range(B):
+        n = int(lens[b])
+        for j in range(math.ceil(n / page)):
+            rows = kv[b, j * page: min((j + 1) * page, n)]
+            cache[perm[b, j], : rows.shape[0]] = rows
+            table[b, j] = perm[b, j]
+    return cache, table
+
+
+@pytest.mark.parametrize("dtype, shape, ns", [
+    (torch.float32, "3d", 1), (torch.float32, "4d", 2), (torch.float32, "3d", None), (torch.float16, "4d", 1),
+    (torch.float16, "3d", 2),
+], ids=["fp32-3d-whole", "fp32-4d-split2", "fp32-3d-split-auto", "fp16-4d-whole", "fp16-3d-split2"])
+def test_paged_pages_of_64(dtype, shape, ns):
+    """FlashMLA's cache layout through the Triton kernel: pages of 64 in shuffled order, as
+    [num_blocks, 64, D] and as [num_blocks, 64, 1, D] (a view, no copy), lengths that end mid-page, NaN in
+    every unused page slot and page, -1 in the unused block-table entries."""
+    lens = torch.tensor(PAGE_LENS, dtype=torch.int32)
+    q, kv, lens, _ = make_case(len(PAGE_LENS), 1, 3, 72, max(PAGE_LENS), dtype=dtype, lens=lens)
+    cache, table = flashmla_pages(kv, lens)
+    if shape == "4d":
+        cache = cache[:, :, None, :]
+    tol = FP32_TOL if dtype == torch.float32 else tolerance(torch.float16)
+    out, lse = check_decode(q, cache, lens, table, 64, False, ns, tol)
+    dense, dense_lse = mla_decode(q, kv, lens, 0.13, 64, num_splits=ns)   # the same sequences, contiguous
+    assert_close(out, dense, tol, "paged vs dense")
+
+
+def test_paged_4d_cache_is_read_as_a_view(monkeypatch):
+    """The [num_blocks, 64, 1, D] cache reaches the kernel as a view of the same memory."""
+    from kernels.mla import decode
+
+    q, kv, lens, _ = make_case(2, 1, 3, 72, 70, lens=torch.tensor([70, 5]))
+    cache, table = flashmla_pages(kv, lens)
+    cache4 = cache[:, :, None, :]
+    seen, launch = [], decode.launch_triton
+    monkeypatch.setattr(decode, "launch_triton", lambda *a: seen.append(a[1].data_ptr()) or launch(*a))
+    mla_decode(q, cache4, lens, 0.1, 64, table)
+    assert seen == [cache4.data_ptr()]
+
+
+@pytest.mark.parametrize("pages", ["in order", "shuffled"])
+def test_paged_benchmark_inputs(pages):
+    """The paged benchmark's inputs (kernels/mla/bench.py), built small: in order, the pages are the dense
+    cache's own memory; shuffled or not, the kernel reads the same sequences from them."""
+    from kernels.mla.bench import _paged_inputs
+
+    case = {"B": 2, "T": 128, "H": 3, "D": 72, "pages": pages}
+    q, kv, cache, table, lens = _paged_inputs(case, device=DEVICE, dtype=torch.float32)
+    assert cache.shape == (4, 64, 72) and table.shape == (2, 2) and table.dtype == torch.int32
+    q2, dense, _, _, _ = _paged_inputs(dict(case, pages="in order"), device=DEVICE, dtype=torch.float32)
+    assert torch.equal(q, q2)                     # one seed per case: every provider reads the same numbers
+    if pages == "in order":
+        assert cache.data_ptr() == kv.data_ptr()
+    else:
+        assert kv is None and sorted(table.flatten().tolist()) == [0, 1, 2, 3]
+    out, _ = check_decode(q, cache, lens, table, 64, False, 1, FP32_TOL)
+    ref, _ = mla_decode(q, dense, lens, 0.13, 64, num_splits=1)
+    assert_close(out, ref, FP32_TOL)
+
+
+def test_paged_pages_not_back_to_back():
+    """Pages of 64 cut out of larger ones (stride(0) != 64 * stride(1)): the Triton kernel reads them right;
+    the Gluon kernel, which reads the pages as one matrix of rows, refuses them, saying why."""
+    lens = torch.tensor([70, 100], dtype=torch.int32)
+    q, kv, lens, _ = make_case(2, 1, 3, 72, 100, lens=lens)
+    cache, table = flashmla_pages(kv, lens)
+    wide = torch.full((cache.shape[0], 80, 72), float("nan"), device=DEVICE)
+    wide[:, :64] = cache
+    check_decode(q, wide[:, :64], lens, table, 64, False, 2, FP32_TOL)
+    with pytest.raises(ValueError, match="back to back"):
+        mla_decode(q, wide[:, :64], lens, 0.1, 64, table, backend="gluon")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("B,s_q,H,T", [(2, 1, 128, 17), (1, 2, 4, 37)], ids=["B2-T17-H128-sq1", "B1-T37-H4-sq2"])
 def test_absorbed_equals_naive(B, s_q, H, T, dtype):
@@ -327,6 +441,10 @@ DECODE_CASES = [
          r"kv_cache must have shape \[2, \*, 72\]"),
     Case("cache_seqlens-length", _set(cache_seqlens=lambda a: a["cache_seqlens"][:1]), ValueError,
          r"cache_seqlens must have shape \[2\]"),
+    Case("kv_cache-4d-two-heads", _set(kv_cache=lambda a: torch.stack([a["kv_cache"]] * 2, dim=2)), ValueError,
+         r"kv_cache must have shape \[\*, \*, 1, \*\]"),
+    Case("kv_cache-4d-dense", lambda a: a.update(kv_cache=a["kv_cache"][:2, :, None], block_table=None), ValueError,
+         "kv_cache must have 3 dims"),
     # empty sizes
     Case("empty-batch", _set(q=lambda a: a["q"][:0], cache_seqlens=lambda a: a["cache_seqlens"][:0],
                              block_table=lambda a: a["block_table"][:0]), ValueError, "q must have every size >= 1"),
@@ -368,6 +486,8 @@ KERNEL_ONLY_CASES = [
     Case("check_seqlens-int", _set(check_seqlens=lambda a: 1), TypeError, "check_seqlens must be a bool"),
     Case("backend-name", _set(backend=lambda a: "cuda"), ValueError, "backend must be one of"),
     Case("gluon-misfit", _set(backend=lambda a: "gluon"), ValueError, "backend='gluon' does not apply here"),
+    Case("gluon-page-size", _set(backend=lambda a: "gluon"), ValueError,
+         "backend='gluon' does not apply here: its paged cache takes pages of 64 positions.*got page size 8"),
 ]
 
 
@@ -381,6 +501,21 @@ def test_mla_decode_refuses(case):
                          + DECODE_CASES, ids=case_id)
 def test_mla_decode_ref_refuses(case):
     expect_refusal(mla_decode_ref, lambda: _decode_args(paged_cache=True), case)
+
+
+@pytest.mark.parametrize("paged_cache", [False, True], ids=["dense", "paged"])
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "reference"])
+def test_the_quick_acceptance_agrees_with_the_checks(paged_cache, kernel):
+    """check_decode_inputs first tries one quick pass over a call (a decode step at small batch is bound by
+    host time); where it accepts, the checks one by one accept and return the same scale. (Every bad input
+    above goes through both: the quick pass must leave each of them to the checks.)"""
+    from kernels.mla.reference import _accepted_at_once, _checked_one_by_one
+
+    a = _decode_args(paged_cache)
+    args = (a["q"], a["kv_cache"], a["cache_seqlens"], a["softmax_scale"], a.get("block_table"), kernel)
+    quick = _accepted_at_once(*args)
+    assert quick is not None, "a plainly valid call"
+    assert quick == _checked_one_by_one(*args)
 
 
 def test_mla_decode_ref_refuses_meta_tensors():
@@ -575,6 +710,97 @@ def test_gluon_gpu_one_position_cache():
     assert (lse - ref_lse).abs().max().item() < 1e-3
 
 
+GLUON_PAGED_LENS = [1, 63, 64, 65, 129, 130, 1000, 3000]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 3, 40, None], ids=["whole", "split3", "split40", "split-auto"])
+@pytest.mark.parametrize("shape", ["3d", "4d"])
+def test_gluon_gpu_paged(shape, num_splits):
+    """The Gluon kernel on FlashMLA's paged cache (pages of 64, shuffled, NaN in every unused slot and page,
+    -1 past each sequence's pages in the block table): right against the reference, equal bit for bit to
+    the same kernel on the same sequences stored contiguously (the same tiles meet the same products), and
+    close to the Triton kernel on the same pages. 40 slices leave the short sequences' last slices empty."""
+    lens = torch.tensor(GLUON_PAGED_LENS, dtype=torch.int32)
+    q, kv, lens, _ = make_case(len(lens), 1, 128, 576, int(lens.max()), dtype=torch.bfloat16, lens=lens)
+    cache, table = flashmla_pages(kv, lens)
+    if shape == "4d":
+        cache = cache[:, :, None, :]
+    scale = yarn_softmax_scale()
+    out, lse = mla_decode(q, cache, lens, scale, block_table=table, backend="gluon", num_splits=num_splits)
+    ref, ref_lse = mla_decode_ref(q, cache, lens, scale, 512, table, False)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert_close(out, ref, BF16_TOL, "out vs reference")
+    assert (lse - ref_lse).abs().max().item() < 1e-3
+    dense, dense_lse = mla_decode(q, kv, lens, scale, backend="gluon", num_splits=num_splits)
+    assert torch.equal(out, dense) and torch.equal(lse, dense_lse), "paged and dense Gluon results differ"
+    tri, tri_lse = mla_decode(q, cache, lens, scale, block_table=table, backend="triton", num_splits=num_splits)
+    assert_close(out, tri, BF16_TOL, "out vs Triton")
+    if num_splits == 1:
+        direct, direct_lse = mla_decode_gluon(q, cache, lens, scale, table)
+        assert torch.equal(direct, out) and torch.equal(direct_lse, lse)
+
+
+@pytest.mark.gpu
+def test_gluon_gpu_paged_one_column_block_table():
+    """max_blocks = 1: the block table's row stride is 1, which must not become a constant (it crosses into
+    the copy warp's partition)."""
+    lens = torch.tensor([1, 40, 64], dtype=torch.int32)
+    q, kv, lens, _ = make_case(3, 1, 64, 576, 64, dtype=torch.bfloat16, lens=lens)
+    cache, table = flashmla_pages(kv, lens)
+    assert table.shape[1] == 1
+    out, lse = mla_decode(q, cache, lens, 0.1, block_table=table, backend="gluon", num_splits=1)
+    ref, ref_lse = mla_decode_ref(q, cache, lens, 0.1, 512, table, False)
+    assert_close(out, ref, BF16_TOL)
+    assert (lse - ref_lse).abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_gluon_gpu_repeat_and_graph_replay(paged, monkeypatch):
+    """A whole-sequence call compiles the kernel; a split call then launches it directly (no dispatcher) and
+    is right; its repeat reuses the workspace; a CUDA graph captures the same call. All give the first split
+    call's result, bit for bit; the graph's replay follows new values written into its inputs."""
+    from kernels.mla import gluon_decode
+    monkeypatch.setattr(gluon_decode, "_COMPILED", {})
+    lens = torch.tensor([100, 2000], dtype=torch.int32)
+    q, kv, lens, _ = make_case(2, 1, 128, 576, 2000, dtype=torch.bfloat16, lens=lens)
+    table = None
+    if paged:
+        kv, table = flashmla_pages(kv, lens)
+    mla_decode(q, kv, lens, 0.1, block_table=table, num_splits=1, check_seqlens=False)
+    call = lambda: mla_decode(q, kv, lens, 0.1, block_table=table, num_splits=4, check_seqlens=False)  # noqa: E731
+    first, first_lse = call()
+    ref, ref_lse = mla_decode_ref(q, kv, lens, 0.1, 512, table, False)
+    assert_close(first, ref, BF16_TOL, "a split call launched directly after a whole one")
+    assert (first_lse - ref_lse).abs().max().item() < 1e-3
+    again, again_lse = call()
+    assert torch.equal(first, again) and torch.equal(first_lse, again_lse)
+    check_graph_replay(call, q)
+
+
+def check_graph_replay(call, q):
+    """`call()` -> (out, lse) captured in a CUDA graph: the replay equals an eager call, and after new values
+    are written into q (the same memory) it equals an eager call on them."""
+    first, first_lse = call()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):   # warm up outside the capture
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, g_lse = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(g_out, first) and torch.equal(g_lse, first_lse)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    new, new_lse = call()
+    torch.cuda.synchronize()
+    assert torch.equal(g_out, new) and torch.equal(g_lse, new_lse)
+
+
 @pytest.mark.gpu
 def test_gluon_gpu_direct_call_refuses_what_it_cannot_run():
     q, kv, lens, _ = make_case(2, 1, 3, 576, 20, dtype=torch.bfloat16)
@@ -587,9 +813,10 @@ def test_gluon_gpu_direct_call_refuses_what_it_cannot_run():
     ({}, True),                                  # B=8, H=128, bf16, s_q=1, contiguous: the serving case
     ({"s_q": 2}, False),
     ({"dtype": torch.float16}, False),
-    ({"page": 64}, False),
+    ({"page": 64}, True),
+    ({"page": 16}, False),
     ({"num_splits": 2}, True),
-], ids=["serving", "s_q-2", "fp16", "paged", "split"])
+], ids=["serving", "s_q-2", "fp16", "paged-64", "paged-16", "split"])
 def test_gpu_auto_backend_choice(change, gluon, monkeypatch):
     from kernels.mla import gluon_decode
     calls, launch = [], gluon_decode.launch_gluon
@@ -601,13 +828,14 @@ def test_gpu_auto_backend_choice(change, gluon, monkeypatch):
 
 
 def test_gluon_kernel_compiles_for_hopper_without_spills():
-    """No GPU needed: compile the Gluon kernel for sm_90a and let ptxas judge it (no spills, no serialized
-    wgmma, shared memory within 227 KB). Catches a broken Gluon change on any machine."""
+    """No GPU needed: compile the Gluon kernel for sm_90a, for a dense and for a paged cache, and let ptxas
+    judge both (no spills, no serialized wgmma, shared memory within 227 KB, the same wgmma work in both).
+    Catches a broken Gluon change on any machine."""
     import subprocess
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "scripts" / "mla_gluon_compile.py"
+    script = Path(__file__).resolve().parent.parent / "scripts" / "mla_gluon_compile.py"  # dense and paged
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "registers" in done.stdout and "OK" in done.stdout

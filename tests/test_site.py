@@ -94,7 +94,8 @@ BIB_KEYS = [
     "ainslie2023gqa", "deepseek2024v2", "deepseek2024v3", "flashmla2025", "yang2024gla",
     "katharopoulos2020transformers", "qin2024lightning2", "minimax2025minimax01", "press2022alibi",
     "yang2024deltanet", "yang2025gateddeltanet", "kimi2025linear", "gu2023mamba", "dao2024mamba2", "fla2024",
-    "tillet2019triton", "tilelang2025", "williams2009roofline", "liu2023ring", "nvidia2022hopper"]
+    "tillet2019triton", "tilelang2025", "williams2009roofline", "liu2023ring", "nvidia2022hopper",
+    "kwon2023paged"]
 
 
 def test_glossary_defines_the_terms_the_chapters_link():

@@ -6,15 +6,21 @@
 """
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pandas as pd
 import torch
 
 from ..bench import Benchmark, Panel
+from ..peers import flashmla, tilelang
 from ..plot import BOOK_COLOR, COLUMN_INCHES, styled
-
-OTHER_COLOR = "#8c8c8c"  # the caches MLA is compared with
 from .interface import mla_decode
 from .reference import yarn_softmax_scale
+from .tilelang_decode import mla_decode_tilelang
+
+OTHER_COLOR = "#8c8c8c"  # the caches MLA is compared with
 
 H, D_C, D_R, D_NOPE, D_V = 128, 512, 64, 128, 128  # DeepSeek-V3 attention
 D_QK = D_C + D_R                                    # 576: the kernel's key width
@@ -150,9 +156,134 @@ DECODE_PLAIN = Benchmark(  # the same kernels called from Python: launch overhea
     [_case(1, 4096), _case(1, 16384), _case(128, 8192)],
     {k: DECODE_PROVIDERS[k] for k in ("book", "book: Triton", "book: no split", "PyTorch absorbed")},
     decode_flops, decode_bytes, timer="plain")
-BENCHMARKS = [DECODE, DECODE_PLAIN]
+
+
+# ---------------------------------------------------------------------------------- decode on a paged cache
+# FlashMLA's serving layout: pages of 64 positions, kv_cache [num_blocks, 64, 1, 576], an int32 block table.
+# Every provider reads the same numbers (one seed per case). "in order": sequence b's pages are blocks
+# b * T/64 ... in order, which is the dense [B, T, 576] cache's own memory, so the dense kernel reads that
+# very tensor; "shuffled": the same pages at random places, as a serving engine's allocator leaves them.
+# The shared harness replays each call from a CUDA graph and times it with triton's do_bench, which zeroes a
+# 256 MB buffer before every replay: the L2 cache is flushed, every call reads its cache from HBM.
+PAGE = 64
+
+
+def _flashmla(name):
+    """FlashMLA's function `name`, or None. Its package is built from its source on the GPU machine; the
+    folder holding it is FLASHMLA_PATH, or .peers-flashmla/flashmla_src in the repository's root."""
+    where = os.environ.get("FLASHMLA_PATH") or str(Path(__file__).resolve().parents[2] / ".peers-flashmla"
+                                                   / "flashmla_src")
+    if Path(where, "flash_mla").is_dir() and where not in sys.path:
+        sys.path.insert(0, where)
+    try:
+        return flashmla(name)
+    except Exception:  # noqa: BLE001 (a checkout whose extension is not built: not installed here)
+        return None
+
+
+def _paged_inputs(case, device="cuda", dtype=torch.bfloat16):
+    """q [B, 1, H, D], the dense cache [B, T, D] (None when shuffled), its pages [num_blocks, 64, D] in the
+    case's order, the block table int32 [B, T / 64] and the lengths (all T). In order, the pages are a view
+    of the dense cache. T must be a multiple of 64."""
+    B, T, H, D = case["B"], case["T"], case["H"], case["D"]
+    torch.manual_seed(0)
+    q = torch.randn(B, 1, H, D, device=device, dtype=dtype)
+    kv = torch.randn(B, T, D, device=device, dtype=dtype)
+    seqlens = torch.full((B,), T, device=device, dtype=torch.int32)
+    n_blocks = B * T // PAGE
+    pages = kv.view(n_blocks, PAGE, D)
+    if case["pages"] == "in order":
+        table = torch.arange(n_blocks, device=device, dtype=torch.int32).view(B, T // PAGE)
+    else:
+        perm = torch.randperm(n_blocks, device=device)
+        shuffled = torch.empty_like(pages)
+        shuffled[perm] = pages                 # logical page j of the batch lives in block perm[j]
+        pages, kv = shuffled, None             # (the dense copy is freed: only the pages are read)
+        table = perm.to(torch.int32).view(B, T // PAGE)
+    return q, kv, pages, table, seqlens
+
+
+def _book_paged(case, backend="auto"):
+    q, _, pages, table, seqlens = _paged_inputs(case)
+    return lambda: mla_decode(q, pages, seqlens, SCALE, block_table=table, check_seqlens=False, backend=backend)
+
+
+def _book_dense_same_memory(case):
+    """The Gluon kernel on the dense cache whose memory the in-order pages are (no shuffled counterpart)."""
+    if case["pages"] != "in order":
+        return None
+    q, kv, _, _, seqlens = _paged_inputs(case)
+    return lambda: mla_decode(q, kv, seqlens, SCALE, check_seqlens=False)
+
+
+def _flashmla_paged(case):
+    """FlashMLA's decode on the same pages, as [num_blocks, 64, 1, 576]. Its schedule is made here, by one
+    plain call on the current stream, and reused by every timed call, as FlashMLA's own benchmark does. (Made
+    instead inside the harness's warm-up for a graph, on a side stream, the sweep's replays came out faster
+    than the GPU's ceiling at B >= 64; made this way, `scripts/mla_replay_check.py` found replays that give
+    the plain call's output in the plain call's time.)"""
+    run, get_metadata = _flashmla("flash_mla_with_kvcache"), _flashmla("get_mla_metadata")
+    if run is None or get_metadata is None:
+        return None
+    q, _, pages, table, seqlens = _paged_inputs(case)
+    kcache = pages.unsqueeze(2)
+    sched, _ = get_metadata()
+
+    def call():
+        return run(q, kcache, table, seqlens, D_C, sched, None, softmax_scale=SCALE, causal=False)
+    call()
+    torch.cuda.synchronize()
+    return call
+
+
+# On the H200 the sweep never got past the TileLang kernel at B = 128, T = 16K (a 2.4 GB cache), twice, while
+# a plain call of it at that size finished in 2 s and gave finite outputs; caches this large are left out of
+# its rows until `scripts/mla_replay_check.py` says why.
+_TILELANG_SWEEP_BYTES = 2 ** 31
+
+
+def _tilelang_paged(case, num_splits=None):
+    """The book's TileLang kernels (`tilelang_decode.py`) on the same pages; n/a where TileLang is not installed
+    and for caches of 2**31 bytes or more (see above). The first call compiles them (a few seconds, in the
+    harness's warm-up)."""
+    if tilelang() is None or case["B"] * case["T"] * case["D"] * 2 >= _TILELANG_SWEEP_BYTES:
+        return None
+    q, _, pages, table, seqlens = _paged_inputs(case)
+    return lambda: mla_decode_tilelang(q, pages, table, seqlens, softmax_scale=SCALE, num_splits=num_splits,
+                                       check_seqlens=False)
+
+
+PAGED_PROVIDERS = {
+    "book": _book_paged,                                               # the Gluon kernel, pages of 64
+    "book: dense cache": _book_dense_same_memory,                      # the Gluon kernel on [B, T, 576]
+    "book: Triton": lambda case: _book_paged(case, backend="triton"),  # the Triton kernel on the same pages
+    "book: TileLang": _tilelang_paged,                                 # split-KV where it pays, as "book"
+    "book: TileLang, no split": lambda case: _tilelang_paged(case, num_splits=1),  # the single pass
+    "FlashMLA": _flashmla_paged,
+}
+
+
+def _paged_case(B, T, pages):
+    return {"B": B, "T": T, "H": H, "D": D_QK, "pages": pages}
+
+
+_PAGED_SHAPES = [(b, 8192) for b in (1, 8, 32, 64)] + [(128, t) for t in (4096, 8192, 16384, 32768)]
+DECODE_PAGED = Benchmark(
+    "mla_decode_paged",
+    [_paged_case(b, t, order) for order in ("in order", "shuffled") for b, t in _PAGED_SHAPES],
+    PAGED_PROVIDERS, decode_flops, decode_bytes, timer="graph")
+DECODE_PAGED_PLAIN = Benchmark(  # called from Python: what a step costs on the host as well
+    "mla_decode_paged_plain",
+    [_paged_case(1, 8192, "shuffled"), _paged_case(1, 16384, "shuffled"), _paged_case(8, 8192, "shuffled"),
+     _paged_case(128, 8192, "shuffled")],
+    {k: PAGED_PROVIDERS[k] for k in ("book", "book: Triton", "FlashMLA")}, decode_flops, decode_bytes,
+    timer="plain")
+PAGED_HEADLINE = Panel("mla_decode_paged", {"B": 128, "pages": "shuffled"}, "T", "tflops", ("book", "FlashMLA"),
+                       "MLA decode, paged cache (pages of 64)\nB=128, H=128, one query token",
+                       xlabel="context length T")
+BENCHMARKS = [DECODE, DECODE_PLAIN, DECODE_PAGED, DECODE_PAGED_PLAIN]
 HEADLINE = Panel("mla_decode", {"B": 128}, "T", "tflops", ("book", "PyTorch absorbed"),
                  "MLA decode\nB=128, H=128, one query token", xlabel="context length T")
 
-__all__ = ["DECODE", "DECODE_PLAIN", "BENCHMARKS", "HEADLINE", "cache_bytes_table", "plot_cache_bytes",
-           "decode_flops", "decode_bytes"]
+__all__ = ["DECODE", "DECODE_PLAIN", "DECODE_PAGED", "DECODE_PAGED_PLAIN", "BENCHMARKS", "HEADLINE", "PAGED_HEADLINE",
+           "cache_bytes_table", "plot_cache_bytes", "decode_flops", "decode_bytes"]

@@ -18,7 +18,7 @@ import contextlib
 import triton
 import triton.language as tl
 
-from ..launch import LN2, LOG2E, autotune_configs, pow2_at_least_16, tma_scratch
+from ..launch import LN2, LOG2E, autotune_configs, cdiv, next_power_of_2, pow2_at_least_16, tma_scratch
 from ..tl_helpers import log2_sum_exp2
 
 _LN2 = tl.constexpr(LN2)  # a kernel reads a module-level number only as a constexpr
@@ -180,26 +180,34 @@ def _mla_combine_kernel(
     S_Q: tl.constexpr, H: tl.constexpr, D_V: tl.constexpr,
     BS: tl.constexpr, BV: tl.constexpr,
 ):
-    """Merge the split-KV partials of one (batch, query, head) row, one BV chunk of the value."""
+    """Merge the num_splits partials of one (batch, query, head) row: its whole value, all D_V columns.
+
+    ws_o fp32 [rows, num_splits, D_V] and ws_lse fp32 [rows, num_splits] (base 2, -inf for an empty slice),
+    rows = B * S_Q * H in o's order; o [B, S_Q, H, D_V] (its own dtype), lse fp32 [B, H, S_Q] (natural log).
+    """
     ROWS: tl.constexpr = S_Q * H
-    i_br, i_v = tl.program_id(0), tl.program_id(1)
+    i_br = tl.program_id(0)
     i_b, i_r = i_br // ROWS, i_br % ROWS
+    # The slices' weights, exp2(lse - max) / their sum: first the max and the sum, from the lse vector.
+    p_lse = ws_lse + i_br.to(tl.int64) * num_splits
     o_s = tl.arange(0, BS)
-    m_s = o_s < num_splits
-    b_lse = tl.load(ws_lse + i_br.to(tl.int64) * num_splits + o_s, mask=m_s, other=float("-inf"))
+    b_lse = tl.load(p_lse + o_s, mask=o_s < num_splits, other=float("-inf"))
     b_m = tl.max(b_lse, 0)
-    b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
-    b_w = tl.exp2(b_lse - b_m)                        # each slice's share, up to a common factor
-    b_sum = tl.sum(b_w, 0)
-    b_w = b_w / tl.where(b_sum > 0, b_sum, 1.0)
-    o_v = i_v * BV + tl.arange(0, BV)
+    b_m = tl.where(b_m == float("-inf"), 0.0, b_m)   # every slice empty: all weights exp2(-inf) = 0
+    b_sum = tl.sum(tl.exp2(b_lse - b_m), 0)
+    b_norm = tl.where(b_sum > 0, b_sum, 1.0)
+    # Then the slices one at a time, each a contiguous run of D_V floats (one coalesced load), so the
+    # registers hold one slice, not all of them. The loop's stages keep the loads of the next slices in
+    # flight while this one is added: without them a program waits a memory latency per slice.
+    o_v = tl.arange(0, BV)
     m_v = o_v < D_V
-    p_w = ws_o + (i_br.to(tl.int64) * num_splits + o_s)[:, None] * D_V + o_v[None, :]
-    b_o = tl.load(p_w, mask=m_s[:, None] & m_v[None, :], other=0.0)
-    b_out = tl.sum(b_o * b_w[:, None], 0)
+    p_w = ws_o + i_br.to(tl.int64) * num_splits * D_V + o_v
+    b_out = tl.zeros([BV], tl.float32)
+    for i_s in tl.range(num_splits, num_stages=3):
+        b_w = tl.exp2(tl.load(p_lse + i_s) - b_m) / b_norm   # its lse read again, as a scalar (cached)
+        b_out += b_w * tl.load(p_w + i_s * D_V, mask=m_v, other=0.0)
     tl.store(o + i_br.to(tl.int64) * D_V + o_v, b_out.to(o.dtype.element_ty), mask=m_v)
-    if i_v == 0:
-        tl.store(lse + (i_b * H + i_r % H) * S_Q + i_r // H, log2_sum_exp2(b_m, b_sum) * _LN2)
+    tl.store(lse + (i_b * H + i_r % H) * S_Q + i_r // H, log2_sum_exp2(b_m, b_sum) * _LN2)
 
 
 # On the GPU: four tile shapes, tried once per (shape, mode) and remembered.
@@ -233,20 +241,35 @@ def launch_triton(q, kv_cache, block_table, cache_seqlens, softmax_scale, out, l
             cache_seqlens, out, lse, ws_o, ws_lse, softmax_scale * LOG2E, kv_cache.stride(0), kv_cache.stride(1),
             block_table.stride(0) if paged else 0, num_splits)
     consts = dict(S_Q=S_Q, H=H, D_QK=D_QK, D_V=D_V, PAGE=kv_cache.shape[1] if paged else 1, PAGED=paged, TMA=tma,
-                  CAUSAL=causal and S_Q > 1, SPLIT=num_splits > 1, BV=triton.next_power_of_2(D_V),
-                  BP=pow2_at_least_16(max(D_QK - D_V, 1)), BX=triton.next_power_of_2(max(S_Q - 1, 1)))
-    grid = lambda meta: (triton.cdiv(S_Q * H, meta["BH"]), num_splits, B)  # noqa: E731
+                  CAUSAL=causal and S_Q > 1, SPLIT=num_splits > 1, BV=next_power_of_2(D_V),
+                  BP=pow2_at_least_16(max(D_QK - D_V, 1)), BX=next_power_of_2(max(S_Q - 1, 1)))
+    grid = lambda meta: (cdiv(S_Q * H, meta["BH"]), num_splits, B)  # noqa: E731
     with tma_scratch() if tma else contextlib.nullcontext():
         _mla_decode_tuned[grid](*args, **consts)
 
 
+_COMBINE = {}  # (device, num_splits, S_Q, H, D_V) -> the compiled combine kernel, launched directly
+
+
 def launch_combine(ws_o, ws_lse, out, lse, num_splits):
-    """Merge the num_splits partials of every row into out [B, s_q, H, D_V] and lse [B, H, s_q]."""
+    """Merge the num_splits partials of every row into out [B, s_q, H, D_V] and lse [B, H, s_q].
+    After the first call with a key the compiled kernel is launched directly (no dispatcher): its one
+    integer argument, num_splits, is in the key, and its pointers are checked to be 16-byte aligned."""
     B, S_Q, H, D_V = out.shape
-    BV = min(triton.next_power_of_2(D_V), 128)
-    _mla_combine_kernel[(B * S_Q * H, triton.cdiv(D_V, BV))](
-        ws_o, ws_lse, out, lse, num_splits, S_Q=S_Q, H=H, D_V=D_V, BS=max(2, triton.next_power_of_2(num_splits)),
-        BV=BV)
+    BV = next_power_of_2(D_V)
+    BS = max(2, next_power_of_2(num_splits))
+    grid = (B * S_Q * H, 1, 1)  # one program a row (a compiled kernel takes all three sizes)
+    args = (ws_o, ws_lse, out, lse, num_splits)
+    key = (out.device, num_splits, S_Q, H, D_V, out.dtype)
+    aligned = all(t.data_ptr() % 16 == 0 for t in args[:4])
+    compiled = _COMBINE.get(key)
+    if compiled is not None and aligned:
+        compiled[grid](*args, S_Q, H, D_V, BS, BV)
+        return
+    num_warps = min(max(BV // 128, 1), 8)  # a 16-byte load (4 fp32) a thread per slice; D_V is in the key
+    compiled = _mla_combine_kernel[grid](*args, S_Q=S_Q, H=H, D_V=D_V, BS=BS, BV=BV, num_warps=num_warps)
+    if compiled is not None and aligned:  # (the interpreter compiles nothing)
+        _COMBINE[key] = compiled
 
 
 __all__ = ["launch_triton", "launch_combine"]

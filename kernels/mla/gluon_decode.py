@@ -1,8 +1,9 @@
 """MLA decode for Hopper (sm_90a) in Gluon, Triton's explicit dialect: warpgroups, mbarriers and TMA by hand.
 
-Shapes (DeepSeek-V3 absorbed form, one query token, contiguous cache):
+Shapes (DeepSeek-V3 absorbed form, one query token):
     q             bf16 [B, 1, H, 576]   per head: 512 latent dims, then 64 RoPE dims; H % 64 == 0
-    kv_cache      bf16 [B, T_max, 576]  key = the whole row, value = its first 512 columns
+    kv_cache      bf16 [B, T_max, 576]  key = the whole row, value = its first 512 columns; or paged (PAGED):
+                  bf16 [num_blocks, 64, 576] with block_table int32 [B, max_blocks], FlashMLA's layout
     cache_seqlens int32 [B]             positions >= seqlen are never read (they may hold NaN)
     returns out bf16 [B, 1, H, 512] and lse fp32 [B, H, 1] (natural log)
 
@@ -23,8 +24,12 @@ and every rescale factor is the same for both halves of O; the two partial row s
 While one warpgroup does its softmax, the tensor cores run the other's products.
 Each slice gets its own TMA descriptor, made on the device with the slice's rows of the sequence: the copy engine
 zero-fills rows past the sequence, so padding (even NaN) never reaches the value product, and the scores
-of those rows are set to -inf. (The descriptors need a little global scratch per CTA, which the launch
-lends from PyTorch's allocator for its duration: `kernels.launch.tma_scratch`.)
+of those rows are set to -inf. A paged cache changes only the copy warp: the kernel's tile is 64 positions,
+so one tile is one page; the cache is one descriptor over all num_blocks * 64 rows, each tile's first row
+is block_table[b, page] * 64, and a sequence's last page, when the sequence ends inside it, gets a
+descriptor of its own that stops at the sequence's end, so that page's unused slots are zero-filled too.
+(The descriptors need a little global scratch per CTA, which the launch lends from PyTorch's allocator for
+its duration: `kernels.launch.tma_scratch`.)
 
 Gluon/ptxas constraints this code works around (see the comments at each place):
   * no wgmma may be in flight across a loop back edge or the end of an `if`: ptxas copies the
@@ -68,26 +73,44 @@ WS_CONSUMER_REGS = 240
 # Helpers
 # ----------------------------------------------------------------------------------------------------------
 @gluon.jit
-def _make_descs(q_ptr, kv_ptr, q_row0, b, start, n_valid, t_max, stride_kb, stride_kt, BM: gl.constexpr,
-                BN: gl.constexpr,
-                D_V: gl.constexpr, D_PE: gl.constexpr, nope_layout: gl.constexpr, pe_layout: gl.constexpr,
-                qn_layout: gl.constexpr, qp_layout: gl.constexpr):
-    """Four TMA descriptors: query block and this sequence's cache, each as a 512-wide and a 64-wide part
-    (block shapes must be powers of two; 576 is not). The cache descriptors start at this CTA's first
-    position `start` and hold its n_valid rows, so the copy engine zero-fills rows past the sequence
-    instead of reading the padding or the next sequence."""
+def _q_descs(q_ptr, q_row0, BM: gl.constexpr, D_V: gl.constexpr, D_PE: gl.constexpr, qn_layout: gl.constexpr,
+             qp_layout: gl.constexpr):
+    """The query block's two TMA descriptors, a 512-wide and a 64-wide part (block shapes must be powers of
+    two; 576 is not)."""
     D: gl.constexpr = D_V + D_PE
     q_base = q_ptr + q_row0.to(gl.int64) * D
     qn = tma.make_tensor_descriptor(q_base, shape=[BM, D], strides=[D, 1], block_shape=[BM, D_V], layout=qn_layout)
     qp = tma.make_tensor_descriptor(q_base, shape=[BM, D], strides=[D, 1], block_shape=[BM, D_PE], layout=qp_layout)
+    return qn, qp
+
+
+@gluon.jit
+def _rows_descs(base, rows, stride_kt, BN: gl.constexpr, D_V: gl.constexpr, D_PE: gl.constexpr,
+                nope_layout: gl.constexpr, pe_layout: gl.constexpr):
+    """Cache rows base ... base + rows as a 512-wide and a 64-wide descriptor: the copy engine zero-fills
+    every row of a tile at or past `rows`, so nothing past them is read."""
+    D: gl.constexpr = D_V + D_PE
+    kn = tma.make_tensor_descriptor(base, shape=[rows, D], strides=[stride_kt, 1], block_shape=[BN, D_V],
+                                    layout=nope_layout)
+    kp = tma.make_tensor_descriptor(base, shape=[rows, D], strides=[stride_kt, 1], block_shape=[BN, D_PE],
+                                    layout=pe_layout)
+    return kn, kp
+
+
+@gluon.jit
+def _make_descs(q_ptr, kv_ptr, q_row0, b, start, n_valid, t_max, stride_kb, stride_kt, BM: gl.constexpr,
+                BN: gl.constexpr,
+                D_V: gl.constexpr, D_PE: gl.constexpr, nope_layout: gl.constexpr, pe_layout: gl.constexpr,
+                qn_layout: gl.constexpr, qp_layout: gl.constexpr):
+    """Four TMA descriptors (contiguous cache): the query block and this sequence's cache. The cache
+    descriptors start at this CTA's first position `start` and hold its n_valid rows, so the copy engine
+    zero-fills rows past the sequence instead of reading the padding or the next sequence."""
+    qn, qp = _q_descs(q_ptr, q_row0, BM, D_V, D_PE, qn_layout, qp_layout)
     kv_base = kv_ptr + b.to(gl.int64) * stride_kb + start.to(gl.int64) * stride_kt
     # A zero-row descriptor is invalid (with nothing to read no tile is loaded anyway); a seqlen past T_max
     # is outside the contract, but the clamp keeps the copies inside this sequence's rows of the cache.
     rows = gl.minimum(gl.maximum(n_valid, 1), gl.maximum(t_max - start, 1))
-    kn = tma.make_tensor_descriptor(kv_base, shape=[rows, D], strides=[stride_kt, 1], block_shape=[BN, D_V],
-                                    layout=nope_layout)
-    kp = tma.make_tensor_descriptor(kv_base, shape=[rows, D], strides=[stride_kt, 1], block_shape=[BN, D_PE],
-                                    layout=pe_layout)
+    kn, kp = _rows_descs(kv_base, rows, stride_kt, BN, D_V, D_PE, nope_layout, pe_layout)
     return qn, qp, kn, kp
 
 
@@ -167,8 +190,8 @@ def _ws_load_partition(q_ptr, kv_ptr, q_row0, b, start, n_valid, n_tiles, t_max,
     kp_layout: gl.constexpr = kv_pe_s.layout
     qn_layout: gl.constexpr = q_nope_s.layout
     qp_layout: gl.constexpr = q_pe_s.layout
-    qn, qp, kn, kp = _make_descs(q_ptr, kv_ptr, q_row0, b, start, n_valid, t_max, stride_kb, stride_kt, BM, BN, D_V, D_PE,
-                                 kn_layout, kp_layout, qn_layout, qp_layout)
+    qn, qp, kn, kp = _make_descs(q_ptr, kv_ptr, q_row0, b, start, n_valid, t_max, stride_kb, stride_kt, BM, BN, D_V,
+                                 D_PE, kn_layout, kp_layout, qn_layout, qp_layout)
     mbarrier.expect(q_bar, BM * (D_V + D_PE) * 2)
     tma.async_copy_global_to_shared(qn, [0, 0], q_bar, q_nope_s.index(0))
     tma.async_copy_global_to_shared(qp, [0, D_V], q_bar, q_pe_s.index(0))
@@ -177,6 +200,57 @@ def _ws_load_partition(q_ptr, kv_ptr, q_row0, b, start, n_valid, n_tiles, t_max,
         # mbarrier counts as having completed the phase before phase 0, so the first lap passes at once.
         mbarrier.wait(kv_empty.index(t % STAGES), ((t // STAGES) & 1) ^ 1)
         _load_kv_tile(kn, kp, kv_nope_s, kv_pe_s, kv_ready, t, BN, STAGES, D_V, D_PE)
+
+
+@gluon.jit
+def _ws_load_partition_paged(q_ptr, kv_ptr, bt_ptr, q_row0, b, start, n_valid, n_tiles, n_rows, stride_bt,
+                             stride_kt, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty):
+    """1 warp, paged cache (pages of BN positions, so one tile is one page): the query block once, then every
+    page of this CTA's slice, its row found in the block table.
+
+    The cache is read as one matrix of n_rows = num_blocks * BN rows; tile t is the BN rows from
+    block_table[b, start // BN + t] * BN on. A sequence that ends mid-page ends in its last tile: that tile
+    is copied through descriptors of its own, bounded at the sequence's last row, so the copy engine
+    zero-fills the rest of the page (whatever the unused slots hold, NaN included, never reaches P V)."""
+    BM: gl.constexpr = q_nope_s.shape[1]
+    STAGES: gl.constexpr = kv_nope_s.shape[0]
+    BN: gl.constexpr = kv_nope_s.shape[1]
+    D_V: gl.constexpr = kv_nope_s.shape[2]
+    D_PE: gl.constexpr = kv_pe_s.shape[2]
+    D: gl.constexpr = D_V + D_PE
+    kn_layout: gl.constexpr = kv_nope_s.layout
+    kp_layout: gl.constexpr = kv_pe_s.layout
+    qn_layout: gl.constexpr = q_nope_s.layout
+    qp_layout: gl.constexpr = q_pe_s.layout
+    qn, qp = _q_descs(q_ptr, q_row0, BM, D_V, D_PE, qn_layout, qp_layout)
+    kn, kp = _rows_descs(kv_ptr, n_rows, stride_kt, BN, D_V, D_PE, kn_layout, kp_layout)   # the whole cache
+    mbarrier.expect(q_bar, BM * D * 2)
+    tma.async_copy_global_to_shared(qn, [0, 0], q_bar, q_nope_s.index(0))
+    tma.async_copy_global_to_shared(qp, [0, D_V], q_bar, q_pe_s.index(0))
+    bt_row = bt_ptr + b.to(gl.int64) * stride_bt + start // BN   # this slice's first page
+    # The last tile: its valid rows (1 ... BN; BN when it is whole) and its page. With no tile at all the
+    # index is clamped to the sequence's last page, which exists (a length >= 1), so nothing outside the
+    # sequence's entries of the block table is read; with length 0 the clamp stops at entry 0.
+    tail = gl.minimum(n_valid - (n_tiles - 1) * BN, BN)
+    seq_pages = gl.cdiv(start + n_valid, BN)
+    last = gl.maximum(gl.minimum(start // BN + gl.maximum(n_tiles, 1), seq_pages) - 1, 0)
+    tail_page = gl.maximum(gl.load(bt_ptr + b.to(gl.int64) * stride_bt + last), 0)  # (-1 there at length 0)
+    tail_base = kv_ptr + tail_page.to(gl.int64) * BN * stride_kt
+    tn, tp = _rows_descs(tail_base, gl.maximum(tail, 1), stride_kt, BN, D_V, D_PE, kn_layout, kp_layout)
+    for t in range(n_tiles):
+        # The page index is loaded before the wait for a free slot, so its latency hides behind that wait.
+        page = gl.load(bt_row + t)
+        st = t % STAGES
+        mbarrier.wait(kv_empty.index(st), ((t // STAGES) & 1) ^ 1)
+        bar = kv_ready.index(st)
+        mbarrier.expect(bar, BN * D * 2)   # zero-filled rows are counted too
+        if (t == n_tiles - 1) & (tail < BN):
+            tma.async_copy_global_to_shared(tn, [0, 0], bar, kv_nope_s.index(st))
+            tma.async_copy_global_to_shared(tp, [0, D_V], bar, kv_pe_s.index(st))
+        else:
+            row = page * BN
+            tma.async_copy_global_to_shared(kn, [row, 0], bar, kv_nope_s.index(st))
+            tma.async_copy_global_to_shared(kp, [row, D_V], bar, kv_pe_s.index(st))
 
 
 @gluon.jit
@@ -334,11 +408,16 @@ def _ws_consumer0(o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0,
 
 
 # Integer arguments equal to 1 would be specialized into constants, and constants cannot be handed to the
-# partitions through gl.warp_specialize (the compiler fails): these may be 1 (a one-slot cache, no split).
-@gluon.jit(do_not_specialize=["t_max", "stride_kb", "stride_kt", "num_splits"])
-def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, scale_log2, t_max,
-                          stride_kb, stride_kt, num_splits, H: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, D_V: gl.constexpr,
-                          D_PE: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+# partitions through gl.warp_specialize (the compiler fails): these may be 1 (a one-slot cache, no split, a
+# one-column block table). Specializing none of them also lets a launch skip Triton's dispatcher (launch_gluon).
+@gluon.jit(do_not_specialize=["t_max", "stride_kb", "stride_kt", "stride_bt", "num_splits"])
+def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, bt_ptr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, scale_log2, t_max,
+                          stride_kb, stride_kt, stride_bt, num_splits, H: gl.constexpr, BN: gl.constexpr,
+                          STAGES: gl.constexpr, D_V: gl.constexpr, D_PE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                          PAGED: gl.constexpr, num_warps: gl.constexpr):
+    """Dense cache (PAGED False): kv_ptr is [B, t_max, 576] with strides stride_kb, stride_kt, 1; bt_ptr and
+    stride_bt are not read. Paged (PAGED True, pages of BN positions): kv_ptr is [t_max = num_blocks * BN, 576]
+    rows with stride stride_kt, bt_ptr the int32 block table with row stride stride_bt."""
     BM: gl.constexpr = 64
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     hb = gl.program_id(0)       # head block varies fastest: the CTAs that read the same cache run together
@@ -381,28 +460,66 @@ def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, o_ptr, lse_ptr, ws_o_ptr, 
 
     cargs = (o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2, q_nope_s,
              q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin)
-    largs = (q_ptr, kv_ptr, row0, b, start, n_valid, n_tiles, t_max, stride_kb, stride_kt, q_nope_s, q_pe_s,
-             kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty)
-    gl.warp_specialize([(_ws_consumer0, cargs), (_ws_consumer1, cargs), (_ws_load_partition, largs)],
-                       [4, 1], [CONSUMER_REGS, 24])
+    # The consumers are the same for both caches (rows past the sequence arrive as zeros either way); only
+    # the copy warp differs. (A constexpr cannot cross into the partitions: the choice is made here.)
+    if PAGED:
+        largs = (q_ptr, kv_ptr, bt_ptr, row0, b, start, n_valid, n_tiles, t_max, stride_bt, stride_kt, q_nope_s,
+                 q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty)
+        gl.warp_specialize([(_ws_consumer0, cargs), (_ws_consumer1, cargs), (_ws_load_partition_paged, largs)],
+                           [4, 1], [CONSUMER_REGS, 24])
+    else:
+        largs = (q_ptr, kv_ptr, row0, b, start, n_valid, n_tiles, t_max, stride_kb, stride_kt, q_nope_s, q_pe_s,
+                 kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty)
+        gl.warp_specialize([(_ws_consumer0, cargs), (_ws_consumer1, cargs), (_ws_load_partition, largs)],
+                           [4, 1], [CONSUMER_REGS, 24])
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Launch
 # ----------------------------------------------------------------------------------------------------------
-def launch_gluon(q, kv_cache, cache_seqlens, softmax_scale, out, lse, ws_o=None, ws_lse=None, num_splits=1):
+# (device, H, paged, the pointers' dtypes) -> the compiled kernel, launched directly after the first call.
+# Triton's dispatcher re-derives every argument's specialization on each call (tens of microseconds of host
+# time for 16 arguments); this kernel specializes on nothing but its constexprs, its pointers' dtypes and
+# their 16-byte alignment (every integer is do_not_specialize, floats never are), so once the pointers are
+# checked to be aligned, as they were when it was compiled, the compiled kernel can be called as it is.
+_COMPILED = {}
+
+
+def _aligned(*tensors) -> bool:
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def launch_gluon(q, kv_cache, cache_seqlens, softmax_scale, out, lse, ws_o=None, ws_lse=None, num_splits=1,
+                 block_table=None):
     """The kernel launch alone, for inputs `interface.py` has checked: q bf16 [B, 1, H, 576] dense, H % 64 == 0;
-    kv_cache bf16 [B, T_max, 576] with TMA-ready rows; cache_seqlens int32 [B] dense. With num_splits > 1 it writes
-    partial results to ws_o fp32 [B * H, num_splits, 512] and ws_lse fp32 [B * H, num_splits] (base 2), which
-    `decode.launch_combine` merges into out and lse."""
+    cache_seqlens int32 [B] dense; kv_cache bf16 with TMA-ready rows, either [B, T_max, 576] (block_table None)
+    or pages [num_blocks, 64, 576] stored back to back (stride(0) == 64 * stride(1)) with block_table int32
+    [B, max_blocks], rows unit-stride. With num_splits > 1 it writes partial results to ws_o fp32
+    [B * H, num_splits, 512] and ws_lse fp32 [B * H, num_splits] (base 2), which `decode.launch_combine`
+    merges into out and lse."""
     B, _, H, _ = q.shape
-    if num_splits == 1:
-        ws_o, ws_lse = out, lse  # not read
-    with tma_scratch():  # the TMA descriptors are made on the device
-        _mla_decode_ws_kernel[(H // BLOCK_H, num_splits, B)](
-            q, kv_cache, cache_seqlens, out, lse, ws_o, ws_lse, softmax_scale * LOG2E, kv_cache.shape[1],
-            kv_cache.stride(0), kv_cache.stride(1), num_splits, H=H, BN=BN, STAGES=STAGES, D_V=D_V, D_PE=D_PE,
-            CONSUMER_REGS=WS_CONSUMER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
+    if num_splits == 1:  # not read, but their pointer types are compiled in: fp32, as the workspace's
+        ws_o, ws_lse = lse, lse
+    paged = block_table is not None
+    if paged:  # the cache as num_blocks * 64 rows; the block table says where each sequence's pages are
+        bt, t_max, stride_bt = block_table, kv_cache.shape[0] * BN, block_table.stride(0)
+    else:      # (the block table pointer is not read: any int32 tensor will do)
+        bt, t_max, stride_bt = cache_seqlens, kv_cache.shape[1], 0
+    args = (q, kv_cache, cache_seqlens, bt, out, lse, ws_o, ws_lse, softmax_scale * LOG2E, t_max, kv_cache.stride(0),
+            kv_cache.stride(1), stride_bt, num_splits)
+    grid = (H // BLOCK_H, num_splits, B)
+    tensors = args[:8]
+    key = (q.device.index, H, paged, *(t.dtype for t in tensors))
+    with tma_scratch():  # the TMA descriptors are made on the device, in a little global scratch
+        compiled = _COMPILED.get(key)
+        if compiled is not None and _aligned(*tensors):
+            compiled[grid](*args, H, BN, STAGES, D_V, D_PE, WS_CONSUMER_REGS, paged, 4)  # constexprs in order
+            return
+        compiled = _mla_decode_ws_kernel[grid](
+            *args, H=H, BN=BN, STAGES=STAGES, D_V=D_V, D_PE=D_PE, CONSUMER_REGS=WS_CONSUMER_REGS, PAGED=paged,
+            num_warps=4, maxnreg=WS_MAXNREG)
+        if compiled is not None and _aligned(*tensors):
+            _COMPILED[key] = compiled
 
 
 __all__ = ["launch_gluon"]

@@ -1,10 +1,14 @@
 """The MLA decode entry points: check the inputs, choose the kernel and the split, allocate, launch.
 
 Two kernels serve one contract (FlashMLA's). On a Hopper GPU the common serving case (bf16, one query
-token, DeepSeek's 576/512 dims, a contiguous cache) goes to the hand-scheduled Gluon kernel
-(`gluon_decode.py`, a copy warp and two ping-pong warpgroups); every other call to the Triton kernel
-(`decode.py`). Both cut long sequences into slices when the batch is too small to fill the GPU
-(split-KV), and share the kernel that merges the slices.
+token, DeepSeek's 576/512 dims, a contiguous cache or FlashMLA's paged one with pages of 64 positions)
+goes to the hand-scheduled Gluon kernel (`gluon_decode.py`, a copy warp and two ping-pong warpgroups);
+every other call to the Triton kernel (`decode.py`). Both cut long sequences into slices when the batch
+is too small to fill the GPU (split-KV), and share the kernel that merges the slices.
+
+Host time: with check_seqlens=False a call reads nothing back from the GPU (the split is planned from the
+cache's capacity, which the shapes give), reuses its split-KV workspace (`_workspace`), and launches the
+compiled kernels directly after their first call (`gluon_decode.launch_gluon`, `decode.launch_combine`).
 """
 from __future__ import annotations
 
@@ -12,12 +16,11 @@ import functools
 import math
 
 import torch
-import triton
 
 from ..checks import check_bool, check_choice, check_int, check_tensor
-from ..launch import is_hopper, sm_count, tma_ready
+from ..launch import cdiv, is_hopper, sm_count, tma_ready
 from . import decode, gluon_decode
-from .reference import cache_capacity, check_cache_lengths, check_decode_inputs
+from .reference import cache_capacity, check_cache_lengths, check_decode_inputs, paged_rows
 
 BACKENDS = ("auto", "triton", "gluon")
 _BH_PLAN = 64   # the head block the split cost model assumes (both kernels' on the GPU)
@@ -44,18 +47,54 @@ def _num_splits(B: int, n_hblocks: int, max_len: int, n_sm: int) -> int:
 
 
 def _gluon_misfit(q, kv_cache, block_table, head_dim_v):
-    """Why the Gluon kernel cannot take this call (a phrase), or None if it can."""
+    """Why the Gluon kernel cannot take this call (a phrase), or None if it can. The cache's layout is
+    judged first (it is the same question on every machine), then the shapes, the GPU, the dtype."""
     B, S_Q, H, D_QK = q.shape
+    page = gluon_decode.BN
+    if block_table is not None:
+        if kv_cache.shape[1] != page:
+            return (f"its paged cache takes pages of {page} positions (one tile a page), "
+                    f"got page size {kv_cache.shape[1]}")
+        if kv_cache.stride(0) != page * kv_cache.stride(1):
+            return (f"it reads the pages as one matrix of rows, so they must lie back to back "
+                    f"(kv_cache.stride(0) == {page} * kv_cache.stride(1))")
+        if kv_cache.shape[0] * page >= 2 ** 31:
+            return "it addresses the cache's rows with 32-bit coordinates (num_blocks * 64 < 2**31)"
+    if S_Q != 1 or D_QK != gluon_decode.D_QK or head_dim_v != gluon_decode.D_V or H % gluon_decode.BLOCK_H:
+        return (f"it needs s_q = 1, D_qk = {gluon_decode.D_QK}, head_dim_v = {gluon_decode.D_V} and "
+                f"H % {gluon_decode.BLOCK_H} == 0")
     if not is_hopper(q.device):
         return "it needs a Hopper GPU (sm_90)"
     if q.dtype != torch.bfloat16:
         return f"it needs bfloat16, got {q.dtype}"
-    if S_Q != 1 or D_QK != gluon_decode.D_QK or head_dim_v != gluon_decode.D_V or H % gluon_decode.BLOCK_H:
-        return (f"it needs s_q = 1, D_qk = {gluon_decode.D_QK}, head_dim_v = {gluon_decode.D_V} and "
-                f"H % {gluon_decode.BLOCK_H} == 0")
-    if block_table is not None or not tma_ready(kv_cache):
-        return "it needs a contiguous cache with 16-byte aligned rows (no block table)"
+    if not tma_ready(kv_cache):
+        return "it needs cache rows the copy engine can read (unit stride, 16-byte aligned base and strides)"
     return None
+
+
+_WORKSPACES: dict = {}   # (device, stream, B, rows, num_splits, D_V) -> (ws_o, ws_lse); see _workspace
+_WORKSPACES_KEPT = 4
+
+
+def _workspace(B, rows, num_splits, D_V, device):
+    """The split-KV partials, fp32 ws_o [B, rows, num_splits, D_V] and ws_lse [B, rows, num_splits].
+    Outside a CUDA graph capture they are kept per (device, stream, shape) and reused: the kernels that
+    write and read them run in stream order, so the next call on that stream cannot overtake this one.
+    (The last few shapes are kept; a B=8, H=128 decode with 16 slices holds 34 MB.) Inside a capture they
+    are allocated, so that the graph owns its own."""
+    shape = (B, rows, num_splits, D_V)
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return (torch.empty(shape, device=device, dtype=torch.float32),
+                torch.empty(shape[:3], device=device, dtype=torch.float32))
+    key = (device, torch.cuda.current_stream(device).cuda_stream, shape)
+    ws = _WORKSPACES.pop(key, None)
+    if ws is None:
+        ws = (torch.empty(shape, device=device, dtype=torch.float32),
+              torch.empty(shape[:3], device=device, dtype=torch.float32))
+        while len(_WORKSPACES) >= _WORKSPACES_KEPT:
+            _WORKSPACES.pop(next(iter(_WORKSPACES)))   # the least recently used
+    _WORKSPACES[key] = ws
+    return ws
 
 
 def _dense(q, kv_cache, cache_seqlens, block_table):
@@ -73,19 +112,24 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
 
     q: [B, s_q, H, D_qk] (D_qk = 576 for DeepSeek: the absorbed 512 then the 64 RoPE dims), s_q >= 1.
     kv_cache: [B, T_max, D_qk]; or, with block_table (int32 [B, max_blocks]), a paged cache
-        [num_blocks, page_size, D_qk] where position t of sequence b is in page block_table[b, t // page_size].
+        [num_blocks, page_size, D_qk], or FlashMLA's [num_blocks, page_size, 1, D_qk] (read as a view), where
+        position t of sequence b is row t % page_size of page block_table[b, t // page_size]. Page slots
+        past a sequence's length are never read (they may hold anything, NaN included).
         The value is the first head_dim_v columns of the cache (the latent c_kv).
     cache_seqlens: int32 [B], 1 <= seqlen <= capacity; positions past a sequence's length are never read.
     softmax_scale: required (DeepSeek-V3 with YaRN: ~0.1352; FlashMLA's default: 576 ** -0.5).
     causal: query i of s_q sees cache positions < seqlen - s_q + i + 1 (and nothing else reaches its row).
-    num_splits: slices per sequence (split-KV); None picks from B, H, length and the SM count.
-    check_seqlens: validate seqlens / block table values (one device sync); False in graphs and timing loops.
+    num_splits: slices per sequence (split-KV); None picks from B, H, length and the SM count (the longest
+        length when check_seqlens reads it, else the cache's capacity: no device sync).
+    check_seqlens: validate seqlens / block table values (one device sync); False in graphs, timing loops and
+        serving loops (then nothing is read back from the GPU).
     backend: "auto" (the Gluon kernel where it applies, see the module docstring; else Triton), "triton",
         or "gluon" (ValueError, saying why, where it does not apply).
     dtypes: q and kv_cache of one dtype, bf16/fp16/fp32 on a CUDA GPU (fp32 products in TF32),
         fp16/fp32 on CPU tensors under Triton's interpreter. Strided inputs are fine (copied where the
-        kernels need dense rows). A contiguous cache with 16-byte aligned rows is read with TMA (the copy
-        engine bounds every tile by the sequence length); a paged or unaligned one with pointer loads.
+        kernels need dense rows). A cache with 16-byte aligned rows is read with TMA (the copy engine bounds
+        every tile by the sequence length), paged ones with pages of 64 in the Gluon kernel; other paged
+        or unaligned caches with pointer loads.
     Returns out [B, s_q, H, head_dim_v] in q's dtype and lse fp32 [B, H, s_q] (natural log; NaN for a row
     that saw a NaN score, +inf for one that saw a +inf score).
 
@@ -94,6 +138,7 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
     >>> out, lse = mla_decode(q, kv, torch.full((4,), 8192, dtype=torch.int32, device="cuda"), 576 ** -0.5)
     """
     # ---- validate before any launch
+    kv_cache = paged_rows(kv_cache, block_table)   # [num_blocks, page, 1, D_qk] -> [num_blocks, page, D_qk], a view
     scale = check_decode_inputs(q, kv_cache, cache_seqlens, softmax_scale, block_table, kernel=True)
     check_int("head_dim_v", head_dim_v, low=1, high=q.shape[-1])
     check_bool("causal", causal)
@@ -114,18 +159,17 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
     gluon = backend != "triton" and misfit is None
     if num_splits is None:
         n_sm = sm_count(q.device) if q.device.type == "cuda" else _SM_PLAN
-        num_splits = _num_splits(B, triton.cdiv(S_Q * H, _BH_PLAN), max_len, n_sm)
+        num_splits = _num_splits(B, cdiv(S_Q * H, _BH_PLAN), max_len, n_sm)
 
     # ---- allocate, launch
     out = torch.empty(B, S_Q, H, D_V, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, H, S_Q, device=q.device, dtype=torch.float32)
     if num_splits > 1:  # each slice's partial output and lse, merged by the combine kernel
-        ws_o = torch.empty(B, S_Q * H, num_splits, D_V, device=q.device, dtype=torch.float32)
-        ws_lse = torch.empty(B, S_Q * H, num_splits, device=q.device, dtype=torch.float32)
+        ws_o, ws_lse = _workspace(B, S_Q * H, num_splits, D_V, q.device)
     else:
-        ws_o, ws_lse = out, lse  # not read
+        ws_o, ws_lse = lse, lse  # not read (fp32 pointers, as the workspace's: one compiled kernel for both)
     if gluon:
-        gluon_decode.launch_gluon(q, kv_cache, cache_seqlens, scale, out, lse, ws_o, ws_lse, num_splits)
+        gluon_decode.launch_gluon(q, kv_cache, cache_seqlens, scale, out, lse, ws_o, ws_lse, num_splits, block_table)
     else:
         tma = block_table is None and tma_ready(kv_cache)
         decode.launch_triton(q, kv_cache, block_table, cache_seqlens, scale, out, lse, ws_o, ws_lse, num_splits,
@@ -135,32 +179,34 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
     return out, lse
 
 
-def mla_decode_gluon(q, kv_cache, cache_seqlens, softmax_scale):
+def mla_decode_gluon(q, kv_cache, cache_seqlens, softmax_scale, block_table=None):
     """MLA decode (absorbed form, s_q = 1, one pass per sequence) with the hand-scheduled Hopper kernel;
     see the module docstring. `mla_decode` calls it where it applies; call it directly only to time or
     test it.
 
-    q bf16 [B, 1, H, 576] (H % 64 == 0); kv_cache bf16 [B, T_max, 576], rows 16-byte aligned;
-    cache_seqlens int32 [B], each in [0, T_max] (not checked: that would cost a device sync; a longer one
-    is clamped to T_max for the copies, so it cannot read outside its rows, but its result is then
-    meaningless). softmax_scale: required. CUDA tensors on a Hopper GPU only (ValueError elsewhere).
-    Returns out bf16 [B, 1, H, 512] and lse fp32 [B, H, 1] (natural log; a sequence of length 0 gives
-    out 0 and lse -inf).
+    q bf16 [B, 1, H, 576] (H % 64 == 0); kv_cache bf16 [B, T_max, 576], rows 16-byte aligned, or with
+    block_table (int32 [B, max_blocks]) pages of 64 positions, [num_blocks, 64, 576] or
+    [num_blocks, 64, 1, 576], stored back to back. cache_seqlens int32 [B], each in [0, capacity] (not
+    checked: that would cost a device sync; a dense cache clamps a longer one to T_max for the copies, so it
+    cannot read outside its rows, but its result is then meaningless). softmax_scale: required. CUDA
+    tensors on a Hopper GPU only (ValueError elsewhere). Returns out bf16 [B, 1, H, 512] and lse fp32
+    [B, H, 1] (natural log; a sequence of length 0 gives out 0 and lse -inf).
 
     >>> q = torch.randn(8, 1, 128, 576, device="cuda", dtype=torch.bfloat16)
     >>> kv = torch.randn(8, 4096, 576, device="cuda", dtype=torch.bfloat16)
     >>> out, lse = mla_decode_gluon(q, kv, torch.full((8,), 4096, dtype=torch.int32, device="cuda"), 0.1352)
     """
-    scale = check_decode_inputs(q, kv_cache, cache_seqlens, softmax_scale, kernel=True)
+    kv_cache = paged_rows(kv_cache, block_table)
+    scale = check_decode_inputs(q, kv_cache, cache_seqlens, softmax_scale, block_table, kernel=True)
     check_tensor("q", q, dtypes=(torch.bfloat16,))  # the one dtype this kernel takes
-    q, kv_cache, cache_seqlens, _ = _dense(q, kv_cache, cache_seqlens, None)
-    misfit = _gluon_misfit(q, kv_cache, None, gluon_decode.D_V)
+    q, kv_cache, cache_seqlens, block_table = _dense(q, kv_cache, cache_seqlens, block_table)
+    misfit = _gluon_misfit(q, kv_cache, block_table, gluon_decode.D_V)
     if misfit is not None:
         raise ValueError(f"the Gluon kernel does not apply here: {misfit}")
     B, _, H, _ = q.shape
     out = torch.empty(B, 1, H, gluon_decode.D_V, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, H, 1, device=q.device, dtype=torch.float32)
-    gluon_decode.launch_gluon(q, kv_cache, cache_seqlens, scale, out, lse)
+    gluon_decode.launch_gluon(q, kv_cache, cache_seqlens, scale, out, lse, None, None, 1, block_table)
     return out, lse
 
 

@@ -15,6 +15,7 @@ import torch
 from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_has_values, check_int, check_kernel_device,
                       check_not_empty, check_same_device, check_same_device_and_dtype, check_tensor,
                       softmax_scale_or_default)
+from ..common import INTERPRET, ON_GPU
 
 
 def _check_layout(**inputs):
@@ -113,6 +114,14 @@ def check_decode_inputs(q, kv_cache, cache_seqlens, softmax_scale, block_table=N
     """The decode contract's checks of its tensors and scale: types, ranks, dtypes, devices, shapes (no
     value is read, nothing launched). Returns the scale. kernel: the caller launches a kernel, so the
     kernels' dtypes (no fp64) and the machine rule (`check_kernel_device`) apply too."""
+    scale = _accepted_at_once(q, kv_cache, cache_seqlens, softmax_scale, block_table, kernel)
+    if scale is not None:
+        return scale
+    return _checked_one_by_one(q, kv_cache, cache_seqlens, softmax_scale, block_table, kernel)
+
+
+def _checked_one_by_one(q, kv_cache, cache_seqlens, softmax_scale, block_table, kernel) -> float:
+    """The checks in order, each raising TypeError/ValueError with the argument named."""
     floats = FLOATS if kernel else REFERENCE_FLOATS
     check_tensor("q", q, ndim=4, dtypes=floats)
     check_tensor("kv_cache", kv_cache, ndim=3, dtypes=floats)
@@ -136,6 +145,50 @@ def check_decode_inputs(q, kv_cache, cache_seqlens, softmax_scale, block_table=N
         check_not_empty("block_table", block_table, "B, max_blocks")
     check_tensor("cache_seqlens", cache_seqlens, shape=(B,))
     return softmax_scale_or_default(softmax_scale, None)
+
+
+def _accepted_at_once(q, kv_cache, cache_seqlens, softmax_scale, block_table, kernel):
+    """The scale when the call is plainly valid, else None. A decode step at small batch is bound by host
+    time, and the checks one by one, which name what is wrong, cost about 15 us: this asks each tensor the
+    fewest questions and accepts only what they accept (anything unusual, an int scale or a tensor
+    subclass say, is left to them)."""
+    Tensor = torch.Tensor
+    if not (type(q) is Tensor and type(kv_cache) is Tensor and type(cache_seqlens) is Tensor
+            and (block_table is None or type(block_table) is Tensor)
+            and type(softmax_scale) is float and 0.0 < softmax_scale < math.inf):
+        return None
+    shape, dtype, device = q.shape, q.dtype, q.device
+    if kernel:
+        # the machine rule, where it plainly holds: CPU tensors and no bf16 under the interpreter, CUDA on a GPU
+        floats = (torch.float16, torch.float32) if INTERPRET else FLOATS
+        if not (q.is_cpu if INTERPRET else ON_GPU and q.is_cuda):
+            return None
+    else:
+        floats = REFERENCE_FLOATS
+    if (len(shape) != 4 or 0 in shape or dtype not in floats or kv_cache.dtype != dtype
+            or cache_seqlens.dtype != torch.int32 or kv_cache.device != device or cache_seqlens.device != device
+            or cache_seqlens.shape != shape[:1]):
+        return None
+    cache = kv_cache.shape
+    if len(cache) != 3 or 0 in cache or cache[2] != shape[3]:
+        return None
+    if block_table is None:
+        return softmax_scale if cache[0] == shape[0] else None
+    table = block_table.shape
+    if (block_table.dtype != torch.int32 or block_table.device != device or len(table) != 2
+            or table[0] != shape[0] or table[1] == 0):
+        return None
+    return softmax_scale
+
+
+def paged_rows(kv_cache, block_table):
+    """FlashMLA's paged cache, [num_blocks, page_size, 1, D_qk] (one KV head), as the
+    [num_blocks, page_size, D_qk] the kernels read: a view, no copy. Anything else is returned as it is
+    (the checks that follow judge it)."""
+    if block_table is not None and isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 4:
+        check_tensor("kv_cache", kv_cache, shape=(None, None, 1, None))
+        return kv_cache.squeeze(2)
+    return kv_cache
 
 
 def cache_capacity(kv_cache, block_table) -> int:
@@ -167,9 +220,10 @@ def check_cache_lengths(kv_cache, cache_seqlens, block_table, s_q, causal) -> in
 def mla_decode_ref(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_table=None, causal=False):
     """Reference for `mla_decode`'s contract: MQA over a latent cache, one batch element and query at a time.
 
-    q [B, s_q, H, D_qk]; kv_cache [B, T_max, D_qk], or [num_blocks, page_size, D_qk] with
-    block_table int32 [B, max_blocks]; cache_seqlens int32 [B], each in [1, capacity]. The key is the
-    whole cache row, the value its first head_dim_v columns. softmax_scale: required (a float > 0).
+    q [B, s_q, H, D_qk]; kv_cache [B, T_max, D_qk], or [num_blocks, page_size, D_qk] (or FlashMLA's
+    [num_blocks, page_size, 1, D_qk]) with block_table int32 [B, max_blocks]; cache_seqlens int32 [B], each
+    in [1, capacity]. The key is the whole cache row, the value its first head_dim_v columns.
+    softmax_scale: required (a float > 0).
     causal: query i sees cache positions < seqlen - s_q + i + 1; no other position enters its row.
     Computes in fp32 (fp64 for fp64 inputs); returns out [B, s_q, H, head_dim_v] and lse [B, H, s_q]
     (natural log).
@@ -177,6 +231,7 @@ def mla_decode_ref(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, bl
     >>> out, lse = mla_decode_ref(q, kv, seqlens, softmax_scale=576 ** -0.5)
     >>> out.shape, lse.shape     # [B, s_q, H, 512], [B, H, s_q]
     """
+    kv_cache = paged_rows(kv_cache, block_table)
     scale = check_decode_inputs(q, kv_cache, cache_seqlens, softmax_scale, block_table)
     check_int("head_dim_v", head_dim_v, low=1, high=q.shape[-1])
     check_bool("causal", causal)
@@ -216,4 +271,5 @@ def yarn_softmax_scale(d_qk: int = 192, factor: float = 40.0, mscale_all_dim: fl
 
 
 __all__ = ["mla_naive", "mla_absorbed", "absorb_query", "latent_cache", "unabsorb_output",
-           "mla_decode_ref", "yarn_softmax_scale", "check_decode_inputs", "cache_capacity", "check_cache_lengths"]
+           "mla_decode_ref", "yarn_softmax_scale", "check_decode_inputs", "cache_capacity", "check_cache_lengths",
+           "paged_rows"]
