@@ -98,20 +98,33 @@ def _rows_descs(base, rows, stride_kt, BN: gl.constexpr, D_V: gl.constexpr, D_PE
 
 
 @gluon.jit
-def _make_descs(q_ptr, kv_ptr, q_row0, b, start, n_valid, t_max, stride_kb, stride_kt, BM: gl.constexpr,
-                BN: gl.constexpr,
-                D_V: gl.constexpr, D_PE: gl.constexpr, nope_layout: gl.constexpr, pe_layout: gl.constexpr,
-                qn_layout: gl.constexpr, qp_layout: gl.constexpr):
-    """Four TMA descriptors (contiguous cache): the query block and this sequence's cache. The cache
-    descriptors start at this CTA's first position `start` and hold its n_valid rows, so the copy engine
-    zero-fills rows past the sequence instead of reading the padding or the next sequence."""
-    qn, qp = _q_descs(q_ptr, q_row0, BM, D_V, D_PE, qn_layout, qp_layout)
+def _slice_descs(kv_ptr, b, start, n_valid, t_max, stride_kb, stride_kt, BN: gl.constexpr, D_V: gl.constexpr,
+                 D_PE: gl.constexpr, nope_layout: gl.constexpr, pe_layout: gl.constexpr):
+    """This CTA's slice of a contiguous cache as two TMA descriptors: they start at its first position `start`
+    and hold its n_valid rows, so the copy engine zero-fills rows past the sequence instead of reading the
+    padding or the next sequence."""
     kv_base = kv_ptr + b.to(gl.int64) * stride_kb + start.to(gl.int64) * stride_kt
     # A zero-row descriptor is invalid (with nothing to read no tile is loaded anyway); a seqlen past T_max
     # is outside the contract, but the clamp keeps the copies inside this sequence's rows of the cache.
     rows = gl.minimum(gl.maximum(n_valid, 1), gl.maximum(t_max - start, 1))
-    kn, kp = _rows_descs(kv_base, rows, stride_kt, BN, D_V, D_PE, nope_layout, pe_layout)
-    return qn, qp, kn, kp
+    return _rows_descs(kv_base, rows, stride_kt, BN, D_V, D_PE, nope_layout, pe_layout)
+
+
+@gluon.jit
+def _load_q(q_ptr, q_row0, q_nope_s, q_pe_s, q_bar):
+    """Start the copy of this CTA's query block (64 heads x 576); q_bar flips when it has landed. Each CTA
+    makes its descriptors on the device, and each one costs a round trip through global memory (written,
+    then fenced for the copy engine): the query's are made first, so that its copy overlaps the making of
+    the cache's."""
+    BM: gl.constexpr = q_nope_s.shape[1]
+    D_V: gl.constexpr = q_nope_s.shape[2]
+    D_PE: gl.constexpr = q_pe_s.shape[2]
+    qn_layout: gl.constexpr = q_nope_s.layout
+    qp_layout: gl.constexpr = q_pe_s.layout
+    qn, qp = _q_descs(q_ptr, q_row0, BM, D_V, D_PE, qn_layout, qp_layout)
+    mbarrier.expect(q_bar, BM * (D_V + D_PE) * 2)
+    tma.async_copy_global_to_shared(qn, [0, 0], q_bar, q_nope_s.index(0))
+    tma.async_copy_global_to_shared(qp, [0, D_V], q_bar, q_pe_s.index(0))
 
 
 @gluon.jit
@@ -181,20 +194,14 @@ def _store_partial(ws_o_ptr, ws_lse_ptr, acc, m_i, l_tot, row0, col0, split, num
 def _ws_load_partition(q_ptr, kv_ptr, q_row0, b, start, n_valid, n_tiles, t_max, stride_kb, stride_kt,
                        q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty):
     """1 warp: the query block once, then every cache tile, each as soon as its ring slot is free."""
-    BM: gl.constexpr = q_nope_s.shape[1]
     STAGES: gl.constexpr = kv_nope_s.shape[0]
     BN: gl.constexpr = kv_nope_s.shape[1]
     D_V: gl.constexpr = kv_nope_s.shape[2]
     D_PE: gl.constexpr = kv_pe_s.shape[2]
+    _load_q(q_ptr, q_row0, q_nope_s, q_pe_s, q_bar)
     kn_layout: gl.constexpr = kv_nope_s.layout
     kp_layout: gl.constexpr = kv_pe_s.layout
-    qn_layout: gl.constexpr = q_nope_s.layout
-    qp_layout: gl.constexpr = q_pe_s.layout
-    qn, qp, kn, kp = _make_descs(q_ptr, kv_ptr, q_row0, b, start, n_valid, t_max, stride_kb, stride_kt, BM, BN, D_V,
-                                 D_PE, kn_layout, kp_layout, qn_layout, qp_layout)
-    mbarrier.expect(q_bar, BM * (D_V + D_PE) * 2)
-    tma.async_copy_global_to_shared(qn, [0, 0], q_bar, q_nope_s.index(0))
-    tma.async_copy_global_to_shared(qp, [0, D_V], q_bar, q_pe_s.index(0))
+    kn, kp = _slice_descs(kv_ptr, b, start, n_valid, t_max, stride_kb, stride_kt, BN, D_V, D_PE, kn_layout, kp_layout)
     for t in range(n_tiles):
         # Slot t % STAGES is free once both warpgroups released its previous tile (count 2). A fresh
         # mbarrier counts as having completed the phase before phase 0, so the first lap passes at once.
@@ -212,7 +219,6 @@ def _ws_load_partition_paged(q_ptr, kv_ptr, bt_ptr, q_row0, b, start, n_valid, n
     block_table[b, start // BN + t] * BN on. A sequence that ends mid-page ends in its last tile: that tile
     is copied through descriptors of its own, bounded at the sequence's last row, so the copy engine
     zero-fills the rest of the page (whatever the unused slots hold, NaN included, never reaches P V)."""
-    BM: gl.constexpr = q_nope_s.shape[1]
     STAGES: gl.constexpr = kv_nope_s.shape[0]
     BN: gl.constexpr = kv_nope_s.shape[1]
     D_V: gl.constexpr = kv_nope_s.shape[2]
@@ -220,37 +226,29 @@ def _ws_load_partition_paged(q_ptr, kv_ptr, bt_ptr, q_row0, b, start, n_valid, n
     D: gl.constexpr = D_V + D_PE
     kn_layout: gl.constexpr = kv_nope_s.layout
     kp_layout: gl.constexpr = kv_pe_s.layout
-    qn_layout: gl.constexpr = q_nope_s.layout
-    qp_layout: gl.constexpr = q_pe_s.layout
-    qn, qp = _q_descs(q_ptr, q_row0, BM, D_V, D_PE, qn_layout, qp_layout)
+    _load_q(q_ptr, q_row0, q_nope_s, q_pe_s, q_bar)
     kn, kp = _rows_descs(kv_ptr, n_rows, stride_kt, BN, D_V, D_PE, kn_layout, kp_layout)   # the whole cache
-    mbarrier.expect(q_bar, BM * D * 2)
-    tma.async_copy_global_to_shared(qn, [0, 0], q_bar, q_nope_s.index(0))
-    tma.async_copy_global_to_shared(qp, [0, D_V], q_bar, q_pe_s.index(0))
     bt_row = bt_ptr + b.to(gl.int64) * stride_bt + start // BN   # this slice's first page
-    # The last tile: its valid rows (1 ... BN; BN when it is whole) and its page. With no tile at all the
-    # index is clamped to the sequence's last page, which exists (a length >= 1), so nothing outside the
-    # sequence's entries of the block table is read; with length 0 the clamp stops at entry 0.
-    tail = gl.minimum(n_valid - (n_tiles - 1) * BN, BN)
-    seq_pages = gl.cdiv(start + n_valid, BN)
-    last = gl.maximum(gl.minimum(start // BN + gl.maximum(n_tiles, 1), seq_pages) - 1, 0)
-    tail_page = gl.maximum(gl.load(bt_ptr + b.to(gl.int64) * stride_bt + last), 0)  # (-1 there at length 0)
-    tail_base = kv_ptr + tail_page.to(gl.int64) * BN * stride_kt
-    tn, tp = _rows_descs(tail_base, gl.maximum(tail, 1), stride_kt, BN, D_V, D_PE, kn_layout, kp_layout)
+    tail = gl.minimum(n_valid - (n_tiles - 1) * BN, BN)           # valid rows of the last tile (BN: whole)
     for t in range(n_tiles):
         # The page index is loaded before the wait for a free slot, so its latency hides behind that wait.
         page = gl.load(bt_row + t)
         st = t % STAGES
-        mbarrier.wait(kv_empty.index(st), ((t // STAGES) & 1) ^ 1)
         bar = kv_ready.index(st)
-        mbarrier.expect(bar, BN * D * 2)   # zero-filled rows are counted too
         if (t == n_tiles - 1) & (tail < BN):
+            # The sequence ends inside this page: descriptors of its own, bounded at the sequence's last row.
+            # Made here, before the wait, the making overlaps the tiles still being worked on.
+            tn, tp = _rows_descs(kv_ptr + page.to(gl.int64) * BN * stride_kt, tail, stride_kt, BN, D_V, D_PE,
+                                 kn_layout, kp_layout)
+            mbarrier.wait(kv_empty.index(st), ((t // STAGES) & 1) ^ 1)
+            mbarrier.expect(bar, BN * D * 2)   # zero-filled rows are counted too
             tma.async_copy_global_to_shared(tn, [0, 0], bar, kv_nope_s.index(st))
             tma.async_copy_global_to_shared(tp, [0, D_V], bar, kv_pe_s.index(st))
         else:
-            row = page * BN
-            tma.async_copy_global_to_shared(kn, [row, 0], bar, kv_nope_s.index(st))
-            tma.async_copy_global_to_shared(kp, [row, D_V], bar, kv_pe_s.index(st))
+            mbarrier.wait(kv_empty.index(st), ((t // STAGES) & 1) ^ 1)
+            mbarrier.expect(bar, BN * D * 2)
+            tma.async_copy_global_to_shared(kn, [page * BN, 0], bar, kv_nope_s.index(st))
+            tma.async_copy_global_to_shared(kp, [page * BN, D_V], bar, kv_pe_s.index(st))
 
 
 @gluon.jit
