@@ -151,11 +151,11 @@ DECODE = Benchmark(
     [_case(128, t) for t in (4096, 8192, 16384, 32768)]
     + [_case(b, t) for b in (1, 8, 32, 64) for t in (4096, 8192, 16384)],
     DECODE_PROVIDERS, decode_flops, decode_bytes, timer="graph")  # replayed from a CUDA graph: no launch overhead
-DECODE_PLAIN = Benchmark(  # the same kernels called from Python: launch overhead included
+DECODE_PLAIN = Benchmark(  # the same kernels called from Python, back to back as a decode loop calls them
     "mla_decode_plain",
     [_case(1, 4096), _case(1, 16384), _case(128, 8192)],
     {k: DECODE_PROVIDERS[k] for k in ("book", "book: Triton", "book: no split", "PyTorch absorbed")},
-    decode_flops, decode_bytes, timer="plain")
+    decode_flops, decode_bytes, timer="loop")
 
 
 # ---------------------------------------------------------------------------------- decode on a paged cache
@@ -272,12 +272,12 @@ DECODE_PAGED = Benchmark(
     "mla_decode_paged",
     [_paged_case(b, t, order) for order in ("in order", "shuffled") for b, t in _PAGED_SHAPES],
     PAGED_PROVIDERS, decode_flops, decode_bytes, timer="graph")
-DECODE_PAGED_PLAIN = Benchmark(  # called from Python: what a step costs on the host as well
+DECODE_PAGED_PLAIN = Benchmark(  # called from Python, back to back: what a step costs on the host as well
     "mla_decode_paged_plain",
     [_paged_case(1, 8192, "shuffled"), _paged_case(1, 16384, "shuffled"), _paged_case(8, 8192, "shuffled"),
      _paged_case(128, 8192, "shuffled")],
     {k: PAGED_PROVIDERS[k] for k in ("book", "book: Triton", "FlashMLA")}, decode_flops, decode_bytes,
-    timer="plain")
+    timer="loop")
 PAGED_HEADLINE = Panel("mla_decode_paged", {"B": 128, "pages": "shuffled"}, "T", "tflops", ("book", "FlashMLA"),
                        "MLA decode, paged cache (pages of 64)\nB=128, H=128, one query token",
                        xlabel="context length T")
