@@ -53,8 +53,16 @@ def fla_version() -> str | None:
 
 
 def flashmla(name: str = "flash_mla_with_kvcache"):
-    """A function of FlashMLA's Python package `flash_mla` (built from source on the GPU box), or None."""
-    return _optional("flash_mla", name)
+    """A function of FlashMLA's Python package `flash_mla`, or None. It is built from its source on the GPU box;
+    the folder holding the package is FLASHMLA_PATH, or .peers-flashmla/flashmla_src in the repository's root."""
+    where = os.environ.get("FLASHMLA_PATH") or str(Path(__file__).resolve().parents[1] / ".peers-flashmla"
+                                                   / "flashmla_src")
+    if Path(where, "flash_mla").is_dir() and where not in sys.path:
+        sys.path.insert(0, where)
+    try:
+        return getattr(importlib.import_module("flash_mla"), name, None)
+    except Exception:  # not installed, or a checkout whose extension is not built
+        return None
 
 
 def mamba_ssm(module: str, name: str):

@@ -6,10 +6,6 @@
 """
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import pandas as pd
 import torch
 
@@ -168,19 +164,6 @@ DECODE_PLAIN = Benchmark(  # the same kernels called from Python, back to back a
 PAGE = 64
 
 
-def _flashmla(name):
-    """FlashMLA's function `name`, or None. Its package is built from its source on the GPU machine; the
-    folder holding it is FLASHMLA_PATH, or .peers-flashmla/flashmla_src in the repository's root."""
-    where = os.environ.get("FLASHMLA_PATH") or str(Path(__file__).resolve().parents[2] / ".peers-flashmla"
-                                                   / "flashmla_src")
-    if Path(where, "flash_mla").is_dir() and where not in sys.path:
-        sys.path.insert(0, where)
-    try:
-        return flashmla(name)
-    except Exception:  # noqa: BLE001 (a checkout whose extension is not built: not installed here)
-        return None
-
-
 def _paged_inputs(case, device="cuda", dtype=torch.bfloat16):
     """q [B, 1, H, D], the dense cache [B, T, D] (None when shuffled), its pages [num_blocks, 64, D] in the
     case's order, the block table int32 [B, T / 64] and the lengths (all T). In order, the pages are a view
@@ -222,7 +205,7 @@ def _flashmla_paged(case):
     instead inside the harness's warm-up for a graph, on a side stream, the sweep's replays came out faster
     than the GPU's ceiling at B >= 64; made this way, `scripts/mla_replay_check.py` found replays that give
     the plain call's output in the plain call's time.)"""
-    run, get_metadata = _flashmla("flash_mla_with_kvcache"), _flashmla("get_mla_metadata")
+    run, get_metadata = flashmla("flash_mla_with_kvcache"), flashmla("get_mla_metadata")
     if run is None or get_metadata is None:
         return None
     q, _, pages, table, seqlens = _paged_inputs(case)

@@ -18,7 +18,8 @@ import contextlib
 import triton
 import triton.language as tl
 
-from ..launch import LN2, LOG2E, autotune_configs, cdiv, next_power_of_2, pow2_at_least_16, tma_scratch
+from ..launch import (LN2, LOG2E, _aligned, autotune_configs, cdiv, next_power_of_2, pow2_at_least_16,
+                      tma_scratch)
 from ..tl_helpers import log2_sum_exp2
 
 _LN2 = tl.constexpr(LN2)  # a kernel reads a module-level number only as a constexpr
@@ -261,7 +262,7 @@ def launch_combine(ws_o, ws_lse, out, lse, num_splits):
     grid = (B * S_Q * H, 1, 1)  # one program a row (a compiled kernel takes all three sizes)
     args = (ws_o, ws_lse, out, lse, num_splits)
     key = (out.device, num_splits, S_Q, H, D_V, out.dtype)
-    aligned = all(t.data_ptr() % 16 == 0 for t in args[:4])
+    aligned = _aligned(args)
     compiled = _COMBINE.get(key)
     if compiled is not None and aligned:
         compiled[grid](*args, S_Q, H, D_V, BS, BV)

@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..launch import LN2, LOG2E, tma_scratch
+from ..launch import LN2, LOG2E, _aligned, tma_scratch
 
 D_QK, D_V = 576, 512
 D_PE = D_QK - D_V
@@ -483,10 +483,6 @@ def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, bt_ptr, o_ptr, lse_ptr, ws
 _COMPILED = {}
 
 
-def _aligned(*tensors) -> bool:
-    return all(t.data_ptr() % 16 == 0 for t in tensors)
-
-
 def launch_gluon(q, kv_cache, cache_seqlens, softmax_scale, out, lse, ws_o=None, ws_lse=None, num_splits=1,
                  block_table=None):
     """The kernel launch alone, for inputs `interface.py` has checked: q bf16 [B, 1, H, 576] dense, H % 64 == 0;
@@ -510,13 +506,13 @@ def launch_gluon(q, kv_cache, cache_seqlens, softmax_scale, out, lse, ws_o=None,
     key = (q.device.index, H, paged, *(t.dtype for t in tensors))
     with tma_scratch():  # the TMA descriptors are made on the device, in a little global scratch
         compiled = _COMPILED.get(key)
-        if compiled is not None and _aligned(*tensors):
+        if compiled is not None and _aligned(tensors):
             compiled[grid](*args, H, BN, STAGES, D_V, D_PE, WS_CONSUMER_REGS, paged, 4)  # constexprs in order
             return
         compiled = _mla_decode_ws_kernel[grid](
             *args, H=H, BN=BN, STAGES=STAGES, D_V=D_V, D_PE=D_PE, CONSUMER_REGS=WS_CONSUMER_REGS, PAGED=paged,
             num_warps=4, maxnreg=WS_MAXNREG)
-        if compiled is not None and _aligned(*tensors):
+        if compiled is not None and _aligned(tensors):
             _COMPILED[key] = compiled
 
 

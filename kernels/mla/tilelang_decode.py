@@ -26,14 +26,13 @@ TileLang is imported lazily (`kernels.peers.tilelang`): this module imports anyw
 `mla_decode_tilelang` says so when TileLang is missing.
 """
 # No `from __future__ import annotations`: TileLang reads the kernels' annotations (their shapes) as values.
-import math
 
 import torch
 
 from .. import peers
 from ..checks import check_bool, check_has_values, check_int, check_tensor, softmax_scale_or_default
-from ..launch import LN2, LOG2E, sm_count
-from .interface import _num_splits
+from ..launch import LN2, LOG2E, cdiv, sm_count
+from .interface import _num_splits, _workspace
 from .reference import cache_capacity, check_cache_lengths, check_decode_inputs, paged_rows
 
 BH, BN = 64, 64            # query rows per program (wgmma's smallest M), cache positions per tile
@@ -219,7 +218,7 @@ def mla_decode_tilelang(q, kv_cache, block_table, cache_seqlens, head_dim_v=D_V,
     if check_seqlens:
         capacity = check_cache_lengths(kv_cache, cache_seqlens, block_table, S_Q, False)
     if num_splits is None:
-        num_splits = _num_splits(B, math.ceil(S_Q * H / BH), capacity, sm_count(q.device))
+        num_splits = _num_splits(B, cdiv(S_Q * H, BH), capacity, sm_count(q.device))
 
     return _launch(q, kv_cache, block_table, cache_seqlens, scale, num_splits)
 
@@ -239,8 +238,7 @@ def _launch(q, kv_cache, block_table, cache_seqlens, scale, num_splits):
     if num_splits == 1:
         _compiled(_decode_kernel, rows, False, dtype)(*args, out.view(B, rows, 1, D_V), lse.view(B, rows, 1))
     else:
-        o_part = torch.empty(B, rows, num_splits, D_V, device=q.device, dtype=torch.float32)
-        lse_part = torch.empty(B, rows, num_splits, device=q.device, dtype=torch.float32)
+        o_part, lse_part = _workspace(B, rows, num_splits, D_V, q.device)
         _compiled(_decode_kernel, rows, True, dtype)(*args, o_part, lse_part)
         _compiled(_merge_kernel, rows, dtype)(o_part, lse_part, out.view(B, rows, D_V), lse)
     return out, lse.view(B, S_Q, H).transpose(1, 2).contiguous()   # lse [B, H, s_q]
