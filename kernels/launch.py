@@ -1,5 +1,5 @@
 """What every family's launch code shares: constants, tile choice on each machine, device facts,
-the direct-launch fast path, and the scratch memory TMA descriptors need.
+the direct-launch fast paths, and the scratch memory TMA descriptors need.
 
     >>> configs = autotune_configs([({"BV": 64}, 4, 2), ({"BV": 32}, 8, 3)], interpreter={"BV": 32})
     >>> n_sm = sm_count(q.device)
@@ -12,6 +12,8 @@ import math
 
 import torch
 import triton
+from triton import knobs
+from triton.runtime.driver import driver
 from triton.runtime.errors import OutOfResources
 
 from .common import INTERPRET
@@ -142,5 +144,64 @@ def launch(kernel, grid, candidates, key, *args, **constexprs):
         return
 
 
+# ------------------------------------------------------------------ straight to Triton's C launcher
+def current_stream() -> tuple[int, int]:
+    """(device index, stream handle): the current CUDA device and its current stream, as Triton's launcher
+    takes them (no Stream object made). Kernels launch on the current device, as Triton's own launches do."""
+    device = driver.active.get_current_device()
+    return device, driver.active.get_current_stream(device)
+
+
+def _hooked(chain) -> bool:
+    """Whether a launch hook is installed (Triton 3.6 keeps them in a chain, empty unless a profiler adds one)."""
+    return chain is not None and bool(getattr(chain, "calls", True))
+
+
+class DirectLaunch:
+    """One compiled kernel, launched through Triton's C launcher and nothing else: `direct(grid, *args)` with the
+    arguments a launch of the JIT function takes, constexprs left out (they are given once, here).
+
+    A decode step at B = 1 is about 30 us of GPU work, so every microsecond of host time shows in a plain call.
+    `compiled[grid](*args)` spends 5-10 us before the C launcher runs: it asks Triton's driver for the device and
+    the stream, builds launch metadata and a closure, and for a kernel that makes TMA descriptors on the device it
+    asks the allocator for their scratch, which `tma_scratch` makes a PyTorch allocation. Here the stream is read
+    directly and the scratch is kept, one per stream, and reused: launches on one stream run in order, so a launch
+    cannot overwrite descriptors an earlier one still reads (the split-KV workspace is reused the same way).
+    Inside a CUDA graph capture the scratch is allocated, so that the graph owns its own. A profiler's launch
+    hooks get Triton's own path."""
+
+    def __init__(self, compiled, constexprs):
+        compiled._init_handles()
+        runner = compiled.run  # Triton's CudaLauncher: its C launch function and the kernel's launch attributes
+        self._compiled, self._constexprs = compiled, tuple(constexprs)
+        self._launch = runner.launch
+        self._head = (compiled.function, runner.launch_cooperative_grid, runner.launch_pdl)
+        self._metadata = compiled.packed_metadata
+        self._scratch_bytes = runner.global_scratch_size * runner.num_ctas  # per CTA
+        self._profiled = runner.profile_scratch_size > 0
+        self._scratch = {}  # (device, stream) -> the kept scratch
+
+    def _scratch_for(self, n_ctas, device, stream):
+        size = n_ctas * self._scratch_bytes
+        if torch.cuda.is_current_stream_capturing():
+            return torch.empty(size, dtype=torch.int8, device=torch.device("cuda", device))
+        kept = self._scratch.get((device, stream))
+        if kept is None or kept.numel() < size:
+            kept = torch.empty(size, dtype=torch.int8, device=torch.device("cuda", device))
+            self._scratch[(device, stream)] = kept
+        return kept
+
+    def __call__(self, grid, *args):
+        if self._profiled or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
+            with tma_scratch():
+                self._compiled[grid](*args, *self._constexprs)
+            return
+        device, stream = current_stream()
+        scratch = self._scratch_for(grid[0] * grid[1] * grid[2], device, stream) if self._scratch_bytes else None
+        self._launch(*grid, stream, *self._head, scratch, None, self._metadata, None, None, None, *args,
+                     *self._constexprs)
+
+
 __all__ = ["LOG2E", "LN2", "on_machine", "autotune_configs", "cdiv", "next_power_of_2", "pow2_at_least_16",
-           "sm_count", "capability", "is_hopper", "tma_ready", "tma_scratch", "launch"]
+           "sm_count", "capability", "is_hopper", "tma_ready", "tma_scratch", "launch", "current_stream",
+           "DirectLaunch"]

@@ -8,6 +8,11 @@ fa_bwd: the backward at short T (B=1, H=32, D=128) against SDPA flash: through a
 mla: the Triton MLA decode kernel's tile configurations (TMA and pointer loads) at B=128, H=128, T=8K.
 mla_splits: MLA decode on shuffled pages of 64 at B = 8, 32, 64 (T = 8K): the Gluon kernel at the split count
   `_num_splits` picks and at others, graph replays beside FlashMLA, and each launch's GPU time (main, combine).
+mla_host: where the host time of a plain paged MLA call at B = 1 goes (64 positions: the GPU is never the
+  bottleneck): the whole call, each piece, and Triton's launcher called in leaner ways.
+mla_mixed: MLA decode on shuffled pages at B = 64 with lengths drawn from 1K to 16K: the Gluon kernel beside
+  FlashMLA (whose schedule gives every SM an equal share of the batch's tiles), graph replays, checked against
+  each other first.
 fa_mask: what keeping hidden NaN out costs the causal forward: the kernel as it is against a copy whose
   masked path multiplies P and V with a plain `tl.dot` (short lengths, where diagonal blocks weigh most).
 m2_step: Mamba-2's decode step at B = 64 (80 and 64 heads x 64 x 128), graph replays, % of the copy ceiling
@@ -420,7 +425,90 @@ def mla_splits():
                   f"({flash_ms / ms:.2f}x FlashMLA's speed); GPU us per kernel: {kernels}", flush=True)
 
 
+def mla_mixed():
+    """Lengths that differ: 64 sequences of 1K to 16K positions on shuffled pages. FlashMLA's schedule gives
+    every SM an equal share of the tiles whatever the lengths; the book's kernel gives each CTA a sequence."""
+    from kernels import peers
+    from kernels.mla import bench as mla_bench
+    from kernels.mla import interface
+    case = mla_bench._paged_case(64, 16384, "shuffled")
+    q, _, pages, table, _ = mla_bench._paged_inputs(case)
+    torch.manual_seed(3)
+    seqlens = torch.randint(1024, 16385, (64,), device="cuda", dtype=torch.int32)
+    run = peers.flashmla("flash_mla_with_kvcache")
+    sched, _ = peers.flashmla("get_mla_metadata")()
+
+    def flash():
+        return run(q, pages.unsqueeze(2), table, seqlens, mla_bench.D_C, sched, None, softmax_scale=mla_bench.SCALE,
+                   causal=False)
+
+    def book():
+        return interface.mla_decode(q, pages, seqlens, mla_bench.SCALE, block_table=table, check_seqlens=False)
+    (o_f, _), (o_b, _) = flash(), book()
+    err = ((o_b.float() - o_f.float()).norm() / o_f.float().norm()).item()
+    t_f, t_b = time_graph_ms(flash), time_graph_ms(book)
+    print(f"--- MLA paged decode, B = 64, lengths 1K-16K (total {int(seqlens.sum())}), shuffled: "
+          f"book {t_b * 1e3:.1f} us, FlashMLA {t_f * 1e3:.1f} us ({t_f / t_b:.2f}x FlashMLA's speed); "
+          f"rel diff {err:.1e}", flush=True)
+
+
+def mla_host():
+    """Host time of a plain Gluon MLA call at B = 1 (one page, so the GPU is never the bottleneck), piece by piece,
+    each launch both ways: through `kernels.launch.DirectLaunch` (the book's path) and through Triton's runner,
+    `compiled[grid]` (with the TMA scratch allocated per launch); then plain calls back to back against replays."""
+    from kernels.bench import time_loop_ms
+    from kernels.launch import tma_scratch
+    from kernels.mla import bench as mla_bench
+    from kernels.mla import decode, gluon_decode, interface
+    from kernels.mla.reference import check_decode_inputs
+
+    def inputs(B, T):
+        q, _, pages, table, seqlens = mla_bench._paged_inputs(mla_bench._paged_case(B, T, "shuffled"))
+        return q, pages, table, seqlens
+    q, pages, table, seqlens = inputs(1, 64)
+    scale, splits = mla_bench.SCALE, 4
+    B, _, H, _ = q.shape
+    out, lse = interface.mla_decode(q, pages, seqlens, scale, block_table=table, num_splits=splits,
+                                    check_seqlens=False)
+    ws_o, ws_lse = interface._workspace(B, H, splits, 512, q.device)
+    gluon = next(iter(gluon_decode._COMPILED.values()))
+    combine = next(iter(decode._COMBINE.values()))
+    gargs = (q, pages, seqlens, table, out, lse, ws_o, ws_lse, scale * 1.4426950408889634, pages.shape[0] * 64,
+             pages.stride(0), pages.stride(1), table.stride(0), splits)
+    cargs = (ws_o, ws_lse, out, lse, splits)
+
+    def triton_runner(direct, grid, args):
+        with tma_scratch():
+            direct._compiled[grid](*args, *direct._constexprs)
+    pieces = {
+        "whole call (check_seqlens=False)": lambda: interface.mla_decode(q, pages, seqlens, scale, block_table=table,
+                                                                         num_splits=splits, check_seqlens=False),
+        "check_decode_inputs (quick)": lambda: check_decode_inputs(q, pages, seqlens, scale, table, kernel=True),
+        "_gluon_misfit": lambda: interface._gluon_misfit(q, pages, table, 512),
+        "two torch.empty": lambda: (torch.empty(B, 1, H, 512, device="cuda", dtype=q.dtype),
+                                    torch.empty(B, H, 1, device="cuda", dtype=torch.float32)),
+        "_workspace": lambda: interface._workspace(B, H, splits, 512, q.device),
+        "launch_gluon (direct)": lambda: gluon_decode.launch_gluon(q, pages, seqlens, scale, out, lse, ws_o, ws_lse,
+                                                                   splits, table),
+        "launch_combine (direct)": lambda: decode.launch_combine(ws_o, ws_lse, out, lse, splits),
+        "Gluon kernel through Triton's runner": lambda: triton_runner(gluon, (H // 64, splits, B), gargs),
+        "combine through Triton's runner": lambda: triton_runner(combine, (B * H, 1, 1), cargs),
+    }
+    print(f"--- MLA plain call, paged, B = 1, T = 64, {splits} slices: host time of each piece, us")
+    for label, fn in pieces.items():
+        print(f"  {label:44s} {_host_us(fn, n=2000):7.2f}", flush=True)
+    for B, T in ((1, 8192), (1, 16384), (8, 8192)):
+        q2, p2, t2, s2 = inputs(B, T)
+
+        def call():
+            return interface.mla_decode(q2, p2, s2, scale, block_table=t2, check_seqlens=False)
+        loop, replay = time_loop_ms(call), time_graph_ms(call)
+        print(f"  B = {B}, T = {T}: back to back {loop * 1e3:.1f} us, replayed {replay * 1e3:.1f} us "
+              f"({loop / replay:.2f}x)", flush=True)
+
+
 if __name__ == "__main__":
     for part in sys.argv[1:]:
         {"fa_host": fa_host, "fa_bwd": fa_bwd, "mla": mla, "fa_mask": fa_mask, "m2_step": m2_step,
-         "kda_step": kda_step, "mla_splits": mla_splits, "kda_prefill": kda_prefill}[part]()
+         "kda_step": kda_step, "mla_splits": mla_splits, "mla_mixed": mla_mixed, "mla_host": mla_host,
+         "kda_prefill": kda_prefill}[part]()

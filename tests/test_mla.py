@@ -779,6 +779,42 @@ def test_gluon_gpu_repeat_and_graph_replay(paged, monkeypatch):
     check_graph_replay(call, q)
 
 
+@pytest.mark.gpu
+def test_gluon_gpu_direct_launch_streams_and_hooks():
+    """The direct launches (`kernels.launch.DirectLaunch`) keep one TMA scratch per stream: calls on two streams
+    at once, each many times over, give the result of a call on the default stream, bit for bit. With a launch
+    hook installed (as a profiler does) the launches go through Triton's own path, and the hook sees both."""
+    from triton import knobs
+
+    lens = torch.tensor([700, 3000, 1, 64], dtype=torch.int32)
+    q, kv, lens, _ = make_case(4, 1, 128, 576, 3000, dtype=torch.bfloat16, lens=lens)
+    call = lambda: mla_decode(q, kv, lens, 0.1, num_splits=3, check_seqlens=False)  # noqa: E731
+    first, first_lse = call()
+    first, first_lse = call()   # launched directly
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    results = []
+    for stream in streams:
+        stream.wait_stream(torch.cuda.current_stream())
+    for _ in range(20):
+        for stream in streams:
+            with torch.cuda.stream(stream):
+                results.append(call())
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, first) and torch.equal(l_, first_lse) for o, l_ in results)
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata.get()["name"])
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        hooked, hooked_lse = call()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    torch.cuda.synchronize()
+    assert torch.equal(hooked, first) and torch.equal(hooked_lse, first_lse)
+    assert seen == ["_mla_decode_ws_kernel", "_mla_combine_kernel"], seen
+
+
 def check_graph_replay(call, q):
     """`call()` -> (out, lse) captured in a CUDA graph: the replay equals an eager call, and after new values
     are written into q (the same memory) it equals an eager call on them."""

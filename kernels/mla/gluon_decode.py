@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..launch import LN2, LOG2E, _aligned, tma_scratch
+from ..launch import LN2, LOG2E, DirectLaunch, _aligned, tma_scratch
 
 D_QK, D_V = 576, 512
 D_PE = D_QK - D_V
@@ -475,11 +475,12 @@ def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, bt_ptr, o_ptr, lse_ptr, ws
 # ----------------------------------------------------------------------------------------------------------
 # Launch
 # ----------------------------------------------------------------------------------------------------------
-# (device, H, paged, the pointers' dtypes) -> the compiled kernel, launched directly after the first call.
-# Triton's dispatcher re-derives every argument's specialization on each call (tens of microseconds of host
-# time for 16 arguments); this kernel specializes on nothing but its constexprs, its pointers' dtypes and
-# their 16-byte alignment (every integer is do_not_specialize, floats never are), so once the pointers are
-# checked to be aligned, as they were when it was compiled, the compiled kernel can be called as it is.
+# (device, H, paged, dtype) -> the compiled kernel, launched directly (`kernels.launch.DirectLaunch`) after the
+# first call. Triton's dispatcher re-derives every argument's specialization on each call (tens of microseconds of
+# host time for 16 arguments); this kernel specializes on nothing but its constexprs, its pointers' dtypes (q's
+# decides them all, once `interface.py` has checked the inputs) and their 16-byte alignment (every integer is
+# do_not_specialize, floats never are), so once the pointers are checked to be aligned, as they were when it was
+# compiled, the compiled kernel can be called as it is.
 _COMPILED = {}
 
 
@@ -502,18 +503,18 @@ def launch_gluon(q, kv_cache, cache_seqlens, softmax_scale, out, lse, ws_o=None,
     args = (q, kv_cache, cache_seqlens, bt, out, lse, ws_o, ws_lse, softmax_scale * LOG2E, t_max, kv_cache.stride(0),
             kv_cache.stride(1), stride_bt, num_splits)
     grid = (H // BLOCK_H, num_splits, B)
-    tensors = args[:8]
-    key = (q.device.index, H, paged, *(t.dtype for t in tensors))
+    key = (q.device.index, H, paged, q.dtype)
+    # out, lse and the workspace are fresh allocations, the cache is TMA-ready: the caller's pointers are checked
+    aligned = _aligned((q, cache_seqlens, bt))
+    direct = _COMPILED.get(key)
+    if direct is not None and aligned:
+        direct(grid, *args)
+        return
+    constexprs = dict(H=H, BN=BN, STAGES=STAGES, D_V=D_V, D_PE=D_PE, CONSUMER_REGS=WS_CONSUMER_REGS, PAGED=paged)
     with tma_scratch():  # the TMA descriptors are made on the device, in a little global scratch
-        compiled = _COMPILED.get(key)
-        if compiled is not None and _aligned(tensors):
-            compiled[grid](*args, H, BN, STAGES, D_V, D_PE, WS_CONSUMER_REGS, paged, 4)  # constexprs in order
-            return
-        compiled = _mla_decode_ws_kernel[grid](
-            *args, H=H, BN=BN, STAGES=STAGES, D_V=D_V, D_PE=D_PE, CONSUMER_REGS=WS_CONSUMER_REGS, PAGED=paged,
-            num_warps=4, maxnreg=WS_MAXNREG)
-        if compiled is not None and _aligned(tensors):
-            _COMPILED[key] = compiled
+        compiled = _mla_decode_ws_kernel[grid](*args, **constexprs, num_warps=4, maxnreg=WS_MAXNREG)
+    if compiled is not None and aligned:  # (the interpreter compiles nothing)
+        _COMPILED[key] = DirectLaunch(compiled, (*constexprs.values(), 4))  # num_warps, the last constexpr
 
 
 __all__ = ["launch_gluon"]

@@ -18,7 +18,7 @@ import math
 import torch
 
 from ..checks import check_bool, check_choice, check_int, check_tensor
-from ..launch import cdiv, is_hopper, sm_count, tma_ready
+from ..launch import cdiv, current_stream, is_hopper, sm_count, tma_ready
 from . import decode, gluon_decode
 from .reference import cache_capacity, check_cache_lengths, check_decode_inputs, paged_rows
 
@@ -86,7 +86,7 @@ def _workspace(B, rows, num_splits, D_V, device):
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return (torch.empty(shape, device=device, dtype=torch.float32),
                 torch.empty(shape[:3], device=device, dtype=torch.float32))
-    key = (device, torch.cuda.current_stream(device).cuda_stream, shape)
+    key = (device, current_stream(), shape)
     ws = _WORKSPACES.pop(key, None)
     if ws is None:
         ws = (torch.empty(shape, device=device, dtype=torch.float32),
