@@ -152,6 +152,22 @@ def current_stream() -> tuple[int, int]:
     return device, driver.active.get_current_stream(device)
 
 
+def reused(kept: dict, key, make, most: int = 4):
+    """`make()`, made once per `key` and current CUDA stream and then reused by the calls on that stream: launches
+    on one stream run in order, so a later one cannot overwrite what an earlier one still reads. `kept` holds the
+    `most` most recently used. Inside a CUDA graph capture it is made afresh, so that the graph owns its own."""
+    if torch.cuda.is_current_stream_capturing():
+        return make()
+    key = (current_stream(), key)
+    value = kept.pop(key, None)
+    if value is None:
+        value = make()
+        while len(kept) >= most:
+            kept.pop(next(iter(kept)))   # the least recently used
+    kept[key] = value
+    return value
+
+
 def _hooked(chain) -> bool:
     """Whether a launch hook is installed (Triton 3.6 keeps them in a chain, empty unless a profiler adds one)."""
     return chain is not None and bool(getattr(chain, "calls", True))
@@ -165,10 +181,8 @@ class DirectLaunch:
     `compiled[grid](*args)` spends 5-10 us before the C launcher runs: it asks Triton's driver for the device and
     the stream, builds launch metadata and a closure, and for a kernel that makes TMA descriptors on the device it
     asks the allocator for their scratch, which `tma_scratch` makes a PyTorch allocation. Here the stream is read
-    directly and the scratch is kept, one per stream, and reused: launches on one stream run in order, so a launch
-    cannot overwrite descriptors an earlier one still reads (the split-KV workspace is reused the same way).
-    Inside a CUDA graph capture the scratch is allocated, so that the graph owns its own. A profiler's launch
-    hooks get Triton's own path."""
+    directly and the scratch is kept per stream and reused (`reused`). A profiler's launch hooks get Triton's own
+    path."""
 
     def __init__(self, compiled, constexprs):
         compiled._init_handles()
@@ -179,29 +193,43 @@ class DirectLaunch:
         self._metadata = compiled.packed_metadata
         self._scratch_bytes = runner.global_scratch_size * runner.num_ctas  # per CTA
         self._profiled = runner.profile_scratch_size > 0
-        self._scratch = {}  # (device, stream) -> the kept scratch
-
-    def _scratch_for(self, n_ctas, device, stream):
-        size = n_ctas * self._scratch_bytes
-        if torch.cuda.is_current_stream_capturing():
-            return torch.empty(size, dtype=torch.int8, device=torch.device("cuda", device))
-        kept = self._scratch.get((device, stream))
-        if kept is None or kept.numel() < size:
-            kept = torch.empty(size, dtype=torch.int8, device=torch.device("cuda", device))
-            self._scratch[(device, stream)] = kept
-        return kept
+        self._scratch = {}  # (stream, size) -> the kept scratch
 
     def __call__(self, grid, *args):
         if self._profiled or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
             with tma_scratch():
                 self._compiled[grid](*args, *self._constexprs)
             return
-        device, stream = current_stream()
-        scratch = self._scratch_for(grid[0] * grid[1] * grid[2], device, stream) if self._scratch_bytes else None
-        self._launch(*grid, stream, *self._head, scratch, None, self._metadata, None, None, None, *args,
-                     *self._constexprs)
+        scratch = None
+        if self._scratch_bytes:
+            size = grid[0] * grid[1] * grid[2] * self._scratch_bytes
+            scratch = reused(self._scratch, size, lambda: torch.empty(size, dtype=torch.int8, device="cuda"))
+        self._launch(*grid, current_stream()[1], *self._head, scratch, None, self._metadata, None, None, None,
+                     *args, *self._constexprs)
+
+
+_DIRECT = {}  # (kernel, key) -> DirectLaunch
+
+
+def launch_direct(kernel, grid, key, args, constexprs, aligned=True, **options):
+    """`kernel[grid](*args, **constexprs, **options)`, and after the first call with `key`, the compiled kernel
+    through `DirectLaunch`, skipping Triton's dispatcher, which re-derives every argument's specialization on each
+    call. For kernels that specialize on nothing `key` leaves out but their pointers' 16-byte alignment: every
+    integer argument do_not_specialize (floats never are), and `key` naming the constexprs and the pointers'
+    dtypes. aligned: whether the pointers are 16-byte aligned, as they were when the kernel was compiled (a call
+    that is not goes through the dispatcher). The kernel's TMA descriptors, if it makes any on the device, get
+    their scratch from `tma_scratch` on that path."""
+    direct = _DIRECT.get((kernel, key)) if aligned else None
+    if direct is not None:
+        direct(grid, *args)
+        return
+    with tma_scratch():
+        compiled = kernel[grid](*args, **constexprs, **options)
+    if compiled is not None and aligned:  # (the interpreter compiles nothing)
+        values = {**constexprs, **options}   # the compiled kernel takes its constexprs in signature order
+        _DIRECT[(kernel, key)] = DirectLaunch(compiled, [values[name] for name in kernel.arg_names[len(args):]])
 
 
 __all__ = ["LOG2E", "LN2", "on_machine", "autotune_configs", "cdiv", "next_power_of_2", "pow2_at_least_16",
            "sm_count", "capability", "is_hopper", "tma_ready", "tma_scratch", "launch", "current_stream",
-           "DirectLaunch"]
+           "reused", "DirectLaunch", "launch_direct"]

@@ -456,6 +456,7 @@ def mla_host():
     """Host time of a plain Gluon MLA call at B = 1 (one page, so the GPU is never the bottleneck), piece by piece,
     each launch both ways: through `kernels.launch.DirectLaunch` (the book's path) and through Triton's runner,
     `compiled[grid]` (with the TMA scratch allocated per launch); then plain calls back to back against replays."""
+    from kernels import launch as launch_module
     from kernels.bench import time_loop_ms
     from kernels.launch import tma_scratch
     from kernels.mla import bench as mla_bench
@@ -471,8 +472,8 @@ def mla_host():
     out, lse = interface.mla_decode(q, pages, seqlens, scale, block_table=table, num_splits=splits,
                                     check_seqlens=False)
     ws_o, ws_lse = interface._workspace(B, H, splits, 512, q.device)
-    gluon = next(iter(gluon_decode._COMPILED.values()))
-    combine = next(iter(decode._COMBINE.values()))
+    direct = {kernel: launcher for (kernel, _), launcher in launch_module._DIRECT.items()}
+    gluon, combine = direct[gluon_decode._mla_decode_ws_kernel], direct[decode._mla_combine_kernel]
     gargs = (q, pages, seqlens, table, out, lse, ws_o, ws_lse, scale * 1.4426950408889634, pages.shape[0] * 64,
              pages.stride(0), pages.stride(1), table.stride(0), splits)
     cargs = (ws_o, ws_lse, out, lse, splits)

@@ -449,3 +449,66 @@ def test_code_lines_leaves_out_blanks_comments_and_docstrings():
     assert code_lines(_counted, _counted) == 3              # a function named twice counts once
     kernels_of_module = code_lines(decode)      # every kernel the module defines, each once
     assert kernels_of_module == code_lines(decode._mla_decode_kernel, decode._mla_combine_kernel, decode._cache_row)
+
+
+def test_launch_direct_caches_the_compiled_kernel_and_orders_its_constexprs(monkeypatch):
+    """`launch.launch_direct` without a GPU: the kernel and Triton's launcher are played by stand-ins. The first
+    aligned call goes through the kernel and keeps its compiled form, with the constexprs in signature order
+    (options such as num_warps included where the signature names them); later calls with that key go to it; an
+    unaligned call, or one with another key, goes through the kernel again."""
+    from kernels import launch
+
+    calls = []
+
+    class Kernel:
+        arg_names = ["x", "n", "A", "B", "num_warps"]
+
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                calls.append(("kernel", grid, args, kw))
+                return "compiled"
+            return run
+
+    class Direct:
+        def __init__(self, compiled, constexprs):
+            self.compiled, self.constexprs = compiled, list(constexprs)
+
+        def __call__(self, grid, *args):
+            calls.append(("direct", grid, args, self.constexprs))
+
+    monkeypatch.setattr(launch, "_DIRECT", {})
+    monkeypatch.setattr(launch, "DirectLaunch", Direct)
+    kernel = Kernel()
+    go = lambda key, aligned=True: launch.launch_direct(kernel, (2, 1, 1), key, ("x", 7), {"B": 2, "A": 1},  # noqa
+                                                        aligned=aligned, num_warps=4, maxnreg=128)
+    go("k")
+    go("k")
+    go("k", aligned=False)
+    go("other")
+    assert [c[0] for c in calls] == ["kernel", "direct", "kernel", "kernel"]
+    assert calls[0][3] == {"B": 2, "A": 1, "num_warps": 4, "maxnreg": 128}
+    assert calls[1] == ("direct", (2, 1, 1), ("x", 7), [1, 2, 4])
+
+
+def test_reused_keeps_one_per_stream_and_key_and_makes_afresh_in_a_capture(monkeypatch):
+    """`launch.reused` without a GPU (the stream and the capture state played by stand-ins): one value per
+    (stream, key), the least recently used dropped past `most`, and a fresh one inside a graph capture."""
+    from kernels import launch
+
+    stream, capturing = [(0, 11)], [False]
+    monkeypatch.setattr(launch, "current_stream", lambda: stream[0])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    kept, made = {}, []
+
+    def make():
+        made.append(object())
+        return made[-1]
+    a = launch.reused(kept, "a", make, most=2)
+    assert launch.reused(kept, "a", make, most=2) is a and len(made) == 1
+    stream[0] = (0, 12)
+    assert launch.reused(kept, "a", make, most=2) is not a            # another stream, its own
+    launch.reused(kept, "b", make, most=2)                             # the first stream's "a" is dropped
+    stream[0] = (0, 11)
+    assert launch.reused(kept, "a", make, most=2) is not a and len(kept) == 2
+    capturing[0] = True
+    assert launch.reused(kept, "a", make, most=2) is made[-1] and len(made) == 5 and len(kept) == 2

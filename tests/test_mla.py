@@ -761,8 +761,8 @@ def test_gluon_gpu_repeat_and_graph_replay(paged, monkeypatch):
     """A whole-sequence call compiles the kernel; a split call then launches it directly (no dispatcher) and
     is right; its repeat reuses the workspace; a CUDA graph captures the same call. All give the first split
     call's result, bit for bit; the graph's replay follows new values written into its inputs."""
-    from kernels.mla import gluon_decode
-    monkeypatch.setattr(gluon_decode, "_COMPILED", {})
+    from kernels import launch
+    monkeypatch.setattr(launch, "_DIRECT", {})
     lens = torch.tensor([100, 2000], dtype=torch.int32)
     q, kv, lens, _ = make_case(2, 1, 128, 576, 2000, dtype=torch.bfloat16, lens=lens)
     table = None

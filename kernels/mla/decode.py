@@ -18,8 +18,8 @@ import contextlib
 import triton
 import triton.language as tl
 
-from ..launch import (LN2, LOG2E, DirectLaunch, _aligned, autotune_configs, cdiv, next_power_of_2,
-                      pow2_at_least_16, tma_scratch)
+from ..launch import (LN2, LOG2E, autotune_configs, cdiv, launch_direct, next_power_of_2, pow2_at_least_16,
+                      tma_scratch)
 from ..tl_helpers import log2_sum_exp2
 
 _LN2 = tl.constexpr(LN2)  # a kernel reads a module-level number only as a constexpr
@@ -249,28 +249,17 @@ def launch_triton(q, kv_cache, block_table, cache_seqlens, softmax_scale, out, l
         _mla_decode_tuned[grid](*args, **consts)
 
 
-_COMBINE = {}  # (device, num_splits, S_Q, H, D_V, dtype) -> the compiled combine kernel, launched directly
-
-
 def launch_combine(ws_o, ws_lse, out, lse, num_splits):
     """Merge the num_splits partials of every row into out [B, s_q, H, D_V] and lse [B, H, s_q].
-    After the first call with a key the compiled kernel is launched directly (`kernels.launch.DirectLaunch`):
-    its one integer argument, num_splits, is in the key, and the pointers, the workspace's and fresh
-    allocations, are 16-byte aligned, as they were when it was compiled."""
+    Launched directly after the first call with a key (`kernels.launch.launch_direct`): its one integer
+    argument, num_splits, is in the key, and its pointers, the workspace's and fresh allocations', are 16-byte
+    aligned."""
     B, S_Q, H, D_V = out.shape
-    grid = (B * S_Q * H, 1, 1)  # one program a row (a compiled kernel takes all three sizes)
-    args = (ws_o, ws_lse, out, lse, num_splits)
-    key = (out.device.index, num_splits, S_Q, H, D_V, out.dtype)
-    direct = _COMBINE.get(key)
-    if direct is not None:
-        direct(grid, *args)
-        return
     BV = next_power_of_2(D_V)
     constexprs = dict(S_Q=S_Q, H=H, D_V=D_V, BS=max(2, next_power_of_2(num_splits)), BV=BV)
-    num_warps = min(max(BV // 128, 1), 8)  # a 16-byte load (4 fp32) a thread per slice; D_V is in the key
-    compiled = _mla_combine_kernel[grid](*args, **constexprs, num_warps=num_warps)
-    if compiled is not None and _aligned(args):  # (the interpreter compiles nothing)
-        _COMBINE[key] = DirectLaunch(compiled, constexprs.values())
+    launch_direct(_mla_combine_kernel, (B * S_Q * H, 1, 1), (out.device.index, num_splits, S_Q, H, D_V, out.dtype),
+                  (ws_o, ws_lse, out, lse, num_splits), constexprs,
+                  num_warps=min(max(BV // 128, 1), 8))  # a 16-byte load (4 fp32) a thread per slice
 
 
 __all__ = ["launch_triton", "launch_combine"]

@@ -28,8 +28,8 @@ of those rows are set to -inf. A paged cache changes only the copy warp: the ker
 so one tile is one page; the cache is one descriptor over all num_blocks * 64 rows, each tile's first row
 is block_table[b, page] * 64, and a sequence's last page, when the sequence ends inside it, gets a
 descriptor of its own that stops at the sequence's end, so that page's unused slots are zero-filled too.
-(The descriptors need a little global scratch per CTA, which the launch lends from PyTorch's allocator for
-its duration: `kernels.launch.tma_scratch`.)
+(The descriptors need a little global scratch per CTA, which the launch lends from PyTorch's allocator:
+`kernels.launch.launch_direct`.)
 
 Gluon/ptxas constraints this code works around (see the comments at each place):
   * no wgmma may be in flight across a loop back edge or the end of an `if`: ptxas copies the
@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..launch import LN2, LOG2E, DirectLaunch, _aligned, tma_scratch
+from ..launch import LN2, LOG2E, _aligned, launch_direct
 
 D_QK, D_V = 576, 512
 D_PE = D_QK - D_V
@@ -475,15 +475,6 @@ def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, bt_ptr, o_ptr, lse_ptr, ws
 # ----------------------------------------------------------------------------------------------------------
 # Launch
 # ----------------------------------------------------------------------------------------------------------
-# (device, H, paged, dtype) -> the compiled kernel, launched directly (`kernels.launch.DirectLaunch`) after the
-# first call. Triton's dispatcher re-derives every argument's specialization on each call (tens of microseconds of
-# host time for 16 arguments); this kernel specializes on nothing but its constexprs, its pointers' dtypes (q's
-# decides them all, once `interface.py` has checked the inputs) and their 16-byte alignment (every integer is
-# do_not_specialize, floats never are), so once the pointers are checked to be aligned, as they were when it was
-# compiled, the compiled kernel can be called as it is.
-_COMPILED = {}
-
-
 def launch_gluon(q, kv_cache, cache_seqlens, softmax_scale, out, lse, ws_o=None, ws_lse=None, num_splits=1,
                  block_table=None):
     """The kernel launch alone, for inputs `interface.py` has checked: q bf16 [B, 1, H, 576] dense, H % 64 == 0;
@@ -503,18 +494,12 @@ def launch_gluon(q, kv_cache, cache_seqlens, softmax_scale, out, lse, ws_o=None,
     args = (q, kv_cache, cache_seqlens, bt, out, lse, ws_o, ws_lse, softmax_scale * LOG2E, t_max, kv_cache.stride(0),
             kv_cache.stride(1), stride_bt, num_splits)
     grid = (H // BLOCK_H, num_splits, B)
-    key = (q.device.index, H, paged, q.dtype)
-    # out, lse and the workspace are fresh allocations, the cache is TMA-ready: the caller's pointers are checked
-    aligned = _aligned((q, cache_seqlens, bt))
-    direct = _COMPILED.get(key)
-    if direct is not None and aligned:
-        direct(grid, *args)
-        return
+    # The kernel specializes on its constexprs and its pointers' dtypes (q's decides them all, once
+    # `interface.py` has checked the inputs); every integer argument is do_not_specialize. out, lse and the
+    # workspace are fresh allocations and the cache is TMA-ready: the caller's pointers are checked for alignment.
     constexprs = dict(H=H, BN=BN, STAGES=STAGES, D_V=D_V, D_PE=D_PE, CONSUMER_REGS=WS_CONSUMER_REGS, PAGED=paged)
-    with tma_scratch():  # the TMA descriptors are made on the device, in a little global scratch
-        compiled = _mla_decode_ws_kernel[grid](*args, **constexprs, num_warps=4, maxnreg=WS_MAXNREG)
-    if compiled is not None and aligned:  # (the interpreter compiles nothing)
-        _COMPILED[key] = DirectLaunch(compiled, (*constexprs.values(), 4))  # num_warps, the last constexpr
+    launch_direct(_mla_decode_ws_kernel, grid, (q.device.index, H, paged, q.dtype), args, constexprs,
+                  aligned=_aligned((q, cache_seqlens, bt)), num_warps=4, maxnreg=WS_MAXNREG)
 
 
 __all__ = ["launch_gluon"]

@@ -18,7 +18,7 @@ import math
 import torch
 
 from ..checks import check_bool, check_choice, check_int, check_tensor
-from ..launch import cdiv, current_stream, is_hopper, sm_count, tma_ready
+from ..launch import cdiv, is_hopper, reused, sm_count, tma_ready
 from . import decode, gluon_decode
 from .reference import cache_capacity, check_cache_lengths, check_decode_inputs, paged_rows
 
@@ -72,29 +72,19 @@ def _gluon_misfit(q, kv_cache, block_table, head_dim_v):
     return None
 
 
-_WORKSPACES: dict = {}   # (device, stream, B, rows, num_splits, D_V) -> (ws_o, ws_lse); see _workspace
-_WORKSPACES_KEPT = 4
+_WORKSPACES: dict = {}   # ((device, stream), (device, shape)) -> (ws_o, ws_lse); see _workspace
 
 
 def _workspace(B, rows, num_splits, D_V, device):
-    """The split-KV partials, fp32 ws_o [B, rows, num_splits, D_V] and ws_lse [B, rows, num_splits].
-    Outside a CUDA graph capture they are kept per (device, stream, shape) and reused: the kernels that
-    write and read them run in stream order, so the next call on that stream cannot overtake this one.
-    (The last few shapes are kept; a B=8, H=128 decode with 16 slices holds 34 MB.) Inside a capture they
-    are allocated, so that the graph owns its own."""
+    """The split-KV partials, fp32 ws_o [B, rows, num_splits, D_V] and ws_lse [B, rows, num_splits], kept per
+    stream and shape and reused (`kernels.launch.reused`; the last few shapes are kept: a B=8, H=128 decode with
+    16 slices holds 34 MB)."""
     shape = (B, rows, num_splits, D_V)
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+
+    def make():
         return (torch.empty(shape, device=device, dtype=torch.float32),
                 torch.empty(shape[:3], device=device, dtype=torch.float32))
-    key = (device, current_stream(), shape)
-    ws = _WORKSPACES.pop(key, None)
-    if ws is None:
-        ws = (torch.empty(shape, device=device, dtype=torch.float32),
-              torch.empty(shape[:3], device=device, dtype=torch.float32))
-        while len(_WORKSPACES) >= _WORKSPACES_KEPT:
-            _WORKSPACES.pop(next(iter(_WORKSPACES)))   # the least recently used
-    _WORKSPACES[key] = ws
-    return ws
+    return make() if device.type != "cuda" else reused(_WORKSPACES, (device, shape), make)
 
 
 def _dense(q, kv_cache, cache_seqlens, block_table):
