@@ -89,11 +89,16 @@ def _workspace(B, rows, num_splits, D_V, device):
 
 def _dense(q, kv_cache, cache_seqlens, block_table):
     """The layouts the kernels read: q, the lengths and the block table dense, cache rows unit-stride
-    (copies only where an input is strided that way; the cache's other strides are passed on)."""
+    (copies only where an input is strided that way; the cache's other strides are passed on). q is also
+    copied when its base is not 16-byte aligned (a view that starts mid-row): the Gluon kernel reads it
+    with the copy engine, which needs an aligned base."""
     if kv_cache.stride(-1) != 1:
         kv_cache = kv_cache.contiguous()
     block_table = None if block_table is None else block_table.contiguous()
-    return q.contiguous(), kv_cache, cache_seqlens.contiguous(), block_table
+    q = q.contiguous()
+    if q.data_ptr() % 16:
+        q = q.clone()
+    return q, kv_cache, cache_seqlens.contiguous(), block_table
 
 
 def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_table=None, causal=False,
