@@ -87,6 +87,7 @@ GLOSSARY_TERMS = [
     "SM", "warp", "warpgroup", "CTA", "program", "grid", "tile", "tensor core", "wgmma", "TMA", "mbarrier",
     "HBM", "L2", "shared memory", "registers", "spill", "occupancy", "num_warps", "num_stages", "autotuning",
     "interpreter", "ptxas", "setmaxnreg", "warp specialization", "software pipelining", "CUDA graph",
+    "programmatic dependent launch",
     "roofline", "% of roofline", "arithmetic intensity", "speed-up", "split-KV", "KV cache", "paged KV cache",
     "GQA", "online softmax", "log-sum-exp", "chunk", "state"]
 BIB_KEYS = [
