@@ -52,30 +52,33 @@ def fla_version() -> str | None:
     return None if module is None else getattr(module, "__version__", "unknown")
 
 
+def _from_checkout(where: str | None, module: str, name: str, first: bool):
+    """`name` from `module`, after putting `where` (a folder holding a source checkout of the module's package)
+    on the path, first or last; None when the import fails in any way (not installed, an unbuilt extension, a
+    dependency missing here)."""
+    if where and Path(where, module.split(".")[0]).is_dir() and where not in sys.path:
+        sys.path.insert(0, where) if first else sys.path.append(where)
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except Exception:
+        return None
+
+
 def flashmla(name: str = "flash_mla_with_kvcache"):
     """A function of FlashMLA's Python package `flash_mla`, or None. It is built from its source on the GPU box;
-    the folder holding the package is FLASHMLA_PATH, or .peers-flashmla/flashmla_src in the repository's root."""
+    the folder holding the package is FLASHMLA_PATH, or .peers-flashmla/flashmla_src in the repository's root
+    (put first on the path: the built checkout wins over anything installed)."""
     where = os.environ.get("FLASHMLA_PATH") or str(Path(__file__).resolve().parents[1] / ".peers-flashmla"
                                                    / "flashmla_src")
-    if Path(where, "flash_mla").is_dir() and where not in sys.path:
-        sys.path.insert(0, where)
-    try:
-        return getattr(importlib.import_module("flash_mla"), name, None)
-    except Exception:  # not installed, or a checkout whose extension is not built
-        return None
+    return _from_checkout(where, "flash_mla", name, first=True)
 
 
 def mamba_ssm(module: str, name: str):
     """mamba_ssm's Triton op `name` from `mamba_ssm.ops.triton.<module>`, or None. Its package __init__
     pulls in CUDA extensions that a source checkout has not built; the Triton ops alone need triton and
-    einops, so a checkout named by MAMBA_SSM_PATH (the folder holding `mamba_ssm/`) is enough."""
-    where = os.environ.get("MAMBA_SSM_PATH")
-    if where and Path(where, "mamba_ssm").is_dir() and where not in sys.path:
-        sys.path.append(where)
-    try:
-        return getattr(importlib.import_module(f"mamba_ssm.ops.triton.{module}"), name)
-    except Exception:  # not installed, or its import fails here (a missing einops, an unbuilt extension)
-        return None
+    einops, so a checkout named by MAMBA_SSM_PATH (the folder holding `mamba_ssm/`, put last on the path) is
+    enough."""
+    return _from_checkout(os.environ.get("MAMBA_SSM_PATH"), f"mamba_ssm.ops.triton.{module}", name, first=False)
 
 
 def tilelang():

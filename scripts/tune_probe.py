@@ -458,7 +458,7 @@ def mla_host():
     `compiled[grid]` (with the TMA scratch allocated per launch); then plain calls back to back against replays."""
     from kernels import launch as launch_module
     from kernels.bench import time_loop_ms
-    from kernels.launch import tma_scratch
+    from kernels.launch import LOG2E, tma_scratch
     from kernels.mla import bench as mla_bench
     from kernels.mla import decode, gluon_decode, interface
     from kernels.mla.reference import check_decode_inputs
@@ -474,7 +474,7 @@ def mla_host():
     ws_o, ws_lse = interface._workspace(B, H, splits, 512, q.device)
     direct = {kernel: launcher for (kernel, _), launcher in launch_module._DIRECT.items()}
     gluon, combine = direct[gluon_decode._mla_decode_ws_kernel], direct[decode._mla_combine_kernel]
-    gargs = (q, pages, seqlens, table, out, lse, ws_o, ws_lse, scale * 1.4426950408889634, pages.shape[0] * 64,
+    gargs = (q, pages, seqlens, table, out, lse, ws_o, ws_lse, scale * LOG2E, pages.shape[0] * 64,
              pages.stride(0), pages.stride(1), table.stride(0), splits)
     cargs = (ws_o, ws_lse, out, lse, splits)
 

@@ -844,15 +844,21 @@ def test_gluon_gpu_direct_call_refuses_what_it_cannot_run():
         mla_decode_gluon(q, kv, lens, 0.1)
 
 
+def off_a_16_byte_boundary(t):
+    """A copy of t whose memory starts one element past a 16-byte boundary (a view into a larger buffer)."""
+    flat = torch.empty(t.numel() + 1, device=t.device, dtype=t.dtype)
+    shifted = flat[1:].view_as(t).copy_(t)
+    assert shifted.data_ptr() % 16 != 0
+    return shifted
+
+
 def test_query_off_a_16_byte_boundary_is_copied_to_one():
     """`_dense` hands the kernels a q whose base is 16-byte aligned (the Gluon kernel's copy engine needs it),
     copying only a q that is not; the values are q's."""
     from kernels.mla.interface import _dense
 
     q, kv, lens, _ = make_case(2, 1, 4, 72, 20)
-    flat = torch.empty(q.numel() + 1, device=q.device, dtype=q.dtype)
-    shifted = flat[1:].view_as(q).copy_(q)
-    assert shifted.data_ptr() % 16 != 0
+    shifted = off_a_16_byte_boundary(q)
     dense_q = _dense(shifted, kv, lens, None)[0]
     assert dense_q.data_ptr() % 16 == 0 and torch.equal(dense_q, q)
     assert _dense(q, kv, lens, None)[0].data_ptr() == q.data_ptr()   # an aligned q is passed on as it is
@@ -864,9 +870,7 @@ def test_gpu_query_off_a_16_byte_boundary(backend):
     """The Gluon kernel copies q with the copy engine, which needs a 16-byte aligned base: a q that starts 2 bytes
     past one (a view into a larger buffer) is copied first, and every backend gives the bits of an aligned q."""
     q, kv, lens, _ = make_case(2, 1, 128, 576, 300, dtype=torch.bfloat16)
-    flat = torch.empty(q.numel() + 1, device=q.device, dtype=q.dtype)
-    shifted = flat[1:].view_as(q).copy_(q)
-    assert shifted.data_ptr() % 16 != 0
+    shifted = off_a_16_byte_boundary(q)
     out, lse = mla_decode(shifted, kv, lens, 0.1, backend=backend)
     aligned, aligned_lse = mla_decode(q, kv, lens, 0.1, backend=backend)
     assert torch.equal(out, aligned) and torch.equal(lse, aligned_lse)

@@ -18,7 +18,7 @@ import math
 import torch
 
 from ..checks import check_bool, check_choice, check_int, check_tensor
-from ..launch import cdiv, is_hopper, reused, sm_count, tma_ready
+from ..launch import _aligned, cdiv, is_hopper, reused, sm_count, tma_ready
 from . import decode, gluon_decode
 from .reference import cache_capacity, check_cache_lengths, check_decode_inputs, paged_rows
 
@@ -96,7 +96,7 @@ def _dense(q, kv_cache, cache_seqlens, block_table):
         kv_cache = kv_cache.contiguous()
     block_table = None if block_table is None else block_table.contiguous()
     q = q.contiguous()
-    if q.data_ptr() % 16:
+    if not _aligned((q,)):
         q = q.clone()
     return q, kv_cache, cache_seqlens.contiguous(), block_table
 
