@@ -13,6 +13,9 @@ mla_host: where the host time of a plain paged MLA call at B = 1 goes (64 positi
 mla_mixed: MLA decode on shuffled pages at B = 64 with lengths drawn from 1K to 16K: the Gluon kernel beside
   FlashMLA (whose schedule gives every SM an equal share of the batch's tiles), graph replays, checked against
   each other first.
+mla_ncu: one plain call each of the book's Gluon MLA decode and FlashMLA's on shuffled pages at B = 64 and 8,
+  T = 8K, after warm-up, between cudaProfilerStart and Stop: the target of
+  `ncu --profile-from-start off --clock-control none`, to read both kernels' counters side by side.
 fa_mask: what keeping hidden NaN out costs the causal forward: the kernel as it is against a copy whose
   masked path multiplies P and V with a plain `tl.dot` (short lengths, where diagonal blocks weigh most).
 m2_step: Mamba-2's decode step at B = 64 (80 and 64 heads x 64 x 128), graph replays, % of the copy ceiling
@@ -508,8 +511,32 @@ def mla_host():
               f"({loop / replay:.2f}x)", flush=True)
 
 
+def mla_ncu():
+    """The calls `ncu --profile-from-start off` profiles: the book's and FlashMLA's, B = 64 and 8, T = 8K."""
+    from kernels.mla import bench as mla_bench
+    from kernels.mla import interface
+    calls = []
+    for B in (64, 8):
+        case = mla_bench._paged_case(B, 8192, "shuffled")
+        q, _, pages, table, seqlens = mla_bench._paged_inputs(case)
+        flash = mla_bench._flashmla_paged(case)
+
+        def book(q=q, pages=pages, table=table, seqlens=seqlens):
+            return interface.mla_decode(q, pages, seqlens, mla_bench.SCALE, block_table=table, check_seqlens=False)
+        for _ in range(3):   # compiled, launched directly, caches warm
+            book(), flash()
+        calls += [book, flash]
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print("mla_ncu: profiled", len(calls), "calls", flush=True)
+
+
 if __name__ == "__main__":
     for part in sys.argv[1:]:
         {"fa_host": fa_host, "fa_bwd": fa_bwd, "mla": mla, "fa_mask": fa_mask, "m2_step": m2_step,
-         "kda_step": kda_step, "mla_splits": mla_splits, "mla_mixed": mla_mixed, "mla_host": mla_host,
+         "kda_step": kda_step, "mla_splits": mla_splits, "mla_mixed": mla_mixed, "mla_host": mla_host, "mla_ncu": mla_ncu,
          "kda_prefill": kda_prefill}[part]()
