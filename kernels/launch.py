@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -152,13 +153,22 @@ def current_stream() -> tuple[int, int]:
     return device, driver.active.get_current_stream(device)
 
 
-def reused(kept: dict, key, make, most: int = 4):
+def launch_stream():
+    """`current_stream()`, or None while a CUDA graph capture is under way on the current stream (a graph owns its
+    memory: see `reused`). A call that launches several kernels reads it once and hands it to each."""
+    return None if torch.cuda.is_current_stream_capturing() else current_stream()
+
+
+def reused(kept: dict, key, make, most: int = 4, stream=None):
     """`make()`, made once per `key` and current CUDA stream and then reused by the calls on that stream: launches
     on one stream run in order, so a later one cannot overwrite what an earlier one still reads. `kept` holds the
-    `most` most recently used. Inside a CUDA graph capture it is made afresh, so that the graph owns its own."""
-    if torch.cuda.is_current_stream_capturing():
-        return make()
-    key = (current_stream(), key)
+    `most` most recently used. Inside a CUDA graph capture it is made afresh, so that the graph owns its own.
+    stream: `launch_stream()`, where the caller has read it already; None reads it here."""
+    if stream is None:
+        stream = launch_stream()
+        if stream is None:
+            return make()
+    key = (stream, key)
     value = kept.pop(key, None)
     if value is None:
         value = make()
@@ -173,6 +183,11 @@ def _hooked(chain) -> bool:
     return chain is not None and bool(getattr(chain, "calls", True))
 
 
+def launch_hooked() -> bool:
+    """Whether a profiler has installed a launch hook: launches then go through Triton's own path, which calls it."""
+    return _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook)
+
+
 class DirectLaunch:
     """One compiled kernel, launched through Triton's C launcher and nothing else: `direct(grid, *args)` with the
     arguments a launch of the JIT function takes, constexprs left out (they are given once, here).
@@ -181,8 +196,8 @@ class DirectLaunch:
     `compiled[grid](*args)` spends 5-10 us before the C launcher runs: it asks Triton's driver for the device and
     the stream, builds launch metadata and a closure, and for a kernel that makes TMA descriptors on the device it
     asks the allocator for their scratch, which `tma_scratch` makes a PyTorch allocation. Here the stream is read
-    directly and the scratch is kept per stream and reused (`reused`). A profiler's launch hooks get Triton's own
-    path."""
+    directly and the scratch is kept per stream and reused (`reused`). A profiler's launch hooks, and a kernel
+    compiled with a profiler's instrumentation (`instrumented`), get Triton's own path."""
 
     def __init__(self, compiled, constexprs):
         compiled._init_handles()
@@ -192,44 +207,93 @@ class DirectLaunch:
         self._head = (compiled.function, runner.launch_cooperative_grid, runner.launch_pdl)
         self._metadata = compiled.packed_metadata
         self._scratch_bytes = runner.global_scratch_size * runner.num_ctas  # per CTA
-        self._profiled = runner.profile_scratch_size > 0
+        self.instrumented = runner.profile_scratch_size > 0
         self._scratch = {}  # (stream, size) -> the kept scratch
 
     def __call__(self, grid, *args):
-        if self._profiled or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
+        if self.instrumented or launch_hooked():
             with tma_scratch():
                 self._compiled[grid](*args, *self._constexprs)
             return
+        self.on(launch_stream(), grid, args)
+
+    def on(self, stream, grid, args):
+        """The launch through the C launcher, on `stream` (`launch_stream()`, read once by a caller that launches
+        several kernels; None inside a graph capture), for a caller that has asked `launch_hooked()` and
+        `instrumented` first."""
         scratch = None
         if self._scratch_bytes:
             size = grid[0] * grid[1] * grid[2] * self._scratch_bytes
-            scratch = reused(self._scratch, size, lambda: torch.empty(size, dtype=torch.int8, device="cuda"))
-        self._launch(*grid, current_stream()[1], *self._head, scratch, None, self._metadata, None, None, None,
-                     *args, *self._constexprs)
+            scratch = reused(self._scratch, size, lambda: torch.empty(size, dtype=torch.int8, device="cuda"),
+                             stream=stream)
+        self._launch(*grid, (stream or current_stream())[1], *self._head, scratch, None, self._metadata, None, None,
+                     None, *args, *self._constexprs)
+
+
+class Launched(NamedTuple):
+    """A launch `launch_direct` made, to be made again (`relaunches`): the compiled kernel, the grid, the arguments."""
+    direct: DirectLaunch
+    grid: tuple
+    args: tuple
 
 
 _DIRECT = {}  # (kernel, key) -> DirectLaunch
 
 
-def launch_direct(kernel, grid, key, args, constexprs, aligned=True, **options):
+def launch_direct(kernel, grid, key, args, constexprs, aligned=True, **options) -> Launched | None:
     """`kernel[grid](*args, **constexprs, **options)`, and after the first call with `key`, the compiled kernel
     through `DirectLaunch`, skipping Triton's dispatcher, which re-derives every argument's specialization on each
     call. For kernels that specialize on nothing `key` leaves out but their pointers' 16-byte alignment: every
     integer argument do_not_specialize (floats never are), and `key` naming the constexprs and the pointers'
     dtypes. aligned: whether the pointers are 16-byte aligned, as they were when the kernel was compiled (a call
     that is not goes through the dispatcher). The kernel's TMA descriptors, if it makes any on the device, get
-    their scratch from `tma_scratch` on that path."""
+    their scratch from `tma_scratch` on that path. Returns the launch (`Launched`) where its compiled kernel can be
+    launched directly from now on, else None (under the interpreter, which compiles nothing, or unaligned)."""
     direct = _DIRECT.get((kernel, key)) if aligned else None
     if direct is not None:
         direct(grid, *args)
-        return
+        return Launched(direct, grid, args)
     with tma_scratch():
         compiled = kernel[grid](*args, **constexprs, **options)
-    if compiled is not None and aligned:  # (the interpreter compiles nothing)
-        values = {**constexprs, **options}   # the compiled kernel takes its constexprs in signature order
-        _DIRECT[(kernel, key)] = DirectLaunch(compiled, [values[name] for name in kernel.arg_names[len(args):]])
+    if compiled is None or not aligned:  # (the interpreter compiles nothing)
+        return None
+    values = {**constexprs, **options}   # the compiled kernel takes its constexprs in signature order
+    direct = _DIRECT[(kernel, key)] = DirectLaunch(compiled, [values[name] for name in kernel.arg_names[len(args):]])
+    return Launched(direct, grid, args)
+
+
+class Relaunch:
+    """A launch made again for a later call (see `relaunches`): the compiled kernel, the grid and the arguments that
+    are not tensors kept; each tensor argument taken from the later call's tensors, by its place among them."""
+
+    def __init__(self, launched: Launched, places: dict):
+        self._direct, self._grid = launched.direct, launched.grid
+        self._args = [None if isinstance(a, torch.Tensor) else a for a in launched.args]  # no tensor kept alive
+        self._takes = [(at, places[id(a)]) for at, a in enumerate(launched.args) if isinstance(a, torch.Tensor)]
+
+    def __call__(self, stream, tensors):
+        """Launch on `stream` (`launch_stream()`) with `tensors`, a later call's, in the first call's order."""
+        args = self._args.copy()
+        for at, i in self._takes:
+            args[at] = tensors[i]
+        self._direct.on(stream, self._grid, args)
+
+
+def relaunches(launched, tensors) -> list[Relaunch] | None:
+    """A call's launches (`launch_direct`'s results), to be made again by a later call whose tensors differ from
+    this call's `tensors` in their addresses only, straight through the C launcher: no argument is derived again.
+    The caller then reads the stream once for all of them (`launch_stream`) and asks `launch_hooked()` first.
+    None where a launch cannot be made again that way: it went through Triton's dispatcher, its kernel is
+    instrumented, or it read a tensor that is not among `tensors`."""
+    if not all(one is not None and not one.direct.instrumented for one in launched):
+        return None
+    places = {id(t): i for i, t in reversed(list(enumerate(tensors))) if t is not None}  # the first place of each
+    if not all(id(a) in places for one in launched for a in one.args if isinstance(a, torch.Tensor)):
+        return None
+    return [Relaunch(one, places) for one in launched]
 
 
 __all__ = ["LOG2E", "LN2", "on_machine", "autotune_configs", "cdiv", "next_power_of_2", "pow2_at_least_16",
            "sm_count", "capability", "is_hopper", "tma_ready", "tma_scratch", "launch", "current_stream",
-           "reused", "DirectLaunch", "launch_direct"]
+           "launch_stream", "reused", "launch_hooked", "DirectLaunch", "Launched", "launch_direct", "Relaunch",
+           "relaunches"]

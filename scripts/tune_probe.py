@@ -16,6 +16,9 @@ mla_mixed: MLA decode on shuffled pages at B = 64 with lengths drawn from 1K to 
 mla_ncu: one plain call each of the book's Gluon MLA decode and FlashMLA's on shuffled pages at B = 64 and 8,
   T = 8K, after warm-up, between cudaProfilerStart and Stop: the target of
   `ncu --profile-from-start off --clock-control none`, to read both kernels' counters side by side.
+mla_variants FILE...: copies of kernels/mla/gluon_decode.py (each a module file), each checked against
+  `mla_decode_ref` (dense and paged, lengths that end mid-tile, NaN past them, one and several slices) and against
+  the committed kernel, then timed beside it and FlashMLA on shuffled pages (graph replays, min of two rounds).
 fa_mask: what keeping hidden NaN out costs the causal forward: the kernel as it is against a copy whose
   masked path multiplies P and V with a plain `tl.dot` (short lengths, where diagonal blocks weigh most).
 m2_step: Mamba-2's decode step at B = 64 (80 and 64 heads x 64 x 128), graph replays, % of the copy ceiling
@@ -535,7 +538,80 @@ def mla_ncu():
     print("mla_ncu: profiled", len(calls), "calls", flush=True)
 
 
+def _load_module(path):
+    spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def mla_variants(*paths):
+    """Variants of the Gluon MLA kernel (module files with its `launch_gluon`) against the committed one."""
+    from kernels.launch import sm_count
+    from kernels.mla import bench as mla_bench
+    from kernels.mla import decode, gluon_decode, interface
+    from kernels.mla.reference import mla_decode_ref
+    variants = {"committed": gluon_decode, **{pathlib.Path(p).stem: _load_module(p) for p in paths}}
+
+    def run(module, q, cache, seqlens, table, splits):
+        B, _, H, _ = q.shape
+        out = torch.empty(B, 1, H, 512, device=q.device, dtype=q.dtype)
+        lse = torch.empty(B, H, 1, device=q.device, dtype=torch.float32)
+        ws_o, ws_lse = interface._workspace(B, H, splits, 512, q.device) if splits > 1 else (None, None)
+        module.launch_gluon(q, cache, seqlens, mla_bench.SCALE, out, lse, ws_o, ws_lse, splits, table)
+        if splits > 1:
+            decode.launch_combine(ws_o, ws_lse, out, lse, splits)
+        return out, lse
+
+    torch.manual_seed(1)
+    lens = [1, 63, 65, 640, 4097, 8000]
+    B, T, H = len(lens), 8192, 128
+    seqlens = torch.tensor(lens, device="cuda", dtype=torch.int32)
+    q = torch.randn(B, 1, H, 576, device="cuda", dtype=torch.bfloat16)
+    dense = torch.randn(B, T, 576, device="cuda", dtype=torch.bfloat16)
+    for b, n in enumerate(lens):
+        dense[b, n:] = float("nan")
+    perm = torch.randperm(B * T // 64, device="cuda")
+    pages = torch.empty(B * T // 64, 64, 576, device="cuda", dtype=torch.bfloat16)
+    pages[perm] = dense.view(-1, 64, 576)
+    table = perm.to(torch.int32).view(B, T // 64)
+    ref, ref_lse = mla_decode_ref(q, dense, seqlens, mla_bench.SCALE)
+    for name, module in variants.items():
+        worst, same = 0.0, True
+        for cache, bt in ((dense, None), (pages, table)):
+            for splits in (1, 3, 16):
+                out, lse = run(module, q, cache, seqlens, bt, splits)
+                mine, _ = run(gluon_decode, q, cache, seqlens, bt, splits)
+                err = rel_err(out.float(), ref.float())
+                assert not out.isnan().any() and err < 5e-3, (name, splits, err)
+                assert rel_err(lse, ref_lse.float()) < 1e-4
+                worst = max(worst, err)
+                same = same and torch.equal(out, mine)
+        print(f"  {name:24s} right: worst rel err {worst:.1e}; bit-identical to the committed kernel: {same}",
+              flush=True)
+    print("--- paged, shuffled, graph replays, us (min of two rounds), speed ratio to FlashMLA in brackets")
+    print(f"  {'B, T':10s} {'FlashMLA':>9s} " + " ".join(f"{n[:22]:>22s}" for n in variants))
+    for B, T in ((1, 8192), (8, 8192), (32, 8192), (64, 8192), (128, 4096), (128, 8192)):
+        case = mla_bench._paged_case(B, T, "shuffled")
+        q, _, pages, table, seqlens = mla_bench._paged_inputs(case)
+        splits = interface._num_splits(B, H // 64, T, sm_count(q.device))
+        flash = mla_bench._flashmla_paged(case)
+        calls = {n: (lambda m=m: run(m, q, pages, seqlens, table, splits)) for n, m in variants.items()}
+        best = {n: float("inf") for n in calls}
+        f_us = float("inf")
+        for _ in range(2):
+            f_us = min(f_us, time_graph_ms(flash) * 1e3) if flash is not None else float("nan")
+            for n, c in calls.items():
+                best[n] = min(best[n], time_graph_ms(c) * 1e3)
+        print(f"  {B:3d}, {T:5d} {f_us:9.1f} " + " ".join(f"{best[n]:12.1f} ({f_us / best[n]:.3f})" for n in calls),
+              flush=True)
+        del q, pages, table, seqlens, flash, calls
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "mla_variants":
+        mla_variants(*sys.argv[2:])
+        sys.exit()
     for part in sys.argv[1:]:
         {"fa_host": fa_host, "fa_bwd": fa_bwd, "mla": mla, "fa_mask": fa_mask, "m2_step": m2_step,
          "kda_step": kda_step, "mla_splits": mla_splits, "mla_mixed": mla_mixed, "mla_host": mla_host, "mla_ncu": mla_ncu,

@@ -455,7 +455,8 @@ def test_launch_direct_caches_the_compiled_kernel_and_orders_its_constexprs(monk
     """`launch.launch_direct` without a GPU: the kernel and Triton's launcher are played by stand-ins. The first
     aligned call goes through the kernel and keeps its compiled form, with the constexprs in signature order
     (options such as num_warps included where the signature names them); later calls with that key go to it; an
-    unaligned call, or one with another key, goes through the kernel again."""
+    unaligned call, or one with another key, goes through the kernel again. Each returns its launch (`Launched`),
+    to be made again, but an unaligned one, which has no compiled kernel to launch directly."""
     from kernels import launch
 
     calls = []
@@ -481,18 +482,18 @@ def test_launch_direct_caches_the_compiled_kernel_and_orders_its_constexprs(monk
     kernel = Kernel()
     go = lambda key, aligned=True: launch.launch_direct(kernel, (2, 1, 1), key, ("x", 7), {"B": 2, "A": 1},  # noqa
                                                         aligned=aligned, num_warps=4, maxnreg=128)
-    go("k")
-    go("k")
-    go("k", aligned=False)
-    go("other")
+    first, again, unaligned, other = go("k"), go("k"), go("k", aligned=False), go("other")
     assert [c[0] for c in calls] == ["kernel", "direct", "kernel", "kernel"]
+    assert first == again == launch.Launched(launch._DIRECT[(kernel, "k")], (2, 1, 1), ("x", 7))
+    assert unaligned is None and other.direct is launch._DIRECT[(kernel, "other")]
     assert calls[0][3] == {"B": 2, "A": 1, "num_warps": 4, "maxnreg": 128}
     assert calls[1] == ("direct", (2, 1, 1), ("x", 7), [1, 2, 4])
 
 
 def test_reused_keeps_one_per_stream_and_key_and_makes_afresh_in_a_capture(monkeypatch):
     """`launch.reused` without a GPU (the stream and the capture state played by stand-ins): one value per
-    (stream, key), the least recently used dropped past `most`, and a fresh one inside a graph capture."""
+    (stream, key), the least recently used dropped past `most`, and a fresh one inside a graph capture; a stream the
+    caller has read (`launch_stream()`) is taken as it is."""
     from kernels import launch
 
     stream, capturing = [(0, 11)], [False]
@@ -512,3 +513,45 @@ def test_reused_keeps_one_per_stream_and_key_and_makes_afresh_in_a_capture(monke
     assert launch.reused(kept, "a", make, most=2) is not a and len(kept) == 2
     capturing[0] = True
     assert launch.reused(kept, "a", make, most=2) is made[-1] and len(made) == 5 and len(kept) == 2
+    assert launch.reused(kept, "a", make, most=2, stream=(0, 11)) is made[3]   # the stream its caller read
+
+
+def test_relaunches_keep_what_does_not_change_and_take_each_calls_tensors():
+    """`launch.relaunches` without a GPU (the compiled kernels played by stand-ins): each launch is made again on
+    the stream it is handed, with its grid and its other arguments, and each tensor argument replaced by the later
+    call's tensor in the same place (the first place, for a tensor given twice); no tensor of the first call is kept
+    alive. None where one launch went through Triton's dispatcher, is instrumented, or read a tensor of its own."""
+    import gc
+    import weakref
+
+    from kernels import launch
+
+    class Direct:
+        instrumented = False
+
+        def __init__(self):
+            self.seen = []
+
+        def on(self, stream, grid, args):
+            self.seen.append((stream, grid, args))
+
+    a, b, c, own = torch.zeros(1), torch.zeros(2), torch.zeros(3), torch.zeros(4)
+    d1, d2 = Direct(), Direct()
+    first = [launch.Launched(d1, (2, 1, 1), (a, b, 0.5, None, 7)), launch.Launched(d2, (4, 1, 1), (c, b, 3))]
+    tensors = (a, None, b, c, b)
+    again = launch.relaunches(first, tensors)
+    x, y, z = torch.ones(1), torch.ones(2), torch.ones(3)
+    for relaunch in again:
+        relaunch((0, 9), (x, None, y, z, torch.ones(5)))
+    (stream, grid, args), = d1.seen
+    assert stream == (0, 9) and grid == (2, 1, 1) and args[0] is x and args[1] is y and args[2:] == [0.5, None, 7]
+    (stream, grid, args), = d2.seen
+    assert grid == (4, 1, 1) and args[0] is z and args[1] is y and args[2] == 3
+    gone = weakref.ref(a)
+    del a, first, tensors
+    gc.collect()
+    assert gone() is None, "a relaunch keeps a tensor of the first call alive"
+    assert launch.relaunches([launch.Launched(d1, (1, 1, 1), (b,)), None], (b,)) is None
+    assert launch.relaunches([launch.Launched(d1, (1, 1, 1), (b, own))], (b,)) is None
+    d2.instrumented = True
+    assert launch.relaunches([launch.Launched(d2, (1, 1, 1), (b,))], (b,)) is None

@@ -530,6 +530,208 @@ def test_mla_decode_ref_takes_fp64():
     assert out.dtype == lse.dtype == torch.float64 and not out.isnan().any()
 
 
+# ---------------------------------------------------------------------------------- plans: a call like an earlier one
+# With check_seqlens=False, a call's checks and choices are made once per input signature and kept (a plan); a
+# later call with that signature only allocates and launches. It must give the same bits, read its own tensors, and
+# let no input through that the checks would refuse or that the kernels cannot read as it is.
+@pytest.fixture
+def fresh_plans(monkeypatch):
+    """(the kept plans, empty for this test; a list that grows by one for every call that is checked)."""
+    from kernels.mla import interface
+
+    monkeypatch.setattr(interface, "_PLANS", {})
+    checked, check = [], interface.check_decode_inputs
+    monkeypatch.setattr(interface, "check_decode_inputs", lambda *a, **kw: checked.append(1) or check(*a, **kw))
+    return interface._PLANS, checked
+
+
+def _every_other_sequence(kv):
+    """kv's values in every other sequence of a cache twice as large: strided, but read as it is (no copy)."""
+    return torch.stack([kv, torch.full_like(kv, float("nan"))], dim=1).reshape(-1, *kv.shape[1:])[::2]
+
+
+PLANNED = {  # id: (make_case's arguments, D_v, num_splits, whether the cache is every other sequence of a larger one)
+    "B2-T40-H3-D72-whole": (dict(B=2, s_q=1, H=3, D=72, T=40), 64, 1, False),
+    "B2-T40-H3-D72-fp16-split3": (dict(B=2, s_q=1, H=3, D=72, T=40, dtype=torch.float16), 64, 3, False),
+    "B3-T45-H2-D76-sq2-causal-page8-split-auto": (dict(B=3, s_q=2, H=2, D=76, T=45, page=8, causal=True), 60, None,
+                                                  False),
+    "B2-T40-H3-D72-every-other-sequence-split2": (dict(B=2, s_q=1, H=3, D=72, T=40), 64, 2, True),
+}
+
+
+@pytest.mark.parametrize("case", list(PLANNED.values()), ids=list(PLANNED))
+def test_a_planned_call_launches_as_the_first_did(case, fresh_plans):
+    """The second call with one signature is not checked again, and gives the first call's bits; a third, with new
+    tensors of that signature (new query, shorter lengths), gives the bits of the full path on them."""
+    plans, checked = fresh_plans
+    shape, V, ns, every_other = case
+    q, kv, lens, table = make_case(**shape)
+    if every_other:
+        kv = _every_other_sequence(kv)
+    causal = shape.get("causal", False)
+    call = lambda q, lens: mla_decode(q, kv, lens, 0.13, V, table, causal, num_splits=ns,  # noqa: E731
+                                      check_seqlens=False)
+    first, first_lse = call(q, lens)
+    again, again_lse = call(q, lens)
+    q2, lens2 = torch.randn_like(q), torch.clamp(lens - 3, min=q.shape[1])
+    other, other_lse = call(q2, lens2)
+    assert len(plans) == 1 and len(checked) == 1, "the second and third calls were checked again"
+    assert torch.equal(again, first) and torch.equal(again_lse, first_lse)
+    planned_splits = next(iter(plans.values())).num_splits
+    full, full_lse = mla_decode(q2, kv, lens2, 0.13, V, table, causal, num_splits=planned_splits)  # checked
+    assert len(checked) == 2
+    assert torch.equal(other, full) and torch.equal(other_lse, full_lse)
+    ref, _ = mla_decode_ref(q2, kv, lens2, 0.13, V, table, causal)
+    assert_close(other, ref, FP32_TOL if q.dtype == torch.float32 else tolerance(torch.float16))
+
+
+VALUE_CASES = {"seqlen-0", "block_table-too-short", "page-outside-the-cache", "causal-shorter-than-s_q"}  # need a sync
+SIGNATURE_CASES = [case for case in bad_input_cases(DECODE_TENSORS, float_tensors=["q", "kv_cache"]) + DECODE_CASES
+                   + KERNEL_ONLY_CASES if case.id not in VALUE_CASES]
+
+
+@pytest.mark.parametrize("case", SIGNATURE_CASES, ids=case_id)
+def test_a_plan_lets_no_bad_input_through(case, fresh_plans):
+    """Every bad input the checks refuse without reading the lengths is refused as well after a good call with
+    otherwise the same inputs, with check_seqlens=False both times (that good call's plan kept)."""
+    plans, _ = fresh_plans
+    good = dict(_decode_args(paged_cache=True), check_seqlens=False)
+    mla_decode(**good)
+    assert len(plans) == 1
+    expect_refusal(mla_decode, lambda: dict(good), case)
+
+
+@pytest.mark.parametrize("name, good, bad, exc, match", [
+    ("softmax_scale", 1.0, True, TypeError, "softmax_scale must be a float"),
+    ("head_dim_v", 64, 64.0, TypeError, "head_dim_v must be an int"),
+    ("causal", False, 0, TypeError, "causal must be a bool"),
+    ("num_splits", 1, True, TypeError, "num_splits must be an int"),
+], ids=["scale-True-after-1.0", "head_dim_v-64.0-after-64", "causal-0-after-False", "num_splits-True-after-1"])
+def test_a_plan_tells_equal_scalars_of_other_types_apart(name, good, bad, exc, match, fresh_plans):
+    """True == 1 == 1.0 and False == 0, as dict keys too: the plan of a good call must not take a refused one."""
+    plans, _ = fresh_plans
+    args = dict(_decode_args(), check_seqlens=False, num_splits=2)
+    mla_decode(**dict(args, **{name: good}))
+    assert len(plans) == 1
+    with pytest.raises(exc, match=match):
+        mla_decode(**dict(args, **{name: bad}))
+
+
+def test_flashmla_4d_pages_through_a_plan(fresh_plans, monkeypatch):
+    """FlashMLA's [num_blocks, 64, 1, D] cache is planned as it is given, and each call's launch still reads the
+    [num_blocks, 64, D] view of that memory; the bits are those of the 3D cache through the full path."""
+    from kernels.mla import decode
+
+    plans, checked = fresh_plans
+    lens = torch.tensor(PAGE_LENS, dtype=torch.int32)
+    q, kv, lens, _ = make_case(len(PAGE_LENS), 1, 3, 72, max(PAGE_LENS), lens=lens)
+    cache, table = flashmla_pages(kv, lens)
+    cache4 = cache[:, :, None, :]
+    seen, launch = [], decode.launch_triton
+    monkeypatch.setattr(decode, "launch_triton", lambda *a: seen.append((a[1].dim(), a[1].data_ptr())) or launch(*a))
+    call = lambda: mla_decode(q, cache4, lens, 0.13, 64, table, num_splits=2, check_seqlens=False)  # noqa: E731
+    first, first_lse = call()
+    again, again_lse = call()
+    assert len(plans) == 1 and len(checked) == 1
+    assert seen == [(3, cache4.data_ptr())] * 2
+    full, full_lse = mla_decode(q, cache, lens, 0.13, 64, table, num_splits=2)
+    for out, lse in ((first, first_lse), (again, again_lse)):
+        assert torch.equal(out, full) and torch.equal(lse, full_lse)
+
+
+@pytest.mark.parametrize("kind", ["cache_seqlens", "block_table", "kv_cache-rows", "q", "q-off-16-bytes"])
+def test_inputs_that_are_copied_get_no_plan(kind, fresh_plans):
+    """An input the kernels cannot read as it is (strided that way, or q off a 16-byte boundary) is copied on every
+    call, even after a call with dense inputs of the same shapes has been planned; the bits are that call's."""
+    plans, checked = fresh_plans
+    if kind == "q-off-16-bytes":
+        q, kv, lens, table = make_case(2, 2, 3, 72, 40, causal=True)
+        q = off_a_16_byte_boundary(q)
+    else:
+        q, kv, lens, table = _strided(kind)
+    dense = [None if t is None else t.clone(memory_format=torch.contiguous_format) for t in (q, kv, lens, table)]
+    want, want_lse = mla_decode(*dense[:3], 0.13, 64, dense[3], True, num_splits=2, check_seqlens=False)
+    assert len(plans) == 1
+    for _ in range(2):
+        out, lse = mla_decode(q, kv, lens, 0.13, 64, table, True, num_splits=2, check_seqlens=False)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    assert len(plans) == 1 and len(checked) == 3, "a call whose input was copied was planned"
+
+
+def test_check_seqlens_is_never_planned(fresh_plans):
+    """check_seqlens=True reads the lengths on every call (a bad one is refused after a planned good call with the
+    same signature), and keeps no plan."""
+    plans, checked = fresh_plans
+    args = dict(_decode_args(paged_cache=True), num_splits=2)
+    mla_decode(**args)
+    assert not plans
+    mla_decode(**args, check_seqlens=False)
+    mla_decode(**args)
+    assert len(plans) == 1 and len(checked) == 3
+    args["cache_seqlens"] = torch.tensor([0, 5], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=">= 1"):
+        mla_decode(**args)
+
+
+def test_a_plan_relaunches_with_each_calls_tensors(fresh_plans, monkeypatch):
+    """The route a plan takes on a GPU once its launches have gone straight to the C launcher
+    (`kernels.launch.relaunches`), played on the CPU: the launch functions report their launches as direct ones,
+    whose relaunch is the launch function again with the arguments it is handed. A planned call reads the stream
+    once and hands each launch its own tensors (its inputs; out, lse and the workspace fresh) with the first call's
+    other arguments, and gives the full path's bits; with a profiler's launch hook installed it calls the launch
+    functions again."""
+    from kernels.launch import Launched
+    from kernels.mla import decode, interface
+
+    plans, checked = fresh_plans
+    called, relaunched = [], []
+
+    class Direct:  # a compiled kernel's DirectLaunch, played by its launch function
+        instrumented = False
+
+        def __init__(self, launch):
+            self.launch = launch
+
+        def on(self, stream, grid, args):
+            relaunched.append((stream, args))
+            self.launch(*args)
+
+    def reporting(launch):
+        def launch_function(*args):
+            called.append(launch.__name__)
+            launch(*args)
+            return Launched(Direct(launch), (1, 1, 1), args)
+        return launch_function
+    monkeypatch.setattr(decode, "launch_triton", reporting(decode.launch_triton))
+    monkeypatch.setattr(decode, "launch_combine", reporting(decode.launch_combine))
+    monkeypatch.setattr(interface, "launch_stream", lambda: (0, 7))
+    hooked = [False]
+    monkeypatch.setattr(interface, "launch_hooked", lambda: hooked[0])
+    q, kv, lens, table = make_case(2, 1, 3, 72, 40, page=8)
+    call = lambda q: mla_decode(q, kv, lens, 0.13, 64, table, num_splits=3, check_seqlens=False)  # noqa: E731
+    call(q)
+    assert called == ["launch_triton", "launch_combine"] and not relaunched
+    q2 = torch.randn_like(q)
+    out, lse = call(q2)
+    assert len(called) == 2 and len(checked) == 1 and len(plans) == 1
+    (stream, decode_args), (combine_stream, combine_args) = relaunched
+    assert stream == combine_stream == (0, 7)
+    # launch_triton's arguments: q, kv_cache, block_table, cache_seqlens, scale, out, lse, ws_o, ws_lse, then
+    # num_splits, causal, tma; the combine's: ws_o, ws_lse, out, lse, num_splits
+    assert [a is b for a, b in zip(decode_args[:4] + decode_args[5:7], (q2, kv, table, lens, out, lse))] == [True] * 6
+    assert decode_args[4] == 0.13 and decode_args[9:] == [3, False, False]
+    ws_o, ws_lse = decode_args[7:9]
+    assert ws_o.shape == (2, 3, 3, 64) and ws_lse.shape == (2, 3, 3)
+    assert [a is b for a, b in zip(combine_args[:4], (ws_o, ws_lse, out, lse))] == [True] * 4 and combine_args[4] == 3
+    full, full_lse = mla_decode(q2, kv, lens, 0.13, 64, table, num_splits=3)
+    assert torch.equal(out, full) and torch.equal(lse, full_lse)
+    hooked[0] = True
+    del called[:]
+    hooked_out, _ = call(q2)
+    assert called == ["launch_triton", "launch_combine"] and len(relaunched) == 2
+    assert torch.equal(hooked_out, full)
+
+
 def _gluon_args():
     dtype = torch.bfloat16 if ON_GPU else torch.float32
     q, kv, lens, _ = make_case(2, 1, 64, 576, 20, dtype=dtype)
@@ -813,6 +1015,40 @@ def test_gluon_gpu_direct_launch_streams_and_hooks():
     torch.cuda.synchronize()
     assert torch.equal(hooked, first) and torch.equal(hooked_lse, first_lse)
     assert seen == ["_mla_decode_ws_kernel", "_mla_combine_kernel"], seen
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 4])
+def test_gluon_gpu_planned_call_equals_the_full_path(B, monkeypatch):
+    """A Gluon call on FlashMLA's 4D pages, with slices, planned: the first call takes the full path and keeps the
+    plan with both launches; the next ones launch straight through the C launcher (no launch function called) and
+    give the full path's bits, on the first call's query and on a new one; so does a CUDA graph capture of the
+    planned call, and its replay."""
+    from kernels.mla import gluon_decode, interface
+
+    monkeypatch.setattr(interface, "_PLANS", {})
+    calls, launch = [], gluon_decode.launch_gluon
+    monkeypatch.setattr(gluon_decode, "launch_gluon", lambda *a: calls.append(1) or launch(*a))
+    lens = torch.tensor([3000, 1, 65, 2047][:B], dtype=torch.int32)
+    q, kv, lens, _ = make_case(B, 1, 128, 576, 3000, dtype=torch.bfloat16, lens=lens)
+    cache, table = flashmla_pages(kv, lens)
+    cache = cache[:, :, None, :]
+    call = lambda q: mla_decode(q, cache, lens, 0.1, block_table=table, check_seqlens=False)  # noqa: E731
+    first, first_lse = call(q)
+    plan, = interface._PLANS.values()
+    assert plan.gluon and plan.num_splits > 1 and len(plan.relaunches) == 2 and len(calls) == 1
+    again, again_lse = call(q)
+    q2 = torch.randn_like(q)
+    other, other_lse = call(q2)
+    assert len(calls) == 1, "a planned call went through the launch function"
+    assert torch.equal(again, first) and torch.equal(again_lse, first_lse)
+    full, full_lse = mla_decode(q2, cache, lens, 0.1, block_table=table, num_splits=plan.num_splits)  # checked
+    assert torch.equal(other, full) and torch.equal(other_lse, full_lse)
+    ref, ref_lse = mla_decode_ref(q2, cache, lens, 0.1, 512, table, False)
+    assert_close(other, ref, BF16_TOL)
+    assert (other_lse - ref_lse).abs().max().item() < 1e-3
+    check_graph_replay(lambda: call(q), q)
+    assert len(calls) == 2 and len(interface._PLANS) == 1   # (the checked call), and the capture was planned
 
 
 def check_graph_replay(call, q):

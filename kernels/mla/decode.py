@@ -234,7 +234,8 @@ def launch_triton(q, kv_cache, block_table, cache_seqlens, softmax_scale, out, l
                   tma):
     """The Triton kernel: any dtype, s_q, head dims, paged caches. q, cache_seqlens and block_table dense;
     kv_cache rows unit-stride. tma: read the (contiguous, 16-byte aligned) cache through tensor descriptors.
-    With num_splits > 1 it writes partials to ws_o fp32 [B, s_q * H, num_splits, D_V] and ws_lse (base 2)."""
+    With num_splits > 1 it writes partials to ws_o fp32 [B, s_q * H, num_splits, D_V] and ws_lse (base 2).
+    It goes through Triton's autotuner and dispatcher on every call, so it returns nothing to launch again."""
     B, S_Q, H, D_QK = q.shape
     D_V = out.shape[-1]
     paged = block_table is not None
@@ -251,15 +252,15 @@ def launch_triton(q, kv_cache, block_table, cache_seqlens, softmax_scale, out, l
 
 def launch_combine(ws_o, ws_lse, out, lse, num_splits):
     """Merge the num_splits partials of every row into out [B, s_q, H, D_V] and lse [B, H, s_q].
-    Launched directly after the first call with a key (`kernels.launch.launch_direct`): its one integer
-    argument, num_splits, is in the key, and its pointers, the workspace's and fresh allocations', are 16-byte
-    aligned."""
+    Launched directly after the first call with a key (`kernels.launch.launch_direct`, whose result it returns):
+    its one integer argument, num_splits, is in the key, and its pointers, the workspace's and fresh allocations',
+    are 16-byte aligned."""
     B, S_Q, H, D_V = out.shape
     BV = next_power_of_2(D_V)
     constexprs = dict(S_Q=S_Q, H=H, D_V=D_V, BS=max(2, next_power_of_2(num_splits)), BV=BV)
-    launch_direct(_mla_combine_kernel, (B * S_Q * H, 1, 1), (out.device.index, num_splits, S_Q, H, D_V, out.dtype),
-                  (ws_o, ws_lse, out, lse, num_splits), constexprs,
-                  num_warps=min(max(BV // 128, 1), 8))  # a 16-byte load (4 fp32) a thread per slice
+    return launch_direct(_mla_combine_kernel, (B * S_Q * H, 1, 1),
+                         (out.device.index, num_splits, S_Q, H, D_V, out.dtype), (ws_o, ws_lse, out, lse, num_splits),
+                         constexprs, num_warps=min(max(BV // 128, 1), 8))  # a 16-byte load (4 fp32) a thread per slice
 
 
 __all__ = ["launch_triton", "launch_combine"]

@@ -11,7 +11,10 @@ The design follows FlashMLA: one CTA per (64-head block, slice of the sequence, 
 partitions. Large batches take whole sequences (one slice); small ones cut each sequence into slices
 (split-KV) whose partial results `decode.py` merges with its combine kernel.
   * A 1-warp producer issues every copy with TMA: the query block once (72 KB, resident in shared memory)
-    and the cache in tiles of 64 positions into a ring of two slots (2 x 72 KB).
+    and the cache in tiles of 64 positions into a ring of two slots (2 x 72 KB). A slot is three regions,
+    each with its own pair of barriers: value half 0 (latent columns 0-255), value half 1 (256-511) and the
+    64 RoPE columns. Each region is refilled as soon as its own last reader is done, not the whole slot at
+    once: with two slots, the time from a slot's release to its next tile's scores bounds the loop.
   * Two 4-warp consumer warpgroups play ping-pong. Warpgroup w owns tiles w, w+2, w+4, ...: for them it
     computes the whole score tile S = Q K^T (wgmma, Q and K read from shared memory, so Q is read once
     per tile, not once per half tile), the online softmax in base 2, and publishes P (bf16) and the row
@@ -87,10 +90,11 @@ def _q_descs(q_ptr, q_row0, BM: gl.constexpr, D_V: gl.constexpr, D_PE: gl.conste
 @gluon.jit
 def _rows_descs(base, rows, stride_kt, BN: gl.constexpr, D_V: gl.constexpr, D_PE: gl.constexpr,
                 nope_layout: gl.constexpr, pe_layout: gl.constexpr):
-    """Cache rows base ... base + rows as a 512-wide and a 64-wide descriptor: the copy engine zero-fills
-    every row of a tile at or past `rows`, so nothing past them is read."""
+    """Cache rows base ... base + rows as a 256-wide descriptor (a half of the latent columns: the tile is
+    copied region by region) and a 64-wide one: the copy engine zero-fills every row of a tile at or past
+    `rows`, so nothing past them is read."""
     D: gl.constexpr = D_V + D_PE
-    kn = tma.make_tensor_descriptor(base, shape=[rows, D], strides=[stride_kt, 1], block_shape=[BN, D_V],
+    kn = tma.make_tensor_descriptor(base, shape=[rows, D], strides=[stride_kt, 1], block_shape=[BN, D_V // 2],
                                     layout=nope_layout)
     kp = tma.make_tensor_descriptor(base, shape=[rows, D], strides=[stride_kt, 1], block_shape=[BN, D_PE],
                                     layout=pe_layout)
@@ -138,15 +142,34 @@ def _opaque_zero(t):
 
 
 @gluon.jit
-def _load_kv_tile(kn, kp, kv_nope_s, kv_pe_s, ready, t, BN: gl.constexpr, STAGES: gl.constexpr,
+def _copy_region(desc, row, col, dst, ready, empty, r, t, STAGES: gl.constexpr, NBYTES: gl.constexpr):
+    """Region r of tile t: wait until its slot's previous tile released it, then copy it in."""
+    i = (t % STAGES) * 3 + r
+    mbarrier.wait(empty.index(i), ((t // STAGES) & 1) ^ 1)
+    mbarrier.expect(ready.index(i), NBYTES)   # rows past the sequence are zero-filled and still counted
+    tma.async_copy_global_to_shared(desc, [row, col], ready.index(i), dst)
+
+
+@gluon.jit
+def _load_kv_tile(kn, kp, row, kv_nope_s, kv_pe_s, ready, empty, t, BN: gl.constexpr, STAGES: gl.constexpr,
                   D_V: gl.constexpr, D_PE: gl.constexpr):
-    """Copy cache tile t (BN rows x 576) into ring slot t % STAGES; `ready` flips when all bytes landed
-    (rows past the sequence are zero-filled and still counted)."""
+    """Copy cache tile t (BN rows x 576, from cache row `row` of the descriptors) into ring slot t % STAGES as
+    three regions with a barrier pair each: value half 0 (latent columns 0-255, region 0), half 1 (region 1) and
+    the RoPE columns (region 2). Each is refilled as soon as its last reader of tile t - STAGES is done: the RoPE
+    columns after that tile's scores, half h after warpgroup h's value product. They are copied in the order
+    they free up: RoPE, then the half of tile t's owner (warpgroup t % 2, which owned tile t - 2 too and
+    multiplied its own half first), then the other half."""
     st = t % STAGES
-    bar = ready.index(st)
-    mbarrier.expect(bar, BN * (D_V + D_PE) * 2)
-    tma.async_copy_global_to_shared(kn, [t * BN, 0], bar, kv_nope_s.index(st))
-    tma.async_copy_global_to_shared(kp, [t * BN, D_V], bar, kv_pe_s.index(st))
+    HALF: gl.constexpr = D_V // 2
+    half0 = kv_nope_s.index(st).slice(0, HALF, dim=1)
+    half1 = kv_nope_s.index(st).slice(HALF, HALF, dim=1)
+    _copy_region(kp, row, D_V, kv_pe_s.index(st), ready, empty, 2, t, STAGES, BN * D_PE * 2)
+    if t % 2 == 0:
+        _copy_region(kn, row, 0, half0, ready, empty, 0, t, STAGES, BN * HALF * 2)
+        _copy_region(kn, row, HALF, half1, ready, empty, 1, t, STAGES, BN * HALF * 2)
+    else:
+        _copy_region(kn, row, HALF, half1, ready, empty, 1, t, STAGES, BN * HALF * 2)
+        _copy_region(kn, row, 0, half0, ready, empty, 0, t, STAGES, BN * HALF * 2)
 
 
 @gluon.jit
@@ -193,7 +216,7 @@ def _store_partial(ws_o_ptr, ws_lse_ptr, acc, m_i, l_tot, row0, col0, split, num
 @gluon.jit
 def _ws_load_partition(q_ptr, kv_ptr, q_row0, b, start, n_valid, n_tiles, t_max, stride_kb, stride_kt,
                        q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty):
-    """1 warp: the query block once, then every cache tile, each as soon as its ring slot is free."""
+    """1 warp: the query block once, then every cache tile, region by region, each as soon as it is free."""
     STAGES: gl.constexpr = kv_nope_s.shape[0]
     BN: gl.constexpr = kv_nope_s.shape[1]
     D_V: gl.constexpr = kv_nope_s.shape[2]
@@ -203,17 +226,15 @@ def _ws_load_partition(q_ptr, kv_ptr, q_row0, b, start, n_valid, n_tiles, t_max,
     kp_layout: gl.constexpr = kv_pe_s.layout
     kn, kp = _slice_descs(kv_ptr, b, start, n_valid, t_max, stride_kb, stride_kt, BN, D_V, D_PE, kn_layout, kp_layout)
     for t in range(n_tiles):
-        # Slot t % STAGES is free once both warpgroups released its previous tile (count 2). A fresh
-        # mbarrier counts as having completed the phase before phase 0, so the first lap passes at once.
-        mbarrier.wait(kv_empty.index(t % STAGES), ((t // STAGES) & 1) ^ 1)
-        _load_kv_tile(kn, kp, kv_nope_s, kv_pe_s, kv_ready, t, BN, STAGES, D_V, D_PE)
+        # (A fresh mbarrier counts as having completed the phase before phase 0: the first lap passes at once.)
+        _load_kv_tile(kn, kp, t * BN, kv_nope_s, kv_pe_s, kv_ready, kv_empty, t, BN, STAGES, D_V, D_PE)
 
 
 @gluon.jit
 def _ws_load_partition_paged(q_ptr, kv_ptr, bt_ptr, q_row0, b, start, n_valid, n_tiles, n_rows, stride_bt,
                              stride_kt, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty):
     """1 warp, paged cache (pages of BN positions, so one tile is one page): the query block once, then every
-    page of this CTA's slice, its row found in the block table.
+    page of this CTA's slice, its row found in the block table, region by region as in `_load_kv_tile`.
 
     The cache is read as one matrix of n_rows = num_blocks * BN rows; tile t is the BN rows from
     block_table[b, start // BN + t] * BN on. A sequence that ends mid-page ends in its last tile: that tile
@@ -223,7 +244,6 @@ def _ws_load_partition_paged(q_ptr, kv_ptr, bt_ptr, q_row0, b, start, n_valid, n
     BN: gl.constexpr = kv_nope_s.shape[1]
     D_V: gl.constexpr = kv_nope_s.shape[2]
     D_PE: gl.constexpr = kv_pe_s.shape[2]
-    D: gl.constexpr = D_V + D_PE
     kn_layout: gl.constexpr = kv_nope_s.layout
     kp_layout: gl.constexpr = kv_pe_s.layout
     _load_q(q_ptr, q_row0, q_nope_s, q_pe_s, q_bar)
@@ -231,36 +251,38 @@ def _ws_load_partition_paged(q_ptr, kv_ptr, bt_ptr, q_row0, b, start, n_valid, n
     bt_row = bt_ptr + b.to(gl.int64) * stride_bt + start // BN   # this slice's first page
     tail = gl.minimum(n_valid - (n_tiles - 1) * BN, BN)           # valid rows of the last tile (BN: whole)
     for t in range(n_tiles):
-        # The page index is loaded before the wait for a free slot, so its latency hides behind that wait.
+        # The page index is loaded before the waits for free regions, so its latency hides behind them.
         page = gl.load(bt_row + t)
-        st = t % STAGES
-        bar = kv_ready.index(st)
         if (t == n_tiles - 1) & (tail < BN):
             # The sequence ends inside this page: descriptors of its own, bounded at the sequence's last row.
-            # Made here, before the wait, the making overlaps the tiles still being worked on.
+            # Made here, before the waits, the making overlaps the tiles still being worked on.
             tn, tp = _rows_descs(kv_ptr + page.to(gl.int64) * BN * stride_kt, tail, stride_kt, BN, D_V, D_PE,
                                  kn_layout, kp_layout)
-            mbarrier.wait(kv_empty.index(st), ((t // STAGES) & 1) ^ 1)
-            mbarrier.expect(bar, BN * D * 2)   # zero-filled rows are counted too
-            tma.async_copy_global_to_shared(tn, [0, 0], bar, kv_nope_s.index(st))
-            tma.async_copy_global_to_shared(tp, [0, D_V], bar, kv_pe_s.index(st))
+            _load_kv_tile(tn, tp, 0, kv_nope_s, kv_pe_s, kv_ready, kv_empty, t, BN, STAGES, D_V, D_PE)
         else:
-            mbarrier.wait(kv_empty.index(st), ((t // STAGES) & 1) ^ 1)
-            mbarrier.expect(bar, BN * D * 2)
-            tma.async_copy_global_to_shared(kn, [page * BN, 0], bar, kv_nope_s.index(st))
-            tma.async_copy_global_to_shared(kp, [page * BN, D_V], bar, kv_pe_s.index(st))
+            _load_kv_tile(kn, kp, page * BN, kv_nope_s, kv_pe_s, kv_ready, kv_empty, t, BN, STAGES, D_V, D_PE)
 
 
 @gluon.jit
-def _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, t, s_zero, STAGES: gl.constexpr):
-    """S = Q K^T for tile t, as two async wgmma groups (512 latent columns, then 64 RoPE columns)."""
+def _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, t, s_zero, WG: gl.constexpr,
+                     STAGES: gl.constexpr):
+    """S = Q K^T for own tile t (t % 2 == WG), as three async wgmma groups, each once its region of the tile
+    has landed, in the order they are copied: the 64 RoPE columns, this warpgroup's latent half, the other's."""
+    HALF: gl.constexpr = kv_nope_s.shape[2] // 2
     st = t % STAGES
-    mbarrier.wait(kv_ready.index(st), (t // STAGES) & 1)
+    phase = (t // STAGES) & 1
     qz = _opaque_zero(t)
     ks = st + qz
-    s_acc = warpgroup_mma(q_nope_s.index(qz), kv_nope_s.index(ks).permute((1, 0)), s_zero, use_acc=False,
+    mbarrier.wait(kv_ready.index(st * 3 + 2), phase)
+    s_acc = warpgroup_mma(q_pe_s.index(qz), kv_pe_s.index(ks).permute((1, 0)), s_zero, use_acc=False,
                           is_async=True)
-    s_acc = warpgroup_mma(q_pe_s.index(qz), kv_pe_s.index(ks).permute((1, 0)), s_acc, is_async=True)
+    mbarrier.wait(kv_ready.index(st * 3 + WG), phase)
+    s_acc = warpgroup_mma(q_nope_s.index(qz).slice(WG * HALF, HALF, dim=1),
+                          kv_nope_s.index(ks).slice(WG * HALF, HALF, dim=1).permute((1, 0)), s_acc, is_async=True)
+    mbarrier.wait(kv_ready.index(st * 3 + 1 - WG), phase)
+    s_acc = warpgroup_mma(q_nope_s.index(qz).slice((1 - WG) * HALF, HALF, dim=1),
+                          kv_nope_s.index(ks).slice((1 - WG) * HALF, HALF, dim=1).permute((1, 0)), s_acc,
+                          is_async=True)
     return s_acc
 
 
@@ -282,7 +304,7 @@ def _ws_pv_other(acc, m_i, l_i, u, p_s, m_s, kv_nope_s, pub, WG: gl.constexpr, S
 
 
 @gluon.jit
-def _ws_own_tile(acc, m_i, l_i, s_acc, t, n_valid, scale_log2, p_s, m_s, kv_nope_s, pub, WG: gl.constexpr,
+def _ws_own_tile(acc, m_i, l_i, s_acc, t, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub, WG: gl.constexpr,
                  STAGES: gl.constexpr, BN: gl.constexpr, BV: gl.constexpr, s_layout: gl.constexpr,
                  o_layout: gl.constexpr):
     """Online softmax of own tile t (its scores already issued), publish P_t and m_t, then issue
@@ -291,6 +313,7 @@ def _ws_own_tile(acc, m_i, l_i, s_acc, t, n_valid, scale_log2, p_s, m_s, kv_nope
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
+    mbarrier.arrive(kv_empty.index((t % STAGES) * 3 + 2), count=1)   # only the scores read the RoPE columns
     cols = t * BN + gl.arange(0, BN, layout=col_s)
     s = gl.where(gl.expand_dims(cols < n_valid, 0), s, float("-inf"))  # rows past the end were zero-filled
     # m_i already covers every earlier tile (the chain through both warpgroups), so m_t does too.
@@ -316,12 +339,12 @@ def _ws_own_tile(acc, m_i, l_i, s_acc, t, n_valid, scale_log2, p_s, m_s, kv_nope
 
 
 @gluon.jit
-def _ws_retire(acc, t, kv_empty, STAGES: gl.constexpr):
+def _ws_retire(acc, t, kv_empty, WG: gl.constexpr, STAGES: gl.constexpr):
     """Wait for this warpgroup's value product of own tile t and release its slot. No wgmma is left in
     flight where control flow merges (loop back edge, end of an if): ptxas would copy the accumulator
     registers there before they are final, and then serializes every wgmma of the kernel (C7514/C7515)."""
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    mbarrier.arrive(kv_empty.index(t % STAGES), count=1)
+    mbarrier.arrive(kv_empty.index((t % STAGES) * 3 + WG), count=1)
     return acc
 
 
@@ -340,10 +363,10 @@ def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, 
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BV, 16])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    # Order inside an iteration: the next own tile reuses the slot of the tile two back, which the other
-    # warpgroup frees only after its value product of that tile; issuing S first would wait for that copy
-    # at once. So the other tile's value product goes first, and its slot is released as soon as it
-    # retires (while S runs), so that the next copy starts early.
+    # Order inside an iteration: the next own tile reuses the slot of the tile two back, whose half of this
+    # warpgroup's columns is free only after this warpgroup's value product of that tile; issuing S first
+    # would delay that product and so the copy it waits for (measured: 9-24 % slower). So the other tile's
+    # value product goes first, and its region is released as soon as it retires (while S runs).
 
     acc = gl.zeros([BM, BV], gl.float32, o_layout)
     m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
@@ -356,22 +379,23 @@ def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, 
     if WG == 0:
         # Tile 0 has no earlier tile to add first.
         if n_tiles > 0:
-            s_acc = _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, 0, s_zero, STAGES)
-            acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, 0, n_valid, scale_log2, p_s, m_s, kv_nope_s, pub,
+            s_acc = _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, 0, s_zero, WG, STAGES)
+            acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, 0, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub,
                                          WG, STAGES, BN, BV, s_layout, o_layout)
-            acc = _ws_retire(acc, 0, kv_empty, STAGES)
+            acc = _ws_retire(acc, 0, kv_empty, WG, STAGES)
         i0 = 1
     for i in range(i0, n_own):
         t = 2 * i + WG          # own tile
         u = t - 1               # the other warpgroup's tile just before it (O takes the tiles in order)
         acc, m_i, l_i = _ws_pv_other(acc, m_i, l_i, u, p_s, m_s, kv_nope_s, pub, WG, STAGES, BV, row_s, row_o)
-        s_acc = _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, t, s_zero, STAGES)
-        # Groups retire in order: with only S's two groups left, the value product of tile u is done.
-        acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc, ))
-        mbarrier.arrive(kv_empty.index(u % STAGES), count=1)
-        acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, t, n_valid, scale_log2, p_s, m_s, kv_nope_s, pub,
+        s_acc = _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, t, s_zero, WG, STAGES)
+        # Groups retire in order: with only S's three groups left, the value product of tile u is done, and
+        # this warpgroup's half of tile u (the owner's scores read it before publishing P_u) is free.
+        acc = warpgroup_mma_wait(num_outstanding=3, deps=(acc, ))
+        mbarrier.arrive(kv_empty.index((u % STAGES) * 3 + WG), count=1)
+        acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, t, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub,
                                      WG, STAGES, BN, BV, s_layout, o_layout)
-        acc = _ws_retire(acc, t, kv_empty, STAGES)
+        acc = _ws_retire(acc, t, kv_empty, WG, STAGES)
     # The last tile belongs to the other warpgroup: add it too (its slot is never refilled).
     last = n_tiles - 1
     if (n_tiles > 0) & (last % 2 != WG):
@@ -444,14 +468,14 @@ def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, bt_ptr, o_ptr, lse_ptr, ws
     l_s = gl.allocate_shared_memory(gl.float32, [2, BM], vec_layout)         # final partial row sums
 
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES * 3, 1], mbarrier.MBarrierLayout())   # 3 regions a slot
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES * 3, 1], mbarrier.MBarrierLayout())
     pub = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     fin = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    for s in gl.static_range(STAGES):
+    for s in gl.static_range(STAGES * 3):
         mbarrier.init(kv_ready.index(s), count=1)
-        mbarrier.init(kv_empty.index(s), count=2)     # both consumer warpgroups release each tile
+        mbarrier.init(kv_empty.index(s), count=1)     # each region has one last reader
     mbarrier.init(pub.index(0), count=1)
     mbarrier.init(pub.index(1), count=1)
     mbarrier.init(fin, count=2)
@@ -482,7 +506,7 @@ def launch_gluon(q, kv_cache, cache_seqlens, softmax_scale, out, lse, ws_o=None,
     or pages [num_blocks, 64, 576] stored back to back (stride(0) == 64 * stride(1)) with block_table int32
     [B, max_blocks], rows unit-stride. With num_splits > 1 it writes partial results to ws_o fp32
     [B * H, num_splits, 512] and ws_lse fp32 [B * H, num_splits] (base 2), which `decode.launch_combine`
-    merges into out and lse."""
+    merges into out and lse. Returns `kernels.launch.launch_direct`'s result (the launch, to be made again)."""
     B, _, H, _ = q.shape
     if num_splits == 1:  # not read, but their pointer types are compiled in: fp32, as the workspace's
         ws_o, ws_lse = lse, lse
@@ -498,8 +522,8 @@ def launch_gluon(q, kv_cache, cache_seqlens, softmax_scale, out, lse, ws_o=None,
     # `interface.py` has checked the inputs); every integer argument is do_not_specialize. out, lse and the
     # workspace are fresh allocations and the cache is TMA-ready: the caller's pointers are checked for alignment.
     constexprs = dict(H=H, BN=BN, STAGES=STAGES, D_V=D_V, D_PE=D_PE, CONSUMER_REGS=WS_CONSUMER_REGS, PAGED=paged)
-    launch_direct(_mla_decode_ws_kernel, grid, (q.device.index, H, paged, q.dtype), args, constexprs,
-                  aligned=_aligned((q, cache_seqlens, bt)), num_warps=4, maxnreg=WS_MAXNREG)
+    return launch_direct(_mla_decode_ws_kernel, grid, (q.device.index, H, paged, q.dtype), args, constexprs,
+                         aligned=_aligned((q, cache_seqlens, bt)), num_warps=4, maxnreg=WS_MAXNREG)
 
 
 __all__ = ["launch_gluon"]

@@ -8,7 +8,11 @@ is too small to fill the GPU (split-KV), and share the kernel that merges the sl
 
 Host time: with check_seqlens=False a call reads nothing back from the GPU (the split is planned from the
 cache's capacity, which the shapes give), reuses its split-KV workspace (`_workspace`), and launches the
-compiled kernels directly after their first call (`gluon_decode.launch_gluon`, `decode.launch_combine`).
+compiled kernels directly after their first call (`gluon_decode.launch_gluon`, `decode.launch_combine`). Its
+checks and decisions are made once per input signature (`_plan_key`: the tensors' shapes, strides, dtypes,
+devices and alignment, and the other arguments) and kept as a `_Plan`, as FlashMLA keeps its scheduling metadata:
+a later call with that signature only allocates its output and launches, and once the plan holds the compiled
+kernels' launches (`kernels.launch.relaunches`), it reads the stream once and calls Triton's C launcher for each.
 """
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ import math
 import torch
 
 from ..checks import check_bool, check_choice, check_int, check_tensor
-from ..launch import _aligned, cdiv, is_hopper, reused, sm_count, tma_ready
+from ..launch import (_aligned, cdiv, is_hopper, launch_hooked, launch_stream, relaunches, reused, sm_count,
+                      tma_ready)
 from . import decode, gluon_decode
 from .reference import cache_capacity, check_cache_lengths, check_decode_inputs, paged_rows
 
@@ -75,16 +80,16 @@ def _gluon_misfit(q, kv_cache, block_table, head_dim_v):
 _WORKSPACES: dict = {}   # ((device, stream), (device, shape)) -> (ws_o, ws_lse); see _workspace
 
 
-def _workspace(B, rows, num_splits, D_V, device):
+def _workspace(B, rows, num_splits, D_V, device, stream=None):
     """The split-KV partials, fp32 ws_o [B, rows, num_splits, D_V] and ws_lse [B, rows, num_splits], kept per
     stream and shape and reused (`kernels.launch.reused`; the last few shapes are kept: a B=8, H=128 decode with
-    16 slices holds 34 MB)."""
+    16 slices holds 34 MB). stream: `kernels.launch.launch_stream()`, where the caller has read it."""
     shape = (B, rows, num_splits, D_V)
 
     def make():
         return (torch.empty(shape, device=device, dtype=torch.float32),
                 torch.empty(shape[:3], device=device, dtype=torch.float32))
-    return make() if device.type != "cuda" else reused(_WORKSPACES, (device, shape), make)
+    return make() if device.type != "cuda" else reused(_WORKSPACES, (device, shape), make, stream=stream)
 
 
 def _dense(q, kv_cache, cache_seqlens, block_table):
@@ -99,6 +104,85 @@ def _dense(q, kv_cache, cache_seqlens, block_table):
     if not _aligned((q,)):
         q = q.clone()
     return q, kv_cache, cache_seqlens.contiguous(), block_table
+
+
+def _plan_key(q, kv_cache, cache_seqlens, block_table, softmax_scale, head_dim_v, causal, num_splits, backend):
+    """Everything a call's checks and decisions read, as a dict key: each tensor's shape, strides, dtype, device
+    and whether its address is 16-byte aligned, and the other arguments. None for a call that is not plainly
+    ordinary (a tensor subclass, a scalar of another type, a tensor with no strides or address): the full path
+    judges it every time. (The types matter: True == 1 == 1.0 as keys, not to the checks.)"""
+    Tensor = torch.Tensor
+    if not (type(q) is Tensor and type(kv_cache) is Tensor and type(cache_seqlens) is Tensor
+            and (block_table is None or type(block_table) is Tensor) and type(softmax_scale) is float
+            and type(head_dim_v) is int and type(causal) is bool and (num_splits is None or type(num_splits) is int)
+            and type(backend) is str):
+        return None
+    tensors = (q, kv_cache, cache_seqlens) if block_table is None else (q, kv_cache, cache_seqlens, block_table)
+    try:
+        signature = tuple([(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0) for t in tensors])
+    except RuntimeError:   # a sparse tensor, say: no address
+        return None
+    return signature, softmax_scale, head_dim_v, causal, num_splits, backend
+
+
+class _Plan:
+    """What the checks and decisions of one call came to (the kernel, the split, the scale, the shapes to
+    allocate), kept for the next calls with its key (`_plan_key`). Once a launch has gone straight to the C
+    launcher (on a GPU), it also keeps the launches themselves (`kernels.launch.relaunches`: the compiled
+    kernels, their grids, their integer and float arguments), so that a later call allocates its output, reads
+    the stream once and launches: no argument is checked or derived again."""
+
+    def __init__(self, q, D_V, scale, causal, num_splits, gluon, tma):
+        B, S_Q, H, _ = q.shape
+        self.device, self.dtype = q.device, q.dtype
+        self.out_shape, self.lse_shape = (B, S_Q, H, D_V), (B, H, S_Q)
+        self.workspace_shape = (B, S_Q * H, num_splits, D_V) if num_splits > 1 else None
+        self.scale, self.causal, self.num_splits, self.gluon, self.tma = scale, causal, num_splits, gluon, tma
+        self.relaunches = None   # after a first launch, where every launch was direct (never under the interpreter)
+
+    def __call__(self, q, kv_cache, cache_seqlens, block_table):
+        """out and lse for inputs in the layouts the kernels read (`_dense`); kv_cache may be FlashMLA's 4D pages
+        (the launch functions get the 3D view, a direct launch reads the same address)."""
+        out = torch.empty(self.out_shape, device=self.device, dtype=self.dtype)
+        lse = torch.empty(self.lse_shape, device=self.device, dtype=torch.float32)
+        if self.relaunches is None or launch_hooked():   # (a profiler's hooks: Triton's own path, see DirectLaunch)
+            self._launch(q, paged_rows(kv_cache, block_table), cache_seqlens, block_table, out, lse)
+            return out, lse
+        stream = launch_stream()
+        tensors = (q, kv_cache, cache_seqlens, block_table, out, lse, *self._workspace(lse, stream))
+        for relaunch in self.relaunches:
+            relaunch(stream, tensors)
+        return out, lse
+
+    def _workspace(self, lse, stream=None):
+        if self.workspace_shape is None:
+            return lse, lse  # not read (fp32 pointers, as the workspace's: one compiled kernel for both)
+        return _workspace(*self.workspace_shape, self.device, stream)
+
+    def _launch(self, q, kv_cache, cache_seqlens, block_table, out, lse):
+        """Through the launch functions; where each of a first call's launches went straight to the C launcher,
+        they are kept for the next calls."""
+        ws_o, ws_lse = self._workspace(lse)
+        if self.gluon:
+            launched = [gluon_decode.launch_gluon(q, kv_cache, cache_seqlens, self.scale, out, lse, ws_o, ws_lse,
+                                                  self.num_splits, block_table)]
+        else:
+            launched = [decode.launch_triton(q, kv_cache, block_table, cache_seqlens, self.scale, out, lse, ws_o,
+                                             ws_lse, self.num_splits, self.causal, self.tma)]
+        if self.num_splits > 1:  # each slice's partial output and lse, merged by the combine kernel
+            launched.append(decode.launch_combine(ws_o, ws_lse, out, lse, self.num_splits))
+        if self.relaunches is None:
+            self.relaunches = relaunches(launched, (q, kv_cache, cache_seqlens, block_table, out, lse, ws_o, ws_lse))
+
+
+_PLANS: dict = {}   # _plan_key -> _Plan
+_MOST_PLANS = 256   # a server's decode steps come in many batch sizes, one plan each
+
+
+def _remember(key, plan):
+    while len(_PLANS) >= _MOST_PLANS:
+        _PLANS.pop(next(iter(_PLANS)))   # the oldest
+    _PLANS[key] = plan
 
 
 def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_table=None, causal=False,
@@ -117,7 +201,9 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
     num_splits: slices per sequence (split-KV); None picks from B, H, length and the SM count (the longest
         length when check_seqlens reads it, else the cache's capacity: no device sync).
     check_seqlens: validate seqlens / block table values (one device sync); False in graphs, timing loops and
-        serving loops (then nothing is read back from the GPU).
+        serving loops (then nothing is read back from the GPU, and a call like an earlier one, in its tensors'
+        shapes, strides, dtypes, devices and alignment and in the other arguments, skips the checks and the
+        choices: it launches as that call did; see the module docstring).
     backend: "auto" (the Gluon kernel where it applies, see the module docstring; else Triton), "triton",
         or "gluon" (ValueError, saying why, where it does not apply).
     dtypes: q and kv_cache of one dtype, bf16/fp16/fp32 on a CUDA GPU (fp32 products in TF32),
@@ -132,6 +218,14 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
     >>> kv = torch.randn(4, 8192, 576, device="cuda", dtype=torch.bfloat16)
     >>> out, lse = mla_decode(q, kv, torch.full((4,), 8192, dtype=torch.int32, device="cuda"), 576 ** -0.5)
     """
+    # ---- a call like an earlier one, both with check_seqlens=False: checked and decided then, launch as it did
+    key = None
+    if check_seqlens is False:
+        key = _plan_key(q, kv_cache, cache_seqlens, block_table, softmax_scale, head_dim_v, causal, num_splits, backend)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan(q, kv_cache, cache_seqlens, block_table)
+
     # ---- validate before any launch
     kv_cache = paged_rows(kv_cache, block_table)   # [num_blocks, page, 1, D_qk] -> [num_blocks, page, D_qk], a view
     scale = check_decode_inputs(q, kv_cache, cache_seqlens, softmax_scale, block_table, kernel=True)
@@ -147,30 +241,22 @@ def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_
         max_len = check_cache_lengths(kv_cache, cache_seqlens, block_table, S_Q, causal)
 
     # ---- pick the kernel and the split
-    q, kv_cache, cache_seqlens, block_table = _dense(q, kv_cache, cache_seqlens, block_table)
+    given = (q, kv_cache, cache_seqlens, block_table)
+    q, kv_cache, cache_seqlens, block_table = _dense(*given)
     misfit = None if backend == "triton" else _gluon_misfit(q, kv_cache, block_table, D_V)
     if backend == "gluon" and misfit is not None:
         raise ValueError(f"backend='gluon' does not apply here: {misfit}")
     gluon = backend != "triton" and misfit is None
+    tma = block_table is None and tma_ready(kv_cache)  # how the Triton kernel reads the cache
     if num_splits is None:
         n_sm = sm_count(q.device) if q.device.type == "cuda" else _SM_PLAN
         num_splits = _num_splits(B, cdiv(S_Q * H, _BH_PLAN), max_len, n_sm)
 
-    # ---- allocate, launch
-    out = torch.empty(B, S_Q, H, D_V, device=q.device, dtype=q.dtype)
-    lse = torch.empty(B, H, S_Q, device=q.device, dtype=torch.float32)
-    if num_splits > 1:  # each slice's partial output and lse, merged by the combine kernel
-        ws_o, ws_lse = _workspace(B, S_Q * H, num_splits, D_V, q.device)
-    else:
-        ws_o, ws_lse = lse, lse  # not read (fp32 pointers, as the workspace's: one compiled kernel for both)
-    if gluon:
-        gluon_decode.launch_gluon(q, kv_cache, cache_seqlens, scale, out, lse, ws_o, ws_lse, num_splits, block_table)
-    else:
-        tma = block_table is None and tma_ready(kv_cache)
-        decode.launch_triton(q, kv_cache, block_table, cache_seqlens, scale, out, lse, ws_o, ws_lse, num_splits,
-                             causal, tma)
-    if num_splits > 1:
-        decode.launch_combine(ws_o, ws_lse, out, lse, num_splits)
+    # ---- allocate, launch; the plan is kept for the calls like this one, where no input had to be copied
+    plan = _Plan(q, D_V, scale, causal, num_splits, gluon, tma)
+    out, lse = plan(q, kv_cache, cache_seqlens, block_table)
+    if key is not None and all(now is before for now, before in zip((q, kv_cache, cache_seqlens, block_table), given)):
+        _remember(key, plan)
     return out, lse
 
 
