@@ -13,9 +13,10 @@ mla_host: where the host time of a plain paged MLA call at B = 1 goes (64 positi
 mla_mixed: MLA decode on shuffled pages at B = 64 with lengths drawn from 1K to 16K: the Gluon kernel beside
   FlashMLA (whose schedule gives every SM an equal share of the batch's tiles), graph replays, checked against
   each other first.
-mla_ncu: one plain call each of the book's Gluon MLA decode and FlashMLA's on shuffled pages at B = 64 and 8,
-  T = 8K, after warm-up, between cudaProfilerStart and Stop: the target of
-  `ncu --profile-from-start off --clock-control none`, to read both kernels' counters side by side.
+mla_ncu [B,T ...]: one plain call each of the book's Gluon MLA decode and FlashMLA's on shuffled pages (at B = 64
+  and 8, T = 8K, unless shapes are given, e.g. `mla_ncu 128,32768`), after warm-up, between cudaProfilerStart and
+  Stop: the target of `ncu --profile-from-start off --clock-control none`, to read both kernels' counters side by
+  side.
 mla_variants FILE...: copies of kernels/mla/gluon_decode.py (each a module file), each checked against
   `mla_decode_ref` (dense and paged, lengths that end mid-tile, NaN past them, one and several slices) and against
   the committed kernel, then timed beside it and FlashMLA on shuffled pages (graph replays, min of two rounds).
@@ -514,13 +515,14 @@ def mla_host():
               f"({loop / replay:.2f}x)", flush=True)
 
 
-def mla_ncu():
-    """The calls `ncu --profile-from-start off` profiles: the book's and FlashMLA's, B = 64 and 8, T = 8K."""
+def mla_ncu(*shapes):
+    """The calls `ncu --profile-from-start off` profiles: the book's and FlashMLA's at each "B,T" of `shapes`
+    (B = 64 and 8 at T = 8K if none is given)."""
     from kernels.mla import bench as mla_bench
     from kernels.mla import interface
     calls = []
-    for B in (64, 8):
-        case = mla_bench._paged_case(B, 8192, "shuffled")
+    for B, T in [tuple(map(int, shape.split(","))) for shape in shapes] or [(64, 8192), (8, 8192)]:
+        case = mla_bench._paged_case(B, T, "shuffled")
         q, _, pages, table, seqlens = mla_bench._paged_inputs(case)
         flash = mla_bench._flashmla_paged(case)
 
@@ -609,10 +611,10 @@ def mla_variants(*paths):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "mla_variants":
-        mla_variants(*sys.argv[2:])
+    if sys.argv[1:2] in (["mla_variants"], ["mla_ncu"]):   # these take arguments: files, shapes
+        {"mla_variants": mla_variants, "mla_ncu": mla_ncu}[sys.argv[1]](*sys.argv[2:])
         sys.exit()
     for part in sys.argv[1:]:
         {"fa_host": fa_host, "fa_bwd": fa_bwd, "mla": mla, "fa_mask": fa_mask, "m2_step": m2_step,
-         "kda_step": kda_step, "mla_splits": mla_splits, "mla_mixed": mla_mixed, "mla_host": mla_host, "mla_ncu": mla_ncu,
+         "kda_step": kda_step, "mla_splits": mla_splits, "mla_mixed": mla_mixed, "mla_host": mla_host,
          "kda_prefill": kda_prefill}[part]()
