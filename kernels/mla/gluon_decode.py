@@ -157,8 +157,8 @@ def _load_kv_tile(kn, kp, row, kv_nope_s, kv_pe_s, ready, empty, t, BN: gl.const
     three regions with a barrier pair each: value half 0 (latent columns 0-255, region 0), half 1 (region 1) and
     the RoPE columns (region 2). Each is refilled as soon as its last reader of tile t - STAGES is done: the RoPE
     columns after that tile's scores, half h after warpgroup h's value product. They are copied in the order
-    they free up: RoPE, then the half of tile t's owner (warpgroup t % 2, which owned tile t - 2 too and
-    multiplied its own half first), then the other half."""
+    they free up: RoPE, then the half of warpgroup t % 2 (which scores tile t, scored tile t - 2 too and
+    multiplied its own half of that tile first), then the other half."""
     st = t % STAGES
     HALF: gl.constexpr = D_V // 2
     half0 = kv_nope_s.index(st).slice(0, HALF, dim=1)
@@ -340,8 +340,8 @@ def _ws_own_tile(acc, m_i, l_i, s_acc, t, n_valid, scale_log2, p_s, m_s, kv_nope
 
 @gluon.jit
 def _ws_retire(acc, t, kv_empty, WG: gl.constexpr, STAGES: gl.constexpr):
-    """Wait for this warpgroup's value product of own tile t and release its slot. No wgmma is left in
-    flight where control flow merges (loop back edge, end of an if): ptxas would copy the accumulator
+    """Wait for this warpgroup's value product of own tile t and release its half of the slot. No wgmma is
+    left in flight where control flow merges (loop back edge, end of an if): ptxas would copy the accumulator
     registers there before they are final, and then serializes every wgmma of the kernel (C7514/C7515)."""
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.arrive(kv_empty.index((t % STAGES) * 3 + WG), count=1)
@@ -380,8 +380,8 @@ def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, 
         # Tile 0 has no earlier tile to add first.
         if n_tiles > 0:
             s_acc = _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, 0, s_zero, WG, STAGES)
-            acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, 0, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub,
-                                         WG, STAGES, BN, BV, s_layout, o_layout)
+            acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, 0, n_valid, scale_log2, p_s, m_s, kv_nope_s,
+                                         kv_empty, pub, WG, STAGES, BN, BV, s_layout, o_layout)
             acc = _ws_retire(acc, 0, kv_empty, WG, STAGES)
         i0 = 1
     for i in range(i0, n_own):
@@ -390,11 +390,11 @@ def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, 
         acc, m_i, l_i = _ws_pv_other(acc, m_i, l_i, u, p_s, m_s, kv_nope_s, pub, WG, STAGES, BV, row_s, row_o)
         s_acc = _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, t, s_zero, WG, STAGES)
         # Groups retire in order: with only S's three groups left, the value product of tile u is done, and
-        # this warpgroup's half of tile u (the owner's scores read it before publishing P_u) is free.
+        # this warpgroup's half of tile u is free (the other warpgroup's scores read it before it published P_u).
         acc = warpgroup_mma_wait(num_outstanding=3, deps=(acc, ))
         mbarrier.arrive(kv_empty.index((u % STAGES) * 3 + WG), count=1)
-        acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, t, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub,
-                                     WG, STAGES, BN, BV, s_layout, o_layout)
+        acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, t, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty,
+                                     pub, WG, STAGES, BN, BV, s_layout, o_layout)
         acc = _ws_retire(acc, t, kv_empty, WG, STAGES)
     # The last tile belongs to the other warpgroup: add it too (its slot is never refilled).
     last = n_tiles - 1
