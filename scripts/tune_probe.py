@@ -187,6 +187,14 @@ def mla():
             print(f"  BH={bh:3d} BN={bn:3d} warps={w:2d} stages={s} TMA={tma}: {type(e).__name__} {str(e)[:80]}")
 
 
+def _load_module(path):
+    """The Python file at `path` as a module named after it (a probe's modified copy of a package file)."""
+    spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _forward_without_masking_check():
     """A copy of kernels/flash_attn/forward.py whose causal masked path uses a plain tl.dot for P V."""
     from kernels.flash_attn import forward
@@ -195,10 +203,7 @@ def _forward_without_masking_check():
     assert checked in src, "the forward's masked path changed: update this probe"
     path = pathlib.Path(tempfile.mkdtemp()) / "forward_plain_dot.py"
     path.write_text(src.replace(checked, "b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc * b_alpha[:, None])"))
-    spec = importlib.util.spec_from_file_location("forward_plain_dot", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load_module(path)
 
 
 def fa_mask():
@@ -538,13 +543,6 @@ def mla_ncu(*shapes):
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
     print("mla_ncu: profiled", len(calls), "calls", flush=True)
-
-
-def _load_module(path):
-    spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def mla_variants(*paths):
