@@ -3,6 +3,7 @@ what ptxas reports.
 
     python scripts/mla_gluon_compile.py            # both variants: compile, print, check
     python scripts/mla_gluon_compile.py --keep DIR # also write each variant's .ttgir / .ptx / ptxas log there
+    python scripts/mla_gluon_compile.py --module F # a modified copy of gluon_decode.py instead (a tuning variant)
 
 Triton's shared-memory figure (all of it dynamic), ptxas's registers / spills, its performance notes, and a few
 instruction counts from the PTX (wgmma, TMA copies, mbarrier ops, setmaxnreg). Exits 1 if compilation fails, or
@@ -11,6 +12,7 @@ differ (only the copy warp should). Needs no CUDA device: the target is given ex
 Note: ptxas's "Used N registers" is the launch bound (maxnreg 168); the warpgroups then
 move to setmaxnreg's values (240 / 240 / 24), which the PTX counts show.
 """
+import importlib.util
 import os
 
 os.environ["TRITON_INTERPRET"] = "0"  # before triton is imported (kernels/__init__ would pick the interpreter)
@@ -126,7 +128,18 @@ def check(paged: bool, keep: Path | None) -> tuple[list, dict]:
     return problems, counts
 
 
+def load_variant(path: Path):
+    """A modified copy of gluon_decode.py (as `tune_probe.py mla_variants` takes them), as a module."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv):
+    global gd
+    if "--module" in argv:
+        gd = load_variant(Path(argv[argv.index("--module") + 1]))
     keep = None
     if "--keep" in argv:
         keep = Path(argv[argv.index("--keep") + 1])

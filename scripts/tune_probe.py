@@ -17,7 +17,7 @@ mla_ncu [B,T ...]: one plain call each of the book's Gluon MLA decode and FlashM
   and 8, T = 8K, unless shapes are given, e.g. `mla_ncu 128,32768`), after warm-up, between cudaProfilerStart and
   Stop: the target of `ncu --profile-from-start off --clock-control none`, to read both kernels' counters side by
   side.
-mla_variants FILE...: copies of kernels/mla/gluon_decode.py (each a module file), each checked against
+mla_variants FILE... [B,T ...]: copies of kernels/mla/gluon_decode.py (each a module file), each checked against
   `mla_decode_ref` (dense and paged, lengths that end mid-tile, NaN past them, one and several slices) and against
   the committed kernel, then timed beside it and FlashMLA on shuffled pages (graph replays, min of two rounds).
 fa_mask: what keeping hidden NaN out costs the causal forward: the kernel as it is against a copy whose
@@ -545,8 +545,11 @@ def mla_ncu(*shapes):
     print("mla_ncu: profiled", len(calls), "calls", flush=True)
 
 
-def mla_variants(*paths):
-    """Variants of the Gluon MLA kernel (module files with its `launch_gluon`) against the committed one."""
+def mla_variants(*args):
+    """Variants of the Gluon MLA kernel (module files with its `launch_gluon`) against the committed one, at the
+    shapes given as "B,T" among the arguments (the chapter's paged table up to B = 128, 8K if none is)."""
+    paths = [a for a in args if a.endswith(".py")]
+    shapes = [tuple(map(int, a.split(","))) for a in args if not a.endswith(".py")]
     from kernels.launch import sm_count
     from kernels.mla import bench as mla_bench
     from kernels.mla import decode, gluon_decode, interface
@@ -576,22 +579,23 @@ def mla_variants(*paths):
     pages[perm] = dense.view(-1, 64, 576)
     table = perm.to(torch.int32).view(B, T // 64)
     ref, ref_lse = mla_decode_ref(q, dense, seqlens, mla_bench.SCALE)
-    for name, module in variants.items():
-        worst, same = 0.0, True
+    for name, module in list(variants.items()):
+        worst, same, lse_worst = 0.0, True, 0.0
         for cache, bt in ((dense, None), (pages, table)):
             for splits in (1, 3, 16):
                 out, lse = run(module, q, cache, seqlens, bt, splits)
                 mine, _ = run(gluon_decode, q, cache, seqlens, bt, splits)
-                err = rel_err(out.float(), ref.float())
-                assert not out.isnan().any() and err < 5e-3, (name, splits, err)
-                assert rel_err(lse, ref_lse.float()) < 1e-4
-                worst = max(worst, err)
+                worst = max(worst, rel_err(out.float(), ref.float()) if not out.isnan().any() else float("nan"))
+                lse_worst = max(lse_worst, rel_err(lse, ref_lse.float()))
                 same = same and torch.equal(out, mine)
-        print(f"  {name:24s} right: worst rel err {worst:.1e}; bit-identical to the committed kernel: {same}",
-              flush=True)
+        right = worst < 5e-3 and lse_worst < 1e-4   # (a NaN compares False: wrong)
+        print(f"  {name:24s} {'right' if right else 'WRONG, not timed'}: worst rel err {worst:.1e} (lse "
+              f"{lse_worst:.1e}); bit-identical to the committed kernel: {same}", flush=True)
+        if not right:
+            del variants[name]
     print("--- paged, shuffled, graph replays, us (min of two rounds), speed ratio to FlashMLA in brackets")
     print(f"  {'B, T':10s} {'FlashMLA':>9s} " + " ".join(f"{n[:22]:>22s}" for n in variants))
-    for B, T in ((1, 8192), (8, 8192), (32, 8192), (64, 8192), (128, 4096), (128, 8192)):
+    for B, T in shapes or ((1, 8192), (8, 8192), (32, 8192), (64, 8192), (128, 4096), (128, 8192)):
         case = mla_bench._paged_case(B, T, "shuffled")
         q, _, pages, table, seqlens = mla_bench._paged_inputs(case)
         splits = interface._num_splits(B, H // 64, T, sm_count(q.device))
