@@ -12,7 +12,6 @@ differ (only the copy warp should). Needs no CUDA device: the target is given ex
 Note: ptxas's "Used N registers" is the launch bound (maxnreg 168); the warpgroups then
 move to setmaxnreg's values (240 / 240 / 24), which the PTX counts show.
 """
-import importlib.util
 import os
 
 os.environ["TRITON_INTERPRET"] = "0"  # before triton is imported (kernels/__init__ would pick the interpreter)
@@ -128,18 +127,11 @@ def check(paged: bool, keep: Path | None) -> tuple[list, dict]:
     return problems, counts
 
 
-def load_variant(path: Path):
-    """A modified copy of gluon_decode.py (as `tune_probe.py mla_variants` takes them), as a module."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def main(argv):
     global gd
-    if "--module" in argv:
-        gd = load_variant(Path(argv[argv.index("--module") + 1]))
+    if "--module" in argv:   # a variant file, loaded as `tune_probe.py mla_variants` loads them
+        from tune_probe import load_module
+        gd = load_module(argv[argv.index("--module") + 1])
     keep = None
     if "--keep" in argv:
         keep = Path(argv[argv.index("--keep") + 1])

@@ -187,7 +187,7 @@ def mla():
             print(f"  BH={bh:3d} BN={bn:3d} warps={w:2d} stages={s} TMA={tma}: {type(e).__name__} {str(e)[:80]}")
 
 
-def _load_module(path):
+def load_module(path):
     """The Python file at `path` as a module named after it (a probe's modified copy of a package file)."""
     spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem, path)
     module = importlib.util.module_from_spec(spec)
@@ -203,7 +203,7 @@ def _forward_without_masking_check():
     assert checked in src, "the forward's masked path changed: update this probe"
     path = pathlib.Path(tempfile.mkdtemp()) / "forward_plain_dot.py"
     path.write_text(src.replace(checked, "b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc * b_alpha[:, None])"))
-    return _load_module(path)
+    return load_module(path)
 
 
 def fa_mask():
@@ -554,7 +554,7 @@ def mla_variants(*args):
     from kernels.mla import bench as mla_bench
     from kernels.mla import decode, gluon_decode, interface
     from kernels.mla.reference import mla_decode_ref
-    variants = {"committed": gluon_decode, **{pathlib.Path(p).stem: _load_module(p) for p in paths}}
+    variants = {"committed": gluon_decode, **{pathlib.Path(p).stem: load_module(p) for p in paths}}
 
     def run(module, q, cache, seqlens, table, splits):
         B, _, H, _ = q.shape
@@ -580,15 +580,17 @@ def mla_variants(*args):
     table = perm.to(torch.int32).view(B, T // 64)
     ref, ref_lse = mla_decode_ref(q, dense, seqlens, mla_bench.SCALE)
     for name, module in list(variants.items()):
-        worst, same, lse_worst = 0.0, True, 0.0
+        worst, same, lse_worst, finite = 0.0, True, 0.0, True
         for cache, bt in ((dense, None), (pages, table)):
             for splits in (1, 3, 16):
                 out, lse = run(module, q, cache, seqlens, bt, splits)
                 mine, _ = run(gluon_decode, q, cache, seqlens, bt, splits)
-                worst = max(worst, rel_err(out.float(), ref.float()) if not out.isnan().any() else float("nan"))
+                # (max() would drop a NaN error: NaN is tracked on its own)
+                finite = finite and bool(out.isfinite().all()) and bool(lse.isfinite().all())
+                worst = max(worst, rel_err(out.float(), ref.float()))
                 lse_worst = max(lse_worst, rel_err(lse, ref_lse.float()))
                 same = same and torch.equal(out, mine)
-        right = worst < 5e-3 and lse_worst < 1e-4   # (a NaN compares False: wrong)
+        right = finite and worst < 5e-3 and lse_worst < 1e-4
         print(f"  {name:24s} {'right' if right else 'WRONG, not timed'}: worst rel err {worst:.1e} (lse "
               f"{lse_worst:.1e}); bit-identical to the committed kernel: {same}", flush=True)
         if not right:
