@@ -224,16 +224,16 @@ def _pingpong_schedule(n_tiles: int, t_load: int, t_s: int, t_soft: int, t_pv: i
     slot is refilled once both warpgroups have released its previous tile."""
     from .mla.gluon_decode import STAGES
 
-    # Each warpgroup's program, in the kernel's order (own tiles w, w+2, ...).
+    # Each warpgroup's program, in the kernel's order: tiles in pairs (2k, 2k + 1), warpgroup w owning tile
+    # 2k + w; it scores its own tile and takes its softmax, then adds both tiles' P V, the older tile first.
     progs = {}
     for wg in (0, 1):
-        ops, own = [], list(range(wg, n_tiles, 2))
-        for t in own:
-            if t > 0:
-                ops.append(("PV", t - 1))          # the other warpgroup's previous tile, added first
-            ops += [("S", t), ("softmax", t), ("PV", t)]
-        if n_tiles and (n_tiles - 1) % 2 != wg:
-            ops.append(("PV", n_tiles - 1))        # the last tile is the other's: add it too
+        ops = []
+        for t in range(wg, n_tiles, 2):
+            pair = [t, t + 1] if wg == 0 else [t - 1, t]
+            ops += [("S", t), ("softmax", t)] + [("PV", u) for u in pair if u < n_tiles]
+        if n_tiles % 2 and wg == 1:
+            ops.append(("PV", n_tiles - 1))        # an odd count: the last tile is warpgroup 0's alone
         progs[wg] = ops
     done, sched = {}, {"load": [], 0: [], 1: []}
     released = {t: set() for t in range(n_tiles)}

@@ -226,7 +226,9 @@ _mla_decode_tuned = triton.autotune(
         ({"BH": 64, "BN": 32}, 8, 4),
         ({"BH": 32, "BN": 64}, 4, 2),  # split-KV slices: more programs
     ], interpreter={"BH": 16, "BN": 16}),
-    key=["S_Q", "H", "D_QK", "D_V", "PAGED", "TMA", "CAUSAL", "SPLIT"],
+    # num_splits in the key: the best tile depends on how many programs share the GPU (B=1 cut into 36 slices
+    # against B=32 cut into 2), and the batch itself is no argument of the kernel.
+    key=["S_Q", "H", "D_QK", "D_V", "PAGED", "TMA", "CAUSAL", "SPLIT", "num_splits"],
 )(_mla_decode_kernel)
 
 

@@ -15,16 +15,19 @@ partitions. Large batches take whole sequences (one slice); small ones cut each 
     each with its own pair of barriers: value half 0 (latent columns 0-255), value half 1 (256-511) and the
     64 RoPE columns. Each region is refilled as soon as its own last reader is done, not the whole slot at
     once: with two slots, the time from a slot's release to its next tile's scores bounds the loop.
-  * Two 4-warp consumer warpgroups play ping-pong. Warpgroup w owns tiles w, w+2, w+4, ...: for them it
-    computes the whole score tile S = Q K^T (wgmma, Q and K read from shared memory, so Q is read once
-    per tile, not once per half tile), the online softmax in base 2, and publishes P (bf16) and the row
-    max through shared memory.
+  * Two 4-warp consumer warpgroups take the tiles in pairs (2k, 2k + 1): warpgroup 0 scores the first,
+    warpgroup 1 the second (wgmma, Q and K read from shared memory, so Q is read once per tile, not once
+    per half tile), each with the online softmax in base 2.
   * The output accumulator, 64 x 512 fp32, is split by columns: warpgroup w owns O[:, 256w : 256w+256]
-    (128 registers a thread) and adds every tile's P V[:, its half], its own P from registers, the
-    other's from shared memory. V is the first 512 columns of the same ring slot: no second copy.
-The row max is one chain through both warpgroups (tile t's max starts from tile t-1's), so every tile's P
-and every rescale factor is the same for both halves of O; the two partial row sums are added at the end.
-While one warpgroup does its softmax, the tensor cores run the other's products.
+    (128 registers a thread) and adds every tile's P V[:, its half]. V is the first 512 columns of the same
+    ring slot: no second copy.
+The row max is one chain through both warpgroups, handed over once a pair: warpgroup 0 takes its tile's
+softmax and publishes its max and P; warpgroup 1's softmax starts from that max, so its max is the pair's,
+and it reads warpgroup 0's P into registers and hands back its own P with the pair's max through the same
+shared buffer. Each warpgroup multiplies both tiles of a pair with P from registers (warpgroup 1 first brings
+warpgroup 0's P to the pair's max), so at the end of each pair both halves of O and both row sums refer to
+the same max; the two row sums are added at the end. Every warpgroup issues the scores of its tile before it
+waits for the other, so the scores run while the other warpgroup does its softmax.
 Each slice gets its own TMA descriptor, made on the device with the slice's rows of the sequence: the copy engine
 zero-fills rows past the sequence, so padding (even NaN) never reaches the value product, and the scores
 of those rows are set to -inf. A paged cache changes only the copy warp: the kernel's tile is 64 positions,
@@ -49,7 +52,6 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -287,73 +289,130 @@ def _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, t, s_zero, 
 
 
 @gluon.jit
-def _ws_pv_other(acc, m_i, l_i, u, p_s, m_s, kv_nope_s, pub, WG: gl.constexpr, STAGES: gl.constexpr,
-                 BV: gl.constexpr, row_s: gl.constexpr, row_o: gl.constexpr):
-    """Add the other warpgroup's tile u to this warpgroup's half of O: wait for its P and row max, bring O
-    and l to that max, and issue O += P_u V_u[:, half] with P_u read from shared memory (async).
-    `acc` must be a finished tensor (no value product of this warpgroup in flight)."""
-    mbarrier.wait(pub.index(1 - WG), (u // 2) & 1)    # the other warpgroup publishes once per own tile
-    m_u = m_s.index(1 - WG).load(row_s)
-    alpha = gl.exp2(m_i - m_u)                         # m_u >= m_i: the max only grows along the tiles
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-    l_i = l_i * alpha
-    z = _opaque_zero(u)
-    v = kv_nope_s.index(u % STAGES + z).slice(WG * BV, BV, dim=1)
-    acc = warpgroup_mma(p_s.index(z), v, acc, is_async=True)
-    return acc, m_u, l_i
+def _ws_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, kv_empty, t, s_zero, WG: gl.constexpr,
+               STAGES: gl.constexpr):
+    """Own tile t's scores, complete, and its RoPE columns released: only S reads them."""
+    s_acc = _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, t, s_zero, WG, STAGES)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
+    mbarrier.arrive(kv_empty.index((t % STAGES) * 3 + 2), count=1)
+    return s
 
 
 @gluon.jit
-def _ws_own_tile(acc, m_i, l_i, s_acc, t, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub, WG: gl.constexpr,
-                 STAGES: gl.constexpr, BN: gl.constexpr, BV: gl.constexpr, s_layout: gl.constexpr,
-                 o_layout: gl.constexpr):
-    """Online softmax of own tile t (its scores already issued), publish P_t and m_t, then issue
-    O += P_t V_t[:, half] (async). Tile t covers positions t * BN ... of this CTA's n_valid."""
+def _ws_softmax(s, t, n_valid, m_prev, scale_log2, BN: gl.constexpr, s_layout: gl.constexpr):
+    """Tile t's max along the chain (m_prev covers every earlier tile) and its P in bf16, with its row sum."""
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
-    mbarrier.arrive(kv_empty.index((t % STAGES) * 3 + 2), count=1)   # only the scores read the RoPE columns
     cols = t * BN + gl.arange(0, BN, layout=col_s)
     s = gl.where(gl.expand_dims(cols < n_valid, 0), s, float("-inf"))  # rows past the end were zero-filled
-    # m_i already covers every earlier tile (the chain through both warpgroups), so m_t does too.
-    m_t = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)             # finite: column 0 of a tile is valid
+    m_t = gl.maximum(m_prev, gl.max(s, axis=1) * scale_log2)          # finite: column 0 of a tile is valid
     p = gl.exp2(s * scale_log2 - gl.expand_dims(m_t, 1))
-    alpha = gl.exp2(m_i - m_t)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    p16 = p.to(gl.bfloat16)
-    # O must be final before it is rescaled, and the other tile's product must have read P_u before the
-    # P buffer is overwritten.
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-    # Publish P_t and m_t. Generic-proxy stores, read later by the other warpgroup's wgmma (async proxy):
-    # fence, then arrive (Gluon's arrive first syncs the 128 threads of this warpgroup, then one arrives).
-    p_s.index(0).store(p16)
-    m_s.index(WG).store(m_t)
-    fence_async_shared()
-    mbarrier.arrive(pub.index(WG), count=1)
-    # Own P never leaves registers: the accumulator layout of S converts to wgmma's A-operand layout.
-    v = kv_nope_s.index(t % STAGES + _opaque_zero(t)).slice(WG * BV, BV, dim=1)
-    acc = warpgroup_mma(gl.convert_layout(p16, p_layout), v, acc, is_async=True)
-    return acc, m_t, l_i
+    return p.to(gl.bfloat16), m_t, gl.sum(p, axis=1)
 
 
 @gluon.jit
-def _ws_retire(acc, t, kv_empty, WG: gl.constexpr, STAGES: gl.constexpr):
-    """Wait for this warpgroup's value product of own tile t and release its half of the slot. No wgmma is
-    left in flight where control flow merges (loop back edge, end of an if): ptxas would copy the accumulator
-    registers there before they are final, and then serializes every wgmma of the kernel (C7514/C7515)."""
+def _ws_scale(acc, f, row_o: gl.constexpr):
+    """O (finished: no product of it in flight) times a per-row factor."""
+    return acc * gl.expand_dims(gl.convert_layout(f, row_o), 1)
+
+
+@gluon.jit
+def _ws_scale_p(p, f):
+    """P (bf16) times a per-row factor, in bf16 pairs."""
+    c, p = gl.broadcast(gl.expand_dims(f.to(gl.bfloat16), 1), p)
+    return gl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [p, c], dtype=gl.bfloat16,
+                                     is_pure=True, pack=2)
+
+
+@gluon.jit
+def _ws_pv(acc, p, v, p_layout: gl.constexpr):
+    """Issue O += P V (async), P from registers (the accumulator layout of S converts to wgmma's A operand)."""
+    return warpgroup_mma(gl.convert_layout(p, p_layout), v, acc, is_async=True)
+
+
+@gluon.jit
+def _ws_hand(p, m, p_s, m_s, pub, i: gl.constexpr):
+    """Publish P (bf16) and its max through shared memory, then arrive on pub[i]."""
+    p_s.index(0).store(p)
+    m_s.index(i).store(m)
+    mbarrier.arrive(pub.index(i), count=1)
+
+
+@gluon.jit
+def _ws_take(p_s, m_s, pub, i: gl.constexpr, phase, s_layout: gl.constexpr, row_s: gl.constexpr):
+    """Wait on pub[i] and read the P and max published with it into registers; the buffer is then free."""
+    mbarrier.wait(pub.index(i), phase)
+    p = p_s.index(0).load(s_layout)
+    m = m_s.index(i).load(row_s)
+    gl.thread_barrier()
+    return p, m
+
+
+@gluon.jit
+def _ws_first_of_pair(acc, m_i, l_i, s, t, k, n_tiles, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub,
+                      STAGES: gl.constexpr, BN: gl.constexpr, BV: gl.constexpr, s_layout: gl.constexpr,
+                      p_layout: gl.constexpr, row_s: gl.constexpr, row_o: gl.constexpr):
+    """Warpgroup 0's part of pair k, tiles t = 2k and u = t + 1: the softmax of its tile t from the max so far,
+    that max and P handed to warpgroup 1, O += P_t V_t; then P_u, taken with the pair's max, and O += P_u V_u,
+    O rescaled to each new max first. Returns O, the max it refers to and the row sum of own tiles."""
+    p, m_t, rs = _ws_softmax(s, t, n_valid, m_i, scale_log2, BN, s_layout)
+    m_s.index(0).store(m_t)
+    mbarrier.arrive(pub.index(2), count=1)     # the max first: warpgroup 1's softmax needs nothing else
+    p_s.index(0).store(p)
+    mbarrier.arrive(pub.index(0), count=1)
+    alpha = gl.exp2(m_i - m_t)
+    l_i = l_i * alpha + rs
+    acc = _ws_pv(_ws_scale(acc, alpha, row_o), p, kv_nope_s.index(t % STAGES + _opaque_zero(t)).slice(0, BV, dim=1),
+                 p_layout)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    mbarrier.arrive(kv_empty.index((t % STAGES) * 3 + WG), count=1)
-    return acc
+    mbarrier.arrive(kv_empty.index((t % STAGES) * 3), count=1)   # half 0 of tile t: its last reader
+    m_i = m_t
+    if t + 1 < n_tiles:
+        u = t + 1
+        p_u, m_u = _ws_take(p_s, m_s, pub, 1, k & 1, s_layout, row_s)   # against the pair's max
+        beta = gl.exp2(m_t - m_u)
+        acc = _ws_pv(_ws_scale(acc, beta, row_o), p_u,
+                     kv_nope_s.index(u % STAGES + _opaque_zero(u)).slice(0, BV, dim=1), p_layout)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(kv_empty.index((u % STAGES) * 3), count=1)
+        l_i = l_i * beta
+        m_i = m_u
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _ws_second_of_pair(acc, m_i, l_i, s, t, k, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub,
+                       STAGES: gl.constexpr, BN: gl.constexpr, BV: gl.constexpr, s_layout: gl.constexpr,
+                       p_layout: gl.constexpr, row_s: gl.constexpr, row_o: gl.constexpr):
+    """Warpgroup 1's part of pair k, tiles u = 2k and t = u + 1: the softmax of its tile t from warpgroup 0's
+    max, which makes its max the pair's; P_u read, P_t and the pair's max handed back in the same buffer; then
+    O += P_u V_u (P_u brought to the pair's max here, in registers) and O += P_t V_t, the older tile first, so
+    that its half of the ring slot is released first."""
+    u = t - 1
+    mbarrier.wait(pub.index(2), k & 1)
+    m_u = m_s.index(0).load(row_s)
+    p, m_t, rs = _ws_softmax(s, t, n_valid, m_u, scale_log2, BN, s_layout)
+    p_u, _ = _ws_take(p_s, m_s, pub, 0, k & 1, s_layout, row_s)   # against m_u
+    _ws_hand(p, m_t, p_s, m_s, pub, 1)
+    alpha = gl.exp2(m_i - m_t)
+    l_i = l_i * alpha + rs
+    p_u = _ws_scale_p(p_u, gl.exp2(m_u - m_t))
+    acc = _ws_pv(_ws_scale(acc, alpha, row_o), p_u,
+                 kv_nope_s.index(u % STAGES + _opaque_zero(u)).slice(BV, BV, dim=1), p_layout)
+    acc = _ws_pv(acc, p, kv_nope_s.index(t % STAGES + _opaque_zero(t)).slice(BV, BV, dim=1), p_layout)
+    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+    mbarrier.arrive(kv_empty.index((u % STAGES) * 3 + 1), count=1)   # half 1 of tile u: its last reader
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    mbarrier.arrive(kv_empty.index((t % STAGES) * 3 + 1), count=1)
+    return acc, m_t, l_i
 
 
 @gluon.jit
 def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles,
                  scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin):
-    """One consumer warpgroup (4 warps): own tiles WG, WG+2, ...; half WG of the output columns. With
-    num_splits > 1 it writes a partial result (fp32, and the lse in base 2) for `_mla_combine_kernel`."""
-    # Sizes come from the buffers' static shapes (constexprs do not pass through warp_specialize's tuples).
+    """One consumer warpgroup: tiles in pairs (2k, 2k + 1), warpgroup WG scoring tile 2k + WG and adding both
+    tiles' P V to its half WG of the output columns. Each warpgroup issues its own tile's scores before it
+    waits for the other, so they run while the other does its softmax. pub[0]: warpgroup 0's P; pub[1]:
+    warpgroup 1's P and the pair's max; pub[2]: warpgroup 0's max."""
     BM: gl.constexpr = q_nope_s.shape[1]
     STAGES: gl.constexpr = kv_nope_s.shape[0]
     BN: gl.constexpr = kv_nope_s.shape[1]
@@ -361,46 +420,37 @@ def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, 
     BV: gl.constexpr = D_V // 2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BV, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    # Order inside an iteration: the next own tile reuses the slot of the tile two back, whose half of this
-    # warpgroup's columns is free only after this warpgroup's value product of that tile; issuing S first
-    # would delay that product and so the copy it waits for (measured: 9-24 % slower). So the other tile's
-    # value product goes first, and its region is released as soon as it retires (while S runs).
 
     acc = gl.zeros([BM, BV], gl.float32, o_layout)
-    m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
-    l_i = gl.zeros([BM], gl.float32, row_s)
+    m_i = gl.full([BM], float("-inf"), gl.float32, row_s)   # the max O and l are kept against
+    l_i = gl.zeros([BM], gl.float32, row_s)                 # row sum of own tiles' P
     s_zero = gl.zeros([BM, BN], gl.float32, s_layout)
     mbarrier.wait(q_bar, 0)
 
-    n_own = (n_tiles + 1 - WG) // 2
-    i0 = 0
-    if WG == 0:
-        # Tile 0 has no earlier tile to add first.
-        if n_tiles > 0:
-            s_acc = _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, 0, s_zero, WG, STAGES)
-            acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, 0, n_valid, scale_log2, p_s, m_s, kv_nope_s,
-                                         kv_empty, pub, WG, STAGES, BN, BV, s_layout, o_layout)
-            acc = _ws_retire(acc, 0, kv_empty, WG, STAGES)
-        i0 = 1
-    for i in range(i0, n_own):
-        t = 2 * i + WG          # own tile
-        u = t - 1               # the other warpgroup's tile just before it (O takes the tiles in order)
-        acc, m_i, l_i = _ws_pv_other(acc, m_i, l_i, u, p_s, m_s, kv_nope_s, pub, WG, STAGES, BV, row_s, row_o)
-        s_acc = _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, t, s_zero, WG, STAGES)
-        # Groups retire in order: with only S's three groups left, the value product of tile u is done, and
-        # this warpgroup's half of tile u is free (the other warpgroup's scores read it before it published P_u).
-        acc = warpgroup_mma_wait(num_outstanding=3, deps=(acc, ))
-        mbarrier.arrive(kv_empty.index((u % STAGES) * 3 + WG), count=1)
-        acc, m_i, l_i = _ws_own_tile(acc, m_i, l_i, s_acc, t, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty,
-                                     pub, WG, STAGES, BN, BV, s_layout, o_layout)
-        acc = _ws_retire(acc, t, kv_empty, WG, STAGES)
-    # The last tile belongs to the other warpgroup: add it too (its slot is never refilled).
-    last = n_tiles - 1
-    if (n_tiles > 0) & (last % 2 != WG):
-        acc, m_i, l_i = _ws_pv_other(acc, m_i, l_i, last, p_s, m_s, kv_nope_s, pub, WG, STAGES, BV, row_s, row_o)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    for k in range((n_tiles + 1 - WG) // 2):
+        t = 2 * k + WG          # own tile
+        s = _ws_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, kv_empty, t, s_zero, WG, STAGES)
+        if WG == 0:
+            acc, m_i, l_i = _ws_first_of_pair(acc, m_i, l_i, s, t, k, n_tiles, n_valid, scale_log2, p_s, m_s,
+                                              kv_nope_s, kv_empty, pub, STAGES, BN, BV, s_layout, p_layout, row_s,
+                                              row_o)
+        else:
+            acc, m_i, l_i = _ws_second_of_pair(acc, m_i, l_i, s, t, k, n_valid, scale_log2, p_s, m_s, kv_nope_s,
+                                               kv_empty, pub, STAGES, BN, BV, s_layout, p_layout, row_s, row_o)
+    if WG == 1:
+        if n_tiles % 2 == 1:
+            # An odd count: the last tile is warpgroup 0's alone, handed over with its max.
+            last = n_tiles - 1
+            p_u, m_u = _ws_take(p_s, m_s, pub, 0, (last // 2) & 1, s_layout, row_s)
+            alpha = gl.exp2(m_i - m_u)
+            l_i = l_i * alpha
+            acc = _ws_pv(_ws_scale(acc, alpha, row_o), p_u,
+                         kv_nope_s.index(last % STAGES + _opaque_zero(last)).slice(BV, BV, dim=1), p_layout)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            m_i = m_u
 
     # Both halves now refer to the same max (the last tile's); the row sum is the two partial sums.
     l_s.index(WG).store(l_i)
@@ -470,7 +520,7 @@ def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, bt_ptr, o_ptr, lse_ptr, ws
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES * 3, 1], mbarrier.MBarrierLayout())   # 3 regions a slot
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES * 3, 1], mbarrier.MBarrierLayout())
-    pub = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    pub = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
     fin = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for s in gl.static_range(STAGES * 3):
@@ -478,6 +528,7 @@ def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, bt_ptr, o_ptr, lse_ptr, ws
         mbarrier.init(kv_empty.index(s), count=1)     # each region has one last reader
     mbarrier.init(pub.index(0), count=1)
     mbarrier.init(pub.index(1), count=1)
+    mbarrier.init(pub.index(2), count=1)
     mbarrier.init(fin, count=2)
 
     cargs = (o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2, q_nope_s,
