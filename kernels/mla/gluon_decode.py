@@ -266,6 +266,20 @@ def _ws_load_partition_paged(q_ptr, kv_ptr, bt_ptr, q_row0, b, start, n_valid, n
 
 
 @gluon.jit
+def _v_half(kv_nope_s, t, h: gl.constexpr, STAGES: gl.constexpr):
+    """Value half h (latent columns 256h to 256h + 255) of ring tile t, as wgmma's B operand (the slot indexed
+    through `_opaque_zero`)."""
+    BV: gl.constexpr = kv_nope_s.shape[2] // 2
+    return kv_nope_s.index(t % STAGES + _opaque_zero(t)).slice(h * BV, BV, dim=1)
+
+
+@gluon.jit
+def _release(kv_empty, t, r: gl.constexpr, STAGES: gl.constexpr):
+    """Region r of ring tile t has been read for the last time: the copy warp may refill it."""
+    mbarrier.arrive(kv_empty.index((t % STAGES) * 3 + r), count=1)
+
+
+@gluon.jit
 def _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, t, s_zero, WG: gl.constexpr,
                      STAGES: gl.constexpr):
     """S = Q K^T for own tile t (t % 2 == WG), as three async wgmma groups, each once its region of the tile
@@ -294,7 +308,7 @@ def _ws_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, kv_empty, t, s_ze
     """Own tile t's scores, complete, and its RoPE columns released: only S reads them."""
     s_acc = _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, t, s_zero, WG, STAGES)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, ))
-    mbarrier.arrive(kv_empty.index((t % STAGES) * 3 + 2), count=1)
+    _release(kv_empty, t, 2, STAGES)
     return s
 
 
@@ -349,8 +363,8 @@ def _ws_take(p_s, m_s, pub, i: gl.constexpr, phase, s_layout: gl.constexpr, row_
 
 @gluon.jit
 def _ws_first_of_pair(acc, m_i, l_i, s, t, k, n_tiles, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub,
-                      STAGES: gl.constexpr, BN: gl.constexpr, BV: gl.constexpr, s_layout: gl.constexpr,
-                      p_layout: gl.constexpr, row_s: gl.constexpr, row_o: gl.constexpr):
+                      STAGES: gl.constexpr, BN: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
+                      row_s: gl.constexpr, row_o: gl.constexpr):
     """Warpgroup 0's part of pair k, tiles t = 2k and u = t + 1: the softmax of its tile t from the max so far,
     that max and P handed to warpgroup 1, O += P_t V_t; then P_u, taken with the pair's max, and O += P_u V_u,
     O rescaled to each new max first. Returns O, the max it refers to and the row sum of own tiles."""
@@ -361,19 +375,17 @@ def _ws_first_of_pair(acc, m_i, l_i, s, t, k, n_tiles, n_valid, scale_log2, p_s,
     mbarrier.arrive(pub.index(0), count=1)
     alpha = gl.exp2(m_i - m_t)
     l_i = l_i * alpha + rs
-    acc = _ws_pv(_ws_scale(acc, alpha, row_o), p, kv_nope_s.index(t % STAGES + _opaque_zero(t)).slice(0, BV, dim=1),
-                 p_layout)
+    acc = _ws_pv(_ws_scale(acc, alpha, row_o), p, _v_half(kv_nope_s, t, 0, STAGES), p_layout)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    mbarrier.arrive(kv_empty.index((t % STAGES) * 3), count=1)   # half 0 of tile t: its last reader
+    _release(kv_empty, t, 0, STAGES)   # half 0 of tile t: its last reader
     m_i = m_t
     if t + 1 < n_tiles:
         u = t + 1
         p_u, m_u = _ws_take(p_s, m_s, pub, 1, k & 1, s_layout, row_s)   # against the pair's max
         beta = gl.exp2(m_t - m_u)
-        acc = _ws_pv(_ws_scale(acc, beta, row_o), p_u,
-                     kv_nope_s.index(u % STAGES + _opaque_zero(u)).slice(0, BV, dim=1), p_layout)
+        acc = _ws_pv(_ws_scale(acc, beta, row_o), p_u, _v_half(kv_nope_s, u, 0, STAGES), p_layout)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(kv_empty.index((u % STAGES) * 3), count=1)
+        _release(kv_empty, u, 0, STAGES)
         l_i = l_i * beta
         m_i = m_u
     return acc, m_i, l_i
@@ -381,8 +393,8 @@ def _ws_first_of_pair(acc, m_i, l_i, s, t, k, n_tiles, n_valid, scale_log2, p_s,
 
 @gluon.jit
 def _ws_second_of_pair(acc, m_i, l_i, s, t, k, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub,
-                       STAGES: gl.constexpr, BN: gl.constexpr, BV: gl.constexpr, s_layout: gl.constexpr,
-                       p_layout: gl.constexpr, row_s: gl.constexpr, row_o: gl.constexpr):
+                       STAGES: gl.constexpr, BN: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
+                       row_s: gl.constexpr, row_o: gl.constexpr):
     """Warpgroup 1's part of pair k, tiles u = 2k and t = u + 1: the softmax of its tile t from warpgroup 0's
     max, which makes its max the pair's; P_u read, P_t and the pair's max handed back in the same buffer; then
     O += P_u V_u (P_u brought to the pair's max here, in registers) and O += P_t V_t, the older tile first, so
@@ -396,13 +408,12 @@ def _ws_second_of_pair(acc, m_i, l_i, s, t, k, n_valid, scale_log2, p_s, m_s, kv
     alpha = gl.exp2(m_i - m_t)
     l_i = l_i * alpha + rs
     p_u = _ws_scale_p(p_u, gl.exp2(m_u - m_t))
-    acc = _ws_pv(_ws_scale(acc, alpha, row_o), p_u,
-                 kv_nope_s.index(u % STAGES + _opaque_zero(u)).slice(BV, BV, dim=1), p_layout)
-    acc = _ws_pv(acc, p, kv_nope_s.index(t % STAGES + _opaque_zero(t)).slice(BV, BV, dim=1), p_layout)
+    acc = _ws_pv(_ws_scale(acc, alpha, row_o), p_u, _v_half(kv_nope_s, u, 1, STAGES), p_layout)
+    acc = _ws_pv(acc, p, _v_half(kv_nope_s, t, 1, STAGES), p_layout)
     acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-    mbarrier.arrive(kv_empty.index((u % STAGES) * 3 + 1), count=1)   # half 1 of tile u: its last reader
+    _release(kv_empty, u, 1, STAGES)   # half 1 of tile u: its last reader
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    mbarrier.arrive(kv_empty.index((t % STAGES) * 3 + 1), count=1)
+    _release(kv_empty, t, 1, STAGES)
     return acc, m_t, l_i
 
 
@@ -435,11 +446,10 @@ def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, 
         s = _ws_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, kv_empty, t, s_zero, WG, STAGES)
         if WG == 0:
             acc, m_i, l_i = _ws_first_of_pair(acc, m_i, l_i, s, t, k, n_tiles, n_valid, scale_log2, p_s, m_s,
-                                              kv_nope_s, kv_empty, pub, STAGES, BN, BV, s_layout, p_layout, row_s,
-                                              row_o)
+                                              kv_nope_s, kv_empty, pub, STAGES, BN, s_layout, p_layout, row_s, row_o)
         else:
             acc, m_i, l_i = _ws_second_of_pair(acc, m_i, l_i, s, t, k, n_valid, scale_log2, p_s, m_s, kv_nope_s,
-                                               kv_empty, pub, STAGES, BN, BV, s_layout, p_layout, row_s, row_o)
+                                               kv_empty, pub, STAGES, BN, s_layout, p_layout, row_s, row_o)
     if WG == 1:
         if n_tiles % 2 == 1:
             # An odd count: the last tile is warpgroup 0's alone, handed over with its max.
@@ -447,8 +457,7 @@ def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, 
             p_u, m_u = _ws_take(p_s, m_s, pub, 0, (last // 2) & 1, s_layout, row_s)
             alpha = gl.exp2(m_i - m_u)
             l_i = l_i * alpha
-            acc = _ws_pv(_ws_scale(acc, alpha, row_o), p_u,
-                         kv_nope_s.index(last % STAGES + _opaque_zero(last)).slice(BV, BV, dim=1), p_layout)
+            acc = _ws_pv(_ws_scale(acc, alpha, row_o), p_u, _v_half(kv_nope_s, last, 1, STAGES), p_layout)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             m_i = m_u
 
