@@ -18,8 +18,9 @@ mla_ncu [B,T ...]: one plain call each of the book's Gluon MLA decode and FlashM
   Stop: the target of `ncu --profile-from-start off --clock-control none`, to read both kernels' counters side by
   side.
 mla_variants FILE... [B,T ...]: copies of kernels/mla/gluon_decode.py (each a module file), each checked against
-  `mla_decode_ref` (dense and paged, lengths that end mid-tile, NaN past them, one and several slices) and against
-  the committed kernel, then timed beside it and FlashMLA on shuffled pages (graph replays, min of two rounds).
+  `mla_decode_ref` (dense and paged, lengths that end mid-tile, NaN past them, one and several slices; a few long
+  sequences, then 300 short ones) and against the committed kernel, then timed beside it and FlashMLA on shuffled
+  pages (graph replays, min of two rounds).
 fa_mask: what keeping hidden NaN out costs the causal forward: the kernel as it is against a copy whose
   masked path multiplies P and V with a plain `tl.dot` (short lengths, where diagonal blocks weigh most).
 m2_step: Mamba-2's decode step at B = 64 (80 and 64 heads x 64 x 128), graph replays, % of the copy ceiling
@@ -566,30 +567,38 @@ def mla_variants(*args):
             decode.launch_combine(ws_o, ws_lse, out, lse, splits)
         return out, lse
 
+    def inputs(lens, T):
+        """q, a dense cache with NaN past every length, the same cache in shuffled pages, its block table."""
+        B = len(lens)
+        seqlens = torch.tensor(lens, device="cuda", dtype=torch.int32)
+        q = torch.randn(B, 1, 128, 576, device="cuda", dtype=torch.bfloat16)
+        dense = torch.randn(B, T, 576, device="cuda", dtype=torch.bfloat16)
+        for b, n in enumerate(lens):
+            dense[b, n:] = float("nan")
+        perm = torch.randperm(B * T // 64, device="cuda")
+        pages = torch.empty(B * T // 64, 64, 576, device="cuda", dtype=torch.bfloat16)
+        pages[perm] = dense.view(-1, 64, 576)
+        return q, dense, pages, perm.to(torch.int32).view(B, T // 64), seqlens
+
     torch.manual_seed(1)
-    lens = [1, 63, 65, 640, 4097, 8000]
-    B, T, H = len(lens), 8192, 128
-    seqlens = torch.tensor(lens, device="cuda", dtype=torch.int32)
-    q = torch.randn(B, 1, H, 576, device="cuda", dtype=torch.bfloat16)
-    dense = torch.randn(B, T, 576, device="cuda", dtype=torch.bfloat16)
-    for b, n in enumerate(lens):
-        dense[b, n:] = float("nan")
-    perm = torch.randperm(B * T // 64, device="cuda")
-    pages = torch.empty(B * T // 64, 64, 576, device="cuda", dtype=torch.bfloat16)
-    pages[perm] = dense.view(-1, 64, 576)
-    table = perm.to(torch.int32).view(B, T // 64)
-    ref, ref_lse = mla_decode_ref(q, dense, seqlens, mla_bench.SCALE)
+    # Few long sequences, then many short ones of every tile count's parity: more work items than SMs, so a
+    # kernel whose CTAs take items in turn meets items of odd and even tile counts, and empty slices, in a row.
+    cases = [([1, 63, 65, 640, 4097, 8000], 8192, (1, 3, 16)),
+             (torch.randint(1, 700, (300, )).tolist(), 704, (1, 3))]
     for name, module in list(variants.items()):
         worst, same, lse_worst, finite = 0.0, True, 0.0, True
-        for cache, bt in ((dense, None), (pages, table)):
-            for splits in (1, 3, 16):
-                out, lse = run(module, q, cache, seqlens, bt, splits)
-                mine, _ = run(gluon_decode, q, cache, seqlens, bt, splits)
-                # (max() would drop a NaN error: NaN is tracked on its own)
-                finite = finite and bool(out.isfinite().all()) and bool(lse.isfinite().all())
-                worst = max(worst, rel_err(out.float(), ref.float()))
-                lse_worst = max(lse_worst, rel_err(lse, ref_lse.float()))
-                same = same and torch.equal(out, mine)
+        for lens, T, all_splits in cases:
+            q, dense, pages, table, seqlens = inputs(lens, T)
+            ref, ref_lse = mla_decode_ref(q, dense, seqlens, mla_bench.SCALE)
+            for cache, bt in ((dense, None), (pages, table)):
+                for splits in all_splits:
+                    out, lse = run(module, q, cache, seqlens, bt, splits)
+                    mine, _ = run(gluon_decode, q, cache, seqlens, bt, splits)
+                    # (max() would drop a NaN error: NaN is tracked on its own)
+                    finite = finite and bool(out.isfinite().all()) and bool(lse.isfinite().all())
+                    worst = max(worst, rel_err(out.float(), ref.float()))
+                    lse_worst = max(lse_worst, rel_err(lse, ref_lse.float()))
+                    same = same and torch.equal(out, mine)
         right = finite and worst < 5e-3 and lse_worst < 1e-4
         print(f"  {name:24s} {'right' if right else 'WRONG, not timed'}: worst rel err {worst:.1e} (lse "
               f"{lse_worst:.1e}); bit-identical to the committed kernel: {same}", flush=True)
