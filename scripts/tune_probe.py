@@ -609,7 +609,7 @@ def mla_variants(*args):
     for B, T in shapes or ((1, 8192), (8, 8192), (32, 8192), (64, 8192), (128, 4096), (128, 8192)):
         case = mla_bench._paged_case(B, T, "shuffled")
         q, _, pages, table, seqlens = mla_bench._paged_inputs(case)
-        splits = interface._num_splits(B, H // 64, T, sm_count(q.device))
+        splits = interface._num_splits(B, 128 // 64, T, sm_count(q.device))
         flash = mla_bench._flashmla_paged(case)
         calls = {n: (lambda m=m: run(m, q, pages, seqlens, table, splits)) for n, m in variants.items()}
         best = {n: float("inf") for n in calls}
