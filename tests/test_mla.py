@@ -946,8 +946,8 @@ def test_gluon_gpu_paged(shape, num_splits):
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [1, 3], ids=["whole", "split3"])
 def test_gluon_gpu_more_sequences_than_sms(num_splits):
-    """300 short sequences of random lengths (odd and even tile counts, some a single position): more work
-    items than the GPU has SMs, dense and paged, each against the reference and paged equal to dense."""
+    """300 short sequences of random lengths (odd and even tile counts; with 3 slices, short ones leave slices
+    empty): more work items than the GPU has SMs, dense and paged, against the reference and paged equal to dense."""
     torch.manual_seed(3)
     lens = torch.randint(1, 700, (300, ), dtype=torch.int32)
     q, kv, lens, _ = make_case(len(lens), 1, 128, 576, int(lens.max()), dtype=torch.bfloat16, lens=lens)
