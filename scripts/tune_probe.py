@@ -575,10 +575,8 @@ def mla_variants(*args):
         dense = torch.randn(B, T, 576, device="cuda", dtype=torch.bfloat16)
         for b, n in enumerate(lens):
             dense[b, n:] = float("nan")
-        perm = torch.randperm(B * T // 64, device="cuda")
-        pages = torch.empty(B * T // 64, 64, 576, device="cuda", dtype=torch.bfloat16)
-        pages[perm] = dense.view(-1, 64, 576)
-        return q, dense, pages, perm.to(torch.int32).view(B, T // 64), seqlens
+        pages, table = mla_bench.shuffled_pages(dense.view(-1, mla_bench.PAGE, 576))
+        return q, dense, pages, table.view(B, T // mla_bench.PAGE), seqlens
 
     torch.manual_seed(1)
     # Few long sequences, then many short ones of every tile count's parity: more work items than SMs, so a
@@ -609,7 +607,7 @@ def mla_variants(*args):
     for B, T in shapes or ((1, 8192), (8, 8192), (32, 8192), (64, 8192), (128, 4096), (128, 8192)):
         case = mla_bench._paged_case(B, T, "shuffled")
         q, _, pages, table, seqlens = mla_bench._paged_inputs(case)
-        splits = interface._num_splits(B, 128 // 64, T, sm_count(q.device))
+        splits = interface._num_splits(B, case["H"] // interface._BH_PLAN, T, sm_count(q.device))
         flash = mla_bench._flashmla_paged(case)
         calls = {n: (lambda m=m: run(m, q, pages, seqlens, table, splits)) for n, m in variants.items()}
         best = {n: float("inf") for n in calls}

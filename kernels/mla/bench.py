@@ -178,12 +178,18 @@ def _paged_inputs(case, device="cuda", dtype=torch.bfloat16):
     if case["pages"] == "in order":
         table = torch.arange(n_blocks, device=device, dtype=torch.int32).view(B, T // PAGE)
     else:
-        perm = torch.randperm(n_blocks, device=device)
-        shuffled = torch.empty_like(pages)
-        shuffled[perm] = pages                 # logical page j of the batch lives in block perm[j]
-        pages, kv = shuffled, None             # (the dense copy is freed: only the pages are read)
-        table = perm.to(torch.int32).view(B, T // PAGE)
+        pages, table = shuffled_pages(pages)
+        table, kv = table.view(B, T // PAGE), None   # (the dense copy is freed: only the pages are read)
     return q, kv, pages, table, seqlens
+
+
+def shuffled_pages(pages):
+    """pages [n_blocks, PAGE, D] moved to random blocks, as a serving engine's allocator leaves them, and the
+    int32 [n_blocks] table that finds them: logical page j lives in block table[j]."""
+    perm = torch.randperm(pages.shape[0], device=pages.device)
+    shuffled = torch.empty_like(pages)
+    shuffled[perm] = pages
+    return shuffled, perm.to(torch.int32)
 
 
 def _book_paged(case, backend="auto"):
