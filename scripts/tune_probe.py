@@ -17,10 +17,11 @@ mla_ncu [B,T ...]: one plain call each of the book's Gluon MLA decode and FlashM
   and 8, T = 8K, unless shapes are given, e.g. `mla_ncu 128,32768`), after warm-up, between cudaProfilerStart and
   Stop: the target of `ncu --profile-from-start off --clock-control none`, to read both kernels' counters side by
   side.
-mla_variants FILE... [B,T ...]: copies of kernels/mla/gluon_decode.py (each a module file), each checked against
-  `mla_decode_ref` (dense and paged, lengths that end mid-tile, NaN past them, one and several slices; a few long
-  sequences, then 300 short ones) and against the committed kernel, then timed beside it and FlashMLA on shuffled
-  pages (graph replays, min of two rounds).
+mla_variants FILE... [B,T ...] [in_order]: copies of kernels/mla/gluon_decode.py (each a module file), each checked
+  against `mla_decode_ref` (dense and paged, lengths that end mid-tile, NaN past them, one and several slices; a
+  few long sequences, then 300 short ones) and against the committed kernel, then timed beside it and FlashMLA on
+  shuffled pages (graph replays, min of two rounds); with `in_order` also on pages in order, and the committed
+  kernel on the dense cache those pages are a view of (the same memory, read without a block table).
 fa_mask: what keeping hidden NaN out costs the causal forward: the kernel as it is against a copy whose
   masked path multiplies P and V with a plain `tl.dot` (short lengths, where diagonal blocks weigh most).
 m2_step: Mamba-2's decode step at B = 64 (80 and 64 heads x 64 x 128), graph replays, % of the copy ceiling
@@ -550,7 +551,8 @@ def mla_variants(*args):
     """Variants of the Gluon MLA kernel (module files with its `launch_gluon`) against the committed one, at the
     shapes given as "B,T" among the arguments (the chapter's paged table up to B = 128, 8K if none is)."""
     paths = [a for a in args if a.endswith(".py")]
-    shapes = [tuple(map(int, a.split(","))) for a in args if not a.endswith(".py")]
+    orders = ["shuffled"] + (["in order"] if "in_order" in args else [])
+    shapes = [tuple(map(int, a.split(","))) for a in args if "," in a]
     from kernels.launch import sm_count
     from kernels.mla import bench as mla_bench
     from kernels.mla import decode, gluon_decode, interface
@@ -602,23 +604,28 @@ def mla_variants(*args):
               f"{lse_worst:.1e}); bit-identical to the committed kernel: {same}", flush=True)
         if not right:
             del variants[name]
-    print("--- paged, shuffled, graph replays, us (min of two rounds), speed ratio to FlashMLA in brackets")
-    print(f"  {'B, T':10s} {'FlashMLA':>9s} " + " ".join(f"{n[:22]:>22s}" for n in variants))
-    for B, T in shapes or ((1, 8192), (8, 8192), (32, 8192), (64, 8192), (128, 4096), (128, 8192)):
-        case = mla_bench._paged_case(B, T, "shuffled")
-        q, _, pages, table, seqlens = mla_bench._paged_inputs(case)
-        splits = interface._num_splits(B, case["H"] // interface._BH_PLAN, T, sm_count(q.device))
-        flash = mla_bench._flashmla_paged(case)
-        calls = {n: (lambda m=m: run(m, q, pages, seqlens, table, splits)) for n, m in variants.items()}
-        best = {n: float("inf") for n in calls}
-        f_us = float("inf")
-        for _ in range(2):
-            f_us = min(f_us, time_graph_ms(flash) * 1e3) if flash is not None else float("nan")
-            for n, c in calls.items():
-                best[n] = min(best[n], time_graph_ms(c) * 1e3)
-        print(f"  {B:3d}, {T:5d} {f_us:9.1f} " + " ".join(f"{best[n]:12.1f} ({f_us / best[n]:.3f})" for n in calls),
-              flush=True)
-        del q, pages, table, seqlens, flash, calls
+    for order in orders:
+        # In order, the pages are the dense cache's memory: the committed kernel on that dense cache is timed too.
+        dense_col = ["committed, dense"] if order == "in order" else []
+        print(f"--- paged, {order}, graph replays, us (min of two rounds), speed ratio to FlashMLA in brackets")
+        print(f"  {'B, T':10s} {'FlashMLA':>9s} " + " ".join(f"{n[:22]:>22s}" for n in [*variants, *dense_col]))
+        for B, T in shapes or ((1, 8192), (8, 8192), (32, 8192), (64, 8192), (128, 4096), (128, 8192)):
+            case = mla_bench._paged_case(B, T, order)
+            q, dense, pages, table, seqlens = mla_bench._paged_inputs(case)
+            splits = interface._num_splits(B, case["H"] // interface._BH_PLAN, T, sm_count(q.device))
+            flash = mla_bench._flashmla_paged(case)
+            calls = {n: (lambda m=m: run(m, q, pages, seqlens, table, splits)) for n, m in variants.items()}
+            if dense_col:
+                calls[dense_col[0]] = lambda: run(gluon_decode, q, dense, seqlens, None, splits)
+            best = {n: float("inf") for n in calls}
+            f_us = float("inf")
+            for _ in range(2):
+                f_us = min(f_us, time_graph_ms(flash) * 1e3) if flash is not None else float("nan")
+                for n, c in calls.items():
+                    best[n] = min(best[n], time_graph_ms(c) * 1e3)
+            print(f"  {B:3d}, {T:5d} {f_us:9.1f} " + " ".join(f"{best[n]:12.1f} ({f_us / best[n]:.3f})" for n in calls),
+                  flush=True)
+            del q, dense, pages, table, seqlens, flash, calls
 
 
 if __name__ == "__main__":

@@ -21,6 +21,11 @@ partitions. Large batches take whole sequences (one slice); small ones cut each 
   * The output accumulator, 64 x 512 fp32, is split by columns: warpgroup w owns O[:, 256w : 256w+256]
     (128 registers a thread) and adds every tile's P V[:, its half]. V is the first 512 columns of the same
     ring slot: no second copy.
+  * A whole sequence's output leaves through the copy engine too: each warpgroup writes its half of O / l, in
+    bf16, into the query block's buffer (no score reads it any more), and the copy warp stores the 64 x 512
+    block with TMA. Stored straight from the accumulator layout, each thread's 64 narrow stores kept the
+    CTA on the SM, and the next CTA off it, long after the last product (slices' fp32 partials still go
+    that way).
 The row max is one chain through both warpgroups, handed over once a pair: warpgroup 0 takes its tile's
 softmax and publishes its max and P; warpgroup 1's softmax starts from that max, so its max is the pair's,
 and it reads warpgroup 0's P into registers and hands back its own P with the pair's max through the same
@@ -52,6 +57,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -175,50 +181,73 @@ def _load_kv_tile(kn, kp, row, kv_nope_s, kv_pe_s, ready, empty, t, BN: gl.const
 
 
 @gluon.jit
-def _store_rows(o_ptr, lse_ptr, acc, m_i, l_tot, row0, col0, split, num_splits, lse_scale, BM: gl.constexpr,
-                BV: gl.constexpr, D_V: gl.constexpr, o_layout: gl.constexpr, row_s: gl.constexpr,
-                WRITE_LSE: gl.constexpr):
-    """Rows row0 ... row0 + BM of a result laid out as [rows, num_splits, D_V], slice `split`: columns col0 ...
-    col0 + BV of acc / l in o_ptr's dtype, and lse = (m + log2 l) * lse_scale. A row that saw nothing: 0 and
-    -inf; one that saw a NaN score: NaN and NaN (never -inf, which reads as "saw nothing"); a +inf score: lse +inf."""
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
-    l_o = gl.convert_layout(l_tot, row_o)
-    out = acc / gl.expand_dims(gl.where(l_o > 0, l_o, 1.0), 1)
-    rows = ((row0 + gl.arange(0, BM, layout=row_o)).to(gl.int64) * num_splits + split) * D_V
-    cols = col0 + gl.arange(0, BV, layout=col_o)
-    gl.store(o_ptr + gl.expand_dims(rows, 1) + gl.expand_dims(cols, 0), out.to(o_ptr.dtype.element_ty))
-    if WRITE_LSE:
-        # kernels.tl_helpers.log2_sum_exp2, written again: a Gluon kernel cannot call a triton.jit function.
-        safe = gl.where(l_tot > 0, l_tot, 1.0)
-        lse = gl.where(l_tot > 0, m_i + gl.log2(safe), gl.where(l_tot == 0, float("-inf"), float("nan")))
-        lse = gl.where(m_i == float("inf"), float("inf"), lse) * lse_scale
-        gl.store(lse_ptr + (row0 + gl.arange(0, BM, layout=row_s)) * num_splits + split, lse)
-
-
-@gluon.jit
-def _store_out(o_ptr, lse_ptr, acc, m_i, l_tot, row0, col0, BM: gl.constexpr, BV: gl.constexpr,
-               D_V: gl.constexpr, o_layout: gl.constexpr, row_s: gl.constexpr, WRITE_LSE: gl.constexpr):
-    """The whole sequence's result: out bf16 [B * H, 512], lse in natural log."""
-    _store_rows(o_ptr, lse_ptr, acc, m_i, l_tot, row0, col0, 0, 1, _LN2, BM, BV, D_V, o_layout, row_s, WRITE_LSE)
+def _lse2(m_i, l_tot):
+    """log2 of the row sums against the max m_i (kernels.tl_helpers.log2_sum_exp2, written again: a Gluon kernel
+    cannot call a triton.jit function). A row that saw nothing: -inf; one that saw a NaN score: NaN (never
+    -inf, which reads as "saw nothing"); a +inf score: +inf."""
+    safe = gl.where(l_tot > 0, l_tot, 1.0)
+    lse = gl.where(l_tot > 0, m_i + gl.log2(safe), gl.where(l_tot == 0, float("-inf"), float("nan")))
+    return gl.where(m_i == float("inf"), float("inf"), lse)
 
 
 @gluon.jit
 def _store_partial(ws_o_ptr, ws_lse_ptr, acc, m_i, l_tot, row0, col0, split, num_splits, BM: gl.constexpr,
                    BV: gl.constexpr, D_V: gl.constexpr, o_layout: gl.constexpr, row_s: gl.constexpr,
                    WRITE_LSE: gl.constexpr):
-    """One slice's result as `_mla_combine_kernel` reads it: fp32 [B * H, num_splits, 512], lse in base 2."""
-    _store_rows(ws_o_ptr, ws_lse_ptr, acc, m_i, l_tot, row0, col0, split, num_splits, 1.0, BM, BV, D_V, o_layout,
-                row_s, WRITE_LSE)
+    """One slice's result as `_mla_combine_kernel` reads it: columns col0 ... col0 + BV of acc / l, fp32, into
+    ws_o [B * H, num_splits, 512] at slice `split`, and lse in base 2 (`_lse2`) into ws_lse [B * H, num_splits].
+    A row that saw nothing: 0 and -inf."""
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+    l_o = gl.convert_layout(l_tot, row_o)
+    out = acc / gl.expand_dims(gl.where(l_o > 0, l_o, 1.0), 1)
+    rows = ((row0 + gl.arange(0, BM, layout=row_o)).to(gl.int64) * num_splits + split) * D_V
+    cols = col0 + gl.arange(0, BV, layout=col_o)
+    gl.store(ws_o_ptr + gl.expand_dims(rows, 1) + gl.expand_dims(cols, 0), out)
+    if WRITE_LSE:
+        gl.store(ws_lse_ptr + (row0 + gl.arange(0, BM, layout=row_s)) * num_splits + split, _lse2(m_i, l_tot))
+
+
+@gluon.jit
+def _copy_out(o_ptr, row0, q_nope_s, o_staged):
+    """The copy warp's last step (whole sequences): once both consumer warpgroups have written their halves of
+    the output, in bf16, into the query block's buffer (free once every score is done), copy it out with TMA
+    as one 64 x 512 block: a few bulk copies instead of each consumer thread's 64 narrow stores."""
+    BM: gl.constexpr = q_nope_s.shape[1]
+    D_V: gl.constexpr = q_nope_s.shape[2]
+    od = tma.make_tensor_descriptor(o_ptr + row0.to(gl.int64) * D_V, shape=[BM, D_V], strides=[D_V, 1],
+                                    block_shape=[BM, D_V], layout=q_nope_s.layout)
+    mbarrier.wait(o_staged, 0)
+    tma.async_copy_shared_to_global(od, [0, 0], q_nope_s.index(0))
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _stage_out(q_nope_s, lse_ptr, acc, m_i, l_tot, row0, o_staged, WG: gl.constexpr, o_layout: gl.constexpr,
+               row_s: gl.constexpr):
+    """Warpgroup WG's half of the whole sequence's output, O / l in bf16, into its columns of the query block's
+    buffer for the copy warp's TMA store (`_copy_out`); warpgroup 0 also stores lse (natural log)."""
+    BM: gl.constexpr = q_nope_s.shape[1]
+    BV: gl.constexpr = q_nope_s.shape[2] // 2
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    l_o = gl.convert_layout(l_tot, row_o)
+    out = acc / gl.expand_dims(gl.where(l_o > 0, l_o, 1.0), 1)
+    q_nope_s.index(0).slice(WG * BV, BV, dim=1).store(out.to(gl.bfloat16))
+    fence_async_shared()       # the generic-proxy writes, before the copy engine reads them
+    gl.thread_barrier()        # every thread's part, before the one arrival
+    mbarrier.arrive(o_staged, count=1)
+    if WG == 0:
+        gl.store(lse_ptr + row0 + gl.arange(0, BM, layout=row_s), _lse2(m_i, l_tot) * _LN2)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # The partitions: producer warp, two ping-pong consumer warpgroups (gl.warp_specialize)
 # ----------------------------------------------------------------------------------------------------------
 @gluon.jit
-def _ws_load_partition(q_ptr, kv_ptr, q_row0, b, start, n_valid, n_tiles, t_max, stride_kb, stride_kt,
-                       q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty):
-    """1 warp: the query block once, then every cache tile, region by region, each as soon as it is free."""
+def _ws_load_partition(q_ptr, kv_ptr, o_ptr, num_splits, q_row0, b, start, n_valid, n_tiles, t_max, stride_kb,
+                       stride_kt, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty, o_staged):
+    """1 warp: the query block once, then every cache tile, region by region, each as soon as it is free; last,
+    a whole sequence's output (`_copy_out`)."""
     STAGES: gl.constexpr = kv_nope_s.shape[0]
     BN: gl.constexpr = kv_nope_s.shape[1]
     D_V: gl.constexpr = kv_nope_s.shape[2]
@@ -230,13 +259,17 @@ def _ws_load_partition(q_ptr, kv_ptr, q_row0, b, start, n_valid, n_tiles, t_max,
     for t in range(n_tiles):
         # (A fresh mbarrier counts as having completed the phase before phase 0: the first lap passes at once.)
         _load_kv_tile(kn, kp, t * BN, kv_nope_s, kv_pe_s, kv_ready, kv_empty, t, BN, STAGES, D_V, D_PE)
+    if num_splits == 1:
+        _copy_out(o_ptr, q_row0, q_nope_s, o_staged)
 
 
 @gluon.jit
-def _ws_load_partition_paged(q_ptr, kv_ptr, bt_ptr, q_row0, b, start, n_valid, n_tiles, n_rows, stride_bt,
-                             stride_kt, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty):
+def _ws_load_partition_paged(q_ptr, kv_ptr, bt_ptr, o_ptr, num_splits, q_row0, b, start, n_valid, n_tiles, n_rows,
+                             stride_bt, stride_kt, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty,
+                             o_staged):
     """1 warp, paged cache (pages of BN positions, so one tile is one page): the query block once, then every
-    page of this CTA's slice, its row found in the block table, region by region as in `_load_kv_tile`.
+    page of this CTA's slice, its row found in the block table, region by region as in `_load_kv_tile`; last,
+    a whole sequence's output (`_copy_out`).
 
     The cache is read as one matrix of n_rows = num_blocks * BN rows; tile t is the BN rows from
     block_table[b, start // BN + t] * BN on. A sequence that ends mid-page ends in its last tile: that tile
@@ -263,6 +296,8 @@ def _ws_load_partition_paged(q_ptr, kv_ptr, bt_ptr, q_row0, b, start, n_valid, n
             _load_kv_tile(tn, tp, 0, kv_nope_s, kv_pe_s, kv_ready, kv_empty, t, BN, STAGES, D_V, D_PE)
         else:
             _load_kv_tile(kn, kp, page * BN, kv_nope_s, kv_pe_s, kv_ready, kv_empty, t, BN, STAGES, D_V, D_PE)
+    if num_splits == 1:
+        _copy_out(o_ptr, q_row0, q_nope_s, o_staged)
 
 
 @gluon.jit
@@ -419,7 +454,8 @@ def _ws_second_of_pair(acc, m_i, l_i, s, t, k, n_valid, scale_log2, p_s, m_s, kv
 
 @gluon.jit
 def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles,
-                 scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin):
+                 scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin,
+                 o_staged):
     """One consumer warpgroup: tiles in pairs (2k, 2k + 1), warpgroup WG scoring tile 2k + WG and adding both
     tiles' P V to its half WG of the output columns. Each warpgroup issues its own tile's scores before it
     waits for the other, so they run while the other does its softmax. pub[0]: warpgroup 0's P; pub[1]:
@@ -470,22 +506,22 @@ def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, 
         _store_partial(ws_o_ptr, ws_lse_ptr, acc, m_i, l_tot, row0, WG * BV, split, num_splits, BM, BV, D_V,
                        o_layout, row_s, WG == 0)
     else:
-        _store_out(o_ptr, lse_ptr, acc, m_i, l_tot, row0, WG * BV, BM, BV, D_V, o_layout, row_s, WG == 0)
+        _stage_out(q_nope_s, lse_ptr, acc, m_i, l_tot, row0, o_staged, WG, o_layout, row_s)
 
 
 # One entry point per warpgroup: gl.warp_specialize cannot pass the constexpr WG, so each binds its own.
 @gluon.jit
 def _ws_consumer1(o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
-                  q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin):
+                  q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin, o_staged):
     _ws_consumer(1, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
-                 q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin)
+                 q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin, o_staged)
 
 
 @gluon.jit
 def _ws_consumer0(o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
-                  q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin):
+                  q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin, o_staged):
     _ws_consumer(0, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
-                 q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin)
+                 q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin, o_staged)
 
 
 # Integer arguments equal to 1 would be specialized into constants, and constants cannot be handed to the
@@ -531,6 +567,7 @@ def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, bt_ptr, o_ptr, lse_ptr, ws
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES * 3, 1], mbarrier.MBarrierLayout())
     pub = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
     fin = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    o_staged = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for s in gl.static_range(STAGES * 3):
         mbarrier.init(kv_ready.index(s), count=1)
@@ -539,19 +576,20 @@ def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, bt_ptr, o_ptr, lse_ptr, ws
     mbarrier.init(pub.index(1), count=1)
     mbarrier.init(pub.index(2), count=1)
     mbarrier.init(fin, count=2)
+    mbarrier.init(o_staged, count=2)   # both warpgroups' halves of the output written
 
     cargs = (o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2, q_nope_s,
-             q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin)
+             q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin, o_staged)
     # The consumers are the same for both caches (rows past the sequence arrive as zeros either way); only
     # the copy warp differs. (A constexpr cannot cross into the partitions: the choice is made here.)
     if PAGED:
-        largs = (q_ptr, kv_ptr, bt_ptr, row0, b, start, n_valid, n_tiles, t_max, stride_bt, stride_kt, q_nope_s,
-                 q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty)
+        largs = (q_ptr, kv_ptr, bt_ptr, o_ptr, num_splits, row0, b, start, n_valid, n_tiles, t_max, stride_bt,
+                 stride_kt, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty, o_staged)
         gl.warp_specialize([(_ws_consumer0, cargs), (_ws_consumer1, cargs), (_ws_load_partition_paged, largs)],
                            [4, 1], [CONSUMER_REGS, 24])
     else:
-        largs = (q_ptr, kv_ptr, row0, b, start, n_valid, n_tiles, t_max, stride_kb, stride_kt, q_nope_s, q_pe_s,
-                 kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty)
+        largs = (q_ptr, kv_ptr, o_ptr, num_splits, row0, b, start, n_valid, n_tiles, t_max, stride_kb, stride_kt,
+                 q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty, o_staged)
         gl.warp_specialize([(_ws_consumer0, cargs), (_ws_consumer1, cargs), (_ws_load_partition, largs)],
                            [4, 1], [CONSUMER_REGS, 24])
 
