@@ -602,9 +602,11 @@ def launch_gluon(q, kv_cache, cache_seqlens, softmax_scale, out, lse, ws_o=None,
     """The kernel launch alone, for inputs `interface.py` has checked: q bf16 [B, 1, H, 576] dense, H % 64 == 0;
     cache_seqlens int32 [B] dense; kv_cache bf16 with TMA-ready rows, either [B, T_max, 576] (block_table None)
     or pages [num_blocks, 64, 576] stored back to back (stride(0) == 64 * stride(1)) with block_table int32
-    [B, max_blocks], rows unit-stride. With num_splits > 1 it writes partial results to ws_o fp32
-    [B * H, num_splits, 512] and ws_lse fp32 [B * H, num_splits] (base 2), which `decode.launch_combine`
-    merges into out and lse. Returns `kernels.launch.launch_direct`'s result (the launch, to be made again)."""
+    [B, max_blocks], rows unit-stride; out bf16 [B, 1, H, 512] and lse fp32 [B, H, 1] fresh and dense (a whole
+    sequence's output is stored by TMA, from out's address on). With num_splits > 1 it writes partial results
+    to ws_o fp32 [B * H, num_splits, 512] and ws_lse fp32 [B * H, num_splits] (base 2), which
+    `decode.launch_combine` merges into out and lse. Returns `kernels.launch.launch_direct`'s result (the launch,
+    to be made again)."""
     B, _, H, _ = q.shape
     if num_splits == 1:  # not read, but their pointer types are compiled in: fp32, as the workspace's
         ws_o, ws_lse = lse, lse
