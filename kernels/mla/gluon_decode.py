@@ -191,6 +191,13 @@ def _lse2(m_i, l_tot):
 
 
 @gluon.jit
+def _normalized(acc, l_tot, o_layout: gl.constexpr):
+    """O / l row by row (a row that saw nothing, l = 0, stays 0)."""
+    l_o = gl.convert_layout(l_tot, gl.SliceLayout(1, o_layout))
+    return acc / gl.expand_dims(gl.where(l_o > 0, l_o, 1.0), 1)
+
+
+@gluon.jit
 def _store_partial(ws_o_ptr, ws_lse_ptr, acc, m_i, l_tot, row0, col0, split, num_splits, BM: gl.constexpr,
                    BV: gl.constexpr, D_V: gl.constexpr, o_layout: gl.constexpr, row_s: gl.constexpr,
                    WRITE_LSE: gl.constexpr):
@@ -199,8 +206,7 @@ def _store_partial(ws_o_ptr, ws_lse_ptr, acc, m_i, l_tot, row0, col0, split, num
     A row that saw nothing: 0 and -inf."""
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
-    l_o = gl.convert_layout(l_tot, row_o)
-    out = acc / gl.expand_dims(gl.where(l_o > 0, l_o, 1.0), 1)
+    out = _normalized(acc, l_tot, o_layout)
     rows = ((row0 + gl.arange(0, BM, layout=row_o)).to(gl.int64) * num_splits + split) * D_V
     cols = col0 + gl.arange(0, BV, layout=col_o)
     gl.store(ws_o_ptr + gl.expand_dims(rows, 1) + gl.expand_dims(cols, 0), out)
@@ -229,10 +235,7 @@ def _stage_out(q_nope_s, lse_ptr, acc, m_i, l_tot, row0, o_staged, WG: gl.conste
     buffer for the copy warp's TMA store (`_copy_out`); warpgroup 0 also stores lse (natural log)."""
     BM: gl.constexpr = q_nope_s.shape[1]
     BV: gl.constexpr = q_nope_s.shape[2] // 2
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    l_o = gl.convert_layout(l_tot, row_o)
-    out = acc / gl.expand_dims(gl.where(l_o > 0, l_o, 1.0), 1)
-    q_nope_s.index(0).slice(WG * BV, BV, dim=1).store(out.to(gl.bfloat16))
+    q_nope_s.index(0).slice(WG * BV, BV, dim=1).store(_normalized(acc, l_tot, o_layout).to(gl.bfloat16))
     fence_async_shared()       # the generic-proxy writes, before the copy engine reads them
     gl.thread_barrier()        # every thread's part, before the one arrival
     mbarrier.arrive(o_staged, count=1)
@@ -397,12 +400,26 @@ def _ws_take(p_s, m_s, pub, i: gl.constexpr, phase, s_layout: gl.constexpr, row_
 
 
 @gluon.jit
-def _ws_first_of_pair(acc, m_i, l_i, s, t, k, n_tiles, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub,
+def _ws_add_taken(acc, m_i, p_s, m_s, pub, i: gl.constexpr, phase, kv_nope_s, t, h: gl.constexpr,
+                  STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, row_s: gl.constexpr,
+                  row_o: gl.constexpr):
+    """The other warpgroup's P of tile t, taken with its max from pub[i]: O brought to that max, then
+    O += P V_t[:, half h], finished. Returns O, the max it now refers to, and the factor the row sum needs too."""
+    p, m = _ws_take(p_s, m_s, pub, i, phase, s_layout, row_s)
+    f = gl.exp2(m_i - m)
+    acc = _ws_pv(_ws_scale(acc, f, row_o), p, _v_half(kv_nope_s, t, h, STAGES), p_layout)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    return acc, m, f
+
+
+@gluon.jit
+def _ws_first_of_pair(acc, m_i, l_i, s, t, n_tiles, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub,
                       STAGES: gl.constexpr, BN: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
                       row_s: gl.constexpr, row_o: gl.constexpr):
-    """Warpgroup 0's part of pair k, tiles t = 2k and u = t + 1: the softmax of its tile t from the max so far,
-    that max and P handed to warpgroup 1, O += P_t V_t; then P_u, taken with the pair's max, and O += P_u V_u,
-    O rescaled to each new max first. Returns O, the max it refers to and the row sum of own tiles."""
+    """Warpgroup 0's part of the pair of tiles t (its own, t even) and u = t + 1: the softmax of tile t from the
+    max so far, that max and P handed to warpgroup 1, O += P_t V_t; then P_u, taken with the pair's max, and
+    O += P_u V_u, O rescaled to each new max first. The pair's hand-overs are in phase (t // 2) & 1. Returns O,
+    the max it refers to and the row sum of own tiles."""
     p, m_t, rs = _ws_softmax(s, t, n_valid, m_i, scale_log2, BN, s_layout)
     m_s.index(0).store(m_t)
     mbarrier.arrive(pub.index(2), count=1)     # the max first: warpgroup 1's softmax needs nothing else
@@ -414,31 +431,27 @@ def _ws_first_of_pair(acc, m_i, l_i, s, t, k, n_tiles, n_valid, scale_log2, p_s,
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     _release(kv_empty, t, 0, STAGES)   # half 0 of tile t: its last reader
     m_i = m_t
-    if t + 1 < n_tiles:
-        u = t + 1
-        p_u, m_u = _ws_take(p_s, m_s, pub, 1, k & 1, s_layout, row_s)   # against the pair's max
-        beta = gl.exp2(m_t - m_u)
-        acc = _ws_pv(_ws_scale(acc, beta, row_o), p_u, _v_half(kv_nope_s, u, 0, STAGES), p_layout)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        _release(kv_empty, u, 0, STAGES)
+    if t + 1 < n_tiles:   # warpgroup 1's P, against the pair's max
+        acc, m_i, beta = _ws_add_taken(acc, m_i, p_s, m_s, pub, 1, (t // 2) & 1, kv_nope_s, t + 1, 0, STAGES,
+                                       s_layout, p_layout, row_s, row_o)
+        _release(kv_empty, t + 1, 0, STAGES)
         l_i = l_i * beta
-        m_i = m_u
     return acc, m_i, l_i
 
 
 @gluon.jit
-def _ws_second_of_pair(acc, m_i, l_i, s, t, k, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub,
+def _ws_second_of_pair(acc, m_i, l_i, s, t, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub,
                        STAGES: gl.constexpr, BN: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
                        row_s: gl.constexpr, row_o: gl.constexpr):
-    """Warpgroup 1's part of pair k, tiles u = 2k and t = u + 1: the softmax of its tile t from warpgroup 0's
-    max, which makes its max the pair's; P_u read, P_t and the pair's max handed back in the same buffer; then
-    O += P_u V_u (P_u brought to the pair's max here, in registers) and O += P_t V_t, the older tile first, so
-    that its half of the ring slot is released first."""
+    """Warpgroup 1's part of the pair of tiles u = t - 1 and t (its own, t odd): the softmax of tile t from
+    warpgroup 0's max, which makes its max the pair's; P_u read, P_t and the pair's max handed back in the same
+    buffer; then O += P_u V_u (P_u brought to the pair's max here, in registers) and O += P_t V_t, the older tile
+    first, so that its half of the ring slot is released first."""
     u = t - 1
-    mbarrier.wait(pub.index(2), k & 1)
+    mbarrier.wait(pub.index(2), (t // 2) & 1)
     m_u = m_s.index(0).load(row_s)
     p, m_t, rs = _ws_softmax(s, t, n_valid, m_u, scale_log2, BN, s_layout)
-    p_u, _ = _ws_take(p_s, m_s, pub, 0, k & 1, s_layout, row_s)   # against m_u
+    p_u, _ = _ws_take(p_s, m_s, pub, 0, (t // 2) & 1, s_layout, row_s)   # against m_u
     _ws_hand(p, m_t, p_s, m_s, pub, 1)
     alpha = gl.exp2(m_i - m_t)
     l_i = l_i * alpha + rs
@@ -453,7 +466,7 @@ def _ws_second_of_pair(acc, m_i, l_i, s, t, k, n_valid, scale_log2, p_s, m_s, kv
 
 
 @gluon.jit
-def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles,
+def _ws_consumer(WG: gl.constexpr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles,
                  scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin,
                  o_staged):
     """One consumer warpgroup: tiles in pairs (2k, 2k + 1), warpgroup WG scoring tile 2k + WG and adding both
@@ -481,21 +494,18 @@ def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, 
         t = 2 * k + WG          # own tile
         s = _ws_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, kv_empty, t, s_zero, WG, STAGES)
         if WG == 0:
-            acc, m_i, l_i = _ws_first_of_pair(acc, m_i, l_i, s, t, k, n_tiles, n_valid, scale_log2, p_s, m_s,
+            acc, m_i, l_i = _ws_first_of_pair(acc, m_i, l_i, s, t, n_tiles, n_valid, scale_log2, p_s, m_s,
                                               kv_nope_s, kv_empty, pub, STAGES, BN, s_layout, p_layout, row_s, row_o)
         else:
-            acc, m_i, l_i = _ws_second_of_pair(acc, m_i, l_i, s, t, k, n_valid, scale_log2, p_s, m_s, kv_nope_s,
+            acc, m_i, l_i = _ws_second_of_pair(acc, m_i, l_i, s, t, n_valid, scale_log2, p_s, m_s, kv_nope_s,
                                                kv_empty, pub, STAGES, BN, s_layout, p_layout, row_s, row_o)
     if WG == 1:
         if n_tiles % 2 == 1:
             # An odd count: the last tile is warpgroup 0's alone, handed over with its max.
             last = n_tiles - 1
-            p_u, m_u = _ws_take(p_s, m_s, pub, 0, (last // 2) & 1, s_layout, row_s)
-            alpha = gl.exp2(m_i - m_u)
+            acc, m_i, alpha = _ws_add_taken(acc, m_i, p_s, m_s, pub, 0, (last // 2) & 1, kv_nope_s, last, 1,
+                                            STAGES, s_layout, p_layout, row_s, row_o)
             l_i = l_i * alpha
-            acc = _ws_pv(_ws_scale(acc, alpha, row_o), p_u, _v_half(kv_nope_s, last, 1, STAGES), p_layout)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            m_i = m_u
 
     # Both halves now refer to the same max (the last tile's); the row sum is the two partial sums.
     l_s.index(WG).store(l_i)
@@ -511,16 +521,16 @@ def _ws_consumer(WG: gl.constexpr, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, 
 
 # One entry point per warpgroup: gl.warp_specialize cannot pass the constexpr WG, so each binds its own.
 @gluon.jit
-def _ws_consumer1(o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
+def _ws_consumer1(lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
                   q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin, o_staged):
-    _ws_consumer(1, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
+    _ws_consumer(1, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
                  q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin, o_staged)
 
 
 @gluon.jit
-def _ws_consumer0(o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
+def _ws_consumer0(lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
                   q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin, o_staged):
-    _ws_consumer(0, o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
+    _ws_consumer(0, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2,
                  q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin, o_staged)
 
 
@@ -578,7 +588,7 @@ def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, bt_ptr, o_ptr, lse_ptr, ws
     mbarrier.init(fin, count=2)
     mbarrier.init(o_staged, count=2)   # both warpgroups' halves of the output written
 
-    cargs = (o_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2, q_nope_s,
+    cargs = (lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2, q_nope_s,
              q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin, o_staged)
     # The consumers are the same for both caches (rows past the sequence arrive as zeros either way); only
     # the copy warp differs. (A constexpr cannot cross into the partitions: the choice is made here.)
