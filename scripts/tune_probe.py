@@ -413,17 +413,23 @@ def _kda_host_parts(a, book):
     pstats.Stats(profile).sort_stats("tottime").print_stats(16)
 
 
+def _mla_planned_splits(case, device):
+    """The slice count `mla_decode` picks for a benchmark case of the MLA decode on this GPU."""
+    from kernels.launch import sm_count
+    from kernels.mla import interface
+    return interface._num_splits(case["B"], case["H"] // interface._BH_PLAN, case["T"], sm_count(device))
+
+
 def mla_splits():
     """The Gluon MLA decode on shuffled pages at B = 8, 32, 64, T = 8K: graph-replayed time and each kernel's
     GPU time (torch.profiler) at every split count worth trying, the cost model's pick marked, and FlashMLA's
     replayed time on the same pages."""
-    from kernels.launch import sm_count
     from kernels.mla import bench as mla_bench
     from kernels.mla import interface
     for B in (8, 32, 64):
         case = mla_bench._paged_case(B, 8192, "shuffled")
         q, _, pages, table, seqlens = mla_bench._paged_inputs(case)
-        picked = interface._num_splits(B, case["H"] // interface._BH_PLAN, case["T"], sm_count(q.device))
+        picked = _mla_planned_splits(case, q.device)
         flash = mla_bench._flashmla_paged(case)
         flash_ms = time_graph_ms(flash) if flash is not None else float("nan")
         print(f"--- MLA paged decode, B = {B}, T = 8K, shuffled: FlashMLA {flash_ms * 1000:.1f} us replayed; "
@@ -553,7 +559,6 @@ def mla_variants(*args):
     paths = [a for a in args if a.endswith(".py")]
     orders = ["shuffled"] + (["in order"] if "in_order" in args else [])
     shapes = [tuple(map(int, a.split(","))) for a in args if "," in a]
-    from kernels.launch import sm_count
     from kernels.mla import bench as mla_bench
     from kernels.mla import decode, gluon_decode, interface
     from kernels.mla.reference import mla_decode_ref
@@ -577,8 +582,8 @@ def mla_variants(*args):
         dense = torch.randn(B, T, 576, device="cuda", dtype=torch.bfloat16)
         for b, n in enumerate(lens):
             dense[b, n:] = float("nan")
-        pages, table = mla_bench.shuffled_pages(dense.view(-1, mla_bench.PAGE, 576))
-        return q, dense, pages, table.view(B, T // mla_bench.PAGE), seqlens
+        pages, table = mla_bench.shuffled_pages(dense.view(-1, mla_bench.PAGE, 576), B)
+        return q, dense, pages, table, seqlens
 
     torch.manual_seed(1)
     # Few long sequences, then many short ones of every tile count's parity: more work items than SMs, so a
@@ -612,7 +617,7 @@ def mla_variants(*args):
         for B, T in shapes or ((1, 8192), (8, 8192), (32, 8192), (64, 8192), (128, 4096), (128, 8192)):
             case = mla_bench._paged_case(B, T, order)
             q, dense, pages, table, seqlens = mla_bench._paged_inputs(case)
-            splits = interface._num_splits(B, case["H"] // interface._BH_PLAN, T, sm_count(q.device))
+            splits = _mla_planned_splits(case, q.device)
             flash = mla_bench._flashmla_paged(case)
             calls = {n: (lambda m=m: run(m, q, pages, seqlens, table, splits)) for n, m in variants.items()}
             if dense_col:

@@ -178,18 +178,18 @@ def _paged_inputs(case, device="cuda", dtype=torch.bfloat16):
     if case["pages"] == "in order":
         table = torch.arange(n_blocks, device=device, dtype=torch.int32).view(B, T // PAGE)
     else:
-        pages, table = shuffled_pages(pages)
-        table, kv = table.view(B, T // PAGE), None   # (the dense copy is freed: only the pages are read)
+        (pages, table), kv = shuffled_pages(pages, B), None   # (the dense copy is freed: only the pages are read)
     return q, kv, pages, table, seqlens
 
 
-def shuffled_pages(pages):
-    """pages [n_blocks, PAGE, D] moved to random blocks, as a serving engine's allocator leaves them, and the
-    int32 [n_blocks] table that finds them: logical page j lives in block table[j]."""
+def shuffled_pages(pages, B):
+    """pages [n_blocks, PAGE, D], B sequences' pages one after another, moved to random blocks, as a serving
+    engine's allocator leaves them, and the block table int32 [B, n_blocks / B] that finds them: page j of
+    sequence b lives in block table[b, j]."""
     perm = torch.randperm(pages.shape[0], device=pages.device)
     shuffled = torch.empty_like(pages)
     shuffled[perm] = pages
-    return shuffled, perm.to(torch.int32)
+    return shuffled, perm.to(torch.int32).view(B, -1)
 
 
 def _book_paged(case, backend="auto"):
