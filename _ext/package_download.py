@@ -2,9 +2,9 @@
 
 Every chapter notebook imports `kernels`, so a reader who downloads a notebook needs the package
 too. At the start of every HTML build this extension builds a wheel and an sdist of the
-repository's package (setuptools' PEP 517 backend, from a scratch copy of pyproject.toml,
-README.md and kernels/, so the working tree gets no build/ or egg-info folders) into
-`<site>/downloads/`. It then offers them
+repository's package (setuptools' PEP 517 backend, from a scratch copy of the tree's sources, so the
+working tree gets no build/ or egg-info folders) into `<site>/downloads/`: the wheel holds `kernels`,
+the sdist the whole book (MANIFEST.in), from which `make book` and `make test` run. It then offers them
 
 * in the download menu of every page, next to the notebook's `.ipynb`, and
 * through the role {package}`wheel` / {package}`sdist` / {package}`results`, a link to the file
@@ -27,6 +27,11 @@ from sphinx.util import logging
 
 LOGGER = logging.getLogger(__name__)
 FOLDER = "downloads"
+# What the sdist carries (MANIFEST.in says which of them): the package and the whole book, so that the
+# README's `make book` and `make test` run from the unpacked archive.
+SOURCE_FILES = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "_config.yml", "_toc.yml", "Makefile",
+                "requirements.txt")
+SOURCE_FOLDERS = ("kernels", "book", "tests", "scripts", "results", "_ext")
 _BUILD = """
 import sys, setuptools.build_meta as backend
 out = sys.argv[1]
@@ -46,11 +51,12 @@ def _build_package(app):
     with tempfile.TemporaryDirectory(prefix="kernels-pkg-") as tmp:
         src = Path(tmp) / "src"
         src.mkdir()
-        for name in ("pyproject.toml", "README.md", "LICENSE"):
+        for name in SOURCE_FILES:
             if (root / name).exists():
                 shutil.copy2(root / name, src / name)
-        shutil.copytree(root / "kernels", src / "kernels",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints"))
+        for name in SOURCE_FOLDERS:
+            shutil.copytree(root / name, src / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints"))
         proc = subprocess.run([sys.executable, "-c", _BUILD, str(out)], cwd=src, capture_output=True, text=True)
     if proc.returncode != 0:
         raise ExtensionError(f"building the kernels package for the site failed:\n{proc.stderr[-3000:]}")

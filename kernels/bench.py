@@ -26,12 +26,14 @@ import platform
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import pandas as pd
 import torch
+from tqdm import tqdm
 
 from .common import INTERPRET, ON_GPU
 from .peers import fla_version
@@ -192,10 +194,10 @@ def sweep(benchmark: Benchmark) -> pd.DataFrame:
 
     Running out of GPU memory is recorded as a row with ms empty and note "OOM"; a provider that
     does not apply, "n/a"; any other failure, "error: ..." (a broken peer must not sink the sweep).
-    Progress is a bar on stderr; with KERNELS_BENCH_TRACE set, one line per job as it starts instead.
+    Progress is a bar on stderr (a sweep started from a notebook runs in a fresh process whose stderr goes
+    to the terminal that started Jupyter, not into the notebook); with KERNELS_BENCH_TRACE set, one line
+    per job as it starts instead.
     """
-    from tqdm import tqdm
-
     if not ON_GPU or INTERPRET:
         raise RuntimeError("sweep() times kernels and needs a CUDA GPU; on a CPU use run(), which loads")
     ceil = measure_ceilings()
@@ -286,8 +288,8 @@ def run(*benchmarks: Benchmark) -> pd.DataFrame:
     """Time the benchmarks on a CUDA GPU and save their tables; elsewhere (or with KERNELS_BENCH=load)
     load the committed ones. Returns the tables concatenated, with the first one's metadata.
 
-    Inside a Jupyter kernel the timing happens in a fresh Python process (its progress is passed
-    through), then the tables it saved are loaded. Why: a Jupyter kernel runs seven threads besides
+    Inside a Jupyter kernel the timing happens in a fresh Python process (its progress bar goes to the
+    terminal that started Jupyter), then the tables it saved are loaded. Why: a Jupyter kernel runs seven threads besides
     the one that runs the cell. A Python autograd backward hands work to autograd's thread and back
     through the GIL, and measured up to 40 % slower inside a kernel than in a plain process (the
     FlashAttention-2 backward at causal 1K on the H200: 0.19 against 0.14 ms). Programs that train
@@ -312,14 +314,24 @@ def _time_in_fresh_process(benchmarks) -> None:
     env = {**os.environ, _CHILD: "1",
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     child = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    tail = b""
+    terminal, tail = _terminal_fd(), b""
     for chunk in iter(lambda: child.stderr.read1(4096), b""):
-        sys.stderr.write(chunk.decode(errors="replace"))
+        os.write(terminal, chunk)  # the progress bar, for whoever started Jupyter; never into the notebook
         tail = (tail + chunk)[-4000:]
     if child.wait():
         names = ", ".join(b.name for b in benchmarks)
         raise RuntimeError(f"benchmark {names} failed in its own process (exit {child.returncode}):\n"
                            + tail.decode(errors="replace"))
+
+
+def _terminal_fd() -> int:
+    """The terminal that started this process. Inside a Jupyter kernel sys.stderr is the notebook's output
+    stream, and its fileno() is ipykernel's copy of the kernel's original stderr, which writes past the
+    notebook; where it has none (a kernel that does not capture file descriptors), fd 2 is that terminal."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
+        return sys.__stderr__.fileno()
 
 
 def _child_main(targets) -> None:
@@ -433,11 +445,16 @@ class Panel:
     xlabel: str = "sequence length T"
 
 
+# Characters of code or printed text that fit the book's text column at a 1280 px window (14 px monospace).
+TEXT_WIDTH = 77
+
+
 def provenance(df: pd.DataFrame) -> str:
-    """One line naming where and when a results table was measured."""
+    """Where and when a results table was measured, in lines that fit the book's text column."""
     m = df.attrs["meta"]
     fla = f", fla {m['fla']}" if "fla" in m else ""
     where = {"fresh": " in a fresh process", "jupyter kernel": " inside the Jupyter kernel"}.get(m.get("process"), "")
-    return (f"{m['gpu']} (driver {m.get('driver', '?')}, CUDA {m.get('cuda', '?')}), torch {m['torch']}, "
+    text = (f"{m['gpu']} (driver {m.get('driver', '?')}, CUDA {m.get('cuda', '?')}), torch {m['torch']}, "
             f"triton {m['triton']}{fla}; commit {m['commit']}, {m['date']}{where}. Ceilings measured in the same run: "
             f"{m['peak_tflops']:.0f} TFLOP/s bf16 matmul, {m['peak_gbps'] / 1000:.2f} TB/s copy.")
+    return textwrap.fill(text, TEXT_WIDTH, break_on_hyphens=False)

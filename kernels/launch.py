@@ -1,5 +1,5 @@
 """What every family's launch code shares: constants, tile choice on each machine, device facts,
-the direct-launch fast paths, and the scratch memory TMA descriptors need.
+the direct-launch fast paths (on the Tritons they were measured on), and the scratch memory TMA descriptors need.
 
     >>> configs = autotune_configs([({"BV": 64}, 4, 2), ({"BV": 32}, 8, 3)], interpreter={"BV": 32})
     >>> n_sm = sm_count(q.device)
@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -21,6 +22,32 @@ from .common import INTERPRET
 
 LOG2E = math.log2(math.e)  # exp(x) = exp2(x * LOG2E): kernels fold it into the scale and use exp2
 LN2 = math.log(2.0)        # a base-2 log-sum-exp times LN2 is the natural one
+
+
+# ------------------------------------------------------------------ the Tritons the fast paths were measured on
+# The direct launches below call Triton's C launcher and read its compiled kernels' internals, and the Gluon MLA
+# kernel is written in Triton's experimental Gluon language: both change between releases. One edit extends them.
+TESTED_TRITON = ("3.6",)   # releases, major.minor
+_untested_warned = False   # set by the first warning, so that a process warns once
+
+
+def triton_tested() -> bool:
+    """Whether the installed Triton is one of the releases in TESTED_TRITON."""
+    return ".".join(triton.__version__.split(".")[:2]) in TESTED_TRITON
+
+
+def fast_paths_on() -> bool:
+    """Whether to take the paths measured on the tested Tritons only: `launch`'s and `launch_direct`'s direct
+    launches and the Gluon MLA kernel (`kernels.mla`). On another Triton they step aside for the plain
+    `kernel[grid](...)` launch and the Triton kernels, and the first call that finds so warns, once per process."""
+    if triton_tested():
+        return True
+    global _untested_warned
+    if not _untested_warned:
+        _untested_warned = True
+        warnings.warn(f"Triton {triton.__version__} is not a release the book's fast paths were measured on "
+                      f"({', '.join(TESTED_TRITON)}): direct launches and the Gluon MLA kernel are off", stacklevel=2)
+    return False
 
 
 # ------------------------------------------------------------------ tiles on each machine
@@ -121,7 +148,8 @@ def launch(kernel, grid, candidates, key, *args, **constexprs):
     with 15 arguments on the H200's CPU, and at short lengths that host time is what bounds a call.
     Skipping the dispatcher is safe for kernels that specialise on nothing that changes between
     calls with one key: lengths are `do_not_specialize`, floats are never specialised, and pointers
-    are checked to be 16-byte aligned, as they were when the kernel was compiled."""
+    are checked to be 16-byte aligned, as they were when the kernel was compiled. On a Triton other than the tested
+    ones (`fast_paths_on`), every call goes through the dispatcher."""
     i, compiled, tail = _VARIANTS.get(key, (0, None, ()))
     if compiled is not None and _aligned(args):
         bm, bn = candidates[i][:2]
@@ -136,7 +164,7 @@ def launch(kernel, grid, candidates, key, *args, **constexprs):
                 raise
             i += 1
             continue
-        if compiled is not None and _aligned(args):  # (the interpreter compiles nothing)
+        if compiled is not None and _aligned(args) and fast_paths_on():  # (the interpreter compiles nothing)
             # the compiled kernel takes every parameter, constexprs too, in signature order
             values = {**constexprs, "BM": bm, "BN": bn}
             _VARIANTS[key] = (i, compiled, tuple(values[name] for name in kernel.arg_names[len(args):]))
@@ -248,14 +276,15 @@ def launch_direct(kernel, grid, key, args, constexprs, aligned=True, **options) 
     dtypes. aligned: whether the pointers are 16-byte aligned, as they were when the kernel was compiled (a call
     that is not goes through the dispatcher). The kernel's TMA descriptors, if it makes any on the device, get
     their scratch from `tma_scratch` on that path. Returns the launch (`Launched`) where its compiled kernel can be
-    launched directly from now on, else None (under the interpreter, which compiles nothing, or unaligned)."""
+    launched directly from now on, else None (under the interpreter, which compiles nothing, unaligned, or on a
+    Triton other than the tested ones: `fast_paths_on`)."""
     direct = _DIRECT.get((kernel, key)) if aligned else None
     if direct is not None:
         direct(grid, *args)
         return Launched(direct, grid, args)
     with tma_scratch():
         compiled = kernel[grid](*args, **constexprs, **options)
-    if compiled is None or not aligned:  # (the interpreter compiles nothing)
+    if compiled is None or not aligned or not fast_paths_on():  # (the interpreter compiles nothing)
         return None
     values = {**constexprs, **options}   # the compiled kernel takes its constexprs in signature order
     direct = _DIRECT[(kernel, key)] = DirectLaunch(compiled, [values[name] for name in kernel.arg_names[len(args):]])
@@ -293,7 +322,7 @@ def relaunches(launched, tensors) -> list[Relaunch] | None:
     return [Relaunch(one, places) for one in launched]
 
 
-__all__ = ["LOG2E", "LN2", "on_machine", "autotune_configs", "cdiv", "next_power_of_2", "pow2_at_least_16",
-           "sm_count", "capability", "is_hopper", "tma_ready", "tma_scratch", "launch", "current_stream",
-           "launch_stream", "reused", "launch_hooked", "DirectLaunch", "Launched", "launch_direct", "Relaunch",
-           "relaunches"]
+__all__ = ["TESTED_TRITON", "triton_tested", "fast_paths_on", "LOG2E", "LN2", "on_machine", "autotune_configs", "cdiv",
+           "next_power_of_2", "pow2_at_least_16", "sm_count", "capability", "is_hopper", "tma_ready", "tma_scratch",
+           "launch", "current_stream", "launch_stream", "reused", "launch_hooked", "DirectLaunch", "Launched",
+           "launch_direct", "Relaunch", "relaunches"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import textwrap
 
 import pandas as pd
@@ -26,13 +27,33 @@ def _unwrapped(obj):
     return target
 
 
-def show_source(obj) -> Code:
+class Listing(Code):
+    """Highlighted source whose long lines wrap inside the text column instead of running past it: each
+    line is a `span.listing-line` carrying its indentation plus four as `--hang`, which the book's CSS
+    (_ext/static/book.css) uses as a hanging indent, so a wrapped line continues under its own code."""
+
+    def _repr_html_(self):
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+
+        formatter = HtmlFormatter(linespans="line")
+        lines = self.data.splitlines()
+
+        def line_span(match):
+            text = lines[int(match.group(1)) - 1]
+            return f'<span class="listing-line" style="--hang: {len(text) - len(text.lstrip()) + 4}ch">'
+
+        body = re.sub(r'<span id="line-(\d+)">', line_span, highlight(self.data, self._get_lexer(), formatter))
+        return f"<style>{formatter.get_style_defs('.output_html')}</style>{body}"
+
+
+def show_source(obj) -> Listing:
     """Return the source of a function, class or module as a highlighted Python block.
 
     Triton kernels are unwrapped first, so `show_source(_attn_fwd_kernel)` shows the
     `@triton.jit` function as written, decorators included.
     """
-    return Code(inspect.getsource(_unwrapped(obj)), language="python")
+    return Listing(inspect.getsource(_unwrapped(obj)), language="python")
 
 
 def code_lines(*objs) -> int:
@@ -82,11 +103,11 @@ class WithStaticFallback:
 
 
 def explore(df: pd.DataFrame, x: str = "T", title: str = "", filters: tuple[str, ...] = ()):
-    """Show the standard figure, then ipywidgets controls to change the metric and filters.
+    """ipywidgets controls to change the metric and filters of the standard figure, drawn below them.
 
-    The controls redraw below themselves only when changed, so executing the notebook (on
-    the GPU, under nbval, or into the rendered HTML) gives the same two outputs: the static
-    figure and the widget, whose plain-text form says how to use it.
+    The figure lives inside the widget (first drawn with the first choices, redrawn when a control
+    changes), so the cell's one output is the widget; a page without a kernel (the rendered book) shows
+    its plain-text form, which says how to use it, and no second copy of a figure the chapter has drawn.
     """
     import ipywidgets as w
 
@@ -106,7 +127,8 @@ def explore(df: pd.DataFrame, x: str = "T", title: str = "", filters: tuple[str,
 
     for control in controls.values():
         control.observe(redraw, names="value")
-    display(plot_results(_subset(df, {f: v[0] for f, v in choices.items()}), x=x, y=metrics[0], title=title))
+    out.append_display_data(plot_results(_subset(df, {f: v[0] for f, v in choices.items()}), x=x, y=metrics[0],
+                                         title=title))
     return WithStaticFallback(w.VBox([w.HBox(list(controls.values())), out]),
                               "Interactive explorer: run the notebook in Jupyter to use the controls.")
 

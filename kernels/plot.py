@@ -1,8 +1,8 @@
 """The book's figures: one style for every chart and diagram.
 
 One panel per figure at the full width of the book's text column (a chapter with two panels stacks
-them), a colour *and* a marker fixed per provider (the book's kernels in a family of blues, each
-with its own marker; every peer its own hue), the ceiling as a dashed line always called
+them), a colour *and* a marker fixed per provider (the book's kernels in cool hues from indigo to
+teal, each with its own marker; every peer its own warmer or greyer hue), the ceiling as a dashed line always called
 "roofline", a log-2 length axis, and a title that names the GPU and the shape.
 
 The style lives in a context (`styled`), never in matplotlib's global settings.
@@ -60,10 +60,13 @@ class LineStyle:
     linewidth: float = 1.8
 
 
-# The book's kernels: one family of blues, each variant its own marker (and the first one the boldest).
+# The book's kernels in figures of measurements: cool hues from indigo to teal, each variant its own hue and
+# marker (the first, navy, the boldest), so that a chapter's six variants stay apart. Diagrams shade their
+# boxes with the blues.
+BOOK_HUES = ["#0b3d91", "#2b9bd8", "#138d90", "#5b5bd6", "#7a9cc6", "#5fc4c9"]
+BOOK_MARKERS = ["o", "D", "p", "H", "8", "d"]  # none of them a peer's marker
 BOOK_BLUES = ["#0b3d91", "#3a7bd5", "#79aee8", "#1d5fa8", "#a9cdf2"]
-BOOK_MARKERS = ["o", "D", "p", "H", "8"]  # none of them a peer's marker
-BOOK_COLOR = BOOK_BLUES[0]
+BOOK_COLOR = BOOK_HUES[0]
 # Peers: a hue each, learnt once and kept in every chapter. Prefix matches ("fla chunk_gla" is fla).
 PEERS = {
     "SDPA flash": LineStyle("#e6862e", "s"),
@@ -79,7 +82,7 @@ PEERS = {
     "TileLang": LineStyle("#17a2b8", "h"),
 }
 # For a peer the book has not met yet: colours none of the above uses.
-SPARE = [LineStyle("#e377c2", "<"), LineStyle("#bcbd22", ">"), LineStyle("#9467bd", "d"), LineStyle("#ff9896", "1")]
+SPARE = [LineStyle("#e377c2", "<"), LineStyle("#bcbd22", ">"), LineStyle("#9467bd", "1"), LineStyle("#ff9896", "2")]
 ROOFLINE = "roofline"  # the one name of the ceiling, in every figure and table
 ROOFLINE_STYLE = {"color": "#222222", "linestyle": "--", "linewidth": 1.3}
 
@@ -97,13 +100,13 @@ def _peer_style(provider: str) -> LineStyle | None:
 
 
 def provider_style(providers) -> dict[str, LineStyle]:
-    """provider -> LineStyle for one figure: the book's kernels in blues with distinct markers (in the
+    """provider -> LineStyle for one figure: the book's kernels in distinct cool hues and markers (in the
     order given), each peer its fixed colour and marker; no two providers of a figure look alike."""
     style, book_i, spare_i = {}, 0, 0
     for p in dict.fromkeys(providers):
         if is_book(p):
-            i = book_i % len(BOOK_BLUES)
-            style[p] = LineStyle(BOOK_BLUES[i], BOOK_MARKERS[i], "-", 2.6 if i == 0 else 2.0)
+            i = book_i % len(BOOK_HUES)
+            style[p] = LineStyle(BOOK_HUES[i], BOOK_MARKERS[i], "-", 2.6 if i == 0 else 2.0)
             book_i += 1
             continue
         s = _peer_style(p)

@@ -1,5 +1,6 @@
 """The shared helpers: the comparison every test relies on, the input checks, the benchmark harness and
 its results loader, the figure, and the library's promise to import anywhere without side effects."""
+import io
 import json
 import os
 import subprocess
@@ -214,9 +215,21 @@ BROKEN = bench.Benchmark("broken", [{"T": -1}], {"book": lambda c: None}, flops=
 """
 
 
-def test_run_times_in_a_fresh_process_inside_jupyter(tmp_path, monkeypatch, capsys):
-    """Inside a Jupyter kernel, run() times in a child process (found again by module and name), passes its
-    progress through, then loads the tables the child saved."""
+class _NotebookStderr(io.StringIO):
+    """sys.stderr as ipykernel makes it: what is written shows in the notebook; fileno() is the terminal."""
+
+    def __init__(self, terminal):
+        super().__init__()
+        self.terminal = terminal
+
+    def fileno(self):
+        return self.terminal.fileno()
+
+
+def test_run_times_in_a_fresh_process_inside_jupyter(tmp_path, monkeypatch):
+    """Inside a Jupyter kernel, run() times in a child process (found again by module and name), sends its
+    progress to the terminal that started Jupyter (never into the notebook), then loads the tables the
+    child saved."""
     (tmp_path / "fakefamily_bench.py").write_text(FAKE_FAMILY_BENCH)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
@@ -227,10 +240,14 @@ def test_run_times_in_a_fresh_process_inside_jupyter(tmp_path, monkeypatch, caps
     monkeypatch.setattr(bench, "will_time", lambda: True)
     monkeypatch.setitem(sys.modules, "ipykernel", object())
     import fakefamily_bench as fake
-    df = bench.run(fake.ONE, fake.TWO)
+    with open(tmp_path / "terminal", "w+") as terminal:
+        notebook = _NotebookStderr(terminal)
+        monkeypatch.setattr(sys, "stderr", notebook)
+        df = bench.run(fake.ONE, fake.TWO)
+        assert "progress 100%" in (tmp_path / "terminal").read_text()
+        assert notebook.getvalue() == ""
     assert (tmp_path / "marker").read_text() == "one;two;"  # both timed, in one child
     assert list(df["T"]) == [64, 128] and df.attrs["meta"]["gpu"] == "fake GPU"
-    assert "progress 100%" in capsys.readouterr().err
     with pytest.raises(RuntimeError, match="(?s)broken failed in its own process.*negative T"):
         bench.run(fake.BROKEN)
 
@@ -246,6 +263,29 @@ def _table():
     df = pd.DataFrame(rows)
     df.attrs["meta"] = GOOD_META
     return df
+
+
+def test_summary_keeps_its_shape_when_a_peer_did_not_run():
+    """A peer that is not installed gives rows with no time ("n/a"): its columns stay, reading "—", so a
+    chapter's table has the same shape on every machine."""
+    full = _table()
+    missing = full.copy()
+    peer = missing["provider"] == "peer"
+    missing.loc[peer, ["ms", "tflops", "gbps", "pct_roofline"]] = float("nan")
+    missing["note"] = missing["note"].astype(object)
+    missing.loc[peer, "note"] = "n/a"
+    args = dict(index="T", over=["peer", "eager", ("peer", "eager")], roofline=True)
+    a, b = bench.summary(full, **args), bench.summary(missing, **args)
+    assert list(a.columns) == list(b.columns) and a.shape == b.shape
+    assert (b[("time (ms)", "peer")] == "—").all() and (b[("speed-up over", "peer")] == "—").all()
+
+
+def test_provenance_fits_the_text_column():
+    df = _table()
+    df.attrs["meta"] = {**GOOD_META, "driver": "580.159.04", "cuda": "13.0", "fla": "0.6.0", "process": "fresh",
+                        "torch": "2.11.0+cu130"}
+    lines = bench.provenance(df).splitlines()
+    assert len(lines) > 1 and max(map(len, lines)) <= bench.TEXT_WIDTH
 
 
 def test_summary_speedup_means_the_book_is_faster():
@@ -332,18 +372,20 @@ def test_plot_stacks_panels_at_the_column_width(tmp_path):
 
 
 def test_every_provider_has_its_own_colour_and_marker():
-    from kernels.plot import BOOK_BLUES, provider_style
+    from kernels.plot import BOOK_HUES, provider_style
 
-    every = ["book", "book: Triton", "book: no split", "book: chunk", "book: sequential chunk", "SDPA flash",
-             "SDPA cuDNN", "eager", "PyTorch absorbed", "PyTorch naive", "fla chunk_gla", "FlashMLA", "TileLang",
-             "somebody new"]
+    every = ["book", "book: Triton", "book: no split", "book: chunk", "book: sequential chunk", "book: TileLang",
+             "SDPA flash", "SDPA cuDNN", "eager", "PyTorch absorbed", "PyTorch naive", "fla chunk_gla", "FlashMLA",
+             "TileLang", "somebody new"]
     styles = provider_style(every)
     assert len({s.color for s in styles.values()}) == len(every)
-    assert len({s.marker for s in styles.values() if s.color in BOOK_BLUES}) == 5   # blues, told apart by marker
-    assert all(styles[p].color in BOOK_BLUES for p in every[:5])
-    assert all(styles[p].color not in BOOK_BLUES for p in every[5:])
+    assert len({s.marker for s in styles.values() if s.color in BOOK_HUES}) == 6   # a hue and a marker each
+    assert all(styles[p].color in BOOK_HUES for p in every[:6])
+    assert all(styles[p].color not in BOOK_HUES for p in every[6:])
     # the chapters' own line-ups: every figure's lines differ in colour and in marker
     for lineup in (["book", "book: Triton", "book: no split", "PyTorch absorbed", "PyTorch naive"],
+                   ["book", "book: dense cache", "book: Triton", "book: TileLang", "book: TileLang, no split",
+                    "FlashMLA"],
                    ["book", "PyTorch step", "fla fused_recurrent_gla"],
                    ["book: chunk", "book: sequential chunk", "fla chunk_gla", "SDPA flash", "PyTorch step loop"],
                    ["book", "SDPA flash", "SDPA cuDNN", "eager"]):
@@ -479,6 +521,7 @@ def test_launch_direct_caches_the_compiled_kernel_and_orders_its_constexprs(monk
 
     monkeypatch.setattr(launch, "_DIRECT", {})
     monkeypatch.setattr(launch, "DirectLaunch", Direct)
+    monkeypatch.setattr(launch, "fast_paths_on", lambda: True)  # as on a tested Triton, whichever runs the test
     kernel = Kernel()
     go = lambda key, aligned=True: launch.launch_direct(kernel, (2, 1, 1), key, ("x", 7), {"B": 2, "A": 1},  # noqa
                                                         aligned=aligned, num_warps=4, maxnreg=128)

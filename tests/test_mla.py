@@ -1158,7 +1158,49 @@ def test_gluon_kernel_compiles_for_hopper_without_spills():
     import sys
     from pathlib import Path
 
+    from kernels.launch import TESTED_TRITON, triton_tested
+    if not triton_tested():
+        pytest.skip(f"the Gluon kernel runs on Triton {', '.join(TESTED_TRITON)} only (kernels.launch.TESTED_TRITON)")
+
     script = Path(__file__).resolve().parent.parent / "scripts" / "mla_gluon_compile.py"  # dense and paged
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "registers" in done.stdout and "OK" in done.stdout
+
+
+# ---------------------------------------------------------------------------------- the Gluon kernel's Tritons
+@pytest.mark.parametrize("found, misfit", [("3.6.0", None),
+                                           ("3.9.0", "it was measured on Triton 3.6 only, and this is Triton 3.9.0")])
+def test_gluon_kernel_takes_the_serving_case_on_a_tested_triton_only(found, misfit, monkeypatch):
+    """The Gluon kernel's judge (`_gluon_misfit`) on the serving case, as on a Hopper GPU (played on the CPU): a
+    Triton the kernel was not measured on is a reason not to take the call, so that backend='auto' takes the Triton
+    kernel (warning once per process: `kernels.launch.fast_paths_on`)."""
+    import triton
+
+    from kernels import launch
+    from kernels.mla import interface
+
+    monkeypatch.setattr(interface, "is_hopper", lambda device: True)
+    monkeypatch.setattr(triton, "__version__", found)
+    monkeypatch.setattr(launch, "_untested_warned", True)
+    q = torch.randn(2, 1, 64, 576, dtype=torch.bfloat16)
+    kv = torch.randn(2, 128, 576, dtype=torch.bfloat16)
+    assert interface._gluon_misfit(q, kv, None, 512) == misfit
+
+
+def test_backend_gluon_on_an_untested_triton_is_refused_by_name(monkeypatch):
+    """backend='gluon' where the Triton is not a tested one: ValueError naming the tested releases and the one found
+    (the shapes and the GPU fit: the GPU played on the CPU)."""
+    import triton
+
+    from kernels import launch
+    from kernels.mla import interface
+
+    monkeypatch.setattr(interface, "is_hopper", lambda device: True)
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    monkeypatch.setattr(launch, "_untested_warned", False)
+    q, kv, lens, _ = make_case(2, 1, 64, 576, 20)
+    with pytest.warns(UserWarning, match="Triton 3.9.0"), pytest.raises(
+            ValueError, match="backend='gluon' does not apply here: it was measured on Triton 3.6 only, and this is "
+                              "Triton 3.9.0"):
+        mla_decode(q, kv, lens, 0.1, backend="gluon")

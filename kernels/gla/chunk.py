@@ -64,7 +64,9 @@ def _chunk_gla_scores_kernel(
         b_A = tl.zeros([BC, BC], dtype=tl.float32)
         for j in tl.static_range(BC):
             p_j = ((i_b * T + t0 + j) * H + i_h) * K + o_k
-            m_j = m_k & (t0 + j < T)
+            # `!= 0` keeps the mask boolean under Triton's interpreter, which widens a broadcast scalar
+            # comparison to int32, a mask its 3.9 refuses (compiled, the test adds no instruction)
+            m_j = (m_k & (t0 + j < T)) != 0
             b_kj = tl.load(k + p_j, mask=m_j, other=0.0).to(tl.float32)
             b_gj = tl.load(g + p_j, mask=m_j, other=0.0)
             m_lo = (o_r >= j) & m_t

@@ -92,7 +92,9 @@ def _selective_state_update_kernel(
         i_bn, _, p0n, p_next = _unit_tile(u0 + i + 1, slots, state, s_sb, s_sh, s_sp, b, H, n_p, BM, HAS_SLOTS)
         b_next = _load_tile(p_next + p_tile, p0n, i_bn, b, P, m_n, o_m, i + 1 < UNITS, EVEN)
         o_p = p0 + o_m
-        m_p = (o_p < P) & (i_b < b)
+        # `!= 0` keeps the masks boolean under Triton's interpreter, which widens a broadcast scalar comparison
+        # (i_b < b) to int32, a mask its 3.9 refuses (compiled, the test adds no instruction)
+        m_p = ((o_p < P) & (i_b < b)) != 0
 
         p_x = (i_b * H + i_h) * P + o_p                    # x, z and y are contiguous [b, H, P]
         b_x = tl.load(x + p_x, mask=m_p, other=0.0).to(tl.float32)
@@ -108,7 +110,7 @@ def _selective_state_update_kernel(
             b_dt = _softplus(b_dt)
 
         i_g = i_h // HPG                                    # the head's group: B and C are shared by HPG heads
-        m_bc = m_n & (i_b < b)
+        m_bc = (m_n & (i_b < b)) != 0
         b_B = tl.load(B + (i_b * G + i_g) * N + o_n, mask=m_bc, other=0.0).to(tl.float32)
         b_C = tl.load(C + (i_b * G + i_g) * N + o_n, mask=m_bc, other=0.0).to(tl.float32)
 

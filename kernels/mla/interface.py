@@ -2,9 +2,10 @@
 
 Two kernels serve one contract (FlashMLA's). On a Hopper GPU the common serving case (bf16, one query
 token, DeepSeek's 576/512 dims, a contiguous cache or FlashMLA's paged one with pages of 64 positions)
-goes to the hand-scheduled Gluon kernel (`gluon_decode.py`, a copy warp and two ping-pong warpgroups);
-every other call to the Triton kernel (`decode.py`). Both cut long sequences into slices when the batch
-is too small to fill the GPU (split-KV), and share the kernel that merges the slices.
+goes to the hand-scheduled Gluon kernel (`gluon_decode.py`, a copy warp and two ping-pong warpgroups), on
+the Tritons it was measured on (`kernels.launch.TESTED_TRITON`); every other call to the Triton kernel
+(`decode.py`). Both cut long sequences into slices when the batch is too small to fill the GPU (split-KV),
+and share the kernel that merges the slices.
 
 Host time: with check_seqlens=False a call reads nothing back from the GPU (the split is planned from the
 cache's capacity, which the shapes give), reuses its split-KV workspace (`_workspace`), and launches the
@@ -20,10 +21,11 @@ import functools
 import math
 
 import torch
+import triton
 
 from ..checks import check_bool, check_choice, check_int, check_tensor
-from ..launch import (_aligned, cdiv, is_hopper, launch_hooked, launch_stream, relaunches, reused, sm_count,
-                      tma_ready)
+from ..launch import (TESTED_TRITON, _aligned, cdiv, fast_paths_on, is_hopper, launch_hooked, launch_stream, relaunches,
+                      reused, sm_count, tma_ready)
 from . import decode, gluon_decode
 from .reference import cache_capacity, check_cache_lengths, check_decode_inputs, paged_rows
 
@@ -53,7 +55,7 @@ def _num_splits(B: int, n_hblocks: int, max_len: int, n_sm: int) -> int:
 
 def _gluon_misfit(q, kv_cache, block_table, head_dim_v):
     """Why the Gluon kernel cannot take this call (a phrase), or None if it can. The cache's layout is
-    judged first (it is the same question on every machine), then the shapes, the GPU, the dtype."""
+    judged first (it is the same question on every machine), then the shapes, the GPU, the Triton, the dtype."""
     B, S_Q, H, D_QK = q.shape
     page = gluon_decode.BN
     if block_table is not None:
@@ -70,6 +72,8 @@ def _gluon_misfit(q, kv_cache, block_table, head_dim_v):
                 f"H % {gluon_decode.BLOCK_H} == 0")
     if not is_hopper(q.device):
         return "it needs a Hopper GPU (sm_90)"
+    if not fast_paths_on():
+        return f"it was measured on Triton {', '.join(TESTED_TRITON)} only, and this is Triton {triton.__version__}"
     if q.dtype != torch.bfloat16:
         return f"it needs bfloat16, got {q.dtype}"
     if not tma_ready(kv_cache):
@@ -270,8 +274,9 @@ def mla_decode_gluon(q, kv_cache, cache_seqlens, softmax_scale, block_table=None
     [num_blocks, 64, 1, 576], stored back to back. cache_seqlens int32 [B], each in [0, capacity] (not
     checked: that would cost a device sync; a dense cache clamps a longer one to T_max for the copies, so it
     cannot read outside its rows, but its result is then meaningless). softmax_scale: required. CUDA
-    tensors on a Hopper GPU only (ValueError elsewhere). Returns out bf16 [B, 1, H, 512] and lse fp32
-    [B, H, 1] (natural log; a sequence of length 0 gives out 0 and lse -inf).
+    tensors on a Hopper GPU and a tested Triton (`kernels.launch.TESTED_TRITON`) only (ValueError elsewhere).
+    Returns out bf16 [B, 1, H, 512] and lse fp32 [B, H, 1] (natural log; a sequence of length 0 gives out 0
+    and lse -inf).
 
     >>> q = torch.randn(8, 1, 128, 576, device="cuda", dtype=torch.bfloat16)
     >>> kv = torch.randn(8, 4096, 576, device="cuda", dtype=torch.bfloat16)

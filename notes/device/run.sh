@@ -7,6 +7,10 @@
 #   suite                   the whole test suite, as a user with a GPU box runs it
 #   notebooks NB...         execute these chapters in place and redraw the headline figure
 #                           (scripts/refresh_gpu.sh --no-tests; its log, every cell named as it starts, in $OUT)
+#   reader [NB...]          strict nbval of the chapters (all, or these) as a reader runs them: the book's wheel
+#                           (carried in .whl-book, built here by prepare.sh, or built there from the tree) installed
+#                           alone, the notebooks and results/ copied into an empty folder, the checkout off the
+#                           path; peers only where installed or carried
 # To time benchmarks outside any chapter, a step `python3 scripts/gpu_probe.py TABLE...` saves their tables,
 # and a chapter executed with KERNELS_BENCH=load then reads them.
 # The steps share one time budget (DEVICE_BUDGET_S, default 540 s): a step that would start past it is skipped
@@ -58,11 +62,24 @@ step() {
       [ -d /tmp/tlsite/tilelang ] || { echo "the machine was recycled: run tilelang-a again"; return 3; }
       pip_install --target /tmp/tlsite .tl/b/*.whl ;;
     suite) python3 -m pytest -q -n 8 tests/ -p no:cacheprovider ;;
+    reader|reader\ *) reader ${1#reader} ;;
     notebooks\ *) OUT="$out" bash scripts/refresh_gpu.sh --no-tests ${1#notebooks } ;;
     *) bash -c "$1" ;;
   esac
 }
-export -f step pip_install
+reader() {
+  rm -rf /tmp/reader /tmp/reader-dist /tmp/reader-site && mkdir -p /tmp/reader /tmp/reader-dist &&
+    { cp .whl-book/*.whl /tmp/reader-dist/ 2>/dev/null ||
+      python3 -m pip wheel -q --no-deps --no-build-isolation -w /tmp/reader-dist .; } &&
+    pip_install --target /tmp/reader-site /tmp/reader-dist/*.whl || return 2
+  local nbs=("$@"); (( ${#nbs[@]} )) || nbs=(book/*.ipynb)
+  cp "${nbs[@]}" /tmp/reader/ && cp -r results /tmp/reader/
+  local path="/tmp/reader-site:${PYTHONPATH//$PWD:/}"  # the checkout off the path: kernels comes from the wheel
+  (cd /tmp/reader && export PYTHONPATH="$path" &&
+   python3 -c "import kernels; assert kernels.__file__.startswith('/tmp/reader-site/'), kernels.__file__" &&
+   python3 -m pytest -q -n "${#nbs[@]}" --dist loadfile --nbval ./*.ipynb -p no:cacheprovider)
+}
+export -f step pip_install reader
 export out
 pack() { tar czf "$out/device.tgz" results book/*.ipynb book/images 2>/dev/null; }
 

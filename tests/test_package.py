@@ -1,0 +1,169 @@
+"""The package as a reader installs it: the wheel declares everything the package imports, and a wheel built
+from this tree, installed with nothing but its declared dependencies, runs a call of every family.
+
+The fresh environment is a new venv whose site-packages holds the wheel and links to the declared
+dependencies (and theirs) as this Python has them installed: no network, no second copy of torch.
+"""
+import ast
+import importlib.metadata as metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+# The module only notebooks use: it needs the [notebooks] extra (IPython, ipywidgets).
+NOTEBOOK_MODULES = {"kernels.notebook"}
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _declared(extra: str | None = None) -> set[str]:
+    found = {_name(r) for r in PROJECT["dependencies"]}
+    if extra:
+        found |= {_name(r) for r in PROJECT["optional-dependencies"][extra]}
+    return found
+
+
+def _imports(path: Path) -> set[str]:
+    """Top-level names of the absolute imports in one file (lazy ones inside functions included)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - {"kernels"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_the_package_declares_everything_it_imports():
+    """Every import in kernels/ is a declared dependency: of the package itself, or of the [notebooks] extra
+    for the modules only notebooks use. (The peers are imported by name, guarded, in kernels.peers.)"""
+    distributions = metadata.packages_distributions()
+    core, notebooks = _declared(), _declared("notebooks")
+    problems = []
+    for path in sorted((ROOT / "kernels").rglob("*.py")):
+        allowed = notebooks if _module_name(path) in NOTEBOOK_MODULES else core
+        for name in sorted(_imports(path)):
+            dists = {d.lower().replace("_", "-") for d in distributions.get(name, [name])}
+            if not dists & allowed:
+                problems.append(f"{path.relative_to(ROOT)} imports {name} ({', '.join(sorted(dists))}), "
+                                f"which pyproject.toml does not declare there")
+    assert not problems, "\n".join(problems)
+
+
+def _closure(names: set[str]) -> list[metadata.Distribution]:
+    """The installed distributions `names` need, with their own requirements, markers evaluated here."""
+    from packaging.requirements import Requirement
+
+    seen, todo, found = set(), list(names), []
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            pytest.fail(f"{name} is declared but not installed here: install the book's requirements first")
+        found.append(dist)
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name.lower().replace("_", "-"))
+    return found
+
+
+# One call of every family on the CPU, under the interpreter, from the installed wheel.
+_SMOKE = r'''
+import importlib, pkgutil, sys
+import torch
+import kernels
+assert kernels.__file__.startswith(sys.argv[1]), kernels.__file__
+notebook_only = set(sys.argv[2].split(","))
+for m in pkgutil.walk_packages(kernels.__path__, "kernels."):
+    if m.name not in notebook_only:
+        importlib.import_module(m.name)
+from kernels.bench import discover, run, sweep
+assert discover()
+
+from kernels.primer import vector_add
+from kernels.flash_attn import flash_attn_func
+from kernels.mla import mla_decode
+from kernels.gla import chunk_gla
+from kernels.lightning import chunk_lightning, lightning_slopes
+from kernels.kda import chunk_kda
+from kernels.mamba2 import selective_state_update, ssd_chunk_scan
+from kernels.ring import ring_attention_simulated
+r = torch.randn
+B, T, H, K = 1, 20, 2, 16
+x = r(100)
+assert torch.equal(vector_add(x, x), x + x)
+q = r(B, T, H, 32)
+assert flash_attn_func(q, q, q, causal=True).shape == q.shape
+lens = torch.tensor([30], dtype=torch.int32)
+out, lse = mla_decode(r(1, 1, 4, 64), r(1, 30, 64), lens, 0.1, 48)
+assert out.shape == (1, 1, 4, 48)
+q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, K)
+g = -torch.rand(B, T, H, K)
+assert chunk_gla(q, k, v, g)[0].shape == v.shape
+assert chunk_lightning(q, k, v, lightning_slopes(H))[0].shape == v.shape
+assert chunk_kda(q, k, v, g, torch.rand(B, T, H), use_qk_l2norm_in_kernel=True)[0].shape == v.shape
+P, N = 8, 16
+xs, dt, A = r(B, T, H, P), torch.rand(B, T, H), -torch.rand(H)
+assert ssd_chunk_scan(xs, dt, A, r(B, T, 1, N), r(B, T, 1, N)).shape == xs.shape
+state = r(B, H, P, N)
+y = selective_state_update(state, r(B, H, P), torch.rand(B, H, P), -torch.rand(H, P, N), r(B, 1, N), r(B, 1, N))
+assert y.shape == (B, H, P)
+assert ring_attention_simulated(q, k, v, causal=True, world=2)[0].shape == v.shape
+print("every family ran")
+'''
+
+
+def test_the_wheel_runs_with_only_its_declared_dependencies(tmp_path):
+    pytest.importorskip("setuptools")
+    pytest.importorskip("packaging")
+    src = tmp_path / "src"  # a scratch copy: building leaves build/ and egg-info behind, not in the tree
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "MANIFEST.in"):
+        shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(ROOT / "kernels", src / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    wheel = next((tmp_path / "dist").glob("attention_kernels_book-*.whl"))
+
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    for dist in _closure(_declared()):
+        base = Path(dist.locate_file(""))
+        for top in {Path(f).parts[0] for f in dist.files or []} - {"..", "__pycache__"}:
+            if (base / top).exists() and not (site / top).exists():
+                (site / top).symlink_to(base / top)
+    with zipfile.ZipFile(wheel) as whl:
+        whl.extractall(site)
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TRITON_", "CUDA_VISIBLE"))}
+    env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    ran = subprocess.run([str(python), "-I", "-c", _SMOKE, str(site), ",".join(sorted(NOTEBOOK_MODULES))],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "every family ran" in ran.stdout
