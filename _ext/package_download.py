@@ -27,11 +27,6 @@ from sphinx.util import logging
 
 LOGGER = logging.getLogger(__name__)
 FOLDER = "downloads"
-# What the sdist carries (MANIFEST.in says which of them): the package and the whole book, so that the
-# README's `make book` and `make test` run from the unpacked archive.
-SOURCE_FILES = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "_config.yml", "_toc.yml", "Makefile",
-                "requirements.txt")
-SOURCE_FOLDERS = ("kernels", "book", "tests", "scripts", "results", "_ext")
 _BUILD = """
 import sys, setuptools.build_meta as backend
 out = sys.argv[1]
@@ -39,6 +34,19 @@ wheel = backend.build_wheel(out)
 sdist = backend.build_sdist(out)
 print("KERNELS_DOWNLOADS", wheel, sdist)
 """
+
+
+def _sources(root: Path) -> tuple[list[str], list[str]]:
+    """The files and folders the build needs: the package's own (pyproject.toml, README.md, LICENSE, kernels/)
+    and what MANIFEST.in adds to the sdist (its `include` and `graft` lines), so the list lives in one place."""
+    files, folders = ["pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"], ["kernels"]
+    for line in (root / "MANIFEST.in").read_text().splitlines():
+        command, *names = line.split("#", 1)[0].split() or [""]
+        if command == "include":
+            files += names
+        elif command == "graft":
+            folders += names
+    return list(dict.fromkeys(files)), list(dict.fromkeys(folders))
 
 
 def _build_package(app):
@@ -51,10 +59,11 @@ def _build_package(app):
     with tempfile.TemporaryDirectory(prefix="kernels-pkg-") as tmp:
         src = Path(tmp) / "src"
         src.mkdir()
-        for name in SOURCE_FILES:
+        files, folders = _sources(root)
+        for name in files:
             if (root / name).exists():
                 shutil.copy2(root / name, src / name)
-        for name in SOURCE_FOLDERS:
+        for name in folders:
             shutil.copytree(root / name, src / name,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints"))
         proc = subprocess.run([sys.executable, "-c", _BUILD, str(out)], cwd=src, capture_output=True, text=True)
