@@ -1,6 +1,8 @@
 # Two commands for a fresh Linux machine with Python 3.11+ (see README.md):
 #   make book   set up, then build the site into _build/html (with the kernels wheel and sdist
 #               it offers for download, in _build/html/downloads)
+#   make listings  refresh the code the chapters show from the package's source (no GPU, no other cell run)
+#   make tables    list the declared benchmark tables that have no committed results yet
 #   make test   set up, then run the kernel tests, the notebooks (strict nbval) and the site checks
 #               with the pinned Triton (requirements.txt), then the kernel tests and the notebooks
 #               again with the newest Triton (TRITON_NEXT; `make test-triton-next` runs that part alone)
@@ -28,7 +30,7 @@ TRITON_NEXT ?= 3.9.0
 NEXT        := .triton-next
 MATHJAX := _vendor/mathjax/tex-chtml.js
 
-.PHONY: setup book chromium test test-kernels test-notebooks test-triton-next clean
+.PHONY: setup book listings tables chromium test test-kernels test-notebooks test-triton-next clean
 
 setup: $(VENV)/.installed $(MATHJAX)
 
@@ -51,6 +53,12 @@ $(MATHJAX):
 
 book: setup
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+
+listings: setup
+	$(PY) scripts/refresh_listings.py
+
+tables: setup
+	$(PY) scripts/unmeasured_tables.py
 
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { \

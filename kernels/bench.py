@@ -246,7 +246,8 @@ def save(df: pd.DataFrame, name: str, meta: dict | None = None) -> None:
 
 
 def load(name: str) -> pd.DataFrame:
-    """Read a committed results table; raise ValueError saying what is wrong with it.
+    """Read a committed results table; raise FileNotFoundError if there is none (`run` shows such a
+    table as not measured yet instead), ValueError saying what is wrong with a broken one.
 
     The metadata is attached as `df.attrs["meta"]`.
     """
@@ -254,7 +255,7 @@ def load(name: str) -> pd.DataFrame:
     if not csv.exists() or not js.exists():
         raise FileNotFoundError(
             f"no results for '{name}' in {RESULTS_DIR} (need {csv.name} and {js.name}); "
-            "they come from a GPU run: scripts/refresh_gpu.sh")
+            f"they come from a GPU run: {measure_command([name])}")
     try:
         df = pd.read_csv(csv)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
@@ -301,10 +302,41 @@ def run(*benchmarks: Benchmark) -> pd.DataFrame:
         else:
             for b in benchmarks:
                 save(sweep(b), b.name)
-    tables = [load(b.name) for b in benchmarks]
-    df = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
-    df.attrs["meta"] = tables[0].attrs["meta"]
+    measured = [load(b.name) for b in benchmarks if is_measured(b.name)]
+    missing = [b for b in benchmarks if not is_measured(b.name)]
+    if not measured:
+        return not_measured(*missing)
+    df = pd.concat(measured, ignore_index=True) if len(measured) > 1 else measured[0]
+    df.attrs["meta"] = measured[0].attrs["meta"]
+    if missing:
+        df.attrs["unmeasured"] = [b.name for b in missing]
     return df
+
+
+def is_measured(name: str) -> bool:
+    """Whether results/<name>.csv and .json are there (a GPU run wrote them)."""
+    return (RESULTS_DIR / f"{name}.csv").exists() and (RESULTS_DIR / f"{name}.json").exists()
+
+
+def not_measured(*benchmarks: Benchmark) -> pd.DataFrame:
+    """What `run` returns for tables no GPU run has written yet: no rows, the columns a measured table
+    would have (so `select` and `.assign` work), and the names in attrs["unmeasured"]. `provenance`
+    turns it into one line that says how to measure it; `summary` and `plot_results` show nothing."""
+    columns = list(dict.fromkeys(["name", "provider", *(c for b in benchmarks for case in b.cases for c in case),
+                                  *REQUIRED_COLUMNS]))
+    df = pd.DataFrame(columns=columns)
+    df.attrs["unmeasured"] = [b.name for b in benchmarks]
+    return df
+
+
+def measure_command(names: Sequence[str]) -> str:
+    """The command that times these tables on a GPU and writes them into results/."""
+    return "python3 scripts/gpu_probe.py " + " ".join(names)
+
+
+def unmeasured() -> list[str]:
+    """The declared tables (every family's BENCHMARKS) that have no committed results."""
+    return [b.name for found in discover().values() for b in found if not is_measured(b.name)]
 
 
 def _time_in_fresh_process(benchmarks) -> None:
@@ -383,7 +415,7 @@ NOT_RUN, OOM_TEXT = "—", "out of memory"
 
 
 def summary(df: pd.DataFrame, index, *, values: str = "ms", book: str = "book", over=(), scale: float = 1.0,
-            roofline: bool = False, digits: int = 3) -> pd.DataFrame:
+            roofline: bool = False, digits: int = 3) -> pd.DataFrame | None:
     """One table per figure, with a unit in every header (two header rows):
 
     - ("time (ms)" or the unit of `values`, provider): `values` per provider, times `scale`
@@ -392,12 +424,15 @@ def summary(df: pd.DataFrame, index, *, values: str = "ms", book: str = "book", 
       book is faster; an item (K, X) of `over` gives ("K's speed-up over", X), K's time against X's;
     - with roofline=True, ("% of roofline", book).
     Shapes a provider did not run read "—" (never NaN), or "out of memory" where that is what happened.
+    A table with no rows (not measured yet) gives None, which a notebook shows as nothing.
     Cells are text with a fixed number of decimals per column: `values` `digits`, speed-ups two,
     percentages one.
 
     >>> summary(df, index=["causal", "T"], values="tflops", over=["SDPA flash", "SDPA cuDNN"])
     >>> summary(df, index=["B", "T"], over=["PyTorch absorbed", ("book: Triton", "book: no split")])
     """
+    if df.empty:  # a table not measured yet: its provenance line says so
+        return None
     index = [index] if isinstance(index, str) else list(index)
     order = list(dict.fromkeys(df["provider"]))
     unit = "time (µs)" if values == "ms" and scale == 1000 else UNITS.get(values, values)
@@ -450,11 +485,18 @@ TEXT_WIDTH = 77
 
 
 def provenance(df: pd.DataFrame) -> str:
-    """Where and when a results table was measured, in lines that fit the book's text column."""
+    """Where and when a results table was measured (the commit that measured it included), in lines that
+    fit the book's text column; for a table not measured yet, one line naming it and the command that
+    measures it."""
+    missing = df.attrs.get("unmeasured", [])
+    note = (f"Not measured yet: {', '.join(missing)} (on a GPU: {measure_command(missing)})."
+            if missing else "")
+    if "meta" not in df.attrs:
+        return textwrap.fill(note or "Not measured yet.", TEXT_WIDTH, break_on_hyphens=False)
     m = df.attrs["meta"]
     fla = f", fla {m['fla']}" if "fla" in m else ""
     where = {"fresh": " in a fresh process", "jupyter kernel": " inside the Jupyter kernel"}.get(m.get("process"), "")
     text = (f"{m['gpu']} (driver {m.get('driver', '?')}, CUDA {m.get('cuda', '?')}), torch {m['torch']}, "
             f"triton {m['triton']}{fla}; commit {m['commit']}, {m['date']}{where}. Ceilings measured in the same run: "
             f"{m['peak_tflops']:.0f} TFLOP/s bf16 matmul, {m['peak_gbps'] / 1000:.2f} TB/s copy.")
-    return textwrap.fill(text, TEXT_WIDTH, break_on_hyphens=False)
+    return "\n".join(textwrap.fill(t, TEXT_WIDTH, break_on_hyphens=False) for t in (text, note) if t)

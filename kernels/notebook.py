@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import re
 import textwrap
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -54,6 +56,86 @@ def show_source(obj) -> Listing:
     `@triton.jit` function as written, decorators included.
     """
     return Listing(inspect.getsource(_unwrapped(obj)), language="python")
+
+
+def _cell_source(cell) -> str:
+    src = cell["source"]
+    return "".join(src) if isinstance(src, list) else src
+
+
+def shown_listings(notebook: str | Path) -> list[tuple[int, str]]:
+    """The chapter's listings: (index among all its cells, the argument as written) for every code cell
+    that ends with the expression `show_source(x)`, whose output the notebook displays."""
+    found = []
+    for index, cell in enumerate(json.loads(Path(notebook).read_text())["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        try:
+            tree = ast.parse(_cell_source(cell))
+        except SyntaxError:  # a cell with IPython magics shows no listing
+            continue
+        last = tree.body[-1] if tree.body else None
+        call = last.value if isinstance(last, ast.Expr) else None
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "show_source"
+                and len(call.args) == 1):
+            found.append((index, ast.unparse(call.args[0])))
+    return found
+
+
+def chapter_names(notebook: str | Path) -> dict:
+    """The names a chapter's top-level import statements bind, with no other cell run (no kernel
+    launched); an import that fails (a peer library absent here) is left out."""
+    names: dict = {}
+    for cell in json.loads(Path(notebook).read_text())["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        try:
+            tree = ast.parse(_cell_source(cell))
+        except SyntaxError:
+            continue
+        for stmt in tree.body:
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                try:
+                    exec(compile(ast.Module(body=[stmt], type_ignores=[]), str(notebook), "exec"), names)
+                except ImportError:
+                    pass
+    return names
+
+
+def listing_output(obj, execution_count: int) -> dict:
+    """The output a Jupyter kernel stores for a cell ending with `show_source(obj)`."""
+    from IPython.core.formatters import DisplayFormatter
+
+    data, metadata = DisplayFormatter().format(show_source(obj))
+    return {"output_type": "execute_result", "execution_count": execution_count,
+            "data": data, "metadata": metadata}
+
+
+def refresh_listings(notebook: str | Path) -> list[str]:
+    """Rewrite the outputs of the chapter's `show_source` cells from the package's current source,
+    without executing any other cell; every other output (the GPU run's) stays as it is. Returns the
+    expressions whose listing changed. A cell never executed gets an execution count one past the
+    code cell before it, so that strict nbval compares it from now on."""
+    import nbformat
+
+    path = Path(notebook)
+    nb = nbformat.read(path, as_version=4)
+    names = chapter_names(path)
+    changed, count = [], 0
+    listings = dict(shown_listings(path))
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        count = cell.execution_count or count + 1
+        if index not in listings:
+            continue
+        fresh = nbformat.from_dict(listing_output(eval(listings[index], names), count))
+        if cell.outputs != [fresh]:
+            changed.append(listings[index])
+            cell.execution_count, cell.outputs = count, [fresh]
+    if changed:
+        nbformat.write(nb, path)
+    return changed
 
 
 def code_lines(*objs) -> int:

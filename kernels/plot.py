@@ -185,11 +185,14 @@ def plot_results(df: pd.DataFrame, x: str = "T", y: str = "tflops", col: str | N
     df: a table from `kernels.bench.run` (its metadata names the GPU).
     y: 'ms', 'us', 'tflops', 'gbps', 'pct_roofline' or 'peak_gib'. The roofline is drawn for ms/us,
         tflops and gbps: the fastest any implementation could go for that shape.
-    Returns the matplotlib Figure (a notebook shows it as a PNG the width of the text column).
+    Returns the matplotlib Figure (a notebook shows it as a PNG the width of the text column), or None
+    for a table with no rows (not measured yet).
 
     >>> fwd = run(fab.FORWARD)
     >>> plot_results(fwd, y="tflops", col="causal", title="Attention forward, B=1, H=32, D=128, bf16")
     """
+    if df.empty:  # a table not measured yet: its provenance line says so, and there is nothing to draw
+        return None
     data = df.copy()
     data["us"] = data["ms"] * 1000
     panels = sorted(data[col].unique(), key=natural_order) if col else [None]

@@ -118,8 +118,47 @@ def test_load_reads_a_good_table(tmp_path, monkeypatch):
 
 def test_load_missing_files_says_how_to_make_them(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
-    with pytest.raises(FileNotFoundError, match="refresh_gpu.sh"):
+    with pytest.raises(FileNotFoundError, match="gpu_probe.py nothing"):
         bench.load("nothing")
+
+
+def _declared(name, cases=({"B": 1, "T": 64},)):
+    return bench.Benchmark(name, list(cases), {"book": lambda case: None}, flops=lambda c: 1.0,
+                           bytes_moved=lambda c: 1.0)
+
+
+def test_a_table_not_measured_yet_shows_one_line(tmp_path, monkeypatch):
+    """A chapter cell whose table no GPU run has written prints one plain line (which table, the
+    command that measures it) and raises nothing: select, assign, summary and the figure all work."""
+    monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
+    df = bench.run(_declared("later_table"))
+    assert df.empty and {"B", "T", "provider", "ms"} <= set(df.columns)
+    text = bench.provenance(df)
+    assert " ".join(text.splitlines()) == \
+        "Not measured yet: later_table (on a GPU: python3 scripts/gpu_probe.py later_table)."
+    assert max(map(len, text.splitlines())) <= bench.TEXT_WIDTH
+    assert bench.summary(bench.select(df, B=1).assign(mode="plain"), index=["mode", "B"]) is None
+    from kernels.plot import plot_results
+    assert plot_results(df, x="T", y="ms") is None
+
+
+def test_a_measured_table_beside_an_unmeasured_one(tmp_path, monkeypatch):
+    """`run` of a measured and an unmeasured table returns the measured rows, and the provenance says
+    where they were measured and which table is still to come."""
+    _write(tmp_path, monkeypatch, HEADER + "t,book,1024,0.5,100,10,0.25,50,\n")
+    df = bench.run(_declared("t", [{"N": 1024}]), _declared("later_table"))
+    assert list(df["provider"]) == ["book"]
+    text = bench.provenance(df)
+    assert "NVIDIA H200" in text and "commit abc1234" in text
+    assert " ".join(text.splitlines()).endswith("Not measured yet: later_table (on a GPU: python3 "
+                                                "scripts/gpu_probe.py later_table).")
+
+
+def test_unmeasured_lists_declared_tables_without_results(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
+    names = bench.unmeasured()
+    declared = [b.name for found in bench.discover().values() for b in found]
+    assert names == declared and names  # nothing in an empty folder is measured
 
 
 @pytest.mark.parametrize("csv_text, message", [

@@ -1,15 +1,14 @@
 """Every listing a chapter shows is the package's current code.
 
-The chapters show the package's code with `show_source(obj)` and are committed with the outputs of
-their GPU run. When a kernel changes and the chapter is not re-executed, the page would show old
-code. This test reads each committed notebook, rebuilds the names it imports (only its import
-statements are run, no kernel), evaluates the argument of each `show_source(...)` cell against the
-installed package, and compares what `show_source` returns now with the text stored in the cell.
-No GPU and no notebook kernel are needed; a failure names the chapter, the cell and the object.
+The chapters show the package's code with `show_source(obj)`. When a kernel changes, the page would
+show old code until its listings are refreshed: `make listings` (scripts/refresh_listings.py) rewrites
+those outputs from the source on any machine, without executing another cell. This test reads each
+committed notebook, binds the names its import statements bind (no kernel is launched), and compares
+what `show_source` returns now with the text stored in the cell. A failure names the chapter, the
+cell and the object, and says to run `make listings`.
 """
 from __future__ import annotations
 
-import ast
 import difflib
 import json
 from pathlib import Path
@@ -18,40 +17,10 @@ import pytest
 
 pytest.importorskip("IPython")  # kernels.notebook needs it, as the chapters do
 
+from kernels.notebook import chapter_names, show_source, shown_listings  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "book").glob("*.ipynb"))
-
-
-def _source(cell) -> str:
-    src = cell["source"]
-    return "".join(src) if isinstance(src, list) else src
-
-
-def _imports(cells) -> list[ast.stmt]:
-    """Every top-level import statement of the notebook's code cells, in order."""
-    found = []
-    for cell in cells:
-        try:
-            tree = ast.parse(_source(cell))
-        except SyntaxError:  # a cell with IPython magics: it cannot hold a plain import we need
-            continue
-        found += [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
-    return found
-
-
-def _listing_calls(cell) -> list[ast.expr]:
-    """The arguments of the cell's `show_source(x)` if the cell ends with that expression (the
-    output the notebook displays), else nothing."""
-    try:
-        tree = ast.parse(_source(cell))
-    except SyntaxError:
-        return []
-    if not tree.body or not isinstance(tree.body[-1], ast.Expr):
-        return []
-    call = tree.body[-1].value
-    if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "show_source":
-        return [call.args[0]] if len(call.args) == 1 else []
-    return []
 
 
 def _stored_text(cell) -> str | None:
@@ -63,30 +32,11 @@ def _stored_text(cell) -> str | None:
 
 
 def _cases():
-    cases = []
-    for path in CHAPTERS:
-        cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
-        for i, cell in enumerate(cells):
-            for arg in _listing_calls(cell):
-                cases.append(pytest.param(path, i, ast.unparse(arg), id=f"{path.stem}-{ast.unparse(arg)}"))
-    return cases
+    return [pytest.param(path, index, expr, id=f"{path.stem}-{expr}")
+            for path in CHAPTERS for index, expr in shown_listings(path)]
 
 
-_NAMESPACES: dict[Path, dict] = {}
-
-
-def _namespace(path: Path) -> dict:
-    """The names the notebook's import statements bind (computed once per notebook)."""
-    if path not in _NAMESPACES:
-        cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
-        ns: dict = {}
-        for stmt in _imports(cells):
-            try:
-                exec(compile(ast.Module(body=[stmt], type_ignores=[]), str(path), "exec"), ns)
-            except ImportError:  # a name no listing needs (a peer library absent here); a listing
-                pass             # that needs it fails below with a NameError that names it
-        _NAMESPACES[path] = ns
-    return _NAMESPACES[path]
+_NAMES: dict[Path, dict] = {}
 
 
 def test_chapters_show_listings():
@@ -96,13 +46,32 @@ def test_chapters_show_listings():
 
 @pytest.mark.parametrize("path, index, expr", _cases())
 def test_listing_is_current(path, index, expr):
-    ns = _namespace(path)
-    cell = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"][index]
+    names = _NAMES.setdefault(path, chapter_names(path))
+    cell = json.loads(path.read_text())["cells"][index]
     stored = _stored_text(cell)
     if stored is None:
-        pytest.fail(f"{path.name}: the cell `show_source({expr})` has no stored output; execute the chapter")
-    now = ns["show_source"](eval(expr, ns)).data
+        pytest.fail(f"{path.name}: the cell `show_source({expr})` has no stored output; run `make listings`")
+    now = show_source(eval(expr, names)).data
     if stored.rstrip("\n") != now.rstrip("\n"):
         diff = "\n".join(difflib.unified_diff(stored.splitlines(), now.splitlines(), "in the notebook",
                                               "in the package", lineterm="", n=1))
-        pytest.fail(f"{path.name}: the listing of `{expr}` is stale; re-execute the chapter.\n{diff[:3000]}")
+        pytest.fail(f"{path.name}: the listing of `{expr}` is stale; run `make listings`.\n{diff[:3000]}")
+
+
+def test_refresh_rewrites_a_stale_listing(tmp_path):
+    """`make listings` mends what this file catches: a listing made stale is rewritten from the source
+    and every other cell's outputs are left byte for byte."""
+    from kernels.notebook import refresh_listings
+
+    chapter = next(p for p in CHAPTERS if shown_listings(p))
+    index, expr = shown_listings(chapter)[0]
+    nb = json.loads(chapter.read_text())
+    nb["cells"][index]["outputs"][0]["data"]["text/plain"] = ["def stale():\n", "    pass\n"]
+    copy = tmp_path / chapter.name
+    copy.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    assert refresh_listings(copy) == [expr]
+    fresh = json.loads(copy.read_text())["cells"]
+    assert "".join(fresh[index]["outputs"][0]["data"]["text/plain"]).rstrip("\n") == \
+        show_source(eval(expr, chapter_names(chapter))).data.rstrip("\n")
+    others = [c.get("outputs") for i, c in enumerate(nb["cells"]) if i != index]
+    assert others == [c.get("outputs") for i, c in enumerate(fresh) if i != index]
