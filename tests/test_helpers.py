@@ -200,31 +200,34 @@ def test_a_table_without_a_module_is_not_timed_in_a_fresh_process(monkeypatch):
 
 def test_sweep_records_the_timer_and_the_peers_it_ran(tmp_path, monkeypatch):
     """The metadata names the timer and every peer the table's providers were handed, with its version; a peer
-    that is absent here is neither named nor imported."""
+    that is absent here is not named."""
     from kernels import peers
     monkeypatch.setattr(bench, "ON_GPU", True)
     monkeypatch.setattr(bench, "INTERPRET", False)
     monkeypatch.setattr(bench, "measure_ceilings", lambda: {"peak_tflops": 1.0, "peak_gbps": 1.0})
     monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
-    monkeypatch.setattr(peers, "_optional", lambda module, name=None: None)  # nothing installed...
-    monkeypatch.setitem(sys.modules, "fakepeer", type(sys)("fakepeer"))
-    sys.modules["fakepeer"].__version__ = "1.2.3"
+    fake = type(sys)("tilelang")
+    fake.__version__ = "1.2.3"
+    monkeypatch.setitem(sys.modules, "tilelang", fake)  # TileLang "installed", nothing else
+    monkeypatch.setattr(peers, "_optional", lambda module, name=None: fake if module == "tilelang" else None)
 
-    def with_a_peer(case):  # ...but one peer, handed out the way kernels.peers hands them out
-        peers._handed_out("fakepeer", print, "fakepeer", "fakepeer")
+    def with_peers(case):
+        peers.tilelang(), peers.sdpa("cuDNN")
         peers.fla("gla", "chunk_gla")  # absent: not recorded
         return None
 
-    df = bench.sweep(_benchmark(with_a_peer, name="t_decode_plain", timer=None))
-    assert df.attrs["run"] == {"timer": "plain", "peers": {"fakepeer": "1.2.3"}}
+    df = bench.sweep(_benchmark(with_peers, name="t_decode_plain", timer=None))
+    cudnn = str(torch.backends.cudnn.version())
+    assert df.attrs["run"] == {"timer": "plain", "peers": {"TileLang": "1.2.3", "cuDNN": cudnn}}
     bench.save(df, "t", {**GOOD_META})
     meta = json.loads((tmp_path / "t.json").read_text())
-    assert meta["timer"] == "plain" and meta["peers"] == {"fakepeer": "1.2.3"}
+    assert meta["timer"] == "plain" and meta["peers"] == {"TileLang": "1.2.3", "cuDNN": cudnn}
     df.attrs["meta"] = meta
-    assert "fakepeer 1.2.3" in bench.provenance(df) and "calls back to back" in bench.provenance(df)
-    with peers.recording() as used:  # outside a sweep's recording, another block records on its own
-        peers.fla("gla", "chunk_gla")
-    assert used == {}
+    text = bench.provenance(df).replace("\n", " ")
+    assert "TileLang 1.2.3" in text and "calls back to back" in text
+    with peers.recording() as outer, peers.recording() as inner:  # blocks nest: each sees what was handed out
+        peers.tilelang()
+    assert outer == inner == {"TileLang": "1.2.3"}
 
 
 def test_run_never_times_on_a_cpu(tmp_path, monkeypatch):
