@@ -6,7 +6,8 @@ Every row carries explicitly counted FLOPs and bytes, so each time becomes TFLOP
 percentage of the roofline: max(FLOPs / matmul rate, bytes / copy rate), with both ceilings
 re-measured in the same process that does the timing.
 
-    >>> PREFILL = Benchmark("gla_prefill", cases, providers, flops=prefill_flops, bytes_moved=prefill_bytes)
+    >>> PREFILL = Benchmark("gla_prefill", cases, providers, flops=prefill_flops, bytes_moved=prefill_bytes,
+    ...                     timer="flushed", module=__name__)
     >>> df = run(PREFILL)          # writes (GPU) or reads (CPU) results/gla_prefill.csv and .json
     >>> summary(df, index=["T"], over=["fla"])
 
@@ -35,8 +36,8 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from . import peers
 from .common import INTERPRET, ON_GPU
-from .peers import fla_version
 
 
 def _default_results_dir() -> Path:
@@ -82,7 +83,8 @@ def measure_ceilings() -> dict:
 
 
 def metadata() -> dict:
-    """GPU, driver, versions, commit and date: recorded with every results table."""
+    """GPU, driver, versions, commit and date: recorded with every results table (`sweep` adds the timer
+    and the peers the table ran, each with its version)."""
     import triton
 
     def _cmd(args):
@@ -106,8 +108,6 @@ def metadata() -> dict:
         "do_bench": {"warmup_ms": WARMUP_MS, "rep_ms": REP_MS, "return_mode": "median"},
         "process": "fresh" if os.environ.get(_CHILD) else ("jupyter kernel" if "ipykernel" in sys.modules else "plain"),
     }
-    if fla_version():  # a peer, benchmarked only
-        meta["fla"] = fla_version()
     return meta
 
 
@@ -162,26 +162,38 @@ class Benchmark:
         The book's own kernels are labelled "book" or "book: <variant>".
     flops, bytes_moved: counted for a case, the same for every provider (the work the operation must do,
         not what a given implementation happens to do).
-    timer: "plain" (Python calls, launch overhead included, do_bench), "loop" (calls back to back,
-        `time_loop_ms`) or "graph" (replayed from a CUDA graph).
-    measure: instead of timing, measure(fn) -> dict of extra columns (peak memory, say); ms stays empty.
+    timer: one per kind of table. "graph": replayed from a CUDA graph (`time_graph_ms`: GPU time, no launch
+        overhead); "plain": Python calls back to back, as a decode loop makes them (`time_loop_ms`: host time
+        included); "flushed": do_bench's single calls with L2 emptied between them (`time_ms`). A table named
+        `*_graph` or `*_plain` gets that timer (naming another is refused); any other table names its timer.
+    measure: instead of timing, measure(fn) -> dict of extra columns (peak memory, say); ms stays empty and no
+        timer is named.
+    module: the module that declares it (pass `__name__`), so that a fresh process can find it again.
     """
     name: str
     cases: Sequence[Mapping]
     providers: Mapping[str, Callable[[Mapping], Callable[[], object] | None]]
     flops: Callable[[Mapping], float]
     bytes_moved: Callable[[Mapping], float]
-    timer: str = "plain"
+    timer: str | None = None
     measure: Callable[[Callable[[], object]], Mapping] | None = None
+    module: str | None = None
 
     def __post_init__(self):
-        if self.timer not in TIMERS:
-            raise ValueError(f"timer must be one of {sorted(TIMERS)}, got {self.timer!r}")
-        # the module that declares it, so a fresh process can find it again
-        object.__setattr__(self, "module", sys._getframe(2).f_globals.get("__name__"))
+        if self.timer is not None and self.timer not in TIMERS:
+            raise ValueError(f"{self.name}: timer must be one of {sorted(TIMERS)}, got {self.timer!r}")
+        implied = next((t for t in ("graph", "plain") if self.name.endswith(f"_{t}")), None)
+        if implied and self.timer not in (None, implied):
+            raise ValueError(f"{self.name}: a *_{implied} table is timed by {implied!r}, not {self.timer!r}")
+        if self.measure is not None and self.timer is not None:
+            raise ValueError(f"{self.name}: a table that measures (measure=...) is not timed: name no timer")
+        if not implied and self.measure is None and self.timer is None:
+            raise ValueError(f"{self.name}: name its timer ({', '.join(sorted(TIMERS))}), or end the name in "
+                             "_graph or _plain")
+        object.__setattr__(self, "timer", self.timer or implied)
 
 
-TIMERS = {"plain": time_ms, "loop": time_loop_ms, "graph": time_graph_ms}
+TIMERS = {"graph": time_graph_ms, "plain": time_loop_ms, "flushed": time_ms}
 
 
 def _error_note(e: Exception) -> str:
@@ -194,9 +206,10 @@ def sweep(benchmark: Benchmark) -> pd.DataFrame:
 
     Running out of GPU memory is recorded as a row with ms empty and note "OOM"; a provider that
     does not apply, "n/a"; any other failure, "error: ..." (a broken peer must not sink the sweep).
-    Progress is a bar on stderr (a sweep started from a notebook runs in a fresh process whose stderr goes
-    to the terminal that started Jupyter, not into the notebook); with KERNELS_BENCH_TRACE set, one line
-    per job as it starts instead.
+    The table's attrs["run"] holds its timer and {peer: version} of the peers its providers handed out
+    (`save` writes both into the metadata). Progress is a bar on stderr (a sweep started from a notebook
+    runs in a fresh process whose stderr goes to the terminal that started Jupyter, not into the notebook);
+    with KERNELS_BENCH_TRACE set, one line per job as it starts instead.
     """
     if not ON_GPU or INTERPRET:
         raise RuntimeError("sweep() times kernels and needs a CUDA GPU; on a CPU use run(), which loads")
@@ -204,41 +217,45 @@ def sweep(benchmark: Benchmark) -> pd.DataFrame:
     rows = []
     jobs = [(case, label, factory) for case in benchmark.cases for label, factory in benchmark.providers.items()]
     trace = bool(os.environ.get("KERNELS_BENCH_TRACE"))
-    for i, (case, label, factory) in enumerate(tqdm(jobs, desc=benchmark.name, file=sys.stderr, mininterval=2.0,
-                                                    disable=trace)):
-        if trace:  # one line as each job starts: a job that never ends is the last one named
-            print(f"[{benchmark.name} {i + 1}/{len(jobs)}] {label} {dict(case)}", file=sys.stderr, flush=True)
-        row = {"name": benchmark.name, "provider": label, **case}
-        f, b = float(benchmark.flops(case)), float(benchmark.bytes_moved(case))
-        roof_ms = max(f / (ceil["peak_tflops"] * 1e9), b / (ceil["peak_gbps"] * 1e6))
-        ms, note, extra = math.nan, "", {}
-        try:
-            fn = factory(case)
-            if fn is None:
-                note = "n/a"
-            elif benchmark.measure is not None:
-                extra = dict(benchmark.measure(fn))
-            else:
-                ms = TIMERS[benchmark.timer](fn)
-        except torch.OutOfMemoryError:
-            note = "OOM"
-        except Exception as e:  # noqa: BLE001 (the table says why)
-            note = _error_note(e)
-            print(f"[{benchmark.name}] {label} {dict(case)}: {note}", file=sys.stderr)
-        finally:
-            fn = None
-            torch.cuda.empty_cache()
-        timed = ms == ms
-        row.update(ms=ms, tflops=f / ms / 1e9 if timed else math.nan, gbps=b / ms / 1e6 if timed else math.nan,
-                   roofline_ms=roof_ms, pct_roofline=100 * roof_ms / ms if timed else math.nan, note=note, **extra)
-        rows.append(row)
-    return pd.DataFrame(rows)
+    with peers.recording() as used:  # the peers the providers hand out, with their versions
+        for i, (case, label, factory) in enumerate(tqdm(jobs, desc=benchmark.name, file=sys.stderr,
+                                                        mininterval=2.0, disable=trace)):
+            if trace:  # one line as each job starts: a job that never ends is the last one named
+                print(f"[{benchmark.name} {i + 1}/{len(jobs)}] {label} {dict(case)}", file=sys.stderr, flush=True)
+            row = {"name": benchmark.name, "provider": label, **case}
+            f, b = float(benchmark.flops(case)), float(benchmark.bytes_moved(case))
+            roof_ms = max(f / (ceil["peak_tflops"] * 1e9), b / (ceil["peak_gbps"] * 1e6))
+            ms, note, extra = math.nan, "", {}
+            try:
+                fn = factory(case)
+                if fn is None:
+                    note = "n/a"
+                elif benchmark.measure is not None:
+                    extra = dict(benchmark.measure(fn))
+                else:
+                    ms = TIMERS[benchmark.timer](fn)
+            except torch.OutOfMemoryError:
+                note = "OOM"
+            except Exception as e:  # noqa: BLE001 (the table says why)
+                note = _error_note(e)
+                print(f"[{benchmark.name}] {label} {dict(case)}: {note}", file=sys.stderr)
+            finally:
+                fn = None
+                torch.cuda.empty_cache()
+            timed = ms == ms
+            row.update(ms=ms, tflops=f / ms / 1e9 if timed else math.nan, gbps=b / ms / 1e6 if timed else math.nan,
+                       roofline_ms=roof_ms, pct_roofline=100 * roof_ms / ms if timed else math.nan, note=note, **extra)
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    df.attrs["run"] = {"timer": benchmark.timer, "peers": dict(sorted(used.items()))}
+    return df
 
 
 def save(df: pd.DataFrame, name: str, meta: dict | None = None) -> None:
-    """Write results/<name>.csv and results/<name>.json (metadata and ceilings)."""
+    """Write results/<name>.csv and results/<name>.json (metadata, ceilings, and the timer and peers of the
+    sweep that made `df`)."""
     RESULTS_DIR.mkdir(exist_ok=True)
-    meta = dict(meta or metadata())
+    meta = {**(meta or metadata()), **df.attrs.get("run", {})}
     if ON_GPU:
         meta.update(measure_ceilings())
     df.to_csv(RESULTS_DIR / f"{name}.csv", index=False, float_format="%.6g")
@@ -340,6 +357,10 @@ def unmeasured() -> list[str]:
 
 
 def _time_in_fresh_process(benchmarks) -> None:
+    unfound = [b.name for b in benchmarks if not b.module]
+    if unfound:
+        raise ValueError(f"benchmark(s) {unfound} declare no module (module=__name__): a fresh process cannot find "
+                         "them to time them")
     targets = [(b.module, b.name) for b in benchmarks]
     code = f"from kernels.bench import _child_main; _child_main({targets!r})"
     root = str(Path(__file__).resolve().parent.parent)  # so the child imports this package
@@ -494,9 +515,13 @@ def provenance(df: pd.DataFrame) -> str:
     if "meta" not in df.attrs:
         return textwrap.fill(note or "Not measured yet.", TEXT_WIDTH, break_on_hyphens=False)
     m = df.attrs["meta"]
-    fla = f", fla {m['fla']}" if "fla" in m else ""
+    # "peers": what the table ran, with versions; tables measured before that was recorded name fla alone
+    ran = m.get("peers") or ({"fla": m["fla"]} if "fla" in m else {})
+    versions = "".join(f", {peer} {version}" for peer, version in ran.items())
     where = {"fresh": " in a fresh process", "jupyter kernel": " inside the Jupyter kernel"}.get(m.get("process"), "")
+    timed = {"graph": " Timed by CUDA-graph replays.", "plain": " Timed by calls back to back.",
+             "flushed": " Timed by single calls, L2 flushed between them."}.get(m.get("timer"), "")
     text = (f"{m['gpu']} (driver {m.get('driver', '?')}, CUDA {m.get('cuda', '?')}), torch {m['torch']}, "
-            f"triton {m['triton']}{fla}; commit {m['commit']}, {m['date']}{where}. Ceilings measured in the same run: "
-            f"{m['peak_tflops']:.0f} TFLOP/s bf16 matmul, {m['peak_gbps'] / 1000:.2f} TB/s copy.")
+            f"triton {m['triton']}{versions}; commit {m['commit']}, {m['date']}{where}.{timed} Ceilings measured in "
+            f"the same run: {m['peak_tflops']:.0f} TFLOP/s bf16 matmul, {m['peak_gbps'] / 1000:.2f} TB/s copy.")
     return "\n".join(textwrap.fill(t, TEXT_WIDTH, break_on_hyphens=False) for t in (text, note) if t)

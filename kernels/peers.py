@@ -7,13 +7,57 @@ table then records "n/a" for it).
     >>> attend = sdpa("cuDNN")                      # q, k, v: [B, H, T, D] (SDPA's own layout)
     >>> o = attend(q, k, v, causal=True)
     >>> chunk_gla = fla("gla", "chunk_gla")         # None without flash-linear-attention
+
+Every peer handed out inside `recording()` is noted with its version, so a results table names the
+peers it ran (fla, FlashMLA, mamba_ssm, TileLang, cuDNN) without importing one that is absent.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.metadata
 import os
 import sys
 from pathlib import Path
+
+_records: list[dict] = []  # the open `recording()` blocks, innermost last
+
+
+@contextlib.contextmanager
+def recording():
+    """{peer: version} of every peer handed out inside the block, filled in as they are.
+
+    >>> with recording() as used:
+    ...     attend = sdpa("cuDNN")
+    >>> used                                        # {"cuDNN": "91002"}
+    """
+    used: dict[str, str] = {}
+    _records.append(used)
+    try:
+        yield used
+    finally:
+        _records.remove(used)
+
+
+def _version(module: str, distribution: str) -> str:
+    """The version of an imported peer: its module's __version__, else its installed distribution's."""
+    found = getattr(sys.modules.get(module), "__version__", None)
+    if found:
+        return str(found)
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (source checkout)"
+
+
+def _handed_out(peer: str, found, module: str, distribution: str):
+    """Note `peer` in every open record when it was found (a peer that is absent is never imported again
+    for its version); return `found`."""
+    if found is not None and _records:
+        version = _version(module, distribution)
+        for used in _records:
+            used[peer] = version
+    return found
 
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cuDNN": "CUDNN_ATTENTION"}
 
@@ -27,6 +71,11 @@ def sdpa(backend: str):
     if backend not in SDPA_BACKENDS:
         raise ValueError(f"backend must be one of {sorted(SDPA_BACKENDS)}, got {backend!r}")
     pinned = getattr(SDPBackend, SDPA_BACKENDS[backend])
+    if backend == "cuDNN" and _records:
+        import torch
+
+        for used in _records:
+            used["cuDNN"] = str(torch.backends.cudnn.version())
 
     def attend(q, k, v, causal=False, scale=None):
         with sdpa_kernel(pinned):
@@ -44,12 +93,7 @@ def _optional(module: str, name: str | None = None):
 
 def fla(op: str, name: str):
     """A function of flash-linear-attention's `fla.ops.<op>` (e.g. fla("gla", "chunk_gla")), or None."""
-    return _optional(f"fla.ops.{op}", name)
-
-
-def fla_version() -> str | None:
-    module = _optional("fla")
-    return None if module is None else getattr(module, "__version__", "unknown")
+    return _handed_out("fla", _optional(f"fla.ops.{op}", name), "fla", "flash-linear-attention")
 
 
 def _from_checkout(where: str | None, module: str, name: str, first: bool):
@@ -70,7 +114,7 @@ def flashmla(name: str = "flash_mla_with_kvcache"):
     (put first on the path: the built checkout wins over anything installed)."""
     where = os.environ.get("FLASHMLA_PATH") or str(Path(__file__).resolve().parents[1] / ".peers-flashmla"
                                                    / "flashmla_src")
-    return _from_checkout(where, "flash_mla", name, first=True)
+    return _handed_out("FlashMLA", _from_checkout(where, "flash_mla", name, first=True), "flash_mla", "flash_mla")
 
 
 def mamba_ssm(module: str, name: str):
@@ -78,12 +122,13 @@ def mamba_ssm(module: str, name: str):
     pulls in CUDA extensions that a source checkout has not built; the Triton ops alone need triton and
     einops, so a checkout named by MAMBA_SSM_PATH (the folder holding `mamba_ssm/`, put last on the path) is
     enough."""
-    return _from_checkout(os.environ.get("MAMBA_SSM_PATH"), f"mamba_ssm.ops.triton.{module}", name, first=False)
+    found = _from_checkout(os.environ.get("MAMBA_SSM_PATH"), f"mamba_ssm.ops.triton.{module}", name, first=False)
+    return _handed_out("mamba_ssm", found, "mamba_ssm", "mamba_ssm")
 
 
 def tilelang():
     """The `tilelang` module (TileLang's compiler, GPU box only), or None."""
-    return _optional("tilelang")
+    return _handed_out("TileLang", _optional("tilelang"), "tilelang", "tilelang")
 
 
-__all__ = ["sdpa", "fla", "fla_version", "flashmla", "mamba_ssm", "tilelang"]
+__all__ = ["sdpa", "fla", "flashmla", "mamba_ssm", "tilelang", "recording"]

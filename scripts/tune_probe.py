@@ -1,15 +1,12 @@
 """Tuning probe for the open performance problems (notes/TUNING.md); GPU only, prints tables.
 
-    python scripts/tune_probe.py fa_host fa_bwd mla fa_mask
+    python scripts/tune_probe.py fa_host fa_bwd fa_mask
 
 fa_host: where the host time of one FlashAttention-2 call goes (tiny shapes).
 fa_bwd: the backward at short T (B=1, H=32, D=128) against SDPA flash: through autograd, the
   kernels alone, a CUDA-graph replay (GPU time only), and autograd on one thread.
-mla: the Triton MLA decode kernel's tile configurations (TMA and pointer loads) at B=128, H=128, T=8K.
 mla_splits: MLA decode on shuffled pages of 64 at B = 8, 32, 64 (T = 8K): the Gluon kernel at the split count
-  `_num_splits` picks and at others, graph replays beside FlashMLA, and each launch's GPU time (main, combine).
-mla_host: where the host time of a plain paged MLA call at B = 1 goes (64 positions: the GPU is never the
-  bottleneck): the whole call, each piece, and Triton's launcher called in leaner ways.
+  `mla_decode` picks and at others, graph replays beside FlashMLA, and each launch's GPU time (main, combine).
 mla_mixed: MLA decode on shuffled pages at B = 64 with lengths drawn from 1K to 16K: the Gluon kernel beside
   FlashMLA (whose schedule gives every SM an equal share of the batch's tiles), graph replays, checked against
   each other first.
@@ -24,12 +21,11 @@ mla_variants FILE... [B,T ...] [in_order]: copies of kernels/mla/gluon_decode.py
   kernel on the dense cache those pages are a view of (the same memory, read without a block table).
 fa_mask: what keeping hidden NaN out costs the causal forward: the kernel as it is against a copy whose
   masked path multiplies P and V with a plain `tl.dot` (short lengths, where diagonal blocks weigh most).
-m2_step: Mamba-2's decode step at B = 64 (80 and 64 heads x 64 x 128), graph replays, % of the copy ceiling
-  measured in the same run: the book's kernel at the tiles `step_tiles` picks and at others.
-kda_step: KDA's decode step (H = 32, K = V = 128): at B = 64 the book's kernel against itself at other tiles and
-  without its whole-tile (EVEN) and one-token (STEP) variants, graph replays, % of the copy ceiling; at B = 1, 8
-  and 64 plain calls (do_bench, and back to back as the chapter times them), the graph replay and the host
-  time, and the pieces of a B = 1 call's host time (Triton's launcher given tensors or integer pointers).
+kda_step: KDA's decode step (H = 32, K = V = 128) at B = 1, 8 and 64: single calls with L2 flushed (do_bench),
+  calls back to back (as the chapter times plain calls), the graph replay, and the host time of a call.
+
+Only the package's public names are used (tests/test_package.py checks it), but for the split count
+`mla_decode` picks, until the MLA package makes it public.
 kda_prefill: KDA's prefill at T = 4K and 16K, GPU time per kernel, the book's and fla's (torch.profiler).
 """
 import importlib.util
@@ -48,7 +44,7 @@ from kernels.flash_attn import backward as fb
 from kernels.flash_attn import interface
 from kernels.flash_attn.bench import attention_flops
 from kernels.flash_attn.forward import attention_fwd
-from kernels.flash_attn.interface import flash_attn_func
+from kernels.flash_attn.interface import ONE_LAUNCH_MAX_FLOPS, flash_attn_func
 
 
 def _host_us(fn, n=300):
@@ -71,6 +67,12 @@ def _noop1(a):
 @triton.jit
 def _noop15(a, b, c, d, e, f, g, h, i0, i1, i2, i3, i4, f0, f1):
     pass
+
+
+def _one_launch(q, k, causal):
+    """Whether flash_attn_func's backward runs as one launch at this shape (ONE_LAUNCH_MAX_FLOPS)."""
+    B, T, H, D = q.shape
+    return attention_flops(B, H, T, k.shape[1], D, causal, backward=True) < ONE_LAUNCH_MAX_FLOPS
 
 
 class _Trivial(torch.autograd.Function):
@@ -104,11 +106,10 @@ def fa_host():
         "torch.empty": lambda: torch.empty(1, 64, 1, D, device="cuda"),
         "triton launch, 1 arg": lambda: _noop1[(1,)](x),
         "triton launch, 15 args": lambda: _noop15[(1,)](x, x, x, x, x, x, x, x, 1, 2, 3, 4, 5, 1.0, 2.0),
-        "_validate": lambda: interface._validate(q, k, v, False, None),
         "flash_attn_func, no grad": lambda: flash_attn_func(q.detach(), k.detach(), v.detach()),
         "flash_attn_func, grad": lambda: flash_attn_func(q, k, v),
         "attention_bwd": lambda: fb.attention_bwd(g, q.detach(), k.detach(), v.detach(), o.detach(), lse, False,
-                                                  D ** -0.5, interface._one_launch(q, k, False)),
+                                                  D ** -0.5, _one_launch(q, k, False)),
         "autograd.grad, trivial Function": lambda: torch.autograd.grad(ot, (q, k, v), g, retain_graph=True),
         "autograd.grad, book": lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True),
     }
@@ -139,7 +140,7 @@ def fa_bwd():
         g = torch.randn_like(o)
         qd, kd, vd, od = q.detach(), k.detach(), v.detach(), o.detach()
         _, lse = attention_fwd(qd, kd, vd, causal, D ** -0.5)
-        one = interface._one_launch(qd, kd, causal)
+        one = _one_launch(qd, kd, causal)
         qs, ks, vs = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             os_ = sdpa(qs, ks, vs, is_causal=causal)
@@ -158,35 +159,6 @@ def fa_bwd():
         print(f"=== T={T} causal={causal}  ({flops / 1e9:.1f} GFLOP)")
         for name, ms in t.items():
             print(f"  {name:32s} {ms * 1e3:8.1f} us  {flops / ms / 1e9:6.0f} TFLOP/s")
-
-
-def mla():
-    from kernels.launch import LOG2E
-    from kernels.mla import decode as md, mla_decode
-    B, H, T, DQK, DV = 128, 128, 8192, 576, 512
-    torch.manual_seed(0)
-    q = torch.randn(B, 1, H, DQK, device="cuda", dtype=torch.bfloat16)
-    kv = torch.randn(B, T, DQK, device="cuda", dtype=torch.bfloat16)
-    lens = torch.full((B,), T, device="cuda", dtype=torch.int32)
-    flops = 2.0 * B * H * T * (DQK + DV)
-    ms = time_graph_ms(lambda: mla_decode(q, kv, lens, DQK ** -0.5, check_seqlens=False, backend="triton"))
-    print(f"Triton kernel (autotuned, picked {md._mla_decode_tuned.best_config}): {ms:.3f} ms, "
-          f"{flops / ms / 1e9:.0f} TFLOP/s")
-    out = torch.empty(B, 1, H, DV, device="cuda", dtype=torch.bfloat16)
-    lse = torch.empty(B, H, 1, device="cuda", dtype=torch.float32)
-    for bh, bn, w, s, tma in [(64, 64, 8, 2, True), (64, 64, 8, 2, False), (64, 32, 8, 3, True), (64, 32, 8, 4, True),
-                              (64, 128, 8, 1, True), (64, 64, 8, 1, True)]:
-        def call():
-            md._mla_decode_kernel[(triton.cdiv(H, bh), 1, B)](
-                q, kv, lens, lens, out, lse, out, lse, DQK ** -0.5 * LOG2E,
-                kv.stride(0), kv.stride(1), 0, 1, S_Q=1, H=H, D_QK=DQK, D_V=DV, PAGE=1, PAGED=False, TMA=tma,
-                CAUSAL=False, SPLIT=False, BV=512, BP=64, BX=1, BH=bh, BN=bn, num_warps=w, num_stages=s)
-        try:
-            ms = time_graph_ms(call)
-            print(f"  BH={bh:3d} BN={bn:3d} warps={w:2d} stages={s} TMA={tma}: {ms:.3f} ms  "
-                  f"{flops / ms / 1e9:.0f} TFLOP/s")
-        except Exception as e:  # noqa: BLE001 - a config that does not fit: say so, go on
-            print(f"  BH={bh:3d} BN={bn:3d} warps={w:2d} stages={s} TMA={tma}: {type(e).__name__} {str(e)[:80]}")
 
 
 def load_module(path):
@@ -213,71 +185,16 @@ def fa_mask():
     import kernels.launch
     from kernels.flash_attn import forward
     plain = _forward_without_masking_check()
+    # the direct-launch cache is keyed by shape, not by module: the copy's launches get keys of their own
+    plain.launch = lambda kernel, grid, candidates, key, *args, **constexprs: kernels.launch.launch(
+        kernel, grid, candidates, ("plain dot", key), *args, **constexprs)
     for B, H, T in [(32, 16, 512), (1, 32, 1024), (1, 32, 2048), (1, 32, 4096)]:
         q, k, v = (torch.randn(B, T, H, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         times = {"checked": [], "plain dot": []}
         for _ in range(2):
             for name, module in (("checked", forward), ("plain dot", plain)):
-                kernels.launch._VARIANTS.clear()  # the direct-launch cache is keyed by shape, not by module
                 times[name].append(time_ms(lambda: module.attention_fwd(q, k, v, True, 128 ** -0.5)) * 1000)
         print(f"B={B} H={H} T={T} causal: " + "  ".join(f"{n} {min(t):.1f} us" for n, t in times.items()))
-
-
-# ---------------------------------------------------------------- the decode steps' tiles (Mamba-2, KDA)
-def _decode_sweep(title, nbytes, variants):
-    """Time each (label, call) by graph replay, after checking it against the book's result; print µs and %
-    of the copy ceiling measured in this process."""
-    from kernels.bench import measure_ceilings
-    copy_gbps = measure_ceilings()["peak_gbps"]
-    print(f"--- {title}: {nbytes / 1e6:.0f} MB a step, copy ceiling {copy_gbps:.0f} GB/s "
-          f"(at the ceiling: {nbytes / copy_gbps / 1e3:.1f} us)")
-    for label, call, check in variants:
-        try:
-            check()
-            us = min(time_graph_ms(call) for _ in range(2)) * 1000
-            print(f"  {label:40s} {us:7.2f} us  {nbytes / us / 1e3 / copy_gbps * 100:5.1f} % of copy", flush=True)
-        except Exception as e:  # noqa: BLE001 - a variant that fails or does not fit: say so, go on
-            print(f"  {label:40s} {type(e).__name__}: {str(e)[:100]}", flush=True)
-
-
-def _book_step_with_tiles(a, BM, units, warps):
-    """The book's Mamba-2 step with its tile choice replaced: BM headdim rows, `units` tiles a program."""
-    from kernels.mamba2 import decode, selective_state_update
-    chosen = decode.step_tiles
-    decode.step_tiles = lambda P, N: (BM, chosen(P, N)[1], units, warps)
-    try:
-        return selective_state_update(**a)
-    finally:
-        decode.step_tiles = chosen
-
-
-def m2_step():
-    """Mamba-2's decode step at B = 64 (80 and 64 heads x 64 x 128, with D, z, dt_bias, softplus): the book's
-    kernel with `step_tiles`' choice against the same kernel at other tiles, rows x tiles per program x warps."""
-    from kernels.mamba2 import bench, selective_state_update
-    for heads in (80, 64):
-        case = {"B": 64, "H": heads, "D": bench.HEADDIM, "dstate": bench.DSTATE, "G": 1}
-        torch.manual_seed(0)
-        a = bench._step_inputs(case)
-        state0 = a["state"].clone()
-
-        def check_with(y_fn, a=a, state0=state0):
-            def check():
-                a["state"].copy_(state0)
-                y_ref = selective_state_update(**a)
-                s_ref = a["state"].clone()
-                a["state"].copy_(state0)
-                y = y_fn()
-                # bf16 outputs by relative error: another summation order may round an element one bf16 step
-                # the other way
-                assert rel_err(y, y_ref) < 1e-2 and (a["state"] - s_ref).abs().max() < 1e-4
-            return check
-
-        variants = [("book (step_tiles)", lambda a=a: selective_state_update(**a), lambda: None)]
-        for rows, units, warps in ((4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (16, 2, 2)):
-            call = (lambda r, n, w, a=a: lambda: _book_step_with_tiles(a, r, n, w))(rows, units, warps)
-            variants.append((f"book: {rows} rows x {units} tiles, {warps} warp(s)", call, check_with(call)))
-        _decode_sweep(f"Mamba-2 step, B=64 {heads} heads x 64 x 128", bench.step_bytes(case), variants)
 
 
 # ---------------------------------------------------------------- where a prefill's time goes
@@ -304,7 +221,8 @@ def kda_prefill():
     from kernels.kda import bench
     for case in (c for c in bench.PREFILL.cases if c["T"] in (4096, 16384)):
         print(f"--- KDA prefill, T = {case['T']}")
-        for name, make in (("book", bench._book_chunk), ("fla", bench._fla_chunk)):
+        for name, make in (("book", bench.PREFILL.providers["book: chunk"]),
+                           ("fla", bench.PREFILL.providers["fla chunk_kda"])):
             fn = make(case)
             if fn is None:
                 print(f"  {name}: not installed")
@@ -317,107 +235,59 @@ def kda_prefill():
 
 
 def kda_step():
-    """KDA's step at B = 64: the book's launch against the same kernel at forced (value columns, warps, EVEN,
-    STEP); then plain calls (do_bench, as most chapters time them; back to back, as the KDA chapter does),
-    graph replay and host time at B = 1, 8, 64, and where a B = 1 call's host time goes."""
+    """KDA's step at B = 1, 8, 64 (H = 32, K = V = 128): single calls with L2 flushed (do_bench, as most chapters
+    timed plain calls before), back to back (as the chapters time them now), graph replay and host time."""
+    from torch.nn import functional as F
+
     from kernels.bench import time_loop_ms
-    from kernels.kda import bench, fused_recurrent as fr
     from kernels.kda import fused_recurrent_kda
 
-    def inputs(B):
+    def step(B, H=32, D=128):
         torch.manual_seed(0)
-        q, k, v, g, beta = bench._inputs(B, 1, bench.H_DEC, bench.D_DEC)
-        return q, k, v, g, beta, torch.randn(B, bench.H_DEC, bench.D_DEC, bench.D_DEC, device="cuda")
-
-    def book(a):
-        return lambda: fused_recurrent_kda(*a[:5], initial_state=a[5], output_final_state=True,
+        q, k, v, x = (torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        g = (F.logsigmoid(x.float()) / 16).to(torch.bfloat16)
+        beta = torch.rand(B, 1, H, device="cuda", dtype=torch.bfloat16)
+        state = torch.randn(B, H, D, D, device="cuda")
+        return lambda: fused_recurrent_kda(q, k, v, g, beta, initial_state=state, output_final_state=True,
                                            use_qk_l2norm_in_kernel=True)
 
-    def forced(a, BN, warps, even, step):
-        q, k, v, g, beta, S = a
-        o, ht = torch.empty_like(v), torch.empty_like(S)
-
-        def call():
-            fr.launch_step(fr._fused_recurrent_kda_kernel, "kda probe", (q, k, v, g, beta), o, q.shape[-1] ** -0.5,
-                           S, ht, key=(g.dtype, beta.dtype, even, step), tiles=[(q.shape[-1], BN, warps, 1)],
-                           L2NORM=True, EPS=fr.L2NORM_EPS, EVEN=even, STEP=step)
-            return o, ht
-        return call
-
-    def check_with(a, call):
-        def check():
-            o_ref, S_ref = book(a)()
-            o, S = call()
-            assert rel_err(o, o_ref) < 1e-2 and rel_err(S, S_ref) < 1e-5
-        return check
-
-    case = {"B": 64, "H": bench.H_DEC, "D": bench.D_DEC}
-    a = inputs(64)
-    variants = [("book (kda_step_tiles)", book(a), lambda: None)]
-    for BN, warps, even, step in ((16, 1, False, False), (16, 1, True, False), (16, 1, False, True),
-                                  (16, 1, True, True), (8, 1, True, True), (32, 1, True, True), (32, 2, False, False),
-                                  (32, 2, True, True), (16, 2, True, True), (64, 4, True, True)):
-        call = forced(a, BN, warps, even, step)
-        variants.append((f"{BN} cols, {warps} warp(s), EVEN={even:d} STEP={step:d}", call, check_with(a, call)))
-    _decode_sweep("KDA step, B=64, 32 heads x 128 x 128", bench.STEP_BYTES(case), variants)
-
-    print("--- KDA step: plain (do_bench) / back to back / graph replay / host time per call, us")
+    print("--- KDA step: flushed (do_bench) / back to back / graph replay / host time per call, us")
     for B in (1, 8, 64):
-        fn = book(inputs(B))
-        plain, loop, graph = time_ms(fn) * 1000, time_loop_ms(fn) * 1000, time_graph_ms(fn) * 1000
-        print(f"  B={B:3d}  plain {plain:7.2f}  back to back {loop:7.2f}  graph {graph:7.2f}  "
+        fn = step(B)
+        flushed, loop, graph = time_ms(fn) * 1000, time_loop_ms(fn) * 1000, time_graph_ms(fn) * 1000
+        print(f"  B={B:3d}  flushed {flushed:7.2f}  back to back {loop:7.2f}  graph {graph:7.2f}  "
               f"({loop / graph:.2f}x)  host {_host_us(fn):7.2f}", flush=True)
-    _kda_host_parts(inputs(1), book)
-
-
-def _kda_host_parts(a, book):
-    """Where a B = 1 step's host time goes: each piece of the wrapper alone (µs a call), then the whole call
-    under cProfile (the functions with the most time of their own)."""
-    import cProfile
-    import pstats
-
-    from kernels import launch as launch_module
-    from kernels.kda import fused_recurrent as fr
-    from kernels.kda.interface import _checked
-    q, k, v, g, beta, S = a
-    o, ht = torch.empty_like(v), torch.empty_like(S)
-    whole = book(a)
-    whole()
-    key = next(key for key in launch_module._VARIANTS if key[0] == "kda step")
-    _, c, tail = launch_module._VARIANTS[key]
-    args = (q, k, v, g, beta, o, S, ht, q.shape[-1] ** -0.5, 1, q.shape[2])
-    ints = [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in args]
-    grid = (launch_module.cdiv(v.shape[-1], key[-1][1]), q.shape[0] * q.shape[2], 1)
-    stream = torch.cuda.current_stream().cuda_stream
-    parts = {
-        "whole call": whole,
-        "input checks (_checked)": lambda: _checked(q, k, v, g, beta, None, S, True, True),
-        "two torch.empty": lambda: (torch.empty_like(v), torch.empty_like(S)),
-        "fused_recurrent_fwd (launch_step)": lambda: fr.fused_recurrent_fwd(q, k, v, g, beta, o, 0.1, S, ht, True),
-        "compiled[grid](*args), as launch does": lambda: c[grid](*args, *tail),
-        "Triton's launcher, tensors": lambda: c.run(*grid, stream, c.function, c.packed_metadata, None, None, None,
-                                                    *args, *tail),
-        "Triton's launcher, integer pointers": lambda: c.run(*grid, stream, c.function, c.packed_metadata, None,
-                                                             None, None, *ints, *tail),
-        "torch.cuda.current_device": torch.cuda.current_device,
-    }
-    print("--- KDA step at B = 1: host time of each piece, us")
-    for label, fn in parts.items():
-        print(f"  {label:40s} {_host_us(fn, n=2000):7.2f}", flush=True)
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(2000):
-        whole()
-    profile.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(profile).sort_stats("tottime").print_stats(16)
 
 
 def _mla_planned_splits(case, device):
     """The slice count `mla_decode` picks for a benchmark case of the MLA decode on this GPU."""
     from kernels.launch import sm_count
-    from kernels.mla import interface
-    return interface._num_splits(case["B"], case["H"] // interface._BH_PLAN, case["T"], sm_count(device))
+    from kernels.mla.gluon_decode import BLOCK_H
+    from kernels.mla.interface import _num_splits  # (known to tests/test_package.py: not yet public)
+    return _num_splits(case["B"], case["H"] // BLOCK_H, case["T"], sm_count(device))
+
+
+def _mla_paged(B, T, order, seed=0):
+    """A case of the MLA paged benchmark (its providers take it: `PAGED_PROVIDERS[label](case)`), and the
+    inputs its rows read: q [B, 1, 128, 576], the dense cache [B, T, 576] (None when shuffled), its pages of 64
+    in that order, the block table and the lengths (all T)."""
+    from kernels.mla import bench as mla_bench
+    case = {"B": B, "T": T, "H": mla_bench.H, "D": mla_bench.D_QK, "pages": order}
+    torch.manual_seed(seed)
+    q = torch.randn(B, 1, mla_bench.H, mla_bench.D_QK, device="cuda", dtype=torch.bfloat16)
+    dense = torch.randn(B, T, mla_bench.D_QK, device="cuda", dtype=torch.bfloat16)
+    pages = dense.view(-1, mla_bench.PAGE, mla_bench.D_QK)
+    if order == "in order":
+        table = torch.arange(pages.shape[0], device="cuda", dtype=torch.int32).view(B, -1)
+    else:
+        (pages, table), dense = mla_bench.shuffled_pages(pages, B), None
+    return case, q, dense, pages, table, torch.full((B,), T, device="cuda", dtype=torch.int32)
+
+
+def _flashmla(case):
+    """FlashMLA on the case's pages (the benchmark's own provider), or None where it is not built."""
+    from kernels.mla import bench as mla_bench
+    return mla_bench.DECODE_PAGED.providers["FlashMLA"](case)
 
 
 def mla_splits():
@@ -427,13 +297,12 @@ def mla_splits():
     from kernels.mla import bench as mla_bench
     from kernels.mla import interface
     for B in (8, 32, 64):
-        case = mla_bench._paged_case(B, 8192, "shuffled")
-        q, _, pages, table, seqlens = mla_bench._paged_inputs(case)
+        case, q, _, pages, table, seqlens = _mla_paged(B, 8192, "shuffled")
         picked = _mla_planned_splits(case, q.device)
-        flash = mla_bench._flashmla_paged(case)
+        flash = _flashmla(case)
         flash_ms = time_graph_ms(flash) if flash is not None else float("nan")
         print(f"--- MLA paged decode, B = {B}, T = 8K, shuffled: FlashMLA {flash_ms * 1000:.1f} us replayed; "
-              f"_num_splits picks {picked}", flush=True)
+              f"mla_decode picks {picked}", flush=True)
         for splits in sorted({1, 2, 3, 4, 6, 8, 12, 16, picked}):
             def call(splits=splits):
                 return interface.mla_decode(q, pages, seqlens, mla_bench.SCALE, block_table=table,
@@ -451,8 +320,7 @@ def mla_mixed():
     from kernels import peers
     from kernels.mla import bench as mla_bench
     from kernels.mla import interface
-    case = mla_bench._paged_case(64, 16384, "shuffled")
-    q, _, pages, table, _ = mla_bench._paged_inputs(case)
+    _, q, _, pages, table, _ = _mla_paged(64, 16384, "shuffled")
     torch.manual_seed(3)
     seqlens = torch.randint(1024, 16385, (64,), device="cuda", dtype=torch.int32)
     run = peers.flashmla("flash_mla_with_kvcache")
@@ -472,62 +340,6 @@ def mla_mixed():
           f"rel diff {err:.1e}", flush=True)
 
 
-def mla_host():
-    """Host time of a plain Gluon MLA call at B = 1 (one page, so the GPU is never the bottleneck), piece by piece,
-    each launch both ways: through `kernels.launch.DirectLaunch` (the book's path) and through Triton's runner,
-    `compiled[grid]` (with the TMA scratch allocated per launch); then plain calls back to back against replays."""
-    from kernels import launch as launch_module
-    from kernels.bench import time_loop_ms
-    from kernels.launch import LOG2E, tma_scratch
-    from kernels.mla import bench as mla_bench
-    from kernels.mla import decode, gluon_decode, interface
-    from kernels.mla.reference import check_decode_inputs
-
-    def inputs(B, T):
-        q, _, pages, table, seqlens = mla_bench._paged_inputs(mla_bench._paged_case(B, T, "shuffled"))
-        return q, pages, table, seqlens
-    q, pages, table, seqlens = inputs(1, 64)
-    scale, splits = mla_bench.SCALE, 4
-    B, _, H, _ = q.shape
-    out, lse = interface.mla_decode(q, pages, seqlens, scale, block_table=table, num_splits=splits,
-                                    check_seqlens=False)
-    ws_o, ws_lse = interface._workspace(B, H, splits, 512, q.device)
-    direct = {kernel: launcher for (kernel, _), launcher in launch_module._DIRECT.items()}
-    gluon, combine = direct[gluon_decode._mla_decode_ws_kernel], direct[decode._mla_combine_kernel]
-    gargs = (q, pages, seqlens, table, out, lse, ws_o, ws_lse, scale * LOG2E, pages.shape[0] * 64,
-             pages.stride(0), pages.stride(1), table.stride(0), splits)
-    cargs = (ws_o, ws_lse, out, lse, splits)
-
-    def triton_runner(direct, grid, args):
-        with tma_scratch():
-            direct._compiled[grid](*args, *direct._constexprs)
-    pieces = {
-        "whole call (check_seqlens=False)": lambda: interface.mla_decode(q, pages, seqlens, scale, block_table=table,
-                                                                         num_splits=splits, check_seqlens=False),
-        "check_decode_inputs (quick)": lambda: check_decode_inputs(q, pages, seqlens, scale, table, kernel=True),
-        "_gluon_misfit": lambda: interface._gluon_misfit(q, pages, table, 512),
-        "two torch.empty": lambda: (torch.empty(B, 1, H, 512, device="cuda", dtype=q.dtype),
-                                    torch.empty(B, H, 1, device="cuda", dtype=torch.float32)),
-        "_workspace": lambda: interface._workspace(B, H, splits, 512, q.device),
-        "launch_gluon (direct)": lambda: gluon_decode.launch_gluon(q, pages, seqlens, scale, out, lse, ws_o, ws_lse,
-                                                                   splits, table),
-        "launch_combine (direct)": lambda: decode.launch_combine(ws_o, ws_lse, out, lse, splits),
-        "Gluon kernel through Triton's runner": lambda: triton_runner(gluon, (H // 64, splits, B), gargs),
-        "combine through Triton's runner": lambda: triton_runner(combine, (B * H, 1, 1), cargs),
-    }
-    print(f"--- MLA plain call, paged, B = 1, T = 64, {splits} slices: host time of each piece, us")
-    for label, fn in pieces.items():
-        print(f"  {label:44s} {_host_us(fn, n=2000):7.2f}", flush=True)
-    for B, T in ((1, 8192), (1, 16384), (8, 8192)):
-        q2, p2, t2, s2 = inputs(B, T)
-
-        def call():
-            return interface.mla_decode(q2, p2, s2, scale, block_table=t2, check_seqlens=False)
-        loop, replay = time_loop_ms(call), time_graph_ms(call)
-        print(f"  B = {B}, T = {T}: back to back {loop * 1e3:.1f} us, replayed {replay * 1e3:.1f} us "
-              f"({loop / replay:.2f}x)", flush=True)
-
-
 def mla_ncu(*shapes):
     """The calls `ncu --profile-from-start off` profiles: the book's and FlashMLA's at each "B,T" of `shapes`
     (B = 64 and 8 at T = 8K if none is given)."""
@@ -535,9 +347,8 @@ def mla_ncu(*shapes):
     from kernels.mla import interface
     calls = []
     for B, T in [tuple(map(int, shape.split(","))) for shape in shapes] or [(64, 8192), (8, 8192)]:
-        case = mla_bench._paged_case(B, T, "shuffled")
-        q, _, pages, table, seqlens = mla_bench._paged_inputs(case)
-        flash = mla_bench._flashmla_paged(case)
+        case, q, _, pages, table, seqlens = _mla_paged(B, T, "shuffled")
+        flash = _flashmla(case)
 
         def book(q=q, pages=pages, table=table, seqlens=seqlens):
             return interface.mla_decode(q, pages, seqlens, mla_bench.SCALE, block_table=table, check_seqlens=False)
@@ -560,7 +371,7 @@ def mla_variants(*args):
     orders = ["shuffled"] + (["in order"] if "in_order" in args else [])
     shapes = [tuple(map(int, a.split(","))) for a in args if "," in a]
     from kernels.mla import bench as mla_bench
-    from kernels.mla import decode, gluon_decode, interface
+    from kernels.mla import decode, gluon_decode
     from kernels.mla.reference import mla_decode_ref
     variants = {"committed": gluon_decode, **{pathlib.Path(p).stem: load_module(p) for p in paths}}
 
@@ -568,7 +379,10 @@ def mla_variants(*args):
         B, _, H, _ = q.shape
         out = torch.empty(B, 1, H, 512, device=q.device, dtype=q.dtype)
         lse = torch.empty(B, H, 1, device=q.device, dtype=torch.float32)
-        ws_o, ws_lse = interface._workspace(B, H, splits, 512, q.device) if splits > 1 else (None, None)
+        ws_o, ws_lse = None, None
+        if splits > 1:  # the partials, as launch_gluon's docstring lays them out
+            ws_o = torch.empty(B * H, splits, 512, device=q.device, dtype=torch.float32)
+            ws_lse = torch.empty(B * H, splits, device=q.device, dtype=torch.float32)
         module.launch_gluon(q, cache, seqlens, mla_bench.SCALE, out, lse, ws_o, ws_lse, splits, table)
         if splits > 1:
             decode.launch_combine(ws_o, ws_lse, out, lse, splits)
@@ -615,10 +429,9 @@ def mla_variants(*args):
         print(f"--- paged, {order}, graph replays, us (min of two rounds), speed ratio to FlashMLA in brackets")
         print(f"  {'B, T':10s} {'FlashMLA':>9s} " + " ".join(f"{n[:22]:>22s}" for n in [*variants, *dense_col]))
         for B, T in shapes or ((1, 8192), (8, 8192), (32, 8192), (64, 8192), (128, 4096), (128, 8192)):
-            case = mla_bench._paged_case(B, T, order)
-            q, dense, pages, table, seqlens = mla_bench._paged_inputs(case)
+            case, q, dense, pages, table, seqlens = _mla_paged(B, T, order)
             splits = _mla_planned_splits(case, q.device)
-            flash = mla_bench._flashmla_paged(case)
+            flash = _flashmla(case)
             calls = {n: (lambda m=m: run(m, q, pages, seqlens, table, splits)) for n, m in variants.items()}
             if dense_col:
                 calls[dense_col[0]] = lambda: run(gluon_decode, q, dense, seqlens, None, splits)
@@ -638,6 +451,5 @@ if __name__ == "__main__":
         {"mla_variants": mla_variants, "mla_ncu": mla_ncu}[sys.argv[1]](*sys.argv[2:])
         sys.exit()
     for part in sys.argv[1:]:
-        {"fa_host": fa_host, "fa_bwd": fa_bwd, "mla": mla, "fa_mask": fa_mask, "m2_step": m2_step,
-         "kda_step": kda_step, "mla_splits": mla_splits, "mla_mixed": mla_mixed, "mla_host": mla_host,
-         "kda_prefill": kda_prefill}[part]()
+        {"fa_host": fa_host, "fa_bwd": fa_bwd, "fa_mask": fa_mask, "kda_step": kda_step, "mla_splits": mla_splits,
+         "mla_mixed": mla_mixed, "kda_prefill": kda_prefill}[part]()

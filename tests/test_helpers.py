@@ -124,7 +124,7 @@ def test_load_missing_files_says_how_to_make_them(tmp_path, monkeypatch):
 
 def _declared(name, cases=({"B": 1, "T": 64},)):
     return bench.Benchmark(name, list(cases), {"book": lambda case: None}, flops=lambda c: 1.0,
-                           bytes_moved=lambda c: 1.0)
+                           bytes_moved=lambda c: 1.0, timer="plain", module=__name__)
 
 
 def test_a_table_not_measured_yet_shows_one_line(tmp_path, monkeypatch):
@@ -183,14 +183,90 @@ def test_load_rejects_malformed_metadata(tmp_path, monkeypatch, meta, message):
 
 
 def _benchmark(provider, name="t", **kw):
+    kw = {"timer": "flushed", "module": __name__, **kw}
     return bench.Benchmark(name, [{"T": 1024}], {"book": provider}, flops=lambda c: 1, bytes_moved=lambda c: 1, **kw)
 
 
 def test_benchmark_records_where_it_is_declared():
-    b = _benchmark(lambda case: None)
-    assert b.module == __name__
+    assert _benchmark(lambda case: None).module == __name__
     with pytest.raises(ValueError, match="timer must be one of"):
         _benchmark(lambda case: None, timer="wall")
+
+
+@pytest.mark.parametrize("name, timer, expected", [
+    ("x_decode_graph", None, "graph"), ("x_decode_graph", "graph", "graph"),
+    ("x_decode_plain", None, "plain"), ("x_decode_plain", "plain", "plain"),
+    ("x_prefill", "flushed", "flushed"), ("x_prefill", "graph", "graph"), ("x_prefill", "plain", "plain"),
+    ("x_decode_graph", "plain", "is timed by 'graph'"), ("x_decode_plain", "flushed", "is timed by 'plain'"),
+    ("x_decode_plain", "graph", "is timed by 'plain'"), ("x_prefill", None, "name its timer"),
+    ("x_decode_graphs", None, "name its timer"),
+])
+def test_a_table_has_one_timer_for_its_kind(name, timer, expected):
+    """One timer per kind of table: *_graph tables are CUDA-graph replays, *_plain tables calls back to back;
+    any other table names its timer ("flushed": do_bench's single calls), and nothing else is accepted."""
+    if expected in bench.TIMERS:
+        assert _benchmark(lambda case: None, name=name, timer=timer).timer == expected
+    else:
+        with pytest.raises(ValueError, match=expected):
+            _benchmark(lambda case: None, name=name, timer=timer)
+
+
+def test_a_table_that_measures_names_no_timer():
+    measured = _benchmark(lambda case: None, timer=None, measure=lambda fn: {"peak_gib": 1.0})
+    assert measured.timer is None
+    with pytest.raises(ValueError, match="is not timed"):
+        _benchmark(lambda case: None, measure=lambda fn: {"peak_gib": 1.0})
+
+
+def test_every_declared_table_names_its_module_and_a_timer_of_its_kind():
+    """The families' tables as declared: each names the module it lives in (a fresh process finds it there), and
+    the plain tables of every family are timed the same way."""
+    for family, tables in bench.discover().items():
+        for table in tables:
+            assert table.module == f"kernels.{family}.bench", table.name
+            assert table.timer in bench.TIMERS or table.measure is not None, table.name
+            if table.name.endswith("_plain"):
+                assert bench.TIMERS[table.timer] is bench.time_loop_ms, table.name
+
+
+def test_a_table_without_a_module_is_not_timed_in_a_fresh_process(monkeypatch):
+    monkeypatch.setattr(bench, "will_time", lambda: True)
+    monkeypatch.setitem(sys.modules, "ipykernel", object())
+    monkeypatch.delenv("KERNELS_FRESH_PROCESS", raising=False)
+    with pytest.raises(ValueError, match="declare no module"):
+        bench.run(_benchmark(lambda case: None, module=None))
+
+
+def test_sweep_records_the_timer_and_the_peers_it_ran(tmp_path, monkeypatch):
+    """The metadata names the timer and every peer the table's providers were handed, with its version; a peer
+    that is absent here is not named."""
+    from kernels import peers
+    monkeypatch.setattr(bench, "ON_GPU", True)
+    monkeypatch.setattr(bench, "INTERPRET", False)
+    monkeypatch.setattr(bench, "measure_ceilings", lambda: {"peak_tflops": 1.0, "peak_gbps": 1.0})
+    monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
+    fake = type(sys)("tilelang")
+    fake.__version__ = "1.2.3"
+    monkeypatch.setitem(sys.modules, "tilelang", fake)  # TileLang "installed", nothing else
+    monkeypatch.setattr(peers, "_optional", lambda module, name=None: fake if module == "tilelang" else None)
+
+    def with_peers(case):
+        peers.tilelang(), peers.sdpa("cuDNN")
+        peers.fla("gla", "chunk_gla")  # absent: not recorded
+        return None
+
+    df = bench.sweep(_benchmark(with_peers, name="t_decode_plain", timer=None))
+    cudnn = str(torch.backends.cudnn.version())
+    assert df.attrs["run"] == {"timer": "plain", "peers": {"TileLang": "1.2.3", "cuDNN": cudnn}}
+    bench.save(df, "t", {**GOOD_META})
+    meta = json.loads((tmp_path / "t.json").read_text())
+    assert meta["timer"] == "plain" and meta["peers"] == {"TileLang": "1.2.3", "cuDNN": cudnn}
+    df.attrs["meta"] = meta
+    text = bench.provenance(df).replace("\n", " ")
+    assert "TileLang 1.2.3" in text and "calls back to back" in text
+    with peers.recording() as outer, peers.recording() as inner:  # blocks nest: each sees what was handed out
+        peers.tilelang()
+    assert outer == inner == {"TileLang": "1.2.3"}
 
 
 def test_run_never_times_on_a_cpu(tmp_path, monkeypatch):
@@ -218,7 +294,7 @@ def test_sweep_names_each_job_as_it_starts_when_traced(trace, monkeypatch, capsy
         monkeypatch.delenv("KERNELS_BENCH_TRACE", raising=False)
     started = []
     b = bench.Benchmark("t", [{"T": 64}, {"T": 128}], {"book": lambda case: started.append(case["T"])},
-                        flops=lambda c: 1, bytes_moved=lambda c: 1)
+                        flops=lambda c: 1, bytes_moved=lambda c: 1, timer="flushed", module=__name__)
     df = bench.sweep(b)
     assert started == [64, 128] and list(df["note"]) == ["n/a", "n/a"]
     named = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[t ")]
@@ -248,9 +324,12 @@ if os.environ.get("KERNELS_FRESH_PROCESS"):
     bench.metadata = lambda: {"gpu": "fake GPU", "torch": "x", "triton": "x", "date": "today", "commit": "abc",
                               "peak_tflops": 1.0, "peak_gbps": 1.0}
 
-ONE = bench.Benchmark("one", [{"T": 64}], {"book": lambda c: None}, flops=lambda c: 1, bytes_moved=lambda c: 1)
-TWO = bench.Benchmark("two", [{"T": 128}], {"book": lambda c: None}, flops=lambda c: 1, bytes_moved=lambda c: 1)
-BROKEN = bench.Benchmark("broken", [{"T": -1}], {"book": lambda c: None}, flops=lambda c: 1, bytes_moved=lambda c: 1)
+ONE = bench.Benchmark("one", [{"T": 64}], {"book": lambda c: None}, flops=lambda c: 1, bytes_moved=lambda c: 1,
+                      timer="flushed", module=__name__)
+TWO = bench.Benchmark("two", [{"T": 128}], {"book": lambda c: None}, flops=lambda c: 1, bytes_moved=lambda c: 1,
+                      timer="flushed", module=__name__)
+BROKEN = bench.Benchmark("broken", [{"T": -1}], {"book": lambda c: None}, flops=lambda c: 1, bytes_moved=lambda c: 1,
+                       timer="flushed", module=__name__)
 """
 
 
@@ -325,6 +404,11 @@ def test_provenance_fits_the_text_column():
                         "torch": "2.11.0+cu130"}
     lines = bench.provenance(df).splitlines()
     assert len(lines) > 1 and max(map(len, lines)) <= bench.TEXT_WIDTH
+    assert "fla 0.6.0" in bench.provenance(df)  # a table measured before the peers were recorded by name
+    df.attrs["meta"] = {**df.attrs["meta"], "timer": "graph", "peers": {"FlashMLA": "1.0.0", "TileLang": "0.1.6"}}
+    text = bench.provenance(df)
+    assert "FlashMLA 1.0.0, TileLang 0.1.6" in text.replace("\n", " ") and "CUDA-graph replays" in text
+    assert max(map(len, text.splitlines())) <= bench.TEXT_WIDTH
 
 
 def test_summary_speedup_means_the_book_is_faster():

@@ -177,3 +177,126 @@ def test_the_wheel_runs_with_only_its_declared_dependencies(tmp_path):
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "every family ran" in ran.stdout
+
+
+# ------------------------------------------------------------------ no module reads another's private names
+# Known today, each named with why it stays for now; nothing else may join them.
+PRIVATE_ACROSS_MODULES = {
+    ("kernels/diagrams.py", "_num_splits"): "the split counts MLA picks, drawn; public after MLA's reorganisation",
+    ("kernels/diagrams.py", "_BH_PLAN"): "the head block of MLA's split plan; public after MLA's reorganisation",
+    ("kernels/diagrams.py", "_SM_PLAN"): "the SM count MLA plans for off the GPU; public after MLA's reorganisation",
+    ("kernels/diagrams.py", "_key_ranges"): "the FA forward's key ranges, drawn as the causal tiles",
+    ("kernels/mla/tilelang_decode.py", "_num_splits"): "MLA's split plan, shared; public after MLA's reorganisation",
+    ("kernels/mla/tilelang_decode.py", "_workspace"): "MLA's split workspace; public after MLA's reorganisation",
+    ("kernels/mla/interface.py", "_aligned"): "launch's 16-byte alignment test, shared by the direct launches",
+    ("kernels/mla/gluon_decode.py", "_aligned"): "launch's 16-byte alignment test, shared by the direct launches",
+    ("kernels/flash_attn/backward.py", "_key_ranges"): "the causal key ranges the forward and backward share",
+    ("kernels/mamba2/chunk.py", "_softplus"): "the step's softplus, shared by the chunk scan",
+    ("kernels/ring/interface.py", "_one_launch"): "FlashAttention's backward launch choice, per ring step",
+    ("scripts/tune_probe.py", "_num_splits"): "the split count mla_decode picks; public after MLA's reorganisation",
+    ("scripts/mla_host_cost.py", "_gluon_misfit"): "times MLA's input checks one by one; moves with MLA's rework",
+    ("scripts/mla_host_cost.py", "_num_splits"): "times MLA's split plan; moves with MLA's reorganisation",
+    ("scripts/mla_gluon_compile.py", "_mla_decode_ws_kernel"): "compiles the Gluon MLA kernel alone (ptxas)",
+    ("scripts/mla_tilelang_compile.py", "_decode_kernel"): "compiles the TileLang MLA kernels alone",
+    ("scripts/mla_tilelang_compile.py", "_merge_kernel"): "compiles the TileLang MLA kernels alone",
+    ("scripts/mla_replay_check.py", "_paged_case"): "replays the MLA benchmark's own cases",
+    ("scripts/mla_replay_check.py", "_paged_inputs"): "replays the MLA benchmark's own inputs",
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_reads(root: Path, folders=("kernels", "scripts")) -> list[tuple[str, str, str]]:
+    """(file, private name, how) for every read of a module's private name from another module of the tree:
+    `from x import _y`, `x._y` on a module x, `getattr(x, "_y")` and `importlib.import_module("x")._y`.
+    Modules outside the tree (torch, triton) are not this test's business."""
+    def module_name(path):
+        parts = path.relative_to(root).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    def in_tree(dotted):
+        where = root.joinpath(*dotted.split("."))
+        return where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
+
+    found = []
+    for path in sorted(p for folder in folders for p in (root / folder).rglob("*.py")):
+        rel, me = path.relative_to(root).as_posix(), module_name(path)
+        package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+        tree = ast.parse(path.read_text())
+        modules = {}  # a local name -> the module of the tree it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    local = alias.asname or alias.name.split(".")[0]
+                    modules[local] = alias.name if alias.asname else alias.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+                source = ".".join(base + ([node.module] if node.module else []))
+                for alias in node.names:
+                    if in_tree(f"{source}.{alias.name}"):
+                        modules[alias.asname or alias.name] = f"{source}.{alias.name}"
+                    elif _private(alias.name) and in_tree(source) and source != me:
+                        found.append((rel, alias.name, f"from {source} import {alias.name}"))
+
+        def module_of(node):
+            """The module of the tree an expression names (x, x.y, importlib.import_module("x")), or None."""
+            if isinstance(node, ast.Name):
+                return modules.get(node.id)
+            if isinstance(node, ast.Attribute):
+                base = module_of(node.value)
+                return f"{base}.{node.attr}" if base and in_tree(f"{base}.{node.attr}") else None
+            if (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+                    in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)):
+                return node.args[0].value
+            return None
+
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                owner = module_of(node.value)
+                if owner and owner != me and in_tree(owner):
+                    found.append((rel, node.attr, f"{owner}.{node.attr}"))
+            elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) >= 2
+                  and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+                  and _private(node.args[1].value)):
+                owner = module_of(node.args[0])
+                if owner and owner != me and in_tree(owner):
+                    found.append((rel, node.args[1].value, f"getattr({owner}, {node.args[1].value!r})"))
+    return found
+
+
+def test_no_module_reads_another_modules_private_names():
+    """kernels/ and scripts/ use each other's public names only; the known exceptions are named, each with its
+    reason, and one that is gone must leave the list too."""
+    found = _private_reads(ROOT)
+    new = sorted({f"{file}: {how}" for file, name, how in found if (file, name) not in PRIVATE_ACROSS_MODULES})
+    assert not new, "private names read across modules (make them public, or keep them inside):\n" + "\n".join(new)
+    gone = sorted(set(PRIVATE_ACROSS_MODULES) - {(file, name) for file, name, _ in found})
+    assert not gone, f"no longer read across modules, drop from PRIVATE_ACROSS_MODULES: {gone}"
+
+
+def test_the_private_name_check_finds_every_form(tmp_path):
+    """On a made-up tree: each way of reading another module's private name is found, and what is allowed
+    (a module's own private names, dunders, a third-party module's names, an object's attributes) is not."""
+    files = {
+        "kernels/__init__.py": "",
+        "kernels/fam/__init__.py": "from .inner import public\n",
+        "kernels/fam/inner.py": "import torch\n_hidden = 1\n\ndef public():\n    return _hidden, torch._C\n",
+        "kernels/relative.py": "from .fam.inner import _hidden\n",
+        "kernels/absolute.py": "from kernels.fam.inner import public, _hidden as h\n",
+        "kernels/attribute.py": "from kernels.fam import inner\nx = inner._hidden\n",
+        "kernels/dotted.py": "import kernels.fam.inner\nx = kernels.fam.inner._hidden\n",
+        "kernels/aliased.py": "import kernels.fam.inner as m\nx = m._hidden\n",
+        "scripts/by_getattr.py": "from kernels.fam import inner\nx = getattr(inner, '_hidden')\n",
+        "scripts/by_importlib.py": "import importlib\nx = importlib.import_module('kernels.fam.inner')._hidden\n",
+        "scripts/allowed.py": ("import torch\nimport kernels.fam.inner as m\nfrom kernels.fam.inner import public\n"
+                               "x = (m.__name__, torch._C, public()._x, getattr(m, 'public'))\n"
+                               "class A:\n    def f(self):\n        return self._y\n"),
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = {file for file, name, _ in _private_reads(tmp_path)}
+    assert found == {"kernels/relative.py", "kernels/absolute.py", "kernels/attribute.py", "kernels/dotted.py",
+                     "kernels/aliased.py", "scripts/by_getattr.py", "scripts/by_importlib.py"}

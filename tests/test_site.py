@@ -86,37 +86,53 @@ def test_site_builds_without_warnings(site):
 # ------------------------------------------------------------------------------------------------
 # The reader's vocabulary: the glossary and the bibliography the chapters link to (no build needed).
 
-GLOSSARY_TERMS = [
-    "SM", "warp", "warpgroup", "CTA", "program", "grid", "tile", "tensor core", "wgmma", "TMA", "mbarrier",
-    "HBM", "L2", "shared memory", "registers", "spill", "occupancy", "num_warps", "num_stages", "autotuning",
-    "interpreter", "ptxas", "setmaxnreg", "warp specialization", "software pipelining", "CUDA graph",
-    "programmatic dependent launch",
-    "roofline", "% of roofline", "arithmetic intensity", "speed-up", "split-KV", "KV cache", "paged KV cache",
-    "GQA", "online softmax", "log-sum-exp", "chunk", "state"]
-BIB_KEYS = [
-    "dao2022flashattention", "dao2023flashattention2", "shah2024flashattention3", "milakov2018online",
-    "ainslie2023gqa", "deepseek2024v2", "deepseek2024v3", "flashmla2025", "yang2024gla",
-    "katharopoulos2020transformers", "qin2024lightning2", "minimax2025minimax01", "press2022alibi",
-    "yang2024deltanet", "yang2025gateddeltanet", "kimi2025linear", "gu2023mamba", "dao2024mamba2", "fla2024",
-    "tillet2019triton", "tilelang2025", "williams2009roofline", "liu2023ring", "nvidia2022hopper",
-    "kwon2023paged", "attnkernels_zh"]
+def _book_text() -> str:
+    """What the reader reads: every page of book/, the markdown cells of its notebooks included."""
+    parts = [path.read_text() for path in sorted((ROOT / "book").glob("*.md"))]
+    for path in sorted((ROOT / "book").glob("*.ipynb")):
+        parts += ["".join(cell["source"]) for cell in json.loads(path.read_text())["cells"]
+                  if cell["cell_type"] == "markdown"]
+    return "\n".join(parts)
+
+
+def _roles(role: str) -> set[str]:
+    """The targets of a MyST role across the book: {term}`tiles <tile>` names "tile"; a citation may list keys."""
+    found = set()
+    for body in re.findall(r"\{" + role + r"(?::[a-z]+)?\}`([^`]+)`", _book_text()):
+        named = re.search(r"<([^<>]+)>\s*$", body)
+        target = named.group(1) if named else body
+        found |= {key.strip() for key in target.split(",")} if role == "cite" else {target.strip()}
+    return found
+
+
+def _glossary_terms() -> list[str]:
+    """The terms book/notation.md's glossary defines (a term is a line of its own, its definition indented)."""
+    text = (ROOT / "book" / "notation.md").read_text()
+    body = text.split("```{glossary}", 1)[1].split("```", 1)[0]
+    return [line.strip() for line in body.splitlines() if line.strip() and not line.startswith(" ")]
+
+
+# Read from the pages, never listed by hand: a page that links a term or cites a key is what makes it needed.
+GLOSSARY_TERMS = _glossary_terms()
+BIB_KEYS = sorted(_roles("cite"))
 # Cited for what they say, though no author, date or address of theirs is known: the source article the book
 # grew from (a copy of its text, in Chinese) is identified by its title and where it appeared.
 UNDATED = {"attnkernels_zh"}
 
 
 def test_glossary_defines_the_terms_the_chapters_link():
-    text = (ROOT / "book" / "notation.md").read_text()
-    body = text.split("```{glossary}", 1)[1].split("```", 1)[0]
-    defined = [line.strip() for line in body.splitlines() if line and not line.startswith(" ")]
-    assert sorted(defined) == sorted(GLOSSARY_TERMS), set(defined) ^ set(GLOSSARY_TERMS)
+    assert len(GLOSSARY_TERMS) == len(set(GLOSSARY_TERMS)), "a glossary term is defined twice"
+    linked = _roles("term")
+    assert linked, "no page links the glossary: the {term} roles were not found"
+    assert not linked - set(GLOSSARY_TERMS), f"linked but not in the glossary: {sorted(linked - set(GLOSSARY_TERMS))}"
 
 
 def test_bibliography_has_every_key_with_a_title_year_and_link():
     pybtex = _site_tool("pybtex.database")
 
     bib = pybtex.parse_file(str(ROOT / "book" / "references.bib"))
-    assert not set(BIB_KEYS) - set(bib.entries), f"missing keys: {set(BIB_KEYS) - set(bib.entries)}"
+    assert BIB_KEYS, "no page cites: the {cite} roles were not found"
+    assert not set(BIB_KEYS) - set(bib.entries), f"cited but not in references.bib: {set(BIB_KEYS) - set(bib.entries)}"
     for key, entry in bib.entries.items():
         fields = {name.lower() for name in entry.fields}
         if key in UNDATED:

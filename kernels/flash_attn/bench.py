@@ -97,16 +97,17 @@ def _sweep(pass_):
             for causal in (False, True) for t in SWEEP_T]
 
 
-FORWARD = Benchmark("flash_attn_fwd", _sweep("fwd"), PROVIDERS, flops, bytes_moved)
-BACKWARD = Benchmark("flash_attn_bwd", _sweep("bwd"), PROVIDERS, flops, bytes_moved)
+FORWARD = Benchmark("flash_attn_fwd", _sweep("fwd"), PROVIDERS, flops, bytes_moved, timer="flushed", module=__name__)
+BACKWARD = Benchmark("flash_attn_bwd", _sweep("bwd"), PROVIDERS, flops, bytes_moved, timer="flushed", module=__name__)
 FA3 = Benchmark("flash_attn_fa3",
                 [{"B": 16384 // t, "T": t, "H": 16, "D": 128, "pass": p, "causal": causal}
                  for p in ("fwd", "bwd") for causal in (False, True) for t in FA3_T],
-                {label: PROVIDERS[label] for label in ("book", "SDPA flash", "SDPA cuDNN")}, flops, bytes_moved)
+                {label: PROVIDERS[label] for label in ("book", "SDPA flash", "SDPA cuDNN")}, flops, bytes_moved,
+                timer="flushed", module=__name__)
 MEMORY = Benchmark("flash_attn_memory",
                    [{"B": 1, "T": t, "H": 32, "D": 128, "pass": "fwd", "causal": False} for t in MEMORY_T],
                    {label: PROVIDERS[label] for label in ("book", "eager", "SDPA flash")}, flops, bytes_moved,
-                   measure=peak_memory)
+                   measure=peak_memory, module=__name__)
 BENCHMARKS = [FORWARD, BACKWARD, FA3, MEMORY]
 
 HEADLINE = Panel("flash_attn_fwd", {"causal": False}, "T", "tflops", ("book", "SDPA cuDNN", "SDPA flash"),

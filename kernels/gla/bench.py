@@ -63,9 +63,10 @@ DECODE_PROVIDERS = {"book": _book_step, "PyTorch step": _torch_step, "fla fused_
 
 # One step, B = 1, 8, 64: a plain Python call (launch and wrapper overhead included), and the same
 # call replayed from a CUDA graph (GPU time alone). The state dominates the bytes: 268 MB at B = 64.
-DECODE_PLAIN = Benchmark("gla_decode_plain", DECODE_CASES, DECODE_PROVIDERS, costs.decode_flops, STEP_BYTES)
+DECODE_PLAIN = Benchmark("gla_decode_plain", DECODE_CASES, DECODE_PROVIDERS, costs.decode_flops, STEP_BYTES,
+                         module=__name__)
 DECODE_GRAPH = Benchmark("gla_decode_graph", DECODE_CASES, DECODE_PROVIDERS, costs.decode_flops, STEP_BYTES,
-                         timer="graph")
+                         timer="graph", module=__name__)
 
 
 # ---------------------------------------------------------------- decode against the context length
@@ -74,10 +75,11 @@ CONTEXT_CASES = [{"B": 1, "T": t, "H": H_DEC, "D": D_DEC} for t in (4096, 8192, 
 # Softmax decode: one query over a T-long KV cache, 4·B·H·T·D FLOPs and the 2·B·H·T·D bf16 cache
 # read (its roofline grows with T). Graph-replayed.
 CONTEXT_SOFTMAX = Benchmark("gla_decode_context_softmax", CONTEXT_CASES, {"SDPA flash": costs.sdpa_decode},
-                            flops=costs.softmax_decode_flops, bytes_moved=costs.softmax_decode_bytes, timer="graph")
+                            flops=costs.softmax_decode_flops, bytes_moved=costs.softmax_decode_bytes,
+                            timer="graph", module=__name__)
 # One GLA step at the same B, H, D: the fixed state read and write, whatever T is. Graph-replayed.
 CONTEXT_GLA = Benchmark("gla_decode_context_gla", CONTEXT_CASES, {"book": _book_step, "PyTorch step": _torch_step},
-                        flops=costs.decode_flops, bytes_moved=STEP_BYTES, timer="graph")
+                        flops=costs.decode_flops, bytes_moved=STEP_BYTES, timer="graph", module=__name__)
 
 
 # ---------------------------------------------------------------- prefill
@@ -114,7 +116,7 @@ PREFILL = Benchmark(
         # tens of ms per 1K tokens: the first point only
         "PyTorch step loop": _prefill(naive_recurrent_gla, max_T=1024),
     },
-    prefill_flops, prefill_bytes)
+    prefill_flops, prefill_bytes, timer="flushed", module=__name__)
 
 BENCHMARKS = [CONTEXT_SOFTMAX, CONTEXT_GLA, DECODE_PLAIN, DECODE_GRAPH, PREFILL]
 

@@ -78,9 +78,9 @@ DECODE_PROVIDERS = {"book": _book_step, "PyTorch step": _torch_step, "fla fused_
 # host work or its GPU work, whichever is longer), and the same call replayed from a CUDA graph (GPU
 # time alone). The state dominates the bytes: 268 MB at B = 64.
 DECODE_PLAIN = Benchmark("kda_decode_plain", DECODE_CASES, DECODE_PROVIDERS, decode_flops, STEP_BYTES,
-                         timer="loop")
+                         timer="plain", module=__name__)
 DECODE_GRAPH = Benchmark("kda_decode_graph", DECODE_CASES, DECODE_PROVIDERS, decode_flops, STEP_BYTES,
-                         timer="graph")
+                         timer="graph", module=__name__)
 
 
 # ---------------------------------------------------------------- prefill
@@ -115,7 +115,7 @@ PREFILL = Benchmark(
     "kda_prefill",
     [{"B": 1, "T": t, "H": 32, "D": 128} for t in (1024, 4096, 16384)],
     {"book: chunk": _book_chunk, "fla chunk_kda": _fla_chunk, "SDPA flash": costs.sdpa_causal},
-    prefill_flops, prefill_bytes)
+    prefill_flops, prefill_bytes, timer="flushed", module=__name__)
 
 BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL]
 

@@ -79,9 +79,10 @@ DECODE_PROVIDERS = {"book": _book_step, "PyTorch step": _torch_step,
 
 # One step, B = 1, 8, 64: a plain Python call (launch and wrapper overhead included), and the same
 # call replayed from a CUDA graph (GPU time alone). The state dominates the bytes: 268 MB at B = 64.
-DECODE_PLAIN = Benchmark("lightning_decode_plain", DECODE_CASES, DECODE_PROVIDERS, costs.decode_flops, STEP_BYTES)
+DECODE_PLAIN = Benchmark("lightning_decode_plain", DECODE_CASES, DECODE_PROVIDERS, costs.decode_flops, STEP_BYTES,
+                         module=__name__)
 DECODE_GRAPH = Benchmark("lightning_decode_graph", DECODE_CASES, DECODE_PROVIDERS, costs.decode_flops, STEP_BYTES,
-                         timer="graph")
+                         timer="graph", module=__name__)
 
 
 # ---------------------------------------------------------------- decode against the context length
@@ -91,10 +92,10 @@ CONTEXT_CASES = [{"B": 1, "T": t, "H": H_DEC, "D": D_DEC} for t in (4096, 16384,
 # read. Graph-replayed.
 CONTEXT_SOFTMAX = Benchmark("lightning_decode_context_softmax", CONTEXT_CASES, {"SDPA flash": costs.sdpa_decode},
                             flops=costs.softmax_decode_flops, bytes_moved=costs.softmax_decode_bytes,
-                            timer="graph")
+                            timer="graph", module=__name__)
 # One Lightning step at the same B, H, D: the fixed state read and write, whatever T is. Graph-replayed.
 CONTEXT_LIGHTNING = Benchmark("lightning_decode_context", CONTEXT_CASES, {"book": _book_step},
-                              flops=costs.decode_flops, bytes_moved=STEP_BYTES, timer="graph")
+                              flops=costs.decode_flops, bytes_moved=STEP_BYTES, timer="graph", module=__name__)
 
 
 # ---------------------------------------------------------------- prefill
@@ -123,7 +124,7 @@ PREFILL = Benchmark(
     "lightning_prefill",
     [{"B": 1, "T": t, "H": 32, "D": 128} for t in (1024, 2048, 4096, 8192, 16384)],
     {"book: chunk": _book_chunk, "fla chunk_simple_gla": _fla_chunk, "SDPA flash": costs.sdpa_causal},
-    prefill_flops, prefill_bytes)
+    prefill_flops, prefill_bytes, timer="flushed", module=__name__)
 
 BENCHMARKS = [CONTEXT_SOFTMAX, CONTEXT_LIGHTNING, DECODE_PLAIN, DECODE_GRAPH, PREFILL]
 

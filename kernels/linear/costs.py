@@ -4,7 +4,7 @@ yardstick a fixed-size state is measured against). Cases hold B, H, D (K = V = D
 and context sweeps, T.
 
     >>> step_bytes = decode_bytes(vectors_per_token=4)     # q, k, v in, o out
-    >>> Benchmark("x_decode", cases, providers, decode_flops, step_bytes)
+    >>> Benchmark("x_decode_graph", cases, providers, decode_flops, step_bytes, module=__name__)
 """
 import torch
 

@@ -84,9 +84,10 @@ DECODE_PROVIDERS = {"book": _book_step, "mamba_ssm selective_state_update": _mam
 
 # One step, B = 1, 8, 64: a plain Python call (launch and checks included), and the same call replayed
 # from a CUDA graph (GPU time alone). The state dominates the bytes: 168 MB read and written at B = 64, H = 80.
-DECODE_PLAIN = Benchmark("mamba2_decode_plain", DECODE_CASES, DECODE_PROVIDERS, step_flops, step_bytes)
+DECODE_PLAIN = Benchmark("mamba2_decode_plain", DECODE_CASES, DECODE_PROVIDERS, step_flops, step_bytes,
+                         module=__name__)
 DECODE_GRAPH = Benchmark("mamba2_decode_graph", DECODE_CASES, DECODE_PROVIDERS, step_flops, step_bytes,
-                         timer="graph")
+                         timer="graph", module=__name__)
 
 
 # ---------------------------------------------------------------- prefill
@@ -141,7 +142,7 @@ PREFILL = Benchmark(
     "mamba2_prefill", PREFILL_CASES,
     {"book: SSD chunk scan": _book_scan, "mamba_ssm": _mamba_ssm_scan,          # mamba_chunk_scan_combined
      "PyTorch chunked": _torch_scan, "SDPA flash": sdpa_causal},
-    prefill_flops, prefill_bytes)
+    prefill_flops, prefill_bytes, timer="flushed", module=__name__)
 
 BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL]
 

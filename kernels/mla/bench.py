@@ -146,12 +146,13 @@ DECODE = Benchmark(
     "mla_decode",
     [_case(128, t) for t in (4096, 8192, 16384, 32768)]
     + [_case(b, t) for b in (1, 8, 32, 64) for t in (4096, 8192, 16384)],
-    DECODE_PROVIDERS, decode_flops, decode_bytes, timer="graph")  # replayed from a CUDA graph: no launch overhead
+    DECODE_PROVIDERS, decode_flops, decode_bytes, timer="graph",  # replayed from a CUDA graph: no launch overhead
+    module=__name__)
 DECODE_PLAIN = Benchmark(  # the same kernels called from Python, back to back as a decode loop calls them
     "mla_decode_plain",
     [_case(1, 4096), _case(1, 16384), _case(128, 8192)],
     {k: DECODE_PROVIDERS[k] for k in ("book", "book: Triton", "book: no split", "PyTorch absorbed")},
-    decode_flops, decode_bytes, timer="loop")
+    decode_flops, decode_bytes, timer="plain", module=__name__)
 
 
 # ---------------------------------------------------------------------------------- decode on a paged cache
@@ -260,13 +261,13 @@ _PAGED_SHAPES = [(b, 8192) for b in (1, 8, 32, 64)] + [(128, t) for t in (4096, 
 DECODE_PAGED = Benchmark(
     "mla_decode_paged",
     [_paged_case(b, t, order) for order in ("in order", "shuffled") for b, t in _PAGED_SHAPES],
-    PAGED_PROVIDERS, decode_flops, decode_bytes, timer="graph")
+    PAGED_PROVIDERS, decode_flops, decode_bytes, timer="graph", module=__name__)
 DECODE_PAGED_PLAIN = Benchmark(  # called from Python, back to back: what a step costs on the host as well
     "mla_decode_paged_plain",
     [_paged_case(1, 8192, "shuffled"), _paged_case(1, 16384, "shuffled"), _paged_case(8, 8192, "shuffled"),
      _paged_case(128, 8192, "shuffled")],
     {k: PAGED_PROVIDERS[k] for k in ("book", "book: Triton", "FlashMLA")}, decode_flops, decode_bytes,
-    timer="loop")
+    timer="plain", module=__name__)
 BENCHMARKS = [DECODE, DECODE_PLAIN, DECODE_PAGED, DECODE_PAGED_PLAIN]
 # Against the strongest peer, on the layout it takes: FlashMLA on shuffled pages.
 HEADLINE = Panel("mla_decode_paged", {"B": 128, "pages": "shuffled"}, "T", "tflops", ("book", "FlashMLA"),
