@@ -169,7 +169,7 @@ def mla():
     kv = torch.randn(B, T, DQK, device="cuda", dtype=torch.bfloat16)
     lens = torch.full((B,), T, device="cuda", dtype=torch.int32)
     flops = 2.0 * B * H * T * (DQK + DV)
-    ms = time_graph_ms(lambda: mla_decode(q, kv, lens, DQK ** -0.5, check_seqlens=False, backend="triton"))
+    ms = time_graph_ms(lambda: mla_decode(q, kv, None, lens, check_seqlens=False, backend="triton"))
     print(f"Triton kernel (autotuned, picked {md._mla_decode_tuned.best_config}): {ms:.3f} ms, "
           f"{flops / ms / 1e9:.0f} TFLOP/s")
     out = torch.empty(B, 1, H, DV, device="cuda", dtype=torch.bfloat16)
@@ -416,8 +416,8 @@ def _kda_host_parts(a, book):
 def _mla_planned_splits(case, device):
     """The slice count `mla_decode` picks for a benchmark case of the MLA decode on this GPU."""
     from kernels.launch import sm_count
-    from kernels.mla import interface
-    return interface._num_splits(case["B"], case["H"] // interface._BH_PLAN, case["T"], sm_count(device))
+    from kernels.mla import planning
+    return planning.num_splits(case["B"], case["H"] // planning.PLAN_HEAD_BLOCK, case["T"], sm_count(device))
 
 
 def mla_splits():
@@ -433,10 +433,10 @@ def mla_splits():
         flash = mla_bench._flashmla_paged(case)
         flash_ms = time_graph_ms(flash) if flash is not None else float("nan")
         print(f"--- MLA paged decode, B = {B}, T = 8K, shuffled: FlashMLA {flash_ms * 1000:.1f} us replayed; "
-              f"_num_splits picks {picked}", flush=True)
+              f"num_splits picks {picked}", flush=True)
         for splits in sorted({1, 2, 3, 4, 6, 8, 12, 16, picked}):
             def call(splits=splits):
-                return interface.mla_decode(q, pages, seqlens, mla_bench.SCALE, block_table=table,
+                return interface.mla_decode(q, pages, table, seqlens, softmax_scale=mla_bench.SCALE,
                                             check_seqlens=False, num_splits=splits)
             ms = time_graph_ms(call)
             kernels = ", ".join(f"{name[:40]} {us:.1f}" for name, us in
@@ -463,7 +463,7 @@ def mla_mixed():
                    causal=False)
 
     def book():
-        return interface.mla_decode(q, pages, seqlens, mla_bench.SCALE, block_table=table, check_seqlens=False)
+        return interface.mla_decode(q, pages, table, seqlens, softmax_scale=mla_bench.SCALE, check_seqlens=False)
     (o_f, _), (o_b, _) = flash(), book()
     err = ((o_b.float() - o_f.float()).norm() / o_f.float().norm()).item()
     t_f, t_b = time_graph_ms(flash), time_graph_ms(book)
@@ -480,8 +480,8 @@ def mla_host():
     from kernels.bench import time_loop_ms
     from kernels.launch import LOG2E, tma_scratch
     from kernels.mla import bench as mla_bench
-    from kernels.mla import decode, gluon_decode, interface
-    from kernels.mla.reference import check_decode_inputs
+    from kernels.mla import decode, gluon_decode, interface, planning
+    from kernels.mla.inputs import check_decode_inputs
 
     def inputs(B, T):
         q, _, pages, table, seqlens = mla_bench._paged_inputs(mla_bench._paged_case(B, T, "shuffled"))
@@ -489,9 +489,9 @@ def mla_host():
     q, pages, table, seqlens = inputs(1, 64)
     scale, splits = mla_bench.SCALE, 4
     B, _, H, _ = q.shape
-    out, lse = interface.mla_decode(q, pages, seqlens, scale, block_table=table, num_splits=splits,
+    out, lse = interface.mla_decode(q, pages, table, seqlens, softmax_scale=scale, num_splits=splits,
                                     check_seqlens=False)
-    ws_o, ws_lse = interface._workspace(B, H, splits, 512, q.device)
+    ws_o, ws_lse = planning.workspace(B, H, splits, 512, q.device)
     direct = {kernel: launcher for (kernel, _), launcher in launch_module._DIRECT.items()}
     gluon, combine = direct[gluon_decode._mla_decode_ws_kernel], direct[decode._mla_combine_kernel]
     gargs = (q, pages, seqlens, table, out, lse, ws_o, ws_lse, scale * LOG2E, pages.shape[0] * 64,
@@ -502,15 +502,15 @@ def mla_host():
         with tma_scratch():
             direct._compiled[grid](*args, *direct._constexprs)
     pieces = {
-        "whole call (check_seqlens=False)": lambda: interface.mla_decode(q, pages, seqlens, scale, block_table=table,
+        "whole call (check_seqlens=False)": lambda: interface.mla_decode(q, pages, table, seqlens, softmax_scale=scale,
                                                                          num_splits=splits, check_seqlens=False),
-        "check_decode_inputs (quick)": lambda: check_decode_inputs(q, pages, seqlens, scale, table, kernel=True),
-        "_gluon_misfit": lambda: interface._gluon_misfit(q, pages, table, 512),
+        "check_decode_inputs (cached)": lambda: check_decode_inputs(q, pages, table, seqlens, 512, scale, kernel=True),
+        "gluon_misfit": lambda: planning.gluon_misfit(q, pages, table, 512),
         "two torch.empty": lambda: (torch.empty(B, 1, H, 512, device="cuda", dtype=q.dtype),
                                     torch.empty(B, H, 1, device="cuda", dtype=torch.float32)),
-        "_workspace": lambda: interface._workspace(B, H, splits, 512, q.device),
-        "launch_gluon (direct)": lambda: gluon_decode.launch_gluon(q, pages, seqlens, scale, out, lse, ws_o, ws_lse,
-                                                                   splits, table),
+        "workspace": lambda: planning.workspace(B, H, splits, 512, q.device),
+        "launch_gluon (direct)": lambda: gluon_decode.launch_gluon(q, pages, table, seqlens, scale, out, lse, ws_o,
+                                                                   ws_lse, splits),
         "launch_combine (direct)": lambda: decode.launch_combine(ws_o, ws_lse, out, lse, splits),
         "Gluon kernel through Triton's runner": lambda: triton_runner(gluon, (H // 64, splits, B), gargs),
         "combine through Triton's runner": lambda: triton_runner(combine, (B * H, 1, 1), cargs),
@@ -522,7 +522,7 @@ def mla_host():
         q2, p2, t2, s2 = inputs(B, T)
 
         def call():
-            return interface.mla_decode(q2, p2, s2, scale, block_table=t2, check_seqlens=False)
+            return interface.mla_decode(q2, p2, t2, s2, softmax_scale=scale, check_seqlens=False)
         loop, replay = time_loop_ms(call), time_graph_ms(call)
         print(f"  B = {B}, T = {T}: back to back {loop * 1e3:.1f} us, replayed {replay * 1e3:.1f} us "
               f"({loop / replay:.2f}x)", flush=True)
@@ -540,7 +540,7 @@ def mla_ncu(*shapes):
         flash = mla_bench._flashmla_paged(case)
 
         def book(q=q, pages=pages, table=table, seqlens=seqlens):
-            return interface.mla_decode(q, pages, seqlens, mla_bench.SCALE, block_table=table, check_seqlens=False)
+            return interface.mla_decode(q, pages, table, seqlens, softmax_scale=mla_bench.SCALE, check_seqlens=False)
         for _ in range(3):   # compiled, launched directly, caches warm
             book(), flash()
         calls += [book, flash]
@@ -560,7 +560,7 @@ def mla_variants(*args):
     orders = ["shuffled"] + (["in order"] if "in_order" in args else [])
     shapes = [tuple(map(int, a.split(","))) for a in args if "," in a]
     from kernels.mla import bench as mla_bench
-    from kernels.mla import decode, gluon_decode, interface
+    from kernels.mla import decode, gluon_decode, planning
     from kernels.mla.reference import mla_decode_ref
     variants = {"committed": gluon_decode, **{pathlib.Path(p).stem: load_module(p) for p in paths}}
 
@@ -568,8 +568,8 @@ def mla_variants(*args):
         B, _, H, _ = q.shape
         out = torch.empty(B, 1, H, 512, device=q.device, dtype=q.dtype)
         lse = torch.empty(B, H, 1, device=q.device, dtype=torch.float32)
-        ws_o, ws_lse = interface._workspace(B, H, splits, 512, q.device) if splits > 1 else (None, None)
-        module.launch_gluon(q, cache, seqlens, mla_bench.SCALE, out, lse, ws_o, ws_lse, splits, table)
+        ws_o, ws_lse = planning.workspace(B, H, splits, 512, q.device) if splits > 1 else (None, None)
+        module.launch_gluon(q, cache, table, seqlens, mla_bench.SCALE, out, lse, ws_o, ws_lse, splits)
         if splits > 1:
             decode.launch_combine(ws_o, ws_lse, out, lse, splits)
         return out, lse
@@ -594,7 +594,7 @@ def mla_variants(*args):
         worst, same, lse_worst, finite = 0.0, True, 0.0, True
         for lens, T, all_splits in cases:
             q, dense, pages, table, seqlens = inputs(lens, T)
-            ref, ref_lse = mla_decode_ref(q, dense, seqlens, mla_bench.SCALE)
+            ref, ref_lse = mla_decode_ref(q, dense, None, seqlens, softmax_scale=mla_bench.SCALE)
             for cache, bt in ((dense, None), (pages, table)):
                 for splits in all_splits:
                     out, lse = run(module, q, cache, seqlens, bt, splits)

@@ -127,7 +127,7 @@ assert torch.equal(vector_add(x, x), x + x)
 q = r(B, T, H, 32)
 assert flash_attn_func(q, q, q, causal=True).shape == q.shape
 lens = torch.tensor([30], dtype=torch.int32)
-out, lse = mla_decode(r(1, 1, 4, 64), r(1, 30, 64), lens, 0.1, 48)
+out, lse = mla_decode(r(1, 1, 4, 64), r(1, 30, 64), None, lens, 48, 0.1)
 assert out.shape == (1, 1, 4, 48)
 q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, K)
 g = -torch.rand(B, T, H, K)
