@@ -210,10 +210,10 @@ def check_once_per_signature(check=None, *, strides: bool = False, most: int = 5
     @functools.wraps(check)
     def checked(*args, **kwargs):
         try:
-            key = _signature(args, tensor_meta, [grad_enabled(), *kwargs])
-            if kwargs:
-                _signature(kwargs.values(), tensor_meta, key)
-            key = tuple(key)
+            if kwargs:   # their names, then every value
+                key = tuple(_signature((*args, *kwargs.values()), tensor_meta, [grad_enabled(), *kwargs]))
+            else:
+                key = tuple(_signature(args, tensor_meta, [grad_enabled()]))
         except (_Unusual, RuntimeError):   # (RuntimeError: the strides of a tensor that has none)
             return check(*args, **kwargs)
         verdict = verdicts.get(key, _UNSEEN)
