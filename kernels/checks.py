@@ -10,7 +10,8 @@ be a device sync), and run before anything is launched.
     >>> scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
 
 A family's whole check, which reads no value, is wrapped in `check_once_per_signature`: a decode step
-calls it with the same shapes every time, and then pays a dict lookup instead of the checks.
+calls it with the same shapes every time, and then pays a read of each argument's metadata and a dict
+lookup instead of the checks.
 """
 from __future__ import annotations
 
@@ -189,7 +190,8 @@ def _signature(values, tensor_meta, key: list) -> list:
 def check_once_per_signature(check=None, *, strides: bool = False, most: int = 512):
     """Wrap a check that reads no value (types, shapes, dtypes, devices, requires_grad, scalars) so that
     its verdict is remembered per call signature (`_signature` of every argument, plus the grad mode):
-    a call like an accepted one returns that call's result after one dict lookup. A refusal is not
+    a call like an accepted one returns that call's result from a dict, at the cost of reading each
+    tensor's metadata (about 0.3 us a tensor on a CPU core) and one lookup. A refusal is not
     remembered (the check runs again and raises afresh, with its own message), nor is a call with an
     argument the signature cannot describe (a tensor subclass, say): the check judges those every time.
 

@@ -6,7 +6,8 @@ that layout: GLA's gk is "B T H K" (one decay per key channel), Mamba-2's dt "B 
 head). The check looks at types, shapes, dtypes and devices only (nothing that would wait for the
 GPU) and raises TypeError for a wrong type or dtype, ValueError for a wrong value or shape. A decode step
 calls it with the same shapes every step: its verdict is kept per call signature
-(`kernels.checks.check_once_per_signature`), so such a call costs a dict lookup.
+(`kernels.checks.check_once_per_signature`), so such a call costs a read of its tensors' metadata and a
+dict lookup.
 
     >>> B, T, H, K, V, scale = check_linear_inputs(q, k, v, {"gk": (gk, "B T H K")}, scale, h0, True)
 """

@@ -3,7 +3,8 @@
 The arguments come in FlashMLA's order: q, kv_cache, block_table (None for a dense cache), cache_seqlens,
 head_dim_v, softmax_scale, causal. `check_decode_inputs` judges the tensors' types, ranks, dtypes, devices
 and shapes and the scalars (no value is read, nothing launched); its verdict is kept per call signature
-(`kernels.checks.check_once_per_signature`), so a decode step's repeated call costs a dict lookup.
+(`kernels.checks.check_once_per_signature`), so a decode step's repeated call costs a read of its tensors'
+metadata and a dict lookup.
 `check_cache_lengths` reads the lengths and the block table (one device sync).
 
     >>> kv_cache = paged_rows(kv_cache, block_table)

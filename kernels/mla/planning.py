@@ -26,8 +26,8 @@ import math
 import torch
 import triton
 
-from ..launch import (TESTED_TRITON, _aligned, cdiv, fast_paths_on, is_hopper, launch_hooked, launch_stream, relaunches,
-                      reused, sm_count, tma_ready)
+from ..launch import (TESTED_TRITON, cdiv, fast_paths_on, is_hopper, launch_hooked, launch_stream, relaunches, reused,
+                      sm_count, tma_ready)
 from . import decode, gluon_decode
 from .inputs import paged_rows
 
@@ -136,7 +136,7 @@ def dense_inputs(q, kv_cache, block_table, cache_seqlens):
         kv_cache = kv_cache.contiguous()
     block_table = None if block_table is None else block_table.contiguous()
     q = q.contiguous()
-    if not _aligned((q,)):
+    if q.data_ptr() % 16:
         q = q.clone()
     return q, kv_cache, block_table, cache_seqlens.contiguous()
 
