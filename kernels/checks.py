@@ -8,11 +8,17 @@ be a device sync), and run before anything is launched.
     >>> check_same_device_and_dtype(q=q, k=k, v=v)
     >>> check_kernel_device(q=q, k=k)        # the machine rule, for kernels only
     >>> scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
+
+A family's whole check, which reads no value, is wrapped in `check_once_per_signature`: a decode step
+calls it with the same shapes every time, and then pays a read of each argument's metadata and a dict
+lookup instead of the checks.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+import operator
 
 import torch
 
@@ -99,6 +105,16 @@ def check_kernel_device(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name} is on {t.device}: the kernels run on the GPU and take CUDA tensors")
 
 
+def check_no_grad(what: str, **tensors: torch.Tensor) -> None:
+    """ValueError naming the first tensor that requires grad while grad mode is on: `what` (e.g. "the MLA
+    decode kernels") has no backward, so its output could not carry the gradient."""
+    if torch.is_grad_enabled():
+        for name, t in tensors.items():
+            if t.requires_grad:
+                raise ValueError(f"{name} requires grad, and {what} have no backward: pass {name}.detach() "
+                                 "or call under torch.no_grad()")
+
+
 def check_bool(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
@@ -137,6 +153,87 @@ def softmax_scale_or_default(scale, head_dim: int | None, name: str = "softmax_s
     return float(scale)
 
 
+class _Unusual(Exception):
+    """An argument the signature does not describe (a tensor subclass, an object of another type)."""
+
+
+_SCALARS = frozenset((bool, int, float, str, type(None)))   # by exact type: True, 1 and 1.0 are one dict key
+_TENSOR_META = operator.attrgetter("shape", "dtype", "device", "requires_grad")   # one C call a tensor
+
+
+def _tensor_meta_and_strides(t: torch.Tensor) -> tuple:
+    return *_TENSOR_META(t), t.stride()
+
+
+def _signature(values, tensor_meta, key: list) -> list:
+    """Append to `key` what a check can read of `values` without reading their values: each tensor's
+    `tensor_meta` (its shape, dtype, device and requires_grad; and strides where asked), each scalar's type
+    and value, each tuple, list or dict's type and length, then its items (a dict's keys, then its values).
+    _Unusual for anything else. One flat list, a loop rather than a call per value: it runs on every call."""
+    for value in values:
+        kind = type(value)
+        if kind is torch.Tensor:
+            key.append(tensor_meta(value))
+        elif kind in _SCALARS:
+            key += kind, value
+        elif kind is tuple or kind is list:
+            key += kind, len(value)
+            _signature(value, tensor_meta, key)
+        elif kind is dict:
+            key += kind, len(value), *value
+            _signature(value.values(), tensor_meta, key)
+        else:
+            raise _Unusual
+    return key
+
+
+def check_once_per_signature(check=None, *, strides: bool = False, most: int = 512):
+    """Wrap a check that reads no value (types, shapes, dtypes, devices, requires_grad, scalars) so that
+    its verdict is remembered per call signature (`_signature` of every argument, plus the grad mode):
+    a call like an accepted one returns that call's result from a dict, at the cost of reading each
+    tensor's metadata (about 0.3 us a tensor on a CPU core) and one lookup. A refusal is not
+    remembered (the check runs again and raises afresh, with its own message), nor is a call with an
+    argument the signature cannot describe (a tensor subclass, say): the check judges those every time.
+
+    strides: the check reads the tensors' strides, so they belong to the signature. most: how many
+    signatures are kept (the oldest is dropped first). The result must be immutable (it is shared).
+    The wrapper has `verdicts` (the dict) and `cache_clear()`.
+
+    >>> @check_once_per_signature
+    ... def check_inputs(q, k, scale=None): ...
+    >>> check_inputs(q, k)   # the checks run; the same shapes again: a lookup
+    """
+    if check is None:
+        return functools.partial(check_once_per_signature, strides=strides, most=most)
+    verdicts: dict = {}
+    tensor_meta = _tensor_meta_and_strides if strides else _TENSOR_META
+    grad_enabled = torch.is_grad_enabled
+
+    @functools.wraps(check)
+    def checked(*args, **kwargs):
+        try:
+            if kwargs:   # their names, then every value
+                key = tuple(_signature((*args, *kwargs.values()), tensor_meta, [grad_enabled(), *kwargs]))
+            else:
+                key = tuple(_signature(args, tensor_meta, [grad_enabled()]))
+        except (_Unusual, RuntimeError):   # (RuntimeError: the strides of a tensor that has none)
+            return check(*args, **kwargs)
+        verdict = verdicts.get(key, _UNSEEN)
+        if verdict is _UNSEEN:
+            verdict = check(*args, **kwargs)
+            while len(verdicts) >= most:
+                del verdicts[next(iter(verdicts))]   # the oldest
+            verdicts[key] = verdict
+        return verdict
+
+    checked.verdicts = verdicts
+    checked.cache_clear = verdicts.clear
+    return checked
+
+
+_UNSEEN = object()
+
+
 __all__ = ["FLOATS", "REFERENCE_FLOATS", "check_tensor", "check_not_empty", "check_same_device_and_dtype",
            "check_same_device", "check_has_values", "check_kernel_device", "check_bool", "check_int", "check_choice",
-           "softmax_scale_or_default"]
+           "check_no_grad", "softmax_scale_or_default", "check_once_per_signature"]

@@ -180,8 +180,8 @@ def split_kv_merge(n_splits: int = 4, length: int = 64, seed: int = 0):
     o_s (normalised over its slice) and its log-sum-exp lse_s; the combine kernel merges them with the
     weights e^(lse_s - lse). The numbers are a small worked example (scalar values, `length` positions,
     computed here and checked against one softmax over the whole cache); the title gives the slice
-    counts MLA's launch picks on an H200 (`kernels.mla.interface._num_splits`)."""
-    from .mla.interface import _BH_PLAN, _SM_PLAN, _num_splits
+    counts MLA's launch picks on an H200 (`kernels.mla.planning.num_splits`)."""
+    from .mla.planning import PLAN_HEAD_BLOCK, PLAN_SM_COUNT, num_splits
 
     gen = torch.Generator().manual_seed(seed)
     s = torch.randn(length, generator=gen, dtype=torch.float64) * 2
@@ -212,7 +212,7 @@ def split_kv_merge(n_splits: int = 4, length: int = 64, seed: int = 0):
     ax.set_xlim(-0.01, 1.01)
     ax.set_ylim(0.0, 4.2)
     ax.axis("off")
-    picks = ", ".join(f"B={b}: {_num_splits(b, 128 // _BH_PLAN, 16384, _SM_PLAN)}" for b in (1, 8, 32, 128))
+    picks = ", ".join(f"B={b}: {num_splits(b, 128 // PLAN_HEAD_BLOCK, 16384, PLAN_SM_COUNT)}" for b in (1, 8, 32, 128))
     ax.set_title(f"Split-KV decode: one program per slice, merged by log-sum-exp\n"
                  f"(slices MLA's launch picks at T = 16K, H = 128: {picks})", loc="left")
     return _finish(fig)

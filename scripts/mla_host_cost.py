@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from kernels.mla import decode, gluon_decode, interface  # noqa: E402  (sets the interpreter without a GPU)
+from kernels.mla import decode, gluon_decode, inputs, interface, planning  # noqa: E402  (sets the interpreter)
 
 
 def per_call_us(fn, repeat):
@@ -46,22 +46,22 @@ def main(argv):
     lens = torch.full((B,), T, dtype=torch.int32)
     scale = 576 ** -0.5
     print(f"mla_decode host path, launches stubbed; B={B}, T={T}, H={H}, D={D}; best of 5 x {repeat} calls")
-    misfit = interface._gluon_misfit
+    misfit = planning.gluon_misfit
     for route in ("gluon", "triton"):
-        interface._gluon_misfit = (lambda *a: None) if route == "gluon" else misfit
+        planning.gluon_misfit = (lambda *a: None) if route == "gluon" else misfit
         for cache, bt, name in ((kv, None, "dense"), (pages, table, "paged")):
             for check in (True, False):
                 launches.clear()
-                us = per_call_us(lambda: interface.mla_decode(q, cache, lens, scale, block_table=bt,
+                us = per_call_us(lambda: interface.mla_decode(q, cache, bt, lens, 512, scale,
                                                               check_seqlens=check), repeat)
                 per = ", ".join(sorted(set(launches)))
                 print(f"  {route:6s} {name:5s} check_seqlens={check!s:5s}: {us:6.1f} us  (launches: {per})")
-    interface._gluon_misfit = misfit
+    planning.gluon_misfit = misfit
     # the pieces
     pieces = {
-        "check_decode_inputs": lambda: interface.check_decode_inputs(q, pages, lens, scale, table, kernel=True),
-        "check_cache_lengths (sync)": lambda: interface.check_cache_lengths(pages, lens, table, 1, False),
-        "_num_splits (cached)": lambda: interface._num_splits(1, 2, T, 132),
+        "check_decode_inputs": lambda: inputs.check_decode_inputs(q, pages, table, lens, 512, scale, kernel=True),
+        "check_cache_lengths (sync)": lambda: inputs.check_cache_lengths(pages, table, lens, 1, False),
+        "num_splits (cached)": lambda: planning.num_splits(1, 2, T, 132),
         "torch.empty out + lse": lambda: (torch.empty(B, 1, H, 512), torch.empty(B, H, 1)),
     }
     print("pieces:")

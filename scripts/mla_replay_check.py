@@ -31,8 +31,7 @@ PROVIDERS = ["book", "FlashMLA", "book: TileLang"]
 def first_sequence_ref(case):
     """The fp32 reference output of sequence 0 (the benchmark's inputs: one seed per case)."""
     q, _, pages, table, seqlens = mla_bench._paged_inputs(case)
-    out, _ = mla_decode_ref(q[:1].float(), pages.float(), seqlens[:1], mla_bench.SCALE, mla_bench.D_C,
-                            block_table=table[:1])
+    out, _ = mla_decode_ref(q[:1].float(), pages.float(), table[:1], seqlens[:1], mla_bench.D_C, mla_bench.SCALE)
     return out
 
 

@@ -262,9 +262,8 @@ def kda_step():
 def _mla_planned_splits(case, device):
     """The slice count `mla_decode` picks for a benchmark case of the MLA decode on this GPU."""
     from kernels.launch import sm_count
-    from kernels.mla.gluon_decode import BLOCK_H
-    from kernels.mla.interface import _num_splits  # (known to tests/test_package.py: not yet public)
-    return _num_splits(case["B"], case["H"] // BLOCK_H, case["T"], sm_count(device))
+    from kernels.mla import planning
+    return planning.num_splits(case["B"], case["H"] // planning.PLAN_HEAD_BLOCK, case["T"], sm_count(device))
 
 
 def _mla_paged(B, T, order, seed=0):
@@ -305,7 +304,7 @@ def mla_splits():
               f"mla_decode picks {picked}", flush=True)
         for splits in sorted({1, 2, 3, 4, 6, 8, 12, 16, picked}):
             def call(splits=splits):
-                return interface.mla_decode(q, pages, seqlens, mla_bench.SCALE, block_table=table,
+                return interface.mla_decode(q, pages, table, seqlens, softmax_scale=mla_bench.SCALE,
                                             check_seqlens=False, num_splits=splits)
             ms = time_graph_ms(call)
             kernels = ", ".join(f"{name[:40]} {us:.1f}" for name, us in
@@ -331,7 +330,7 @@ def mla_mixed():
                    causal=False)
 
     def book():
-        return interface.mla_decode(q, pages, seqlens, mla_bench.SCALE, block_table=table, check_seqlens=False)
+        return interface.mla_decode(q, pages, table, seqlens, softmax_scale=mla_bench.SCALE, check_seqlens=False)
     (o_f, _), (o_b, _) = flash(), book()
     err = ((o_b.float() - o_f.float()).norm() / o_f.float().norm()).item()
     t_f, t_b = time_graph_ms(flash), time_graph_ms(book)
@@ -351,7 +350,7 @@ def mla_ncu(*shapes):
         flash = _flashmla(case)
 
         def book(q=q, pages=pages, table=table, seqlens=seqlens):
-            return interface.mla_decode(q, pages, seqlens, mla_bench.SCALE, block_table=table, check_seqlens=False)
+            return interface.mla_decode(q, pages, table, seqlens, softmax_scale=mla_bench.SCALE, check_seqlens=False)
         for _ in range(3):   # compiled, launched directly, caches warm
             book(), flash()
         calls += [book, flash]
@@ -408,7 +407,7 @@ def mla_variants(*args):
         worst, same, lse_worst, finite = 0.0, True, 0.0, True
         for lens, T, all_splits in cases:
             q, dense, pages, table, seqlens = inputs(lens, T)
-            ref, ref_lse = mla_decode_ref(q, dense, seqlens, mla_bench.SCALE)
+            ref, ref_lse = mla_decode_ref(q, dense, None, seqlens, softmax_scale=mla_bench.SCALE)
             for cache, bt in ((dense, None), (pages, table)):
                 for splits in all_splits:
                     out, lse = run(module, q, cache, seqlens, bt, splits)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from kernels import bench
-from kernels.checks import (check_kernel_device, check_same_device_and_dtype, check_tensor,
-                            softmax_scale_or_default)
+from kernels.checks import (check_kernel_device, check_no_grad, check_once_per_signature, check_same_device_and_dtype,
+                            check_tensor, softmax_scale_or_default)
 from kernels.common import INTERPRET, assert_close, pick, rel_err
 
 
@@ -87,6 +87,103 @@ def test_scale_default_and_required():
     assert softmax_scale_or_default(2, 64) == 2.0
     with pytest.raises(TypeError, match="softmax_scale is required"):
         softmax_scale_or_default(None, None)
+
+
+def test_check_no_grad_names_the_tensor_in_grad_mode_only():
+    q, k = torch.zeros(2, requires_grad=True), torch.zeros(2)
+    with pytest.raises(ValueError, match="q requires grad, and the step kernels have no backward"):
+        check_no_grad("the step kernels", k=k, q=q)
+    with torch.no_grad():
+        check_no_grad("the step kernels", k=k, q=q)
+
+
+def _counted_check(**options):
+    """A check that reads shapes, dtypes, requires_grad, the grad mode and a scalar (and strides where asked),
+    wrapped in check_once_per_signature; and the list of the calls that reached it."""
+    reached = []
+
+    @check_once_per_signature(**options)
+    def check(x, gates, scale=1.0, *, name="x"):
+        reached.append(1)
+        check_tensor(name, x, dtypes=(torch.float32,))
+        if isinstance(scale, bool) or scale <= 0:
+            raise ValueError(f"scale must be > 0, got {scale}")
+        return (tuple(x.shape), x.requires_grad and torch.is_grad_enabled(), scale,
+                x.stride() if options.get("strides") else None, tuple(gates))
+    return check, reached
+
+
+def test_check_once_per_signature_keeps_the_verdict_of_a_signature():
+    """The same signature again (new tensors, the same shapes, dtypes, devices, requires_grad, grad mode, scalar
+    types and values, containers): the kept verdict, the check not run; anything of these changed: run again."""
+    check, reached = _counted_check()
+    x = torch.zeros(2, 3)
+    first = check(x, {"g": (x, "B T")}, 1.0)
+    assert check(torch.ones(2, 3), {"g": (torch.ones(2, 3), "B T")}, 1.0) == first and len(reached) == 1
+    changed = {
+        "shape": lambda: check(torch.zeros(3, 3), {"g": (x, "B T")}, 1.0),
+        "dtype": lambda: pytest.raises(TypeError, check, x.double(), {"g": (x, "B T")}, 1.0),
+        "requires_grad": lambda: check(x.clone().requires_grad_(), {"g": (x, "B T")}, 1.0),
+        "grad mode": lambda: torch.no_grad()(check)(x, {"g": (x, "B T")}, 1.0),
+        "scalar value": lambda: check(x, {"g": (x, "B T")}, 0.25),
+        "scalar type": lambda: check(x, {"g": (x, "B T")}, 1),   # 1 == 1.0, as a dict key too
+        "keyword": lambda: check(x, {"g": (x, "B T")}, 1.0, name="y"),
+        "gate's letters": lambda: check(x, {"g": (x, "B H")}, 1.0),
+        "gate's shape": lambda: check(x, {"g": (x[:1], "B T")}, 1.0),
+        "gate's name": lambda: check(x, {"h": (x, "B T")}, 1.0),
+        "a list, not a tuple": lambda: check(x, {"g": [x, "B T"]}, 1.0),
+        "device": lambda: check(x.to("meta"), {"g": (x, "B T")}, 1.0),
+    }
+    for what, call in changed.items():
+        before = len(reached)
+        call()
+        assert len(reached) == before + 1, f"a changed {what} was not checked again"
+    assert check(torch.zeros(2, 3), {"g": (x, "B T")}, 1.0) == first and len(reached) == len(changed) + 1
+
+
+def test_check_once_per_signature_keeps_no_refusal_and_judges_the_unusual_every_time():
+    """A refused call is checked (and refused) every time, with the check's own message; an argument the signature
+    cannot describe (a tensor subclass, another object) sends every call to the check."""
+    check, reached = _counted_check()
+    x = torch.zeros(2)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="scale must be > 0, got True"):
+            check(x, {}, True)
+    assert len(reached) == 2 and not check.verdicts
+
+    class Sub(torch.Tensor):
+        pass
+    for _ in range(2):
+        check(x.as_subclass(Sub), {}, 0.5)
+        check(x, {}, 0.5, name=object())
+    assert len(reached) == 6 and not check.verdicts
+
+
+def test_check_once_per_signature_reads_strides_where_asked():
+    x = torch.zeros(4, 6)
+    for strides, checks in ((False, 1), (True, 2)):
+        check, reached = _counted_check(strides=strides)
+        check(x, ())
+        check(x.t().contiguous().t(), ())   # the same shape, other strides
+        assert len(reached) == checks
+
+
+def test_check_once_per_signature_keeps_at_most_the_bound():
+    """At most `most` signatures (512 by default) are kept, the oldest dropped first: it is checked again."""
+    check, reached = _counted_check(most=4)
+    for n in range(1, 11):
+        check(torch.zeros(n), ())
+    assert len(check.verdicts) == 4 and len(reached) == 10
+    check(torch.zeros(10), ())
+    assert len(reached) == 10
+    check(torch.zeros(1), ())
+    assert len(reached) == 11 and len(check.verdicts) == 4
+    check, _ = _counted_check()
+    for n in range(1, 600):
+        check(torch.zeros(n), ())
+    assert len(check.verdicts) == 512
+    check.cache_clear()
+    assert not check.verdicts
 
 
 def test_pick_chooses_cpu_shapes_here():

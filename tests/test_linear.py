@@ -153,16 +153,53 @@ VALID_CALLS = {
 }
 
 
-@pytest.mark.parametrize("call", list(VALID_CALLS))
-def test_the_quick_acceptance_agrees_with_the_checks(call):
-    """check_linear_inputs first tries one quick pass over a call (a decode step is bound by host
-    time); where it accepts, the checks one by one accept and return the same."""
-    from kernels.linear.inputs import _accepted_at_once, _checked_one_by_one
+def _verdict(check, q, k, v, kw):
+    """What `check` says of a call: its result, or the exception's type and message."""
+    try:
+        return check(q, k, v, **kw)
+    except (TypeError, ValueError) as e:
+        return type(e), str(e)
 
+
+INVALID_CALLS = {  # a valid call's name, and how it is changed
+    "gate-dtype": ("kernel", lambda kw: kw["gates"].update(gk=(kw["gates"]["gk"][0].int(), "B T H K"))),
+    "gate-shape": ("kernel", lambda kw: kw["gates"].update(gk=(kw["gates"]["gk"][0][..., :4], "B T H K"))),
+    "gate-letters": ("kernel", lambda kw: kw["gates"].update(gk=(kw["gates"]["gk"][0], "B T H V"))),
+    "state-fp64": ("kernel", lambda kw: kw.update(initial_state=kw["initial_state"].double())),
+    "state-shape": ("kernel", lambda kw: kw.update(initial_state=kw["initial_state"][:1])),
+    "output_final_state-int": ("kernel", lambda kw: kw.update(output_final_state=1)),
+    "scale-bool": ("kernel-scale", lambda kw: kw.update(scale=True)),
+    "scale-zero": ("kernel-scale", lambda kw: kw.update(scale=0.0)),
+    "scale-int": ("kernel-scale", lambda kw: kw.update(scale=2)),   # valid: 2.0
+    "gate-meta": ("reference-fp64", lambda kw: kw["gates"].update(g=(torch.zeros(1, device="meta"), "H"))),
+    "fp64-in-a-kernel": ("reference-fp64", lambda kw: kw.update(kernel=True)),
+}
+
+
+@pytest.mark.parametrize("call", list(VALID_CALLS) + list(INVALID_CALLS))
+def test_the_kept_verdicts_are_the_checks(call):
+    """check_linear_inputs keeps its verdict per call signature (a decode step asks the same question every step):
+    for valid calls and invalid ones, the first time and again, it says what the checks say when they run in
+    full."""
+    valid, change = INVALID_CALLS.get(call, (call, None))
+    for _ in range(2):
+        q, k, v = _args()
+        kw = VALID_CALLS[valid](q, k, v)
+        if change is not None:
+            change(kw)
+        want = _verdict(check_linear_inputs.__wrapped__, q, k, v, kw)
+        assert _verdict(check_linear_inputs, q, k, v, kw) == want
+        assert isinstance(want, tuple) and (len(want) == 6) == (change is None or call == "scale-int")
+
+
+def test_a_changed_signature_is_checked_again():
+    """A call like a valid one but for a dtype, a shape or requires_grad is checked again (and refused where the
+    checks refuse it)."""
     q, k, v = _args()
-    kw = VALID_CALLS[call](q, k, v)
-    args = (q, k, v, kw["gates"], kw.get("scale"), kw.get("initial_state"), kw.get("output_final_state", False),
-            kw["kernel"], False)
-    quick = _accepted_at_once(*args)
-    assert quick is not None, "a plainly valid call"
-    assert quick == _checked_one_by_one(*args, "initial_state")
+    check_linear_inputs(q, k, v, {}, kernel=False)
+    with pytest.raises(TypeError, match="k has dtype int32"):
+        check_linear_inputs(q, k.int(), v, {}, kernel=False)
+    with pytest.raises(ValueError, match="v must be"):
+        check_linear_inputs(q, k, v[:, :2], {}, kernel=False)
+    assert check_linear_inputs(q.requires_grad_(), k, v, {}, kernel=False) == check_linear_inputs(q, k, v, {},
+                                                                                                    kernel=False)

@@ -49,8 +49,8 @@ def make_case(B, s_q, H, D, T, *, dtype=torch.float32, page=None, causal=False, 
 
 def check_decode(q, kv, lens, table, d_v, causal, num_splits, tol, scale=0.13, **kw):
     """mla_decode against mla_decode_ref: out to `tol` (relative), lse to 10 * tol (absolute), nothing NaN."""
-    out, lse = mla_decode(q, kv, lens, scale, d_v, table, causal, num_splits=num_splits, **kw)
-    ref, ref_lse = mla_decode_ref(q, kv, lens, scale, d_v, table, causal)
+    out, lse = mla_decode(q, kv, table, lens, d_v, scale, causal, num_splits=num_splits, **kw)
+    ref, ref_lse = mla_decode_ref(q, kv, table, lens, d_v, scale, causal)
     assert out.dtype == q.dtype and lse.dtype == torch.float32
     assert not out.isnan().any() and not lse.isnan().any()
     assert_close(out, ref, tol, "out")
@@ -98,7 +98,7 @@ def test_decode_fp16(ns):
 
 def test_decode_seqlen_one_everywhere():
     q, kv, lens, _ = make_case(3, 1, 3, 72, 20, lens=torch.ones(3, dtype=torch.int32))
-    out, lse = mla_decode(q, kv, lens, 0.1, 64, num_splits=4)
+    out, lse = mla_decode(q, kv, None, lens, 64, 0.1, num_splits=4)
     # one visible position: the output is that position's value, the lse its score
     assert_close(out, kv[:, :1, None, :64].expand_as(out), FP32_TOL, "out")  # p = 1 times the value, in TF32
     s = torch.einsum("bshd,bd->bhs", q, kv[:, 0]) * 0.1
@@ -169,7 +169,7 @@ def test_paged_pages_of_64(dtype, shape, ns):
         cache = cache[:, :, None, :]
     tol = FP32_TOL if dtype == torch.float32 else tolerance(torch.float16)
     out, lse = check_decode(q, cache, lens, table, 64, False, ns, tol)
-    dense, dense_lse = mla_decode(q, kv, lens, 0.13, 64, num_splits=ns)   # the same sequences, contiguous
+    dense, dense_lse = mla_decode(q, kv, None, lens, 64, 0.13, num_splits=ns)   # the same sequences, contiguous
     assert_close(out, dense, tol, "paged vs dense")
 
 
@@ -182,7 +182,7 @@ def test_paged_4d_cache_is_read_as_a_view(monkeypatch):
     cache4 = cache[:, :, None, :]
     seen, launch = [], decode.launch_triton
     monkeypatch.setattr(decode, "launch_triton", lambda *a: seen.append(a[1].data_ptr()) or launch(*a))
-    mla_decode(q, cache4, lens, 0.1, 64, table)
+    mla_decode(q, cache4, table, lens, 64, 0.1)
     assert seen == [cache4.data_ptr()]
 
 
@@ -202,7 +202,7 @@ def test_paged_benchmark_inputs(pages):
     else:
         assert kv is None and sorted(table.flatten().tolist()) == [0, 1, 2, 3]
     out, _ = check_decode(q, cache, lens, table, 64, False, 1, FP32_TOL)
-    ref, _ = mla_decode(q, dense, lens, 0.13, 64, num_splits=1)
+    ref, _ = mla_decode(q, dense, None, lens, 64, 0.13, num_splits=1)
     assert_close(out, ref, FP32_TOL)
 
 
@@ -216,7 +216,7 @@ def test_paged_pages_not_back_to_back():
     wide[:, :64] = cache
     check_decode(q, wide[:, :64], lens, table, 64, False, 2, FP32_TOL)
     with pytest.raises(ValueError, match="back to back"):
-        mla_decode(q, wide[:, :64], lens, 0.1, 64, table, backend="gluon")
+        mla_decode(q, wide[:, :64], table, lens, 64, 0.1, backend="gluon")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -249,8 +249,8 @@ def test_kernel_path_equals_naive():
     scale = (32 + 16) ** -0.5
     B, T, d_c = x["c_kv"].shape
     lens = torch.full((B,), T, dtype=torch.int32, device=DEVICE)
-    out_c, _ = mla_decode(absorb_query(x["q_nope"], x["q_pe"], x["W_uk"]), latent_cache(x["c_kv"], x["k_pe"]), lens,
-                          scale, d_c, num_splits=2)
+    q, kv = absorb_query(x["q_nope"], x["q_pe"], x["W_uk"]), latent_cache(x["c_kv"], x["k_pe"])
+    out_c, _ = mla_decode(q, kv, None, lens, d_c, scale, num_splits=2)
     assert_close(unabsorb_output(out_c, x["W_uv"]), mla_naive(**x, softmax_scale=scale), FP32_TOL)
 
 
@@ -323,8 +323,8 @@ def test_strided_seqlens_are_not_read_as_dense():
     q, kv, _, _ = make_case(2, 1, 3, 72, 40, lens=torch.tensor([40, 40]))
     lens = torch.tensor([40, 0, 17, 0], dtype=torch.int32, device=DEVICE)[::2]
     kv[1, 17:] = float("nan")
-    out, _ = mla_decode(q, kv, lens, 0.1, 64)
-    ref, _ = mla_decode_ref(q, kv, lens.contiguous(), 0.1, 64)
+    out, _ = mla_decode(q, kv, None, lens, 64, 0.1)
+    ref, _ = mla_decode_ref(q, kv, None, lens.contiguous(), 64, 0.1)
     assert_close(out, ref, FP32_TOL)
 
 
@@ -345,8 +345,8 @@ def test_causal_nan_reaches_only_the_queries_that_see_it(s_q, page, ns):
         where = (int(table[0, bad // page]), bad % page)
     clean = kv.clone()
     clean[where] = 0.0
-    out, lse = mla_decode(q, kv, lens, 0.13, V, table, True, num_splits=ns)
-    ref, ref_lse = mla_decode_ref(q, clean, lens, 0.13, V, table, True)
+    out, lse = mla_decode(q, kv, table, lens, V, 0.13, True, num_splits=ns)
+    ref, ref_lse = mla_decode_ref(q, clean, table, lens, V, 0.13, True)
     poisoned = torch.zeros(B, s_q, dtype=torch.bool, device=DEVICE)
     poisoned[0, 1:] = True
     assert torch.equal(out.isnan().any(-1).any(-1), poisoned)
@@ -356,7 +356,7 @@ def test_causal_nan_reaches_only_the_queries_that_see_it(s_q, page, ns):
     keep = ~poisoned[:, None, :].expand_as(lse)
     assert (lse[keep] - ref_lse[keep]).abs().max() < 10 * FP32_TOL
     # the reference itself keeps the NaN out of the rows that cannot see it
-    ref_poisoned, _ = mla_decode_ref(q, kv, lens, 0.13, V, table, True)
+    ref_poisoned, _ = mla_decode_ref(q, kv, table, lens, V, 0.13, True)
     assert torch.equal(ref_poisoned.isnan().any(-1).any(-1), poisoned)
 
 
@@ -368,8 +368,8 @@ def test_lse_of_a_row_that_saw_nan_or_inf(value, ns):
     q, kv, lens, _ = make_case(2, 1, 3, 72, 40, lens=torch.tensor([30, 40]))
     q = q.abs()                                   # every product with the +inf below is +inf
     kv[0, 11, 3] = float(value)
-    out, lse = mla_decode(q, kv, lens, 0.1, 64, num_splits=ns)
-    ref, ref_lse = mla_decode_ref(q, kv, lens, 0.1, 64)
+    out, lse = mla_decode(q, kv, None, lens, 64, 0.1, num_splits=ns)
+    ref, ref_lse = mla_decode_ref(q, kv, None, lens, 64, 0.1)
     special = torch.isnan if value == "nan" else torch.isposinf
     assert special(lse[0]).all() and special(ref_lse[0]).all()
     assert torch.isfinite(lse[1]).all()
@@ -404,10 +404,7 @@ def test_no_input_is_modified():
 # classes every family shares, then MLA's own).
 def _decode_args(paged_cache=False):
     q, kv, lens, table = make_case(2, 1, 3, 72, 20, page=8 if paged_cache else None)
-    args = dict(q=q, kv_cache=kv, cache_seqlens=lens, softmax_scale=0.1, head_dim_v=64)
-    if paged_cache:
-        args["block_table"] = table
-    return args
+    return dict(q=q, kv_cache=kv, block_table=table, cache_seqlens=lens, head_dim_v=64, softmax_scale=0.1)
 
 
 DECODE_TENSORS = ["q", "kv_cache", "cache_seqlens", "block_table"]
@@ -466,7 +463,6 @@ DECODE_CASES = [
                                                                               device=DEVICE)),
          ValueError, "causal=True needs"),
     # scalars
-    Case("scale-None", _set(softmax_scale=lambda a: None), TypeError, "softmax_scale is required"),
     Case("scale-bool", _set(softmax_scale=lambda a: True), TypeError, "softmax_scale must be a float"),
     Case("scale-str", _set(softmax_scale=lambda a: "0.1"), TypeError, "softmax_scale must be a float"),
     Case("scale-zero", _set(softmax_scale=lambda a: 0.0), ValueError, "softmax_scale must be finite and > 0"),
@@ -480,6 +476,10 @@ DECODE_CASES = [
     Case("causal-int", _set(causal=lambda a: 1), TypeError, "causal must be a bool"),
 ]
 KERNEL_ONLY_CASES = [
+    Case("q-requires-grad", _set(q=lambda a: a["q"].requires_grad_()), ValueError,
+         "q requires grad, and the MLA decode kernels have no backward"),
+    Case("kv_cache-requires-grad", _set(kv_cache=lambda a: a["kv_cache"].requires_grad_()), ValueError,
+         "kv_cache requires grad"),
     Case("num_splits-zero", _set(num_splits=lambda a: 0), ValueError, "num_splits must be in"),
     Case("num_splits-bool", _set(num_splits=lambda a: True), TypeError, "num_splits must be an int"),
     Case("num_splits-float", _set(num_splits=lambda a: 2.0), TypeError, "num_splits must be an int"),
@@ -503,19 +503,65 @@ def test_mla_decode_ref_refuses(case):
     expect_refusal(mla_decode_ref, lambda: _decode_args(paged_cache=True), case)
 
 
-@pytest.mark.parametrize("paged_cache", [False, True], ids=["dense", "paged"])
-@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "reference"])
-def test_the_quick_acceptance_agrees_with_the_checks(paged_cache, kernel):
-    """check_decode_inputs first tries one quick pass over a call (a decode step at small batch is bound by
-    host time); where it accepts, the checks one by one accept and return the same scale. (Every bad input
-    above goes through both: the quick pass must leave each of them to the checks.)"""
-    from kernels.mla.reference import _accepted_at_once, _checked_one_by_one
+def _verdict(check, args, kernel):
+    """What `check` says of a decode call's arguments: the scale, or the exception's type and message."""
+    from kernels.mla.inputs import paged_rows
 
-    a = _decode_args(paged_cache)
-    args = (a["q"], a["kv_cache"], a["cache_seqlens"], a["softmax_scale"], a.get("block_table"), kernel)
-    quick = _accepted_at_once(*args)
-    assert quick is not None, "a plainly valid call"
-    assert quick == _checked_one_by_one(*args)
+    a = dict(args)
+    try:
+        a["kv_cache"] = paged_rows(a["kv_cache"], a["block_table"])
+        return check(a["q"], a["kv_cache"], a["block_table"], a["cache_seqlens"], a["head_dim_v"],
+                     a["softmax_scale"], a.get("causal", False), kernel=kernel)
+    except (TypeError, ValueError) as e:
+        return type(e), str(e)
+
+
+CHECK_CASES = [case for case in bad_input_cases(DECODE_TENSORS, float_tensors=["q", "kv_cache"]) + DECODE_CASES
+               + KERNEL_ONLY_CASES[:2]]
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "reference"])
+def test_the_kept_verdicts_are_the_checks(kernel):
+    """check_decode_inputs keeps its verdict per call signature: for the good calls (dense and paged, the default
+    scale) and every bad input, seen for the first time or again after the good call, it says what the checks
+    say when they run in full."""
+    from kernels.mla.inputs import check_decode_inputs
+
+    goods = [_decode_args(), _decode_args(paged_cache=True), dict(_decode_args(), softmax_scale=None)]
+    for good in goods:
+        verdict = _verdict(check_decode_inputs, good, kernel)
+        assert verdict == _verdict(check_decode_inputs.__wrapped__, good, kernel)
+        assert isinstance(verdict, float)
+    assert goods[2]["softmax_scale"] is None and _verdict(check_decode_inputs, goods[2], kernel) == 72 ** -0.5
+    for case in CHECK_CASES:
+        for _ in range(2):
+            args = _decode_args(paged_cache=True)
+            case.mutate(args)
+            assert _verdict(check_decode_inputs, args, kernel) == _verdict(check_decode_inputs.__wrapped__, args,
+                                                                           kernel), case.id
+
+
+def test_the_default_scale_is_flashmlas():
+    """softmax_scale=None is D_qk ** -0.5 (FlashMLA's default), in the kernels and in the reference."""
+    q, kv, lens, _ = make_case(2, 1, 3, 72, 20)
+    out, lse = mla_decode(q, kv, None, lens, 64)
+    want, want_lse = mla_decode(q, kv, None, lens, 64, 72 ** -0.5)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    ref, _ = mla_decode_ref(q, kv, None, lens, 64)
+    assert_close(out, ref, FP32_TOL)
+
+
+def test_no_grad_lets_an_input_that_requires_grad_through():
+    """The kernels have no backward: an input that requires grad is refused where grad mode is on (the case above),
+    and taken under torch.no_grad(), where no gradient is asked of it."""
+    q, kv, lens, _ = make_case(2, 1, 3, 72, 20)
+    want, _ = mla_decode(q, kv, None, lens, 64)
+    q.requires_grad_()
+    with torch.no_grad():
+        out, _ = mla_decode(q, kv, None, lens, 64)
+    assert torch.equal(out, want)
+    with pytest.raises(ValueError, match="q requires grad"):
+        mla_decode(q, kv, None, lens, 64)
 
 
 def test_mla_decode_ref_refuses_meta_tensors():
@@ -526,7 +572,7 @@ def test_mla_decode_ref_refuses_meta_tensors():
 
 def test_mla_decode_ref_takes_fp64():
     q, kv, lens, table = make_case(2, 2, 3, 72, 30, dtype=torch.float64, page=8, causal=True)
-    out, lse = mla_decode_ref(q, kv, lens, 0.1, 64, table, True)
+    out, lse = mla_decode_ref(q, kv, table, lens, 64, 0.1, True)
     assert out.dtype == lse.dtype == torch.float64 and not out.isnan().any()
 
 
@@ -537,12 +583,12 @@ def test_mla_decode_ref_takes_fp64():
 @pytest.fixture
 def fresh_plans(monkeypatch):
     """(the kept plans, empty for this test; a list that grows by one for every call that is checked)."""
-    from kernels.mla import interface
+    from kernels.mla import interface, planning
 
-    monkeypatch.setattr(interface, "_PLANS", {})
+    monkeypatch.setattr(planning, "_PLANS", {})
     checked, check = [], interface.check_decode_inputs
     monkeypatch.setattr(interface, "check_decode_inputs", lambda *a, **kw: checked.append(1) or check(*a, **kw))
-    return interface._PLANS, checked
+    return planning._PLANS, checked
 
 
 def _every_other_sequence(kv):
@@ -569,7 +615,7 @@ def test_a_planned_call_launches_as_the_first_did(case, fresh_plans):
     if every_other:
         kv = _every_other_sequence(kv)
     causal = shape.get("causal", False)
-    call = lambda q, lens: mla_decode(q, kv, lens, 0.13, V, table, causal, num_splits=ns,  # noqa: E731
+    call = lambda q, lens: mla_decode(q, kv, table, lens, V, 0.13, causal, num_splits=ns,  # noqa: E731
                                       check_seqlens=False)
     first, first_lse = call(q, lens)
     again, again_lse = call(q, lens)
@@ -578,10 +624,10 @@ def test_a_planned_call_launches_as_the_first_did(case, fresh_plans):
     assert len(plans) == 1 and len(checked) == 1, "the second and third calls were checked again"
     assert torch.equal(again, first) and torch.equal(again_lse, first_lse)
     planned_splits = next(iter(plans.values())).num_splits
-    full, full_lse = mla_decode(q2, kv, lens2, 0.13, V, table, causal, num_splits=planned_splits)  # checked
+    full, full_lse = mla_decode(q2, kv, table, lens2, V, 0.13, causal, num_splits=planned_splits)  # checked
     assert len(checked) == 2
     assert torch.equal(other, full) and torch.equal(other_lse, full_lse)
-    ref, _ = mla_decode_ref(q2, kv, lens2, 0.13, V, table, causal)
+    ref, _ = mla_decode_ref(q2, kv, table, lens2, V, 0.13, causal)
     assert_close(other, ref, FP32_TOL if q.dtype == torch.float32 else tolerance(torch.float16))
 
 
@@ -629,12 +675,12 @@ def test_flashmla_4d_pages_through_a_plan(fresh_plans, monkeypatch):
     cache4 = cache[:, :, None, :]
     seen, launch = [], decode.launch_triton
     monkeypatch.setattr(decode, "launch_triton", lambda *a: seen.append((a[1].dim(), a[1].data_ptr())) or launch(*a))
-    call = lambda: mla_decode(q, cache4, lens, 0.13, 64, table, num_splits=2, check_seqlens=False)  # noqa: E731
+    call = lambda: mla_decode(q, cache4, table, lens, 64, 0.13, num_splits=2, check_seqlens=False)  # noqa: E731
     first, first_lse = call()
     again, again_lse = call()
     assert len(plans) == 1 and len(checked) == 1
     assert seen == [(3, cache4.data_ptr())] * 2
-    full, full_lse = mla_decode(q, cache, lens, 0.13, 64, table, num_splits=2)
+    full, full_lse = mla_decode(q, cache, table, lens, 64, 0.13, num_splits=2)
     for out, lse in ((first, first_lse), (again, again_lse)):
         assert torch.equal(out, full) and torch.equal(lse, full_lse)
 
@@ -650,10 +696,10 @@ def test_inputs_that_are_copied_get_no_plan(kind, fresh_plans):
     else:
         q, kv, lens, table = _strided(kind)
     dense = [None if t is None else t.clone(memory_format=torch.contiguous_format) for t in (q, kv, lens, table)]
-    want, want_lse = mla_decode(*dense[:3], 0.13, 64, dense[3], True, num_splits=2, check_seqlens=False)
+    want, want_lse = mla_decode(*dense[:2], dense[3], dense[2], 64, 0.13, True, num_splits=2, check_seqlens=False)
     assert len(plans) == 1
     for _ in range(2):
-        out, lse = mla_decode(q, kv, lens, 0.13, 64, table, True, num_splits=2, check_seqlens=False)
+        out, lse = mla_decode(q, kv, table, lens, 64, 0.13, True, num_splits=2, check_seqlens=False)
         assert torch.equal(out, want) and torch.equal(lse, want_lse)
     assert len(plans) == 1 and len(checked) == 3, "a call whose input was copied was planned"
 
@@ -681,7 +727,7 @@ def test_a_plan_relaunches_with_each_calls_tensors(fresh_plans, monkeypatch):
     other arguments, and gives the full path's bits; with a profiler's launch hook installed it calls the launch
     functions again."""
     from kernels.launch import Launched
-    from kernels.mla import decode, interface
+    from kernels.mla import decode, planning
 
     plans, checked = fresh_plans
     called, relaunched = [], []
@@ -704,11 +750,11 @@ def test_a_plan_relaunches_with_each_calls_tensors(fresh_plans, monkeypatch):
         return launch_function
     monkeypatch.setattr(decode, "launch_triton", reporting(decode.launch_triton))
     monkeypatch.setattr(decode, "launch_combine", reporting(decode.launch_combine))
-    monkeypatch.setattr(interface, "launch_stream", lambda: (0, 7))
+    monkeypatch.setattr(planning, "launch_stream", lambda: (0, 7))
     hooked = [False]
-    monkeypatch.setattr(interface, "launch_hooked", lambda: hooked[0])
+    monkeypatch.setattr(planning, "launch_hooked", lambda: hooked[0])
     q, kv, lens, table = make_case(2, 1, 3, 72, 40, page=8)
-    call = lambda q: mla_decode(q, kv, lens, 0.13, 64, table, num_splits=3, check_seqlens=False)  # noqa: E731
+    call = lambda q: mla_decode(q, kv, table, lens, 64, 0.13, num_splits=3, check_seqlens=False)  # noqa: E731
     call(q)
     assert called == ["launch_triton", "launch_combine"] and not relaunched
     q2 = torch.randn_like(q)
@@ -716,14 +762,14 @@ def test_a_plan_relaunches_with_each_calls_tensors(fresh_plans, monkeypatch):
     assert len(called) == 2 and len(checked) == 1 and len(plans) == 1
     (stream, decode_args), (combine_stream, combine_args) = relaunched
     assert stream == combine_stream == (0, 7)
-    # launch_triton's arguments: q, kv_cache, block_table, cache_seqlens, scale, out, lse, ws_o, ws_lse, then
-    # num_splits, causal, tma; the combine's: ws_o, ws_lse, out, lse, num_splits
-    assert [a is b for a, b in zip(decode_args[:4] + decode_args[5:7], (q2, kv, table, lens, out, lse))] == [True] * 6
-    assert decode_args[4] == 0.13 and decode_args[9:] == [3, False, False]
-    ws_o, ws_lse = decode_args[7:9]
+    # launch_triton's arguments: q, kv_cache, block_table, cache_seqlens, scale, causal, out, lse, ws_o, ws_lse,
+    # then num_splits, tma; the combine's: ws_o, ws_lse, out, lse, num_splits
+    assert [a is b for a, b in zip(decode_args[:4] + decode_args[6:8], (q2, kv, table, lens, out, lse))] == [True] * 6
+    assert decode_args[4:6] == [0.13, False] and decode_args[10:] == [3, False]
+    ws_o, ws_lse = decode_args[8:10]
     assert ws_o.shape == (2, 3, 3, 64) and ws_lse.shape == (2, 3, 3)
     assert [a is b for a, b in zip(combine_args[:4], (ws_o, ws_lse, out, lse))] == [True] * 4 and combine_args[4] == 3
-    full, full_lse = mla_decode(q2, kv, lens, 0.13, 64, table, num_splits=3)
+    full, full_lse = mla_decode(q2, kv, table, lens, 64, 0.13, num_splits=3)
     assert torch.equal(out, full) and torch.equal(lse, full_lse)
     hooked[0] = True
     del called[:]
@@ -735,13 +781,12 @@ def test_a_plan_relaunches_with_each_calls_tensors(fresh_plans, monkeypatch):
 def _gluon_args():
     dtype = torch.bfloat16 if ON_GPU else torch.float32
     q, kv, lens, _ = make_case(2, 1, 64, 576, 20, dtype=dtype)
-    return dict(q=q, kv_cache=kv, cache_seqlens=lens, softmax_scale=0.1)
+    return dict(q=q, kv_cache=kv, block_table=None, cache_seqlens=lens, softmax_scale=0.1)
 
 
 GLUON_CASES = [
     Case("fp16", _set(q=lambda a: a["q"].half(), kv_cache=lambda a: a["kv_cache"].half()), TypeError,
          "q has dtype float16; supported: bfloat16"),
-    Case("scale-None", _set(softmax_scale=lambda a: None), TypeError, "softmax_scale is required"),
     Case("scale-negative", _set(softmax_scale=lambda a: -1.0), ValueError, "softmax_scale must be finite and > 0"),
     Case("mixed-devices", _set(cache_seqlens=lambda a: a["cache_seqlens"].to(OTHER_DEVICE)), ValueError,
          "cache_seqlens is on"),
@@ -859,8 +904,8 @@ def test_causal_nan_gpu_bf16():
     clean = kv.clone()
     clean[0, 199] = 0.0
     kv[0, 199, 7] = float("nan")                  # seen by query 1 of batch element 0 only
-    out, lse = mla_decode(q, kv, lens, 0.1, 512, None, True)
-    ref, _ = mla_decode_ref(q, clean, lens, 0.1, 512, None, True)
+    out, lse = mla_decode(q, kv, None, lens, 512, 0.1, True)
+    ref, _ = mla_decode_ref(q, clean, None, lens, 512, 0.1, True)
     assert out[0, 1].isnan().all() and lse[0, :, 1].isnan().all()
     assert not out[0, 0].isnan().any() and not out[1].isnan().any()
     assert_close(out[0, 0], ref[0, 0], BF16_TOL)
@@ -875,16 +920,16 @@ def test_gluon_gpu_matches_reference_and_triton(num_splits):
     lens = torch.tensor([1, 63, 64, 65, 129, 1000, 2047, 3000], dtype=torch.int32)
     q, kv, lens, _ = make_case(8, 1, 128, 576, 3000, dtype=torch.bfloat16, lens=lens)
     scale = yarn_softmax_scale()
-    out, lse = mla_decode(q, kv, lens, scale, backend="gluon", num_splits=num_splits)
-    ref, ref_lse = mla_decode_ref(q, kv, lens, scale, 512, None, False)
-    tri, tri_lse = mla_decode(q, kv, lens, scale, backend="triton", num_splits=num_splits)
+    out, lse = mla_decode(q, kv, None, lens, softmax_scale=scale, backend="gluon", num_splits=num_splits)
+    ref, ref_lse = mla_decode_ref(q, kv, None, lens, 512, scale, False)
+    tri, tri_lse = mla_decode(q, kv, None, lens, softmax_scale=scale, backend="triton", num_splits=num_splits)
     assert not out.isnan().any() and not lse.isnan().any()
     assert_close(out, ref, BF16_TOL, "out vs reference")
     assert (lse - ref_lse).abs().max().item() < 1e-3
     assert_close(out, tri, BF16_TOL, "out vs Triton")
     assert (lse - tri_lse).abs().max().item() < 1e-3
     if num_splits == 1:
-        direct, direct_lse = mla_decode_gluon(q, kv, lens, scale)
+        direct, direct_lse = mla_decode_gluon(q, kv, None, lens, softmax_scale=scale)
         assert torch.equal(direct, out) and torch.equal(direct_lse, lse)
 
 
@@ -895,7 +940,7 @@ def test_gluon_gpu_lse_of_a_row_that_saw_nan_or_inf(value, num_splits):
     q, kv, lens, _ = make_case(2, 1, 128, 576, 700, dtype=torch.bfloat16, lens=torch.tensor([500, 700]))
     q = q.abs()
     kv[0, 300, 3] = float(value)
-    out, lse = mla_decode(q, kv, lens, 0.1, backend="gluon", num_splits=num_splits)
+    out, lse = mla_decode(q, kv, None, lens, softmax_scale=0.1, backend="gluon", num_splits=num_splits)
     special = torch.isnan if value == "nan" else torch.isposinf
     assert special(lse[0]).all() and torch.isfinite(lse[1]).all()
     assert out[0].isnan().all() and not out[1].isnan().any()
@@ -906,8 +951,8 @@ def test_gluon_gpu_one_position_cache():
     """T_max = 1 and no split: integer arguments equal to 1 must not become constants (they cannot cross
     into the kernel's partitions)."""
     q, kv, lens, _ = make_case(2, 1, 128, 576, 1, dtype=torch.bfloat16, lens=torch.tensor([1, 1]))
-    out, lse = mla_decode(q, kv, lens, 0.1, backend="gluon", num_splits=1)
-    ref, ref_lse = mla_decode_ref(q, kv, lens, 0.1, 512, None, False)
+    out, lse = mla_decode(q, kv, None, lens, softmax_scale=0.1, backend="gluon", num_splits=1)
+    ref, ref_lse = mla_decode_ref(q, kv, None, lens, 512, 0.1, False)
     assert_close(out, ref, BF16_TOL)
     assert (lse - ref_lse).abs().max().item() < 1e-3
 
@@ -929,17 +974,17 @@ def test_gluon_gpu_paged(shape, num_splits):
     if shape == "4d":
         cache = cache[:, :, None, :]
     scale = yarn_softmax_scale()
-    out, lse = mla_decode(q, cache, lens, scale, block_table=table, backend="gluon", num_splits=num_splits)
-    ref, ref_lse = mla_decode_ref(q, cache, lens, scale, 512, table, False)
+    out, lse = mla_decode(q, cache, table, lens, softmax_scale=scale, backend="gluon", num_splits=num_splits)
+    ref, ref_lse = mla_decode_ref(q, cache, table, lens, 512, scale, False)
     assert not out.isnan().any() and not lse.isnan().any()
     assert_close(out, ref, BF16_TOL, "out vs reference")
     assert (lse - ref_lse).abs().max().item() < 1e-3
-    dense, dense_lse = mla_decode(q, kv, lens, scale, backend="gluon", num_splits=num_splits)
+    dense, dense_lse = mla_decode(q, kv, None, lens, softmax_scale=scale, backend="gluon", num_splits=num_splits)
     assert torch.equal(out, dense) and torch.equal(lse, dense_lse), "paged and dense Gluon results differ"
-    tri, tri_lse = mla_decode(q, cache, lens, scale, block_table=table, backend="triton", num_splits=num_splits)
+    tri, tri_lse = mla_decode(q, cache, table, lens, softmax_scale=scale, backend="triton", num_splits=num_splits)
     assert_close(out, tri, BF16_TOL, "out vs Triton")
     if num_splits == 1:
-        direct, direct_lse = mla_decode_gluon(q, cache, lens, scale, table)
+        direct, direct_lse = mla_decode_gluon(q, cache, table, lens, softmax_scale=scale)
         assert torch.equal(direct, out) and torch.equal(direct_lse, lse)
 
 
@@ -953,9 +998,9 @@ def test_gluon_gpu_more_sequences_than_sms(num_splits):
     q, kv, lens, _ = make_case(len(lens), 1, 128, 576, int(lens.max()), dtype=torch.bfloat16, lens=lens)
     cache, table = flashmla_pages(kv, lens)
     scale = yarn_softmax_scale()
-    ref, ref_lse = mla_decode_ref(q, kv, lens, scale, 512, None, False)
-    dense, dense_lse = mla_decode(q, kv, lens, scale, backend="gluon", num_splits=num_splits)
-    paged, paged_lse = mla_decode(q, cache, lens, scale, block_table=table, backend="gluon", num_splits=num_splits)
+    ref, ref_lse = mla_decode_ref(q, kv, None, lens, 512, scale, False)
+    dense, dense_lse = mla_decode(q, kv, None, lens, softmax_scale=scale, backend="gluon", num_splits=num_splits)
+    paged, paged_lse = mla_decode(q, cache, table, lens, softmax_scale=scale, backend="gluon", num_splits=num_splits)
     assert not dense.isnan().any() and not dense_lse.isnan().any()
     assert_close(dense, ref, BF16_TOL, "out vs reference")
     assert (dense_lse - ref_lse).abs().max().item() < 1e-3
@@ -970,8 +1015,8 @@ def test_gluon_gpu_paged_one_column_block_table():
     q, kv, lens, _ = make_case(3, 1, 64, 576, 64, dtype=torch.bfloat16, lens=lens)
     cache, table = flashmla_pages(kv, lens)
     assert table.shape[1] == 1
-    out, lse = mla_decode(q, cache, lens, 0.1, block_table=table, backend="gluon", num_splits=1)
-    ref, ref_lse = mla_decode_ref(q, cache, lens, 0.1, 512, table, False)
+    out, lse = mla_decode(q, cache, table, lens, softmax_scale=0.1, backend="gluon", num_splits=1)
+    ref, ref_lse = mla_decode_ref(q, cache, table, lens, 512, 0.1, False)
     assert_close(out, ref, BF16_TOL)
     assert (lse - ref_lse).abs().max().item() < 1e-3
 
@@ -989,10 +1034,10 @@ def test_gluon_gpu_repeat_and_graph_replay(paged, monkeypatch):
     table = None
     if paged:
         kv, table = flashmla_pages(kv, lens)
-    mla_decode(q, kv, lens, 0.1, block_table=table, num_splits=1, check_seqlens=False)
-    call = lambda: mla_decode(q, kv, lens, 0.1, block_table=table, num_splits=4, check_seqlens=False)  # noqa: E731
+    mla_decode(q, kv, table, lens, softmax_scale=0.1, num_splits=1, check_seqlens=False)
+    call = lambda: mla_decode(q, kv, table, lens, softmax_scale=0.1, num_splits=4, check_seqlens=False)  # noqa: E731
     first, first_lse = call()
-    ref, ref_lse = mla_decode_ref(q, kv, lens, 0.1, 512, table, False)
+    ref, ref_lse = mla_decode_ref(q, kv, table, lens, 512, 0.1, False)
     assert_close(first, ref, BF16_TOL, "a split call launched directly after a whole one")
     assert (first_lse - ref_lse).abs().max().item() < 1e-3
     again, again_lse = call()
@@ -1009,7 +1054,7 @@ def test_gluon_gpu_direct_launch_streams_and_hooks():
 
     lens = torch.tensor([700, 3000, 1, 64], dtype=torch.int32)
     q, kv, lens, _ = make_case(4, 1, 128, 576, 3000, dtype=torch.bfloat16, lens=lens)
-    call = lambda: mla_decode(q, kv, lens, 0.1, num_splits=3, check_seqlens=False)  # noqa: E731
+    call = lambda: mla_decode(q, kv, None, lens, softmax_scale=0.1, num_splits=3, check_seqlens=False)  # noqa: E731
     first, first_lse = call()
     first, first_lse = call()   # launched directly
     streams = [torch.cuda.Stream() for _ in range(2)]
@@ -1043,31 +1088,31 @@ def test_gluon_gpu_planned_call_equals_the_full_path(B, monkeypatch):
     plan with both launches; the next ones launch straight through the C launcher (no launch function called) and
     give the full path's bits, on the first call's query and on a new one; so does a CUDA graph capture of the
     planned call, and its replay."""
-    from kernels.mla import gluon_decode, interface
+    from kernels.mla import gluon_decode, planning
 
-    monkeypatch.setattr(interface, "_PLANS", {})
+    monkeypatch.setattr(planning, "_PLANS", {})
     calls, launch = [], gluon_decode.launch_gluon
     monkeypatch.setattr(gluon_decode, "launch_gluon", lambda *a: calls.append(1) or launch(*a))
     lens = torch.tensor([3000, 1, 65, 2047][:B], dtype=torch.int32)
     q, kv, lens, _ = make_case(B, 1, 128, 576, 3000, dtype=torch.bfloat16, lens=lens)
     cache, table = flashmla_pages(kv, lens)
     cache = cache[:, :, None, :]
-    call = lambda q: mla_decode(q, cache, lens, 0.1, block_table=table, check_seqlens=False)  # noqa: E731
+    call = lambda q: mla_decode(q, cache, table, lens, softmax_scale=0.1, check_seqlens=False)  # noqa: E731
     first, first_lse = call(q)
-    plan, = interface._PLANS.values()
+    plan, = planning._PLANS.values()
     assert plan.gluon and plan.num_splits > 1 and len(plan.relaunches) == 2 and len(calls) == 1
     again, again_lse = call(q)
     q2 = torch.randn_like(q)
     other, other_lse = call(q2)
     assert len(calls) == 1, "a planned call went through the launch function"
     assert torch.equal(again, first) and torch.equal(again_lse, first_lse)
-    full, full_lse = mla_decode(q2, cache, lens, 0.1, block_table=table, num_splits=plan.num_splits)  # checked
+    full, full_lse = mla_decode(q2, cache, table, lens, softmax_scale=0.1, num_splits=plan.num_splits)  # checked
     assert torch.equal(other, full) and torch.equal(other_lse, full_lse)
-    ref, ref_lse = mla_decode_ref(q2, cache, lens, 0.1, 512, table, False)
+    ref, ref_lse = mla_decode_ref(q2, cache, table, lens, 512, 0.1, False)
     assert_close(other, ref, BF16_TOL)
     assert (other_lse - ref_lse).abs().max().item() < 1e-3
     check_graph_replay(lambda: call(q), q)
-    assert len(calls) == 2 and len(interface._PLANS) == 1   # (the checked call), and the capture was planned
+    assert len(calls) == 2 and len(planning._PLANS) == 1   # (the checked call), and the capture was planned
 
 
 def check_graph_replay(call, q):
@@ -1096,7 +1141,7 @@ def check_graph_replay(call, q):
 def test_gluon_gpu_direct_call_refuses_what_it_cannot_run():
     q, kv, lens, _ = make_case(2, 1, 3, 576, 20, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="the Gluon kernel does not apply here: it needs s_q = 1"):
-        mla_decode_gluon(q, kv, lens, 0.1)
+        mla_decode_gluon(q, kv, None, lens, softmax_scale=0.1)
 
 
 def off_a_16_byte_boundary(t):
@@ -1108,15 +1153,15 @@ def off_a_16_byte_boundary(t):
 
 
 def test_query_off_a_16_byte_boundary_is_copied_to_one():
-    """`_dense` hands the kernels a q whose base is 16-byte aligned (the Gluon kernel's copy engine needs it),
+    """`dense_inputs` hands the kernels a q whose base is 16-byte aligned (the Gluon kernel's copy engine needs it),
     copying only a q that is not; the values are q's."""
-    from kernels.mla.interface import _dense
+    from kernels.mla.planning import dense_inputs
 
     q, kv, lens, _ = make_case(2, 1, 4, 72, 20)
     shifted = off_a_16_byte_boundary(q)
-    dense_q = _dense(shifted, kv, lens, None)[0]
+    dense_q = dense_inputs(shifted, kv, None, lens)[0]
     assert dense_q.data_ptr() % 16 == 0 and torch.equal(dense_q, q)
-    assert _dense(q, kv, lens, None)[0].data_ptr() == q.data_ptr()   # an aligned q is passed on as it is
+    assert dense_inputs(q, kv, None, lens)[0].data_ptr() == q.data_ptr()   # an aligned q is passed on as it is
 
 
 @pytest.mark.gpu
@@ -1126,8 +1171,8 @@ def test_gpu_query_off_a_16_byte_boundary(backend):
     past one (a view into a larger buffer) is copied first, and every backend gives the bits of an aligned q."""
     q, kv, lens, _ = make_case(2, 1, 128, 576, 300, dtype=torch.bfloat16)
     shifted = off_a_16_byte_boundary(q)
-    out, lse = mla_decode(shifted, kv, lens, 0.1, backend=backend)
-    aligned, aligned_lse = mla_decode(q, kv, lens, 0.1, backend=backend)
+    out, lse = mla_decode(shifted, kv, None, lens, softmax_scale=0.1, backend=backend)
+    aligned, aligned_lse = mla_decode(q, kv, None, lens, softmax_scale=0.1, backend=backend)
     assert torch.equal(out, aligned) and torch.equal(lse, aligned_lse)
 
 
@@ -1172,20 +1217,20 @@ def test_gluon_kernel_compiles_for_hopper_without_spills():
 @pytest.mark.parametrize("found, misfit", [("3.6.0", None),
                                            ("3.9.0", "it was measured on Triton 3.6 only, and this is Triton 3.9.0")])
 def test_gluon_kernel_takes_the_serving_case_on_a_tested_triton_only(found, misfit, monkeypatch):
-    """The Gluon kernel's judge (`_gluon_misfit`) on the serving case, as on a Hopper GPU (played on the CPU): a
+    """The Gluon kernel's judge (`gluon_misfit`) on the serving case, as on a Hopper GPU (played on the CPU): a
     Triton the kernel was not measured on is a reason not to take the call, so that backend='auto' takes the Triton
     kernel (warning once per process: `kernels.launch.fast_paths_on`)."""
     import triton
 
     from kernels import launch
-    from kernels.mla import interface
+    from kernels.mla import planning
 
-    monkeypatch.setattr(interface, "is_hopper", lambda device: True)
+    monkeypatch.setattr(planning, "is_hopper", lambda device: True)
     monkeypatch.setattr(triton, "__version__", found)
     monkeypatch.setattr(launch, "_untested_warned", True)
     q = torch.randn(2, 1, 64, 576, dtype=torch.bfloat16)
     kv = torch.randn(2, 128, 576, dtype=torch.bfloat16)
-    assert interface._gluon_misfit(q, kv, None, 512) == misfit
+    assert planning.gluon_misfit(q, kv, None, 512) == misfit
 
 
 def test_backend_gluon_on_an_untested_triton_is_refused_by_name(monkeypatch):
@@ -1194,13 +1239,13 @@ def test_backend_gluon_on_an_untested_triton_is_refused_by_name(monkeypatch):
     import triton
 
     from kernels import launch
-    from kernels.mla import interface
+    from kernels.mla import planning
 
-    monkeypatch.setattr(interface, "is_hopper", lambda device: True)
+    monkeypatch.setattr(planning, "is_hopper", lambda device: True)
     monkeypatch.setattr(triton, "__version__", "3.9.0")
     monkeypatch.setattr(launch, "_untested_warned", False)
     q, kv, lens, _ = make_case(2, 1, 64, 576, 20)
     with pytest.warns(UserWarning, match="Triton 3.9.0"), pytest.raises(
             ValueError, match="backend='gluon' does not apply here: it was measured on Triton 3.6 only, and this is "
                               "Triton 3.9.0"):
-        mla_decode(q, kv, lens, 0.1, backend="gluon")
+        mla_decode(q, kv, None, lens, softmax_scale=0.1, backend="gluon")

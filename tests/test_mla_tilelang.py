@@ -19,8 +19,7 @@ from test_mla import check_graph_replay, flashmla_pages, make_case
 
 from kernels import peers
 from kernels.common import ON_GPU, assert_close, tolerance
-from kernels.mla import mla_decode_ref, tilelang_decode, yarn_softmax_scale
-from kernels.mla.tilelang_decode import mla_decode_tilelang
+from kernels.mla import mla_decode_ref, mla_decode_tilelang, tilelang_decode, yarn_softmax_scale
 
 BF16_TOL = tolerance(torch.bfloat16)
 needs_tilelang = pytest.mark.skipif(peers.tilelang() is None, reason="needs TileLang (pip install tilelang)")
@@ -29,7 +28,7 @@ needs_tilelang = pytest.mark.skipif(peers.tilelang() is None, reason="needs Tile
 def check_against_reference(q, kv, lens, table, num_splits):
     scale = yarn_softmax_scale()
     out, lse = mla_decode_tilelang(q, kv, table, lens, softmax_scale=scale, num_splits=num_splits)
-    ref, ref_lse = mla_decode_ref(q, kv, lens, scale, 512, table)
+    ref, ref_lse = mla_decode_ref(q, kv, table, lens, 512, scale)
     assert out.dtype == q.dtype and out.shape == ref.shape and lse.shape == ref_lse.shape
     assert not out.isnan().any() and not lse.isnan().any()
     assert_close(out, ref, BF16_TOL, "out")
@@ -86,7 +85,7 @@ def test_module_imports_without_tilelang():
     """In a process where `import tilelang` fails, the module imports and the entry says what it needs."""
     code = ("import sys; sys.modules['tilelang'] = None\n"
             "import torch\n"
-            "from kernels.mla.tilelang_decode import mla_decode_tilelang\n"
+            "from kernels.mla import mla_decode_tilelang\n"
             "q = torch.randn(1, 1, 16, 576, dtype=torch.bfloat16)\n"
             "kv = torch.randn(1, 64, 576, dtype=torch.bfloat16)\n"
             "try:\n"
@@ -134,6 +133,8 @@ BAD_CASES = [
     Case("block_table-int64", _change(block_table=lambda a: a["block_table"].long()), TypeError,
          "block_table has dtype int64"),
     Case("scale-zero", _change(softmax_scale=lambda a: 0.0), ValueError, "softmax_scale must be finite and > 0"),
+    Case("q-requires-grad", _change(q=lambda a: a["q"].requires_grad_()), ValueError,
+         "q requires grad, and the MLA decode kernels have no backward"),
     Case("num_splits-zero", _change(num_splits=lambda a: 0), ValueError, "num_splits must be in"),
     Case("num_splits-float", _change(num_splits=lambda a: 2.0), TypeError, "num_splits must be an int"),
     Case("check_seqlens-int", _change(check_seqlens=lambda a: 1), TypeError, "check_seqlens must be a bool"),
@@ -206,8 +207,8 @@ def test_plumbing_with_the_kernels_as_pytorch(paged, s_q, num_splits, monkeypatc
     table = None
     if paged:
         kv, table = flashmla_pages(kv, lens)
-    out, lse = tilelang_decode._launch(q, kv, table, lens, 0.1, num_splits)
-    ref, ref_lse = mla_decode_ref(q, kv, lens, 0.1, 512, table)
+    out, lse = tilelang_decode.launch_tilelang(q, kv, table, lens, 0.1, num_splits)
+    ref, ref_lse = mla_decode_ref(q, kv, table, lens, 512, 0.1)
     assert_close(out, ref, tolerance(torch.float16))
     assert (lse - ref_lse).abs().max().item() < 1e-4
 

@@ -98,7 +98,7 @@ def test_the_interpreter_neither_warns_nor_launches_directly(version, monkeypatc
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         flash_attn_func(q, k, v, causal=True)
-        mla_decode(mq, kv, torch.tensor([50, 7], dtype=torch.int32), 0.2, head_dim_v=32, num_splits=2)
+        mla_decode(mq, kv, None, torch.tensor([50, 7], dtype=torch.int32), 32, 0.2, num_splits=2)
     assert not [w for w in caught if "Triton 3.9.0" in str(w.message)]
     assert launch._VARIANTS and all(compiled is None for _, compiled, _ in launch._VARIANTS.values())
     assert launch._DIRECT == {}
@@ -109,26 +109,26 @@ def test_gpu_an_untested_triton_launches_through_the_dispatcher(version, monkeyp
     """On a GPU, a Triton other than the tested ones gets the same answers through Triton's own launch path: no
     compiled kernel is kept for a direct launch, and a planned MLA call keeps no launches to make again."""
     from kernels.flash_attn import flash_attn_func
-    from kernels.mla import interface, mla_decode
+    from kernels.mla import mla_decode, planning
 
     monkeypatch.setattr(launch, "_VARIANTS", {})
     monkeypatch.setattr(launch, "_DIRECT", {})
-    monkeypatch.setattr(interface, "_PLANS", {})
+    monkeypatch.setattr(planning, "_PLANS", {})
     q, k, v = (torch.randn(2, 300, 4, 64, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
     mq = torch.randn(4, 1, 64, 576, device=DEVICE, dtype=torch.bfloat16)
     kv = torch.randn(4, 1000, 576, device=DEVICE, dtype=torch.bfloat16)
     lens = torch.tensor([1000, 3, 517, 64], device=DEVICE, dtype=torch.int32)
-    tested = [flash_attn_func(q, k, v, causal=True), mla_decode(mq, kv, lens, 0.1, check_seqlens=False)]
+    tested = [flash_attn_func(q, k, v, causal=True), mla_decode(mq, kv, None, lens, 512, 0.1, check_seqlens=False)]
     monkeypatch.setattr(launch, "_VARIANTS", {})
     monkeypatch.setattr(launch, "_DIRECT", {})
-    monkeypatch.setattr(interface, "_PLANS", {})
+    monkeypatch.setattr(planning, "_PLANS", {})
     version("3.9.0")
     with pytest.warns(UserWarning, match="Triton 3.9.0"):
         untested = [flash_attn_func(q, k, v, causal=True)]
     for _ in range(2):   # the second call through the plan the first made
-        untested.append(mla_decode(mq, kv, lens, 0.1, check_seqlens=False))
+        untested.append(mla_decode(mq, kv, None, lens, 512, 0.1, check_seqlens=False))
     assert all(compiled is None for _, compiled, _ in launch._VARIANTS.values()) and launch._DIRECT == {}
-    (plan,) = interface._PLANS.values()
+    (plan,) = planning._PLANS.values()
     assert not plan.gluon and plan.relaunches is None
     assert_close(untested[0], tested[0], tol=2e-2)
     for out, lse in untested[1:]:

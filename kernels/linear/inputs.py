@@ -4,23 +4,22 @@ The layout is sequence-major, as in fla: q, k [B, T, H, K], v [B, T, H, V], and 
 S [B, H, K, V] kept in fp32. Each family names its own gates and their shapes in the letters of
 that layout: GLA's gk is "B T H K" (one decay per key channel), Mamba-2's dt "B T H" (one per
 head). The check looks at types, shapes, dtypes and devices only (nothing that would wait for the
-GPU) and raises TypeError for a wrong type or dtype, ValueError for a wrong value or shape.
+GPU) and raises TypeError for a wrong type or dtype, ValueError for a wrong value or shape. A decode step
+calls it with the same shapes every step: its verdict is kept per call signature
+(`kernels.checks.check_once_per_signature`), so such a call costs a read of its tensors' metadata and a
+dict lookup.
 
     >>> B, T, H, K, V, scale = check_linear_inputs(q, k, v, {"gk": (gk, "B T H K")}, scale, h0, True)
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_dims, check_has_values, check_kernel_device,
-                      check_not_empty, check_same_device, check_same_device_and_dtype, check_tensor,
-                      softmax_scale_or_default)
-from ..common import INTERPRET, ON_GPU
+                      check_not_empty, check_once_per_signature, check_same_device, check_same_device_and_dtype,
+                      check_tensor, softmax_scale_or_default)
 
 MAX_HEAD_DIM = 256  # the kernels hold a whole key row (padded to a power of two) in registers
-_INTERPRETER_FLOATS = (torch.float16, torch.float32)  # the interpreter computes bf16 dot products wrongly
 
 
 def _check_dims(name: str, t: torch.Tensor, letters: str, sizes: dict) -> None:
@@ -28,6 +27,7 @@ def _check_dims(name: str, t: torch.Tensor, letters: str, sizes: dict) -> None:
     check_dims(name, t, [sizes[c] for c in letters], ", ".join(letters))
 
 
+@check_once_per_signature
 def check_linear_inputs(q, k, v, gates, scale=None, initial_state=None, output_final_state=False, *,
                         kernel: bool = True, step: bool = False, state_name: str = "initial_state"):
     """Validate a linear-attention call; return (B, T, H, K, V, scale).
@@ -42,60 +42,6 @@ def check_linear_inputs(q, k, v, gates, scale=None, initial_state=None, output_f
         bf16 under the interpreter, CUDA tensors on a GPU). Otherwise (a PyTorch reference) any
         device but meta. step: one decode step, no T axis (q, k [B, H, K], v [B, H, V]; T is 1).
     """
-    sizes = _accepted_at_once(q, k, v, gates, scale, initial_state, output_final_state, kernel, step)
-    if sizes is not None:
-        return sizes
-    return _checked_one_by_one(q, k, v, gates, scale, initial_state, output_final_state, kernel, step, state_name)
-
-
-def _accepted_at_once(q, k, v, gates, scale, h0, output_final_state, kernel, step):
-    """(B, T, H, K, V, scale) when the call is plainly valid, else None. A decode step is bound by
-    host time, and the checks one by one, which name what is wrong, would add 10 us to it: this asks
-    each tensor the fewest questions and accepts only what `_checked_one_by_one` accepts (where the
-    machine rule does not plainly hold, for one, it leaves the verdict to check_kernel_device)."""
-    Tensor = torch.Tensor
-    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
-            and (output_final_state is True or output_final_state is False)):
-        return None
-    shape, dtype, device = q.shape, q.dtype, q.device
-    if (len(shape) != (3 if step else 4) or k.shape != shape or k.dtype != dtype or v.dtype != dtype
-            or k.device != device or v.device != device):
-        return None
-    K, V = shape[-1], v.shape[-1]
-    if v.shape[:-1] != shape[:-1] or 0 in shape or V == 0:
-        return None
-    if kernel:
-        dtypes = _INTERPRETER_FLOATS if INTERPRET else FLOATS
-        if not (q.is_cpu if INTERPRET else ON_GPU and q.is_cuda) or K > MAX_HEAD_DIM or V > MAX_HEAD_DIM:
-            return None
-    else:
-        dtypes = REFERENCE_FLOATS
-        if q.is_meta:
-            return None
-    if dtype not in dtypes:
-        return None
-    B, H, T = shape[0], shape[-2], 1 if step else shape[1]
-    sizes = {"B": B, "T": T, "H": H, "K": K, "V": V}
-    for g, letters in gates.values():
-        if not (type(g) is Tensor and g.dtype in dtypes and g.device == device
-                and (g.shape == shape if letters == ("B H K" if step else "B T H K") else
-                     list(g.shape) == [sizes[c] for c in letters.split()])):
-            return None
-    if h0 is None:
-        if step:
-            return None
-    elif not (type(h0) is Tensor and (h0.dtype == torch.float32 or (not kernel and h0.dtype == torch.float64))
-              and h0.device == device and h0.shape == (B, H, K, V)):
-        return None
-    if scale is None:
-        scale = K ** -0.5
-    elif not (type(scale) is float and 0.0 < scale < math.inf):
-        return None
-    return B, T, H, K, V, scale
-
-
-def _checked_one_by_one(q, k, v, gates, scale, initial_state, output_final_state, kernel, step, state_name):
-    """The checks in order, each raising TypeError/ValueError with the argument named."""
     dtypes = FLOATS if kernel else REFERENCE_FLOATS
     layout = "B H" if step else "B T H"
     check_tensor("q", q, ndim=len(layout.split()) + 1, dtypes=dtypes)

@@ -12,9 +12,8 @@ import torch
 from ..bench import Benchmark, Panel
 from ..peers import flashmla, tilelang
 from ..plot import BOOK_COLOR, COLUMN_INCHES, styled
-from .interface import mla_decode
+from .interface import mla_decode, mla_decode_tilelang
 from .reference import yarn_softmax_scale
-from .tilelang_decode import mla_decode_tilelang
 
 OTHER_COLOR = "#8c8c8c"  # the caches MLA is compared with
 
@@ -88,7 +87,8 @@ def _inputs(case):
 def _book(case, num_splits=None, backend="auto"):
     q, kv, seqlens = _inputs(case)
     # check_seqlens=False: the check is one device sync, which a serving loop (and a graph) leaves out.
-    return lambda: mla_decode(q, kv, seqlens, SCALE, num_splits=num_splits, check_seqlens=False, backend=backend)
+    return lambda: mla_decode(q, kv, None, seqlens, D_C, SCALE, num_splits=num_splits, check_seqlens=False,
+                              backend=backend)
 
 
 def _torch_absorbed(case):
@@ -195,7 +195,7 @@ def shuffled_pages(pages, B):
 
 def _book_paged(case, backend="auto"):
     q, _, pages, table, seqlens = _paged_inputs(case)
-    return lambda: mla_decode(q, pages, seqlens, SCALE, block_table=table, check_seqlens=False, backend=backend)
+    return lambda: mla_decode(q, pages, table, seqlens, D_C, SCALE, check_seqlens=False, backend=backend)
 
 
 def _book_dense_same_memory(case):
@@ -203,7 +203,7 @@ def _book_dense_same_memory(case):
     if case["pages"] != "in order":
         return None
     q, kv, _, _, seqlens = _paged_inputs(case)
-    return lambda: mla_decode(q, kv, seqlens, SCALE, check_seqlens=False)
+    return lambda: mla_decode(q, kv, None, seqlens, D_C, SCALE, check_seqlens=False)
 
 
 def _flashmla_paged(case):
@@ -239,7 +239,7 @@ def _tilelang_paged(case, num_splits=None):
     if tilelang() is None or case["B"] * case["T"] * case["D"] * 2 >= _TILELANG_SWEEP_BYTES:
         return None
     q, _, pages, table, seqlens = _paged_inputs(case)
-    return lambda: mla_decode_tilelang(q, pages, table, seqlens, softmax_scale=SCALE, num_splits=num_splits,
+    return lambda: mla_decode_tilelang(q, pages, table, seqlens, D_C, SCALE, num_splits=num_splits,
                                        check_seqlens=False)
 
 

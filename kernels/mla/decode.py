@@ -9,7 +9,7 @@ A contiguous cache is read through TMA tensor descriptors (Hopper's copy engine)
 a paged cache through a block table and ordinary pointer loads. With causal=True the tiles cover
 the positions every query sees, and the last s_q - 1 positions (seen by the later queries only)
 follow one at a time, so the tile loop needs no causal mask.
-The kernels and their launches only: `interface.py` checks the inputs and chooses the kernel and the split.
+The kernels and their launches only: `interface.py` checks the inputs, `planning.py` chooses the kernel and the split.
 """
 from __future__ import annotations
 
@@ -232,9 +232,10 @@ _mla_decode_tuned = triton.autotune(
 )(_mla_decode_kernel)
 
 
-def launch_triton(q, kv_cache, block_table, cache_seqlens, softmax_scale, out, lse, ws_o, ws_lse, num_splits, causal,
+def launch_triton(q, kv_cache, block_table, cache_seqlens, softmax_scale, causal, out, lse, ws_o, ws_lse, num_splits,
                   tma):
-    """The Triton kernel: any dtype, s_q, head dims, paged caches. q, cache_seqlens and block_table dense;
+    """The Triton kernel, for inputs `interface.py` has checked (FlashMLA's argument order, then the outputs and
+    the workspace): any dtype, s_q, head dims, paged caches. q, cache_seqlens and block_table dense;
     kv_cache rows unit-stride. tma: read the (contiguous, 16-byte aligned) cache through tensor descriptors.
     With num_splits > 1 it writes partials to ws_o fp32 [B, s_q * H, num_splits, D_V] and ws_lse (base 2).
     It goes through Triton's autotuner and dispatcher on every call, so it returns nothing to launch again."""

@@ -50,7 +50,7 @@ Gluon/ptxas constraints this code works around (see the comments at each place):
   * constexprs do not survive gl.warp_specialize's argument tuples: partitions read sizes off the
     buffers' static shapes.
 `scripts/mla_gluon_compile.py` compiles it for sm_90a without a GPU and checks the first two.
-The kernel and its launch only: `interface.py` checks the inputs and decides when it applies.
+The kernel and its launch only: `interface.py` checks the inputs, `planning.py` decides when it applies.
 """
 from __future__ import annotations
 
@@ -607,9 +607,10 @@ def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, bt_ptr, o_ptr, lse_ptr, ws
 # ----------------------------------------------------------------------------------------------------------
 # Launch
 # ----------------------------------------------------------------------------------------------------------
-def launch_gluon(q, kv_cache, cache_seqlens, softmax_scale, out, lse, ws_o=None, ws_lse=None, num_splits=1,
-                 block_table=None):
-    """The kernel launch alone, for inputs `interface.py` has checked: q bf16 [B, 1, H, 576] dense, H % 64 == 0;
+def launch_gluon(q, kv_cache, block_table, cache_seqlens, softmax_scale, out, lse, ws_o=None, ws_lse=None,
+                 num_splits=1):
+    """The kernel launch alone, for inputs `interface.py` has checked (FlashMLA's argument order, then the
+    outputs and the workspace): q bf16 [B, 1, H, 576] dense, H % 64 == 0;
     cache_seqlens int32 [B] dense; kv_cache bf16 with TMA-ready rows, either [B, T_max, 576] (block_table None)
     or pages [num_blocks, 64, 576] stored back to back (stride(0) == 64 * stride(1)) with block_table int32
     [B, max_blocks], rows unit-stride; out bf16 [B, 1, H, 512] and lse fp32 [B, H, 1] fresh and dense (a whole

@@ -1,5 +1,5 @@
 """DeepSeek MLA in plain PyTorch: the naive path, the absorbed path, and the reference for the decode
-kernel's contract, with that contract's input checks (which `interface.py` applies to the kernels too).
+kernel's contract (its input checks are `inputs.py`'s, which the kernels' entries apply too).
 
 Layout [B, T, H, D] throughout. The latent cache holds, per token, c_kv (d_c = 512)
 and k_pe (64 RoPE dims), shared by every head. W_uk [H, d_nope, d_c] rebuilds the
@@ -12,10 +12,9 @@ import math
 
 import torch
 
-from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_has_values, check_int, check_kernel_device,
-                      check_not_empty, check_same_device, check_same_device_and_dtype, check_tensor,
-                      softmax_scale_or_default)
-from ..common import INTERPRET, ON_GPU
+from ..checks import (REFERENCE_FLOATS, check_has_values, check_int, check_not_empty, check_same_device_and_dtype,
+                      check_tensor, softmax_scale_or_default)
+from .inputs import check_cache_lengths, check_decode_inputs, paged_rows
 
 
 def _check_layout(**inputs):
@@ -110,133 +109,25 @@ def unabsorb_output(out_c, W_uv):
 
 
 # ---------------------------------------------------------------------------------- the decode contract
-def check_decode_inputs(q, kv_cache, cache_seqlens, softmax_scale, block_table=None, *, kernel=False) -> float:
-    """The decode contract's checks of its tensors and scale: types, ranks, dtypes, devices, shapes (no
-    value is read, nothing launched). Returns the scale. kernel: the caller launches a kernel, so the
-    kernels' dtypes (no fp64) and the machine rule (`check_kernel_device`) apply too."""
-    scale = _accepted_at_once(q, kv_cache, cache_seqlens, softmax_scale, block_table, kernel)
-    if scale is not None:
-        return scale
-    return _checked_one_by_one(q, kv_cache, cache_seqlens, softmax_scale, block_table, kernel)
+def mla_decode_ref(q, kv_cache, block_table, cache_seqlens, head_dim_v=512, softmax_scale=None, causal=False):
+    """Reference for `mla_decode`'s contract (FlashMLA's, in its argument order): MQA over a latent cache,
+    one batch element and query at a time.
 
-
-def _checked_one_by_one(q, kv_cache, cache_seqlens, softmax_scale, block_table, kernel) -> float:
-    """The checks in order, each raising TypeError/ValueError with the argument named."""
-    floats = FLOATS if kernel else REFERENCE_FLOATS
-    check_tensor("q", q, ndim=4, dtypes=floats)
-    check_tensor("kv_cache", kv_cache, ndim=3, dtypes=floats)
-    check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
-    tensors = {"q": q, "kv_cache": kv_cache, "cache_seqlens": cache_seqlens}
-    if block_table is not None:
-        tensors["block_table"] = check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
-    if kernel:
-        check_kernel_device(**tensors)
-    check_same_device(**tensors)
-    check_same_device_and_dtype(q=q, kv_cache=kv_cache)
-    check_not_empty("q", q, "B, s_q, H, D_qk")
-    B, _, _, D_QK = q.shape
-    if block_table is None:
-        check_tensor("kv_cache", kv_cache, shape=(B, None, D_QK))
-        check_not_empty("kv_cache", kv_cache, "B, T_max, D_qk")
-    else:
-        check_tensor("kv_cache", kv_cache, shape=(None, None, D_QK))
-        check_not_empty("kv_cache", kv_cache, "num_blocks, page_size, D_qk")
-        check_tensor("block_table", block_table, shape=(B, None))
-        check_not_empty("block_table", block_table, "B, max_blocks")
-    check_tensor("cache_seqlens", cache_seqlens, shape=(B,))
-    return softmax_scale_or_default(softmax_scale, None)
-
-
-def _accepted_at_once(q, kv_cache, cache_seqlens, softmax_scale, block_table, kernel):
-    """The scale when the call is plainly valid, else None. A decode step at small batch is bound by host
-    time, and the checks one by one, which name what is wrong, cost about 15 us: this asks each tensor the
-    fewest questions and accepts only what they accept (anything unusual, an int scale or a tensor
-    subclass say, is left to them)."""
-    Tensor = torch.Tensor
-    if not (type(q) is Tensor and type(kv_cache) is Tensor and type(cache_seqlens) is Tensor
-            and (block_table is None or type(block_table) is Tensor)
-            and type(softmax_scale) is float and 0.0 < softmax_scale < math.inf):
-        return None
-    shape, dtype, device = q.shape, q.dtype, q.device
-    if kernel:
-        # the machine rule, where it plainly holds: CPU tensors and no bf16 under the interpreter, CUDA on a GPU
-        floats = (torch.float16, torch.float32) if INTERPRET else FLOATS
-        if not (q.is_cpu if INTERPRET else ON_GPU and q.is_cuda):
-            return None
-    else:
-        floats = REFERENCE_FLOATS
-    if (len(shape) != 4 or 0 in shape or dtype not in floats or kv_cache.dtype != dtype
-            or cache_seqlens.dtype != torch.int32 or kv_cache.device != device or cache_seqlens.device != device
-            or cache_seqlens.shape != shape[:1]):
-        return None
-    cache = kv_cache.shape
-    if len(cache) != 3 or 0 in cache or cache[2] != shape[3]:
-        return None
-    if block_table is None:
-        return softmax_scale if cache[0] == shape[0] else None
-    table = block_table.shape
-    if (block_table.dtype != torch.int32 or block_table.device != device or len(table) != 2
-            or table[0] != shape[0] or table[1] == 0):
-        return None
-    return softmax_scale
-
-
-def paged_rows(kv_cache, block_table):
-    """FlashMLA's paged cache, [num_blocks, page_size, 1, D_qk] (one KV head), as the
-    [num_blocks, page_size, D_qk] the kernels read: a view, no copy. Anything else is returned as it is
-    (the checks that follow judge it)."""
-    if block_table is not None and isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 4:
-        check_tensor("kv_cache", kv_cache, shape=(None, None, 1, None))
-        return kv_cache.squeeze(2)
-    return kv_cache
-
-
-def cache_capacity(kv_cache, block_table) -> int:
-    """The most positions a sequence can hold: T_max, or max_blocks * page_size for a paged cache."""
-    return kv_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
-
-
-def check_cache_lengths(kv_cache, cache_seqlens, block_table, s_q, causal) -> int:
-    """Every length in [1, capacity] (and >= s_q when causal), every page a sequence uses inside the cache.
-    Reads the values: one device sync. Returns the longest length."""
-    page, capacity = kv_cache.shape[1], cache_capacity(kv_cache, block_table)
-    checks = [cache_seqlens.min(), cache_seqlens.max()]
-    if block_table is not None:
-        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] * page < cache_seqlens[:, None]
-        checks.append((used & ((block_table < 0) | (block_table >= kv_cache.shape[0]))).any().to(cache_seqlens.dtype))
-    lo, hi, *bad_page = torch.stack(checks).tolist()
-    if lo < 1:
-        raise ValueError(f"cache_seqlens must be >= 1, got min {lo}")
-    if hi > capacity:
-        what = "block_table too short: " if block_table is not None else ""
-        raise ValueError(f"{what}cache_seqlens max {hi} exceeds the cache capacity {capacity}")
-    if bad_page and bad_page[0]:
-        raise ValueError(f"block_table holds page indices outside [0, {kv_cache.shape[0]}) for used pages")
-    if causal and lo < s_q:
-        raise ValueError(f"causal=True needs every cache_seqlens >= s_q={s_q}, got min {lo}")
-    return hi
-
-
-def mla_decode_ref(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_table=None, causal=False):
-    """Reference for `mla_decode`'s contract: MQA over a latent cache, one batch element and query at a time.
-
-    q [B, s_q, H, D_qk]; kv_cache [B, T_max, D_qk], or [num_blocks, page_size, D_qk] (or FlashMLA's
-    [num_blocks, page_size, 1, D_qk]) with block_table int32 [B, max_blocks]; cache_seqlens int32 [B], each
-    in [1, capacity]. The key is the whole cache row, the value its first head_dim_v columns.
-    softmax_scale: required (a float > 0).
+    q [B, s_q, H, D_qk]; kv_cache [B, T_max, D_qk] with block_table None, or [num_blocks, page_size, D_qk]
+    (or FlashMLA's [num_blocks, page_size, 1, D_qk]) with block_table int32 [B, max_blocks]; cache_seqlens
+    int32 [B], each in [1, capacity]. The key is the whole cache row, the value its first head_dim_v columns.
+    softmax_scale: a float > 0, default D_qk ** -0.5 (FlashMLA's).
     causal: query i sees cache positions < seqlen - s_q + i + 1; no other position enters its row.
     Computes in fp32 (fp64 for fp64 inputs); returns out [B, s_q, H, head_dim_v] and lse [B, H, s_q]
     (natural log).
 
-    >>> out, lse = mla_decode_ref(q, kv, seqlens, softmax_scale=576 ** -0.5)
+    >>> out, lse = mla_decode_ref(q, kv, None, seqlens)
     >>> out.shape, lse.shape     # [B, s_q, H, 512], [B, H, s_q]
     """
     kv_cache = paged_rows(kv_cache, block_table)
-    scale = check_decode_inputs(q, kv_cache, cache_seqlens, softmax_scale, block_table)
-    check_int("head_dim_v", head_dim_v, low=1, high=q.shape[-1])
-    check_bool("causal", causal)
+    scale = check_decode_inputs(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal)
     check_has_values(q=q, kv_cache=kv_cache, cache_seqlens=cache_seqlens)
-    check_cache_lengths(kv_cache, cache_seqlens, block_table, q.shape[1], causal)
+    check_cache_lengths(kv_cache, block_table, cache_seqlens, q.shape[1], causal)
     B, s_q, H, D = q.shape
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = torch.empty(B, s_q, H, head_dim_v, dtype=dtype, device=q.device)
@@ -271,5 +162,4 @@ def yarn_softmax_scale(d_qk: int = 192, factor: float = 40.0, mscale_all_dim: fl
 
 
 __all__ = ["mla_naive", "mla_absorbed", "absorb_query", "latent_cache", "unabsorb_output",
-           "mla_decode_ref", "yarn_softmax_scale", "check_decode_inputs", "cache_capacity", "check_cache_lengths",
-           "paged_rows"]
+           "mla_decode_ref", "yarn_softmax_scale"]

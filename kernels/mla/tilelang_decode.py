@@ -23,17 +23,15 @@ become TMA loads issued by a producer warpgroup it adds (warp specialization, 38
 program per SM.
 
 TileLang is imported lazily (`kernels.peers.tilelang`): this module imports anywhere, and
-`mla_decode_tilelang` says so when TileLang is missing.
+`interface.mla_decode_tilelang` says so when TileLang is missing.
 """
 # No `from __future__ import annotations`: TileLang reads the kernels' annotations (their shapes) as values.
 
 import torch
 
 from .. import peers
-from ..checks import check_bool, check_has_values, check_int, check_tensor, softmax_scale_or_default
-from ..launch import LN2, LOG2E, cdiv, sm_count
-from .interface import _num_splits, _workspace
-from .reference import cache_capacity, check_cache_lengths, check_decode_inputs, paged_rows
+from ..launch import LN2, LOG2E
+from .planning import workspace
 
 BH, BN = 64, 64            # query rows per program (wgmma's smallest M), cache positions per tile
 THREADS = 256              # two warpgroups: each keeps half of the [64, 512] fp32 accumulator
@@ -172,59 +170,11 @@ def _compiled(build, *key):
     return kernel
 
 
-def mla_decode_tilelang(q, kv_cache, block_table, cache_seqlens, head_dim_v=D_V, softmax_scale=None, num_splits=None,
-                        *, check_seqlens=True):
-    """MLA decode (absorbed form) with the TileLang kernels, FlashMLA's contract, no causal mask.
-
-    q: [B, s_q, H, 576], bf16 or fp16 (every query row sees the whole sequence).
-    kv_cache: dense [B, T_max, 576] (block_table=None), or paged [num_blocks, page, 576] or
-        [num_blocks, page, 1, 576] with block_table int32 [B, max_blocks], page a multiple of 64
-        (FlashMLA's is 64). The value is a row's first head_dim_v = 512 channels.
-    cache_seqlens: int32 [B], each in [1, capacity]; page slots past a length may hold anything (NaN too).
-    softmax_scale: default 576 ** -0.5. num_splits: slices per sequence (split-KV); None picks one with
-        the Triton path's cost model (`interface._num_splits`). check_seqlens: read the lengths and block
-        table to check them (one device sync); False in graphs and timing loops.
-    CUDA tensors only; needs TileLang (RuntimeError without it). The first call with a new (s_q * H, dtype,
-    split or not) compiles its kernels, a few seconds each; B, the cache's size and num_splits are runtime.
-    Returns out [B, s_q, H, 512] in q's dtype and lse fp32 [B, H, s_q] (natural log).
-
-    >>> q = torch.randn(4, 1, 128, 576, device="cuda", dtype=torch.bfloat16)
-    >>> kv = torch.randn(4, 8192, 576, device="cuda", dtype=torch.bfloat16)
-    >>> out, lse = mla_decode_tilelang(q, kv, None, torch.full((4,), 8192, dtype=torch.int32, device="cuda"))
-    """
-    # ---- validate before anything else (the same answers with or without TileLang)
-    kv_cache = paged_rows(kv_cache, block_table)
-    check_decode_inputs(q, kv_cache, cache_seqlens, 1.0, block_table)
-    check_tensor("q", q, dtypes=tuple(DTYPES))
-    check_has_values(q=q, kv_cache=kv_cache, cache_seqlens=cache_seqlens,
-                     **({} if block_table is None else {"block_table": block_table}))
-    check_int("head_dim_v", head_dim_v, low=1, high=q.shape[-1])
-    if q.shape[-1] != D_QK or head_dim_v != D_V:
-        raise ValueError(f"the TileLang kernels are built for D_qk = {D_QK} (q.shape[-1]) and head_dim_v = {D_V}, "
-                         f"got {q.shape[-1]} and {head_dim_v}")
-    if block_table is not None and kv_cache.shape[1] % BN:
-        raise ValueError(f"kv_cache: the TileLang kernel reads a page in tiles of {BN} positions, so the page size "
-                         f"must be a multiple of {BN}, got {kv_cache.shape[1]}")
-    scale = softmax_scale_or_default(softmax_scale, D_QK)
-    check_int("num_splits", num_splits, low=1, allow_none=True)
-    check_bool("check_seqlens", check_seqlens)
-    if peers.tilelang() is None:
-        raise RuntimeError("mla_decode_tilelang needs TileLang (`pip install tilelang`), which is not installed here")
-    for name, t in {"q": q, "kv_cache": kv_cache, "cache_seqlens": cache_seqlens, "block_table": block_table}.items():
-        if t is not None and t.device.type != "cuda":
-            raise ValueError(f"{name} is on {t.device}: the TileLang kernels run on a CUDA GPU and take CUDA tensors")
-    B, S_Q, H, _ = q.shape
-    capacity = cache_capacity(kv_cache, block_table)
-    if check_seqlens:
-        capacity = check_cache_lengths(kv_cache, cache_seqlens, block_table, S_Q, False)
-    if num_splits is None:
-        num_splits = _num_splits(B, cdiv(S_Q * H, BH), capacity, sm_count(q.device))
-
-    return _launch(q, kv_cache, block_table, cache_seqlens, scale, num_splits)
-
-
-def _launch(q, kv_cache, block_table, cache_seqlens, scale, num_splits):
-    """Allocate and launch (inputs already checked): the decode kernel, and the merge kernel when split."""
+def launch_tilelang(q, kv_cache, block_table, cache_seqlens, softmax_scale, num_splits):
+    """Allocate and launch, for inputs `interface.mla_decode_tilelang` has checked: the decode kernel, and the
+    merge kernel when num_splits > 1 (its partials in `planning.workspace`). kv_cache [B, T_max, 576] with
+    block_table None, or pages [num_blocks, page, 576] with block_table. Returns out [B, s_q, H, 512] in q's
+    dtype and lse fp32 [B, H, s_q]."""
     B, S_Q, H, _ = q.shape
     rows = S_Q * H
     if block_table is None:  # a dense cache is B pages of T_max rows: the identity table [[0], [1], ...]
@@ -232,16 +182,16 @@ def _launch(q, kv_cache, block_table, cache_seqlens, scale, num_splits):
     page, dtype = kv_cache.shape[1], DTYPES[q.dtype]
     q_rows = q.contiguous().view(B, rows, D_QK)
     kv_rows = kv_cache.reshape(-1, D_QK).contiguous()   # a view unless the pages are not back to back
-    args = (q_rows, kv_rows, block_table.contiguous(), cache_seqlens.contiguous(), page, scale * LOG2E)
+    args = (q_rows, kv_rows, block_table.contiguous(), cache_seqlens.contiguous(), page, softmax_scale * LOG2E)
     out = torch.empty(B, S_Q, H, D_V, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, rows, device=q.device, dtype=torch.float32)
     if num_splits == 1:
         _compiled(_decode_kernel, rows, False, dtype)(*args, out.view(B, rows, 1, D_V), lse.view(B, rows, 1))
     else:
-        o_part, lse_part = _workspace(B, rows, num_splits, D_V, q.device)
+        o_part, lse_part = workspace(B, rows, num_splits, D_V, q.device)
         _compiled(_decode_kernel, rows, True, dtype)(*args, o_part, lse_part)
         _compiled(_merge_kernel, rows, dtype)(o_part, lse_part, out.view(B, rows, D_V), lse)
     return out, lse.view(B, S_Q, H).transpose(1, 2).contiguous()   # lse [B, H, s_q]
 
 
-__all__ = ["mla_decode_tilelang"]
+__all__ = ["launch_tilelang", "BH", "BN", "D_QK", "D_V", "DTYPES"]
