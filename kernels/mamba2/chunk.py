@@ -1,7 +1,7 @@
 """The SSD chunk scan (Dao & Gu 2024): Mamba-2's prefill, built like the other linear families'.
 
 Mamba-2 is linear attention with a scalar gate per head and token: with the log decay a_t = dt_t·A
-(<= 0), k_t = B_t (per group), v_t = x_t·dt_t and q_t = C_t, the step h_t = e^{a_t} h_{t-1} + v_t k_tᵀ,
+(<= 0 in a model), k_t = B_t (per group), v_t = x_t·dt_t and q_t = C_t, the step h_t = e^{a_t} h_{t-1} + v_t k_tᵀ,
 y_t = h_t q_t is the book's recurrence S_t = e^{g_t} S_{t-1} + k_t v_tᵀ with S = hᵀ ([dstate, headdim]
 = [K, V]). A prompt takes three launches, and (for contiguous x, B, C, z) nothing else runs on the
 GPU but the allocations of what they write:
@@ -66,9 +66,9 @@ def _ssd_gates_kernel(
 def ssd_gates(dt, dt_bias, A, dt_softplus: bool, dtf, b) -> None:
     """dt after its bias and softplus, and the in-chunk cumulative log decay, in one launch.
 
-    dt: [Bt, T, H], any float dtype and strides; dt_bias: [H] or None; A: [H] (<= 0). Written:
-    dtf fp32 [Bt, T, H] = softplus(dt + dt_bias) (the softplus when dt_softplus; the decode step's
-    cut-off at 20), and b fp32 [Bt, T, H, 1] = the cumulative sum of dtf·A inside each chunk of CHUNK
+    dt: [Bt, T, H], any float dtype and strides; dt_bias: [H] or None; A: [H] (<= 0 in a model; any
+    sign computes). Written: dtf fp32 [Bt, T, H] = softplus(dt + dt_bias) (the softplus when
+    dt_softplus; the decode step's cut-off at 20), and b fp32 [Bt, T, H, 1] = the cumulative sum of dtf·A inside each chunk of CHUNK
     tokens, gates below GATE_FLOOR counted as GATE_FLOOR: what `chunk_local_cumsum` writes for
     g = dtf·A. dtf and b contiguous.
 
@@ -126,7 +126,7 @@ def _ssd_state_kernel(
         p_th = (i_b * T + o_t) * H + i_h
         b_last = tl.load(b + (i_b * T + t_last) * H + i_h)
         # token s enters the state as (dt_s e^{b_last - b_s} B_s) x_sᵀ: dt and the decay to the chunk
-        # end (exponent <= 0) are one number per token, applied to Bᵀ's columns; x·dt is never formed
+        # end (exponent <= 0 in a model) are one number per token, applied to Bᵀ's columns; x·dt is never formed
         b_w = tl.load(dt + p_th, mask=m_t, other=0.0) * tl.exp(b_last - tl.load(b + p_th, mask=m_t, other=0.0))
         b_w = tl.where(m_t, b_w, 0.0)
         b_kt = tl.load(B + ((i_b * T + o_t[None, :]) * G + i_g) * N + o_k[:, None],
@@ -199,10 +199,12 @@ def _ssd_output_kernel(
     b_o = b_o * tl.exp(b_b)[:, None]
 
     # intra-chunk: (L ∘ C Bᵀ) diag(dt) x, with L_ts = e^{b_t - b_s} on and below the diagonal: column s
-    # of the scores takes token s's dt, so x·dt is never formed. The select (not a factor 0) keeps the
-    # pairs s > t out, whatever their exponent or a later token's values.
+    # of the scores takes token s's dt, so x·dt is never formed. The exponent is -inf above the
+    # diagonal (e^{b_t - b_s} there would overflow when the gates grow); on and below it is the
+    # recurrence's, unclamped, whatever the sign of dt·A. The select (not a factor 0) keeps the pairs
+    # s > t out, whatever a later token's values.
     m_lo = o_c[:, None] >= o_c[None, :]
-    b_L = tl.exp(tl.minimum(b_b[:, None] - b_b[None, :], 0.0)) * b_dt[None, :]
+    b_L = tl.exp(tl.where(m_lo, b_b[:, None] - b_b[None, :], float("-inf"))) * b_dt[None, :]
     b_S = tl.where(m_lo, b_S * b_L, 0.0)
     p_x = ((i_b * T + o_t[:, None]) * H + i_h) * P + o_v[None, :]
     m_x = m_t[:, None] & m_v[None, :]
