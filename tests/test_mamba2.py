@@ -2,9 +2,11 @@
 from the formula (MATH.md, Mamba-2) for every combination of the optional arguments, the state
 updated in place (same storage, any strides, through a slot table), A as one scalar per head (the
 stride-0 fast path) and as a full [nheads, headdim, dstate] tensor, groups, odd sizes, NaN kept in
-its row; the SSD chunk scan against a step-by-step fp64 loop (T not a multiple of the chunk, initial
-and final states, groups, D and z, a strided dt); its gates kernel (dt's bias and softplus, the
-cumulative decay) against PyTorch; the PyTorch chunked form; every kind of bad input.
+its row, slot tables of any strides; the SSD chunk scan against a step-by-step fp64 loop (T not a
+multiple of the chunk, every chunk length from 16 to 256, initial and final states, groups, D and z,
+a strided dt, gates of either sign); its gates kernel (dt's bias and softplus, the cumulative decay)
+against PyTorch; the PyTorch chunked form; every kind of bad input, and the checks' verdicts
+remembered per call signature.
 
 CPU (interpreter): fp32 and fp16 on small shapes. GPU: bf16 at mamba_ssm's test shapes, and the scan
 with each config of its output kernel and of the state pass forced one at a time.
@@ -465,6 +467,24 @@ def test_scan_lengths_initial_and_final_states(T):
     assert_close(h, h_ref, FP32, "final state")
 
 
+CHUNK_SIZES = [16, 32, 64, 128, 256]
+
+
+@pytest.mark.parametrize("chunk_size", CHUNK_SIZES, ids=lambda L: f"chunk{L}")
+def test_scan_chunk_sizes(chunk_size):
+    """Every chunk length against the fp64 loop, at T = 300: a whole chunk of 256 and a partial one
+    (of 44 tokens), several chunks at the shorter lengths; initial and final states, groups, D, z."""
+    Bt, T, H, P, N, G = 1, 300, 4, 16, 32, 2
+    x, dt, A, B, C, D, z, bias = make_scan(Bt, T, H, P, N, G)
+    h0 = torch.randn(Bt, H, P, N, device=DEVICE)
+    y_ref, h_ref = scan_ref64(x, dt, A, B, C, D, z, bias, True, h0)
+    y, h = ssd_chunk_scan(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=bias, dt_softplus=True,
+                          initial_states=h0, return_final_states=True)
+    assert not torch.isnan(y).any()
+    assert_close(y, y_ref, FP32, "y")
+    assert_close(h, h_ref, FP32, "final state")
+
+
 @pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(n for n, on in zip(OPTIONAL, c) if on) or "plain")
 def test_scan_every_optional_argument(combo):
     x, dt, A, B, C, D, z, bias = make_scan(T=67, D_per_channel=combo[0] and combo[1])
@@ -673,21 +693,23 @@ TILE_CASES = sorted({("output", m["BK"], m["BV"]) for m, _, _ in chunk_module._T
 
 
 @pytest.mark.skipif(not INTERPRET, reason="the GPU checks its tiles in test_gpu_scan_every_*_config")
+@pytest.mark.parametrize("chunk_size", [64, 256], ids=lambda L: f"chunk{L}")
 @pytest.mark.parametrize("case", TILE_CASES, ids=lambda c: "{}-BK{}-BV{}".format(*c))
 @pytest.mark.parametrize("shape", [(1, 130, 2, 64, 64, 1), (1, 130, 2, 64, 128, 1), (1, 70, 3, 48, 60, 3)],
                          ids=lambda s: "B{}-T{}-H{}-P{}-N{}-G{}".format(*s))
-def test_scan_every_gpu_tile_interpreted(shape, case):
+def test_scan_every_gpu_tile_interpreted(shape, case, chunk_size):
     """The GPU's tiles of the output kernel and of the state pass, each forced in turn, in fp32 under
     the interpreter: a tile wider than dstate or headdim, one trip over dstate, several, any error in
-    the addressing or the masks that depends on the tile shows here."""
+    the addressing or the masks that depends on the tile shows here; at chunk 256 the walk over a
+    chunk's earlier blocks too."""
     kernel = chunk_module._ssd_output_kernel if case[0] == "output" else chunk_module._ssd_state_kernel
     Bt, T, H, P, N, G = shape
     x, dt, A, B, C, D, z, bias = make_scan(*shape)
     h0 = torch.randn(Bt, H, P, N, device=DEVICE)
     y_ref, h_ref = scan_ref64(x, dt, A, B, C, D, z, bias, True, h0)
     with only_config(kernel, triton.Config({"BK": case[1], "BV": case[2]})):
-        y, h = ssd_chunk_scan(x, dt, A, B, C, D=D, z=z, dt_bias=bias, dt_softplus=True, initial_states=h0,
-                              return_final_states=True)
+        y, h = ssd_chunk_scan(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=bias, dt_softplus=True,
+                              initial_states=h0, return_final_states=True)
     assert_close(h, h_ref, FP32, "final state")
     assert_close(y, y_ref, FP32, "y")
 
@@ -726,7 +748,9 @@ SCAN_CASES = [
     Case("x-dtype-differs", _with(B=lambda a: a["B"].half()), TypeError, "must share one dtype"),
 ]
 KERNEL_SCAN_CASES = [
-    Case("chunk_size-not-64", _with(chunk_size=lambda a: 128), ValueError, "chunk_size must be 64"),
+    Case("chunk_size-not-a-kernel-chunk", _with(chunk_size=lambda a: 100), ValueError,
+         "chunk_size must be one of 16, 32, 64, 128, 256"),
+    Case("chunk_size-512", _with(chunk_size=lambda a: 512), ValueError, "chunk_size must be one of"),
 ]
 
 
@@ -776,6 +800,23 @@ def test_gpu_scan_bf16(shape):
     assert_close(h, h_ref, 2 * tolerance(torch.bfloat16), "final state")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk_size", CHUNK_SIZES, ids=lambda L: f"chunk{L}")
+def test_gpu_scan_bf16_chunk_sizes(chunk_size):
+    """Each chunk length in bf16 on the GPU (compiled, the autotuned tiles), T = 1000: several whole
+    chunks and a partial one at every length."""
+    shape = (2, 1000, 16, 64, 128, 2)
+    x, dt, A, B, C, D, z, bias = make_scan(*shape, dtype=torch.bfloat16, device="cuda")
+    h0 = torch.randn(shape[0], shape[2], shape[3], shape[4], device="cuda")
+    y_ref, h_ref = ssd_chunked_torch(*(t.double() for t in (x, dt, A, B, C)), D=D.double(), z=z.double(),
+                                     dt_bias=bias.double(), dt_softplus=True, initial_states=h0.double(),
+                                     return_final_states=True)
+    y, h = ssd_chunk_scan(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=bias, dt_softplus=True,
+                          initial_states=h0, return_final_states=True)
+    assert_close(y, y_ref, 2 * tolerance(torch.bfloat16), "y")
+    assert_close(h, h_ref, 2 * tolerance(torch.bfloat16), "final state")
+
+
 def _config_id(c):
     return "BK{BK}-BV{BV}".format(**c.kwargs) + f"-w{c.num_warps}-s{c.num_stages}"
 
@@ -785,9 +826,9 @@ def _config_id(c):
 FORCED_SHAPES = [(2, 512, 8, 64, 64, 1), (2, 512, 8, 64, 128, 1), (1, 333, 6, 48, 60, 3)]
 
 
-def _forced_run(kernel, config, shape, size_names):
-    """The scan in bf16 with `kernel` held to `config`, against the fp64 chunked form: y and the final
-    state checked apart (the final state comes from the state pass alone)."""
+def _forced_run(kernel, config, shape, size_names, chunk_size):
+    """The scan in bf16 at chunk_size with `kernel` held to `config`, against the fp64 chunked form: y
+    and the final state checked apart (the final state comes from the state pass alone)."""
     Bt, T, H, P, N, G = shape
     sizes = {"N": N, "P": P}
     if any(config.kwargs[blk] > pow2_at_least_16(sizes[name]) for blk, name in zip(("BK", "BV"), size_names)):
@@ -798,28 +839,30 @@ def _forced_run(kernel, config, shape, size_names):
                                      dt_bias=bias.double(), dt_softplus=True, initial_states=h0.double(),
                                      return_final_states=True)
     with only_config(kernel, config):
-        y, h = ssd_chunk_scan(x, dt, A, B, C, D=D, z=z, dt_bias=bias, dt_softplus=True, initial_states=h0,
-                              return_final_states=True)
+        y, h = ssd_chunk_scan(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=bias, dt_softplus=True,
+                              initial_states=h0, return_final_states=True)
         torch.cuda.synchronize()
     assert_close(h, h_ref, 2 * tolerance(torch.bfloat16), "final state")
     assert_close(y, y_ref, 2 * tolerance(torch.bfloat16), "y")
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("chunk_size", [64, 256], ids=lambda L: f"chunk{L}")
 @pytest.mark.parametrize("config", chunk_module._CONFIGS, ids=_config_id)
 @pytest.mark.parametrize("shape", FORCED_SHAPES, ids=lambda s: "B{}-T{}-H{}-P{}-N{}-G{}".format(*s))
-def test_gpu_scan_every_output_config(shape, config):
+def test_gpu_scan_every_output_config(shape, config, chunk_size):
     """Every config of the output kernel, one at a time: an error that depends on the tile shows here
     with the tile's name, instead of in whichever config the autotuner happened to pick."""
-    _forced_run(chunk_module._ssd_output_kernel, config, shape, ("N", "P"))
+    _forced_run(chunk_module._ssd_output_kernel, config, shape, ("N", "P"), chunk_size)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("chunk_size", [64, 256], ids=lambda L: f"chunk{L}")
 @pytest.mark.parametrize("config", chunk_module._STATE_CONFIGS, ids=_config_id)
 @pytest.mark.parametrize("shape", FORCED_SHAPES, ids=lambda s: "B{}-T{}-H{}-P{}-N{}-G{}".format(*s))
-def test_gpu_scan_every_state_config(shape, config):
+def test_gpu_scan_every_state_config(shape, config, chunk_size):
     """Every config of the state pass, one at a time, with B read per group and dt on the keys."""
-    _forced_run(chunk_module._ssd_state_kernel, config, shape, ("N", "P"))
+    _forced_run(chunk_module._ssd_state_kernel, config, shape, ("N", "P"), chunk_size)
 
 
 @pytest.mark.gpu
@@ -918,35 +961,39 @@ def test_kernels_refuse_an_input_that_requires_grad(form):
 
 
 # ------------------------------------------------------------------ a NaN or inf reaches exactly what the math says
-# Token 35 of a 100-token prompt (inside the first chunk: rows 0..34 of that chunk share its products),
-# H = 4 heads in G = 2 groups (heads 0 and 1 read group 0's B and C). What each poison must reach:
-# x (a value) of head 0, channel 3: rows >= 35 of head 0, channel 3; B (a key) of group 0: rows >= 35
-# of heads 0 and 1; C (a query) of group 0: row 35 of heads 0 and 1; dt of head 0: rows >= 35 of head 0.
+# A 150-token prompt, H = 4 heads in G = 2 groups (heads 0 and 1 read group 0's B and C), the poison at
+# token 35 (inside the first 64-token block, whose earlier rows share its products) or 70 (in the
+# second block: at chunk 256 the first block's rows must stay clean, and the later rows see the poison
+# through the walk over earlier blocks). What each poison must reach: x (a value) of head 0, channel 3:
+# rows >= the token of head 0, channel 3; B (a key) of group 0: those rows of heads 0 and 1; C (a
+# query) of group 0: the token's row of heads 0 and 1; dt of head 0: rows >= the token of head 0.
 SCAN_POISONS = {"nan-in-x": ("x", math.nan), "inf-in-x": ("x", math.inf), "nan-in-B": ("B", math.nan),
                 "nan-in-C": ("C", math.nan), "nan-in-dt": ("dt", math.nan)}
 
 
+@pytest.mark.parametrize("at", [35, 70], ids=lambda t: f"token{t}")
+@pytest.mark.parametrize("chunk_size", [64, 256], ids=lambda L: f"chunk{L}")
 @pytest.mark.parametrize("poison", list(SCAN_POISONS))
-def test_scan_poison_reaches_exactly_its_rows(poison):
+def test_scan_poison_reaches_exactly_its_rows(poison, chunk_size, at):
     name, value = SCAN_POISONS[poison]
-    x, dt, A, B, C, D, z, bias = make_scan(Bt=1, T=100, H=4, P=16, N=32, G=2)
+    x, dt, A, B, C, D, z, bias = make_scan(Bt=1, T=150, H=4, P=16, N=32, G=2)
     args = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=bias, dt_softplus=True)
     clean = {**args, name: args[name].clone()}
-    where = (slice(None), 35, 0, 3) if name != "dt" else (slice(None), 35, 0)
+    where = (slice(None), at, 0, 3) if name != "dt" else (slice(None), at, 0)
     clean[name][where] = 0.0
     args[name] = args[name].clone()
     args[name][where] = value
-    y = ssd_chunk_scan(**args)
+    y = ssd_chunk_scan(**args, chunk_size=chunk_size)
     y_ref, _ = scan_ref64(**{k: v for k, v in clean.items() if k != "dt_softplus"}, dt_softplus=True)
     expect = torch.zeros_like(y, dtype=torch.bool)
     if name == "x":
-        expect[:, 35:, 0, 3] = True
+        expect[:, at:, 0, 3] = True
     elif name == "B":
-        expect[:, 35:, :2] = True
+        expect[:, at:, :2] = True
     elif name == "C":
-        expect[:, 35, :2] = True
+        expect[:, at, :2] = True
     else:
-        expect[:, 35:, 0] = True
+        expect[:, at:, 0] = True
     bad = ~torch.isfinite(y)
     assert torch.equal(bad, expect), f"non-finite rows {sorted(set(bad.nonzero()[:, 1].tolist()))}"
     assert_close(y[~expect], y_ref[~expect], FP32, "the rows that cannot see the poison")

@@ -23,6 +23,7 @@ from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_dims, check_ha
                       check_not_empty, check_same_device, check_same_device_and_dtype, check_tensor)
 
 MAX_DSTATE = 256    # the decode kernel holds a whole state row (padded to a power of two) in registers
+CHUNK_SIZES = (16, 32, 64, 128, 256)    # the scan's chunk lengths: mamba_ssm's models use 256
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -224,8 +225,9 @@ def _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, i
     check_bool("return_final_states", return_final_states)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
         raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}")
-    if kernel and chunk_size != 64:
-        raise ValueError(f"chunk_size must be 64 (the book's chunk), got {chunk_size}")
+    if kernel and chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be one of {', '.join(map(str, CHUNK_SIZES))} (the kernels' "
+                         f"chunk lengths), got {chunk_size}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     _devices(kernel, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states)
@@ -258,4 +260,4 @@ def _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, i
     return Bt, T, H, P, N, G
 
 
-__all__ = ["check_step_inputs", "check_scan_inputs", "MAX_DSTATE", "SIGNATURES_REMEMBERED"]
+__all__ = ["check_step_inputs", "check_scan_inputs", "MAX_DSTATE", "CHUNK_SIZES", "SIGNATURES_REMEMBERED"]

@@ -50,27 +50,28 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
 
 def ssd_chunk_scan(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, dt_softplus=False,
                    initial_states=None, return_final_states=False):
-    """The SSD chunk scan (Triton): Mamba-2's prefill, in chunks of 64 tokens. See chunk.py.
+    """The SSD chunk scan (Triton): Mamba-2's prefill, in chunks of chunk_size tokens. See chunk.py.
 
     x, z: [batch, seqlen, nheads, headdim]; dt: [batch, seqlen, nheads]; A: [nheads]; B, C:
     [batch, seqlen, ngroups, dstate], ngroups dividing nheads; D: [nheads, headdim] or [nheads];
     dt_bias: [nheads]; initial_states: fp32 [batch, nheads, headdim, dstate]. x, B, C, z one dtype
-    (fp16, bf16 on a GPU, fp32); dt, A, D, dt_bias any of them. chunk_size: 64 only. headdim,
-    dstate <= 256. In a Mamba-2 model dt (after dt_bias and the softplus) >= 0 and A <= 0, so every
+    (fp16, bf16 on a GPU, fp32); dt, A, D, dt_bias any of them. chunk_size: 16, 32, 64 (the
+    default), 128 or 256 (mamba_ssm's Mamba-2 default); the same answer at each, up to rounding.
+    headdim, dstate <= 256. In a Mamba-2 model dt (after dt_bias and the softplus) >= 0 and A <= 0, so every
     decay e^{dt·A} is <= 1; other signs (an A_log passed as A, a negative dt without the softplus)
     give the recurrence's answer too, as the step does, until the growing state overflows. Returns
     y [batch, seqlen, nheads, headdim] in x's dtype, or (y, final_states fp32 [batch, nheads,
     headdim, dstate]) when return_final_states.
 
-        >>> y, h = ssd_chunk_scan(x, dt, -torch.exp(A_log), B, C, D=D, z=z, dt_bias=dt_bias,
-        ...                       dt_softplus=True, return_final_states=True)
+        >>> y, h = ssd_chunk_scan(x, dt, -torch.exp(A_log), B, C, chunk_size=256, D=D, z=z,
+        ...                       dt_bias=dt_bias, dt_softplus=True, return_final_states=True)
         >>> y_next = selective_state_update(h, x_t, dt_t, A_t, B_t, C_t, ...)   # decode continues from h
     """
     from .chunk import ssd_chunk_scan_fwd
 
     dims = check_scan_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
                              return_final_states)
-    y, final = ssd_chunk_scan_fwd(dims, x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states,
+    y, final = ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
                                   return_final_states)
     return (y, final) if return_final_states else y
 
