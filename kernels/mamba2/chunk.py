@@ -189,7 +189,7 @@ def _ssd_output_kernel(
 ):
     # one program: block i_s (BT rows) of chunk i_t (L = NB·BT rows), headdim columns [i_v·BV, ..), of
     # one (batch, head). A chunk of at most 64 tokens is one block.
-    NB: tl.constexpr = L // BT
+    NB = L // BT                                         # blocks per chunk (a constexpr)
     i_v, i_ts, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_t, i_s = i_ts // NB, i_ts % NB
     i_b, i_h = i_bh // H, i_bh % H
