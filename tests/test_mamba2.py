@@ -2,9 +2,11 @@
 from the formula (MATH.md, Mamba-2) for every combination of the optional arguments, the state
 updated in place (same storage, any strides, through a slot table), A as one scalar per head (the
 stride-0 fast path) and as a full [nheads, headdim, dstate] tensor, groups, odd sizes, NaN kept in
-its row; the SSD chunk scan against a step-by-step fp64 loop (T not a multiple of the chunk, initial
-and final states, groups, D and z, a strided dt); its gates kernel (dt's bias and softplus, the
-cumulative decay) against PyTorch; the PyTorch chunked form; every kind of bad input.
+its row, slot tables of any strides; the SSD chunk scan against a step-by-step fp64 loop (T not a
+multiple of the chunk, every chunk length from 16 to 256, initial and final states, groups, D and z,
+a strided dt, gates of either sign); its gates kernel (dt's bias and softplus, the cumulative decay)
+against PyTorch; the PyTorch chunked form; every kind of bad input, and the checks' verdicts
+remembered per call signature.
 
 CPU (interpreter): fp32 and fp16 on small shapes. GPU: bf16 at mamba_ssm's test shapes, and the scan
 with each config of its output kernel and of the state pass forced one at a time.
@@ -26,7 +28,7 @@ from kernels.linear.chunk import CHUNK, GATE_FLOOR
 from kernels.mamba2 import chunk as chunk_module
 from kernels.mamba2 import decode as decode_module
 from kernels.mamba2 import interface as interface_module
-from kernels.mamba2.inputs import check_step_inputs, step_accepted_at_once
+from kernels.mamba2 import inputs as inputs_module
 from kernels.mamba2.interface import a_is_scalar_per_head
 
 FP32 = tolerance(torch.float32)
@@ -218,6 +220,24 @@ def test_slot_table():
     assert_close(args2["state"], ref_cache, FP32, "cache (int64 table)")
 
 
+@pytest.mark.parametrize("fn", [selective_state_update, selective_state_update_ref], ids=lambda f: f.__name__)
+def test_strided_slot_table_writes_only_its_slots(fn):
+    """A slot table that is a strided view (values 4, 0 of [4, 9, 0, 9]) over a state that is the first
+    5 slots of a larger cache: slots 4 and 0 are updated, and nothing else in the cache is written
+    (slot 9, outside the view, included)."""
+    args = make_step(b=2, H=4, P=16, N=32, G=2, slots=10)
+    big = args["state"]
+    idx = torch.tensor([4, 9, 0, 9], dtype=torch.int32, device=DEVICE)[::2]
+    assert not idx.is_contiguous() and idx.tolist() == [4, 0]
+    before = big.clone()
+    y_ref, h_ref = ref_step(**{**args, "state": big[idx.long()]}, dt_softplus=True)
+    y = fn(**{**args, "state": big[:5]}, dt_softplus=True, state_batch_indices=idx)
+    assert_close(y, y_ref, FP32, "y")
+    assert_close(big[idx.long()], h_ref, FP32, "the rows' slots")
+    untouched = [s for s in range(10) if s not in (4, 0)]
+    assert torch.equal(big[untouched], before[untouched]), "a slot outside the table was written"
+
+
 @pytest.mark.parametrize("tiles", [(4, 16, 4, 1), (8, 16, 7, 1), (16, 32, 1, 4)],
                          ids=lambda t: "BM{}-UNITS{}".format(t[0], t[2]))
 def test_step_tiles_per_program(monkeypatch, tiles):
@@ -325,6 +345,8 @@ STEP_CASES = [
     Case("state-batch", _with(state=lambda a: a["state"][:1]), ValueError, r"state must be \[b, nheads"),
     Case("dt-shape", _with(dt=lambda a: a["dt"][:, :, :4]), ValueError, r"dt must be \[b, nheads, headdim\]"),
     Case("A-shape", _with(A=lambda a: a["A"][:2]), ValueError, r"A must be \[nheads, headdim, dstate\]"),
+    Case("A-per-head-unbroadcast", _with(A=lambda a: a["A"][:, :1, :1]), ValueError,
+         r"A must be \[nheads, headdim, dstate\] = \[4, 8, 16\], got \[4, 1, 1\]"),
     Case("B-dstate", _with(B=lambda a: a["B"][..., :8]), ValueError, r"B must be \[b, ngroups, dstate\]"),
     Case("C-groups", _with(C=lambda a: a["C"][:, :1]), ValueError, r"C must be \[b, ngroups, dstate\]"),
     Case("groups-divide", _with(B=lambda a: torch.randn(2, 3, 16, device=DEVICE),
@@ -365,6 +387,32 @@ def test_step_refuses(case):
 @pytest.mark.parametrize("case", bad_input_cases(STEP_TENSORS, kernel=False) + STEP_CASES, ids=case_id)
 def test_step_reference_refuses(case):
     expect_refusal(mamba2_step if case.id[:5] != "slots" else selective_state_update_ref, _step_good, case)
+
+
+IN_PLACE_CASES = [
+    Case("state-expanded", _with(state=lambda a: a["state"][:1].expand_as(a["state"])), ValueError,
+         "state is updated in place and must not be expanded: stride 0 on dim 0"),
+    Case("state-expanded-headdim", _with(state=lambda a: a["state"][:, :, :1].expand_as(a["state"])), ValueError,
+         "stride 0 on dim 2"),
+] + ([] if ON_GPU else [        # the values are read on the CPU only (interface.py says why)
+    Case("slots-twice", _with(state_batch_indices=lambda a: torch.tensor([1, 1], dtype=torch.int32)), ValueError,
+         "state_batch_indices holds slot 1 more than once"),
+])
+
+
+@pytest.mark.parametrize("fn", [selective_state_update, selective_state_update_ref], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("case", IN_PLACE_CASES, ids=case_id)
+def test_in_place_without_a_defined_result_refused(case, fn):
+    """The forms that update the state in place refuse a state whose elements share memory (a broadcast,
+    stride 0) and, on the CPU, a slot table that names a slot twice: either update has no defined
+    result. The pure step takes a broadcast state (it writes none)."""
+    expect_refusal(fn, _step_good, case)
+    if case.id.startswith("state"):
+        args = _step_good()
+        case.mutate(args)
+        y, _ = mamba2_step(**args)
+        y_ref, _ = ref_step(**args)
+        assert_close(y, y_ref, FP32, "the pure step on a broadcast state")
 
 
 # ------------------------------------------------------------------ the SSD chunk scan
@@ -414,6 +462,24 @@ def test_scan_lengths_initial_and_final_states(T):
     y, h = ssd_chunk_scan(x, dt, A, B, C, D=D, z=z, dt_bias=bias, dt_softplus=True, initial_states=h0,
                           return_final_states=True)
     assert y.shape == x.shape and h.shape == h0.shape and h.dtype == torch.float32
+    assert not torch.isnan(y).any()
+    assert_close(y, y_ref, FP32, "y")
+    assert_close(h, h_ref, FP32, "final state")
+
+
+CHUNK_SIZES = [16, 32, 64, 128, 256]
+
+
+@pytest.mark.parametrize("chunk_size", CHUNK_SIZES, ids=lambda L: f"chunk{L}")
+def test_scan_chunk_sizes(chunk_size):
+    """Every chunk length against the fp64 loop, at T = 300: a whole chunk of 256 and a partial one
+    (of 44 tokens), several chunks at the shorter lengths; initial and final states, groups, D, z."""
+    Bt, T, H, P, N, G = 1, 300, 4, 16, 32, 2
+    x, dt, A, B, C, D, z, bias = make_scan(Bt, T, H, P, N, G)
+    h0 = torch.randn(Bt, H, P, N, device=DEVICE)
+    y_ref, h_ref = scan_ref64(x, dt, A, B, C, D, z, bias, True, h0)
+    y, h = ssd_chunk_scan(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=bias, dt_softplus=True,
+                          initial_states=h0, return_final_states=True)
     assert not torch.isnan(y).any()
     assert_close(y, y_ref, FP32, "y")
     assert_close(h, h_ref, FP32, "final state")
@@ -485,6 +551,55 @@ def test_torch_forms_agree():
                   return_final_states=True)
         assert_close(y, y_ref, 1e-12, f"{fn.__name__}({L}) y")
         assert_close(h, h_ref, 1e-12, f"{fn.__name__}({L}) state")
+
+
+def growing_inputs(kind, x, dt, A, bias):
+    """Gates dt·A > 0 for some tokens, as a caller's mistake makes them. "A_log-as-A": A = log(-A) in
+    [-3, 0.72], both signs, with the softplus; "negative-dt": dt + dt_bias about -1 without the
+    softplus, A a tenth of a model's, so that the state grows by about e^13 over 130 tokens (within
+    fp32). Returns dt, A, dt_bias, dt_softplus."""
+    if kind == "A_log-as-A":
+        return dt, torch.log(-A), bias, True
+    return -dt.abs(), A * 0.1, -bias.abs() * 0.1, False
+
+
+@pytest.mark.parametrize("kind", ["A_log-as-A", "negative-dt"])
+def test_growing_gates_every_form(kind):
+    """No form clamps a gate: with dt·A > 0 the scan (its intra-chunk decay included), the step, the
+    in-place step and the PyTorch forms all compute the recurrence, as the fp64 loop does."""
+    Bt, T, H, P, N, G = 1, 130, 4, 16, 32, 2
+    x, dt, A, B, C, D, z, bias = make_scan(Bt, T, H, P, N, G)
+    dt, A, bias, softplus = growing_inputs(kind, x, dt, A, bias)
+    h0 = torch.randn(Bt, H, P, N, device=DEVICE)
+    y_ref, h_ref = scan_ref64(x, dt, A, B, C, D, z, bias, softplus, h0)
+    kw = dict(D=D, z=z, dt_bias=bias, dt_softplus=softplus, initial_states=h0, return_final_states=True)
+    y, h = ssd_chunk_scan(x, dt, A, B, C, **kw)
+    assert torch.isfinite(y).all()
+    for t0 in range(0, T, 64):      # chunk by chunk: the grown state would hide a later chunk's own part
+        assert_close(y[:, t0:t0 + 64], y_ref[:, t0:t0 + 64], FP32, f"ssd_chunk_scan y from token {t0}")
+    assert_close(h, h_ref, FP32, "ssd_chunk_scan final state")
+    f64 = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    for fn, L in ((ssd_scan_ref, 64), (ssd_chunked_torch, 64), (ssd_chunked_torch, 16)):
+        y64, h64 = fn(*(t.double() for t in (x, dt, A, B, C)), chunk_size=L, **f64)
+        assert_close(y64, y_ref, 1e-10, f"{fn.__name__}({L}) y")
+        assert_close(h64, h_ref, 1e-10, f"{fn.__name__}({L}) final state")
+    # the step from the scan's state at token 100, with the same gates, in the decode layout
+    t = 100
+    step = dict(x=x[:, t], dt=dt[:, t, :, None].expand(Bt, H, P), A=A[:, None, None].expand(H, P, N),
+                B=B[:, t], C=C[:, t], D=D, z=z[:, t], dt_bias=bias[:, None].expand(H, P), dt_softplus=softplus)
+    _, h_t = scan_ref64(x[:, :t], dt[:, :t], A, B[:, :t], C[:, :t], D, z[:, :t], bias, softplus, h0)
+    y_step_ref, h_step_ref = ref_step(h_t, **step)
+    assert_close(y_step_ref, y_ref[:, t], 1e-10, "the fp64 step against the fp64 loop")
+    state = h_t.float()
+    assert_close(selective_state_update(state, **step), y_step_ref, FP32, "selective_state_update y")
+    assert_close(state, h_step_ref, FP32, "selective_state_update state")
+    step64 = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in step.items()}
+    y_pure, h_pure = mamba2_step(h_t, **step64)
+    assert_close(y_pure, y_step_ref, 1e-10, "mamba2_step y")
+    assert_close(h_pure, h_step_ref, 1e-10, "mamba2_step state")
+    state64 = h_t.clone()
+    assert_close(selective_state_update_ref(state64, **step64), y_step_ref, 1e-10, "selective_state_update_ref y")
+    assert_close(state64, h_step_ref, 1e-10, "selective_state_update_ref state")
 
 
 @contextlib.contextmanager
@@ -578,21 +693,23 @@ TILE_CASES = sorted({("output", m["BK"], m["BV"]) for m, _, _ in chunk_module._T
 
 
 @pytest.mark.skipif(not INTERPRET, reason="the GPU checks its tiles in test_gpu_scan_every_*_config")
+@pytest.mark.parametrize("chunk_size", [64, 256], ids=lambda L: f"chunk{L}")
 @pytest.mark.parametrize("case", TILE_CASES, ids=lambda c: "{}-BK{}-BV{}".format(*c))
 @pytest.mark.parametrize("shape", [(1, 130, 2, 64, 64, 1), (1, 130, 2, 64, 128, 1), (1, 70, 3, 48, 60, 3)],
                          ids=lambda s: "B{}-T{}-H{}-P{}-N{}-G{}".format(*s))
-def test_scan_every_gpu_tile_interpreted(shape, case):
+def test_scan_every_gpu_tile_interpreted(shape, case, chunk_size):
     """The GPU's tiles of the output kernel and of the state pass, each forced in turn, in fp32 under
     the interpreter: a tile wider than dstate or headdim, one trip over dstate, several, any error in
-    the addressing or the masks that depends on the tile shows here."""
+    the addressing or the masks that depends on the tile shows here; at chunk 256 the walk over a
+    chunk's earlier blocks too."""
     kernel = chunk_module._ssd_output_kernel if case[0] == "output" else chunk_module._ssd_state_kernel
     Bt, T, H, P, N, G = shape
     x, dt, A, B, C, D, z, bias = make_scan(*shape)
     h0 = torch.randn(Bt, H, P, N, device=DEVICE)
     y_ref, h_ref = scan_ref64(x, dt, A, B, C, D, z, bias, True, h0)
     with only_config(kernel, triton.Config({"BK": case[1], "BV": case[2]})):
-        y, h = ssd_chunk_scan(x, dt, A, B, C, D=D, z=z, dt_bias=bias, dt_softplus=True, initial_states=h0,
-                              return_final_states=True)
+        y, h = ssd_chunk_scan(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=bias, dt_softplus=True,
+                              initial_states=h0, return_final_states=True)
     assert_close(h, h_ref, FP32, "final state")
     assert_close(y, y_ref, FP32, "y")
 
@@ -610,6 +727,7 @@ SCAN_CASES = [
     Case("A-shape", _with(A=lambda a: a["A"][:1]), ValueError, r"A must be \[nheads\]"),
     Case("B-shape", _with(B=lambda a: a["B"][:, :3]), ValueError, r"B must be \[batch, seqlen, ngroups, dstate\]"),
     Case("C-dstate", _with(C=lambda a: a["C"][..., :8]), ValueError, r"C must be \[batch, seqlen, ngroups"),
+    Case("B-dstate", _with(B=lambda a: a["B"][..., :8]), ValueError, r"B must be \[batch, seqlen, ngroups"),
     Case("groups-divide", _with(B=lambda a: torch.randn(1, 9, 3, 16, device=DEVICE),
                                 C=lambda a: torch.randn(1, 9, 3, 16, device=DEVICE)),
          ValueError, "3 groups, which must divide nheads"),
@@ -630,7 +748,9 @@ SCAN_CASES = [
     Case("x-dtype-differs", _with(B=lambda a: a["B"].half()), TypeError, "must share one dtype"),
 ]
 KERNEL_SCAN_CASES = [
-    Case("chunk_size-not-64", _with(chunk_size=lambda a: 128), ValueError, "chunk_size must be 64"),
+    Case("chunk_size-not-a-kernel-chunk", _with(chunk_size=lambda a: 100), ValueError,
+         "chunk_size must be one of 16, 32, 64, 128, 256"),
+    Case("chunk_size-512", _with(chunk_size=lambda a: 512), ValueError, "chunk_size must be one of"),
 ]
 
 
@@ -680,6 +800,23 @@ def test_gpu_scan_bf16(shape):
     assert_close(h, h_ref, 2 * tolerance(torch.bfloat16), "final state")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk_size", CHUNK_SIZES, ids=lambda L: f"chunk{L}")
+def test_gpu_scan_bf16_chunk_sizes(chunk_size):
+    """Each chunk length in bf16 on the GPU (compiled, the autotuned tiles), T = 1000: several whole
+    chunks and a partial one at every length."""
+    shape = (2, 1000, 16, 64, 128, 2)
+    x, dt, A, B, C, D, z, bias = make_scan(*shape, dtype=torch.bfloat16, device="cuda")
+    h0 = torch.randn(shape[0], shape[2], shape[3], shape[4], device="cuda")
+    y_ref, h_ref = ssd_chunked_torch(*(t.double() for t in (x, dt, A, B, C)), D=D.double(), z=z.double(),
+                                     dt_bias=bias.double(), dt_softplus=True, initial_states=h0.double(),
+                                     return_final_states=True)
+    y, h = ssd_chunk_scan(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=bias, dt_softplus=True,
+                          initial_states=h0, return_final_states=True)
+    assert_close(y, y_ref, 2 * tolerance(torch.bfloat16), "y")
+    assert_close(h, h_ref, 2 * tolerance(torch.bfloat16), "final state")
+
+
 def _config_id(c):
     return "BK{BK}-BV{BV}".format(**c.kwargs) + f"-w{c.num_warps}-s{c.num_stages}"
 
@@ -689,9 +826,9 @@ def _config_id(c):
 FORCED_SHAPES = [(2, 512, 8, 64, 64, 1), (2, 512, 8, 64, 128, 1), (1, 333, 6, 48, 60, 3)]
 
 
-def _forced_run(kernel, config, shape, size_names):
-    """The scan in bf16 with `kernel` held to `config`, against the fp64 chunked form: y and the final
-    state checked apart (the final state comes from the state pass alone)."""
+def _forced_run(kernel, config, shape, size_names, chunk_size):
+    """The scan in bf16 at chunk_size with `kernel` held to `config`, against the fp64 chunked form: y
+    and the final state checked apart (the final state comes from the state pass alone)."""
     Bt, T, H, P, N, G = shape
     sizes = {"N": N, "P": P}
     if any(config.kwargs[blk] > pow2_at_least_16(sizes[name]) for blk, name in zip(("BK", "BV"), size_names)):
@@ -702,28 +839,30 @@ def _forced_run(kernel, config, shape, size_names):
                                      dt_bias=bias.double(), dt_softplus=True, initial_states=h0.double(),
                                      return_final_states=True)
     with only_config(kernel, config):
-        y, h = ssd_chunk_scan(x, dt, A, B, C, D=D, z=z, dt_bias=bias, dt_softplus=True, initial_states=h0,
-                              return_final_states=True)
+        y, h = ssd_chunk_scan(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=bias, dt_softplus=True,
+                              initial_states=h0, return_final_states=True)
         torch.cuda.synchronize()
     assert_close(h, h_ref, 2 * tolerance(torch.bfloat16), "final state")
     assert_close(y, y_ref, 2 * tolerance(torch.bfloat16), "y")
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("chunk_size", [64, 256], ids=lambda L: f"chunk{L}")
 @pytest.mark.parametrize("config", chunk_module._CONFIGS, ids=_config_id)
 @pytest.mark.parametrize("shape", FORCED_SHAPES, ids=lambda s: "B{}-T{}-H{}-P{}-N{}-G{}".format(*s))
-def test_gpu_scan_every_output_config(shape, config):
+def test_gpu_scan_every_output_config(shape, config, chunk_size):
     """Every config of the output kernel, one at a time: an error that depends on the tile shows here
     with the tile's name, instead of in whichever config the autotuner happened to pick."""
-    _forced_run(chunk_module._ssd_output_kernel, config, shape, ("N", "P"))
+    _forced_run(chunk_module._ssd_output_kernel, config, shape, ("N", "P"), chunk_size)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("chunk_size", [64, 256], ids=lambda L: f"chunk{L}")
 @pytest.mark.parametrize("config", chunk_module._STATE_CONFIGS, ids=_config_id)
 @pytest.mark.parametrize("shape", FORCED_SHAPES, ids=lambda s: "B{}-T{}-H{}-P{}-N{}-G{}".format(*s))
-def test_gpu_scan_every_state_config(shape, config):
+def test_gpu_scan_every_state_config(shape, config, chunk_size):
     """Every config of the state pass, one at a time, with B read per group and dt on the keys."""
-    _forced_run(chunk_module._ssd_state_kernel, config, shape, ("N", "P"))
+    _forced_run(chunk_module._ssd_state_kernel, config, shape, ("N", "P"), chunk_size)
 
 
 @pytest.mark.gpu
@@ -739,62 +878,122 @@ def test_gpu_step_allocates_no_state():
     assert torch.cuda.max_memory_allocated() - base < args["state"].numel() * 4 // 8
 
 
-# ------------------------------------------------------------------ the step's quick acceptance
-_QUICK_ARGS = ["state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus", "state_batch_indices"]
+# ------------------------------------------------------------------ the checks' remembered verdicts
+def _count_full_checks(monkeypatch):
+    """A list that grows by one each time the step's check runs in full (it checks `state` once)."""
+    calls = []
+    check = inputs_module.check_tensor
+
+    def counted(name, *a, **k):
+        calls.extend([name] if name == "state" else [])
+        return check(name, *a, **k)
+
+    monkeypatch.setattr(inputs_module, "check_tensor", counted)
+    return calls
 
 
-def _quick(args):
-    full = {"D": None, "z": None, "dt_bias": None, "dt_softplus": False, "state_batch_indices": None, **args}
-    return step_accepted_at_once(*(full[k] for k in _QUICK_ARGS), device_type=DEVICE)
+def test_step_check_runs_once_per_signature(monkeypatch):
+    """A second call with the same signature (types, shapes, strides, dtypes, devices, requires_grad,
+    grad mode, scalars) skips the checks; a call that differs in a stride, a scalar or the grad mode
+    runs them again."""
+    inputs_module._check_step_layout.verdicts.clear()
+    calls = _count_full_checks(monkeypatch)
+    args = make_step(b=2, H=4, P=8, N=16, G=2)
+    selective_state_update(**args, dt_softplus=True)
+    selective_state_update(**args, dt_softplus=True)
+    assert len(calls) == 1
+    selective_state_update(**args, dt_softplus=False)                       # a scalar differs
+    selective_state_update(**{**args, "dt": args["dt"].transpose(0, 1).contiguous().transpose(0, 1)},
+                           dt_softplus=True)                              # a stride differs
+    with torch.no_grad():                                                   # the grad mode differs
+        selective_state_update(**args, dt_softplus=True)
+    assert len(calls) == 4
 
 
-@pytest.mark.parametrize("combo", COMBOS[::3], ids=lambda c: "-".join(n for n, on in zip(OPTIONAL, c) if on) or "plain")
-def test_quick_acceptance_agrees_on_good_calls(combo):
-    """On a good call the quick path (GPU only in use; exercised here on this machine's device) returns the
-    sizes the full check returns; a stride-0 A and fp16 inputs included."""
-    for args in (_subset(make_step(), combo), _subset(make_step(dtype=torch.float16, a="full"), combo)):
-        assert _quick(args) == check_step_inputs(**args) == (2, 4, 48, 60, 2)
+def test_remembered_verdicts_are_bounded():
+    """At most SIGNATURES_REMEMBERED signatures are kept: the oldest goes first."""
+    verdicts = inputs_module._check_step_layout.verdicts
+    verdicts.clear()
+    for b in range(1, inputs_module.SIGNATURES_REMEMBERED + 20):
+        inputs_module.check_step_inputs(**make_step(b=b, H=1, P=1, N=1, G=1), kernel=False)
+    assert len(verdicts) == inputs_module.SIGNATURES_REMEMBERED
 
 
 @pytest.mark.parametrize("case", bad_input_cases(STEP_TENSORS) + STEP_CASES + KERNEL_STEP_CASES, ids=case_id)
-def test_quick_acceptance_never_accepts_bad_input(case):
-    """Every bad call the full check refuses is left to it by the quick path (None), so its error names
-    the argument on the GPU too."""
-    args = _step_good()
-    case.mutate(args)
-    assert _quick(args) is None
+def test_step_refuses_after_a_good_call(case):
+    """A good call's remembered verdict never lets a bad call through: each bad call right after a
+    good one (same sizes where the case keeps them) is refused with its argument named."""
+    selective_state_update(**_step_good())
+    expect_refusal(selective_state_update, _step_good, case)
+
+
+@pytest.mark.parametrize("case", bad_input_cases(SCAN_TENSORS) + SCAN_CASES + KERNEL_SCAN_CASES, ids=case_id)
+def test_scan_refuses_after_a_good_call(case):
+    ssd_chunk_scan(**_scan_good())
+    expect_refusal(ssd_chunk_scan, _scan_good, case)
+
+
+@pytest.mark.skipif(ON_GPU, reason="a slot table's values are read on the CPU only")
+@pytest.mark.parametrize("fn", [selective_state_update, selective_state_update_ref], ids=lambda f: f.__name__)
+def test_slot_values_checked_on_every_call(fn):
+    """The slot table's values are no part of the signature: a table like a good one (same dtype,
+    shape and strides) with a slot out of range or named twice is refused after the good call."""
+    args = make_step(b=2, H=4, P=8, N=16, G=2, slots=3)
+    fn(**args, state_batch_indices=torch.tensor([2, 0], dtype=torch.int32))
+    for idx, words in (([0, 3], r"must lie in \[0, 2\]"), ([1, 1], "holds slot 1 more than once")):
+        with pytest.raises(ValueError, match="state_batch_indices " + words):
+            fn(**args, state_batch_indices=torch.tensor(idx, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("form", ["step", "scan"])
+def test_kernels_refuse_an_input_that_requires_grad(form):
+    """The kernels have no backward: an input that requires grad is refused by name in grad mode, and
+    the same call under torch.no_grad() (a signature of its own) runs."""
+    if form == "step":
+        fn, args, name = selective_state_update, _step_good(), "dt_bias"
+    else:
+        fn, args, name = ssd_chunk_scan, _scan_good(), "D"
+    args[name] = args[name].clone().requires_grad_()
+    with torch.no_grad():
+        fn(**{**args, **({"state": args["state"].clone()} if form == "step" else {})})
+    with pytest.raises(ValueError, match=f"{name} requires grad, and {fn.__name__} has no backward"):
+        fn(**args)
 
 
 # ------------------------------------------------------------------ a NaN or inf reaches exactly what the math says
-# Token 35 of a 100-token prompt (inside the first chunk: rows 0..34 of that chunk share its products),
-# H = 4 heads in G = 2 groups (heads 0 and 1 read group 0's B and C). What each poison must reach:
-# x (a value) of head 0, channel 3: rows >= 35 of head 0, channel 3; B (a key) of group 0: rows >= 35
-# of heads 0 and 1; C (a query) of group 0: row 35 of heads 0 and 1; dt of head 0: rows >= 35 of head 0.
+# A 150-token prompt, H = 4 heads in G = 2 groups (heads 0 and 1 read group 0's B and C), the poison at
+# token 35 (inside the first 64-token block, whose earlier rows share its products) or 70 (in the
+# second block: at chunk 256 the first block's rows must stay clean, and the later rows see the poison
+# through the walk over earlier blocks). What each poison must reach: x (a value) of head 0, channel 3:
+# rows >= the token of head 0, channel 3; B (a key) of group 0: those rows of heads 0 and 1; C (a
+# query) of group 0: the token's row of heads 0 and 1; dt of head 0: rows >= the token of head 0.
 SCAN_POISONS = {"nan-in-x": ("x", math.nan), "inf-in-x": ("x", math.inf), "nan-in-B": ("B", math.nan),
                 "nan-in-C": ("C", math.nan), "nan-in-dt": ("dt", math.nan)}
 
 
+@pytest.mark.parametrize("at", [35, 70], ids=lambda t: f"token{t}")
+@pytest.mark.parametrize("chunk_size", [64, 256], ids=lambda L: f"chunk{L}")
 @pytest.mark.parametrize("poison", list(SCAN_POISONS))
-def test_scan_poison_reaches_exactly_its_rows(poison):
+def test_scan_poison_reaches_exactly_its_rows(poison, chunk_size, at):
     name, value = SCAN_POISONS[poison]
-    x, dt, A, B, C, D, z, bias = make_scan(Bt=1, T=100, H=4, P=16, N=32, G=2)
+    x, dt, A, B, C, D, z, bias = make_scan(Bt=1, T=150, H=4, P=16, N=32, G=2)
     args = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=bias, dt_softplus=True)
     clean = {**args, name: args[name].clone()}
-    where = (slice(None), 35, 0, 3) if name != "dt" else (slice(None), 35, 0)
+    where = (slice(None), at, 0, 3) if name != "dt" else (slice(None), at, 0)
     clean[name][where] = 0.0
     args[name] = args[name].clone()
     args[name][where] = value
-    y = ssd_chunk_scan(**args)
+    y = ssd_chunk_scan(**args, chunk_size=chunk_size)
     y_ref, _ = scan_ref64(**{k: v for k, v in clean.items() if k != "dt_softplus"}, dt_softplus=True)
     expect = torch.zeros_like(y, dtype=torch.bool)
     if name == "x":
-        expect[:, 35:, 0, 3] = True
+        expect[:, at:, 0, 3] = True
     elif name == "B":
-        expect[:, 35:, :2] = True
+        expect[:, at:, :2] = True
     elif name == "C":
-        expect[:, 35, :2] = True
+        expect[:, at, :2] = True
     else:
-        expect[:, 35:, 0] = True
+        expect[:, at:, 0] = True
     bad = ~torch.isfinite(y)
     assert torch.equal(bad, expect), f"non-finite rows {sorted(set(bad.nonzero()[:, 1].tolist()))}"
     assert_close(y[~expect], y_ref[~expect], FP32, "the rows that cannot see the poison")

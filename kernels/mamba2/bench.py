@@ -5,6 +5,8 @@
     PREFILL                      a whole prompt, B = 1 and 8, T = 1K..16K: the book's SSD chunk scan,
                                  mamba_ssm's mamba_chunk_scan_combined, the PyTorch chunked form, and
                                  causal softmax (SDPA flash) at the same heads
+    PREFILL_CHUNKS               the chunk length: the book's scan at 64, 128, 256 and mamba_ssm's at
+                                 256 and 64, B = 1, T = 4K and 16K
 
     >>> from kernels.bench import run
     >>> df = run(PREFILL)          # times on a GPU, loads results/mamba2_prefill.csv elsewhere
@@ -116,17 +118,24 @@ def prefill_bytes(c):
     return B * T * (3 * H * P + 2 * G * N + H) * 2
 
 
-def _book_scan(c):
-    a = _scan_inputs(c)
-    return lambda: ssd_chunk_scan(**a)
+def _book_scan(chunk_size: int):
+    """The book's scan at one chunk length, as a provider."""
+    def make(c):
+        a = _scan_inputs(c)
+        return lambda: ssd_chunk_scan(**a, chunk_size=chunk_size)
+    return make
 
 
-def _mamba_ssm_scan(c):
-    op = mamba_ssm("ssd_combined", "mamba_chunk_scan_combined")
-    if op is None:
-        return None
-    a = _scan_inputs(c)
-    return lambda: op(chunk_size=256, **a)          # mamba_ssm's default chunk for Mamba-2
+def _mamba_ssm_scan(chunk_size: int):
+    """mamba_ssm's mamba_chunk_scan_combined at one chunk length, as a provider (None where it is not
+    importable)."""
+    def make(c):
+        op = mamba_ssm("ssd_combined", "mamba_chunk_scan_combined")
+        if op is None:
+            return None
+        a = _scan_inputs(c)
+        return lambda: op(chunk_size=chunk_size, **a)
+    return make
 
 
 def _torch_scan(c):
@@ -140,15 +149,26 @@ PREFILL_CASES = [{"B": b, "T": t, "H": 80, "D": HEADDIM, "dstate": DSTATE, "G": 
                  for b in (1, 8) for t in (1024, 2048, 4096, 8192, 16384)]
 PREFILL = Benchmark(
     "mamba2_prefill", PREFILL_CASES,
-    {"book: SSD chunk scan": _book_scan, "mamba_ssm": _mamba_ssm_scan,          # mamba_chunk_scan_combined
+    {"book: SSD chunk scan": _book_scan(CHUNK),
+     "mamba_ssm": _mamba_ssm_scan(256),      # mamba_chunk_scan_combined at Mamba-2's default chunk
      "PyTorch chunked": _torch_scan, "SDPA flash": sdpa_causal},
     prefill_flops, prefill_bytes, timer="flushed", module=__name__)
 
-BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL]
+# The chunk length, B = 1 at Mamba-2 2.7B's heads, T = 4K and 16K: the book's scan at 64, 128 and 256
+# against mamba_ssm's at 256 (its models' chunk) and 64 (the book's default). The work counted is the
+# chunk-64 form's for every provider (prefill_flops), so TFLOP/s compare times, not algorithms.
+CHUNK_CASES = [{"B": 1, "T": t, "H": 80, "D": HEADDIM, "dstate": DSTATE, "G": 1} for t in (4096, 16384)]
+PREFILL_CHUNKS = Benchmark(
+    "mamba2_prefill_chunks", CHUNK_CASES,
+    {**{f"book: chunk {L}": _book_scan(L) for L in (64, 128, 256)},
+     **{f"mamba_ssm chunk {L}": _mamba_ssm_scan(L) for L in (256, 64)}},
+    prefill_flops, prefill_bytes)
+
+BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL, PREFILL_CHUNKS]
 
 HEADLINE = Panel("mamba2_prefill", {"B": 1}, "T", "ms",
                  ("book: SSD chunk scan", "mamba_ssm", "SDPA flash"),
                  "Mamba-2 prefill (SDPA: causal softmax)\nB=1, 80 heads x 64, dstate 128")
 
-__all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "BENCHMARKS", "HEADLINE", "step_bytes",
+__all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "PREFILL_CHUNKS", "BENCHMARKS", "HEADLINE", "step_bytes",
            "step_flops", "prefill_flops", "prefill_bytes"]

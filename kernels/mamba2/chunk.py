@@ -1,9 +1,11 @@
 """The SSD chunk scan (Dao & Gu 2024): Mamba-2's prefill, built like the other linear families'.
 
 Mamba-2 is linear attention with a scalar gate per head and token: with the log decay a_t = dt_t·A
-(<= 0), k_t = B_t (per group), v_t = x_t·dt_t and q_t = C_t, the step h_t = e^{a_t} h_{t-1} + v_t k_tᵀ,
+(<= 0 in a model), k_t = B_t (per group), v_t = x_t·dt_t and q_t = C_t, the step h_t = e^{a_t} h_{t-1} + v_t k_tᵀ,
 y_t = h_t q_t is the book's recurrence S_t = e^{g_t} S_{t-1} + k_t v_tᵀ with S = hᵀ ([dstate, headdim]
-= [K, V]). A prompt takes three launches, and (for contiguous x, B, C, z) nothing else runs on the
+= [K, V]). The chunk is 16, 32, 64, 128 or 256 tokens long (mamba_ssm's models use 256); a chunk
+longer than 64 is read in blocks of 64 rows, so no program holds more than a 64-token chunk's tiles.
+A prompt takes three launches, and (for contiguous x, B, C, z) nothing else runs on the
 GPU but the allocations of what they write:
 
     ssd_gates(dt, dt_bias, A)          dt after its bias and softplus, and b, the in-chunk cumulative
@@ -12,7 +14,7 @@ GPU but the allocations of what they write:
                                        pass's loop with one decay per head, B read per group and dt
                                        folded into the keys
 
-then the output of every chunk at once, in the SSD form:
+then the output of every block of every chunk at once, in the SSD form:
 
     Y = diag(e^{b}) C S_start  +  (L ∘ C Bᵀ) diag(dt) x  +  D ⊙ x,    then  Y ⊙ silu(z)
     L_ts = e^{b_t - b_s} for s <= t (the 1-semiseparable mask, exp of a segment sum), else 0
@@ -31,9 +33,11 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs
-from ..linear.chunk import CHUNK, GATE_FLOOR, dot_precision, output_tile, tiles_that_fit
+from ..linear.chunk import CHUNK, GATE_FLOOR, dot_precision, tiles_that_fit
 from ..tl_helpers import dot_causal
 from .decode import _softplus
+
+BLOCK = CHUNK   # the most rows of a chunk one program holds: a chunk of 128 or 256 is walked in blocks of 64
 
 
 # ------------------------------------------------------------------ 1. dt and the cumulative decay
@@ -43,7 +47,8 @@ def _ssd_gates_kernel(
     s_db, s_dt, s_dh, s_bias, s_A,             # dt's strides (batch, token, head); dt_bias's and A's
     HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, FLOOR: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
 ):
-    # one program: the BT tokens of chunk i_t, heads [i_hb·BH, (i_hb+1)·BH), of batch row i_b
+    # one program: the BT tokens of chunk i_t (BT = the chunk length), heads [i_hb·BH, (i_hb+1)·BH), of
+    # batch row i_b
     i_t, i_hb, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_t = i_t * BT + tl.arange(0, BT)
     o_h = i_hb * BH + tl.arange(0, BH)
@@ -63,25 +68,25 @@ def _ssd_gates_kernel(
     tl.store(b + p_out, tl.cumsum(b_g, axis=0), mask=m)
 
 
-def ssd_gates(dt, dt_bias, A, dt_softplus: bool, dtf, b) -> None:
+def ssd_gates(dt, dt_bias, A, dt_softplus: bool, dtf, b, chunk_size: int = CHUNK) -> None:
     """dt after its bias and softplus, and the in-chunk cumulative log decay, in one launch.
 
-    dt: [Bt, T, H], any float dtype and strides; dt_bias: [H] or None; A: [H] (<= 0). Written:
-    dtf fp32 [Bt, T, H] = softplus(dt + dt_bias) (the softplus when dt_softplus; the decode step's
-    cut-off at 20), and b fp32 [Bt, T, H, 1] = the cumulative sum of dtf·A inside each chunk of CHUNK
-    tokens, gates below GATE_FLOOR counted as GATE_FLOOR: what `chunk_local_cumsum` writes for
-    g = dtf·A. dtf and b contiguous.
+    dt: [Bt, T, H], any float dtype and strides; dt_bias: [H] or None; A: [H] (<= 0 in a model; any
+    sign computes). Written: dtf fp32 [Bt, T, H] = softplus(dt + dt_bias) (the softplus when
+    dt_softplus; the decode step's cut-off at 20), and b fp32 [Bt, T, H, 1] = the cumulative sum
+    of dtf·A inside each chunk of chunk_size tokens (16 to 256), gates below GATE_FLOOR counted as
+    GATE_FLOOR: what `chunk_local_cumsum` writes for g = dtf·A. dtf and b contiguous.
 
         >>> dtf, b = torch.empty(Bt, T, H, device=dt.device), torch.empty(Bt, T, H, 1, device=dt.device)
         >>> ssd_gates(dt, dt_bias, A, True, dtf, b)
         >>> b[:, :CHUNK, :, 0].exp()        # the decay from the first chunk's start to each of its tokens
     """
     Bt, T, H = dt.shape
-    BH = min(64, triton.next_power_of_2(H))
+    BH = min(64, triton.next_power_of_2(H), 8192 // chunk_size)    # a block of at most 8K gates
     bias = dt_bias if dt_bias is not None else A          # a stand-in pointer, never read
-    _ssd_gates_kernel[(triton.cdiv(T, CHUNK), triton.cdiv(H, BH), Bt)](
+    _ssd_gates_kernel[(triton.cdiv(T, chunk_size), triton.cdiv(H, BH), Bt)](
         dt, bias, A, dtf, b, T, H, *dt.stride(), bias.stride(0), A.stride(0),
-        HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus, FLOOR=GATE_FLOOR, BT=CHUNK, BH=BH)
+        HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus, FLOOR=GATE_FLOOR, BT=chunk_size, BH=BH)
 
 
 # ------------------------------------------------------------------ 2. the state at every chunk start
@@ -94,15 +99,16 @@ _STATE_CONFIGS = autotune_configs(_STATE_TILES, interpreter={"BK": 32, "BV": 32}
 _fits = tiles_that_fit("N", "P")  # dstate and headdim
 
 
-@triton.autotune(configs=_STATE_CONFIGS, key=["N", "P", "NBH"], prune_configs_by={"early_config_prune": _fits})
+@triton.autotune(configs=_STATE_CONFIGS, key=["N", "P", "NBH", "L"], prune_configs_by={"early_config_prune": _fits})
 @triton.jit(do_not_specialize=["T", "H", "NT", "NBH", "HPG", "G"])
 def _ssd_state_kernel(
     B, x, dt, b, h, h0, ht, T, H, NT, NBH, HPG, G,
-    N: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    N: tl.constexpr, P: tl.constexpr, L: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     # one program: dstate rows [i_k·BK, ..) and headdim columns [i_v·BV, ..) of one (batch, head)'s
-    # state, carried in fp32 from chunk to chunk
+    # state, carried in fp32 from chunk to chunk; a chunk of L tokens is read in blocks of BT <= 64
+    # (L / BT of them, unrolled), so a long chunk holds no more in registers than a chunk of 64
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     i_g = i_h // HPG                                     # the head's group: its B
@@ -120,41 +126,46 @@ def _ssd_state_kernel(
     for i_t in range(NT):
         # the state at the start of chunk i_t, for the output kernel (in the input dtype)
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * N * P + p_h, b_h.to(h.dtype.element_ty), mask=m_h)
-        o_t = i_t * BT + tl.arange(0, BT)
-        m_t = o_t < T
-        t_last = tl.minimum(i_t * BT + BT, T) - 1
-        p_th = (i_b * T + o_t) * H + i_h
+        t_last = tl.minimum(i_t * L + L, T) - 1
         b_last = tl.load(b + (i_b * T + t_last) * H + i_h)
-        # token s enters the state as (dt_s e^{b_last - b_s} B_s) x_sᵀ: dt and the decay to the chunk
-        # end (exponent <= 0) are one number per token, applied to Bᵀ's columns; x·dt is never formed
-        b_w = tl.load(dt + p_th, mask=m_t, other=0.0) * tl.exp(b_last - tl.load(b + p_th, mask=m_t, other=0.0))
-        b_w = tl.where(m_t, b_w, 0.0)
-        b_kt = tl.load(B + ((i_b * T + o_t[None, :]) * G + i_g) * N + o_k[:, None],
-                       mask=m_k[:, None] & m_t[None, :], other=0.0)
-        b_x = tl.load(x + ((i_b * T + o_t[:, None]) * H + i_h) * P + o_v[None, :],
-                      mask=m_t[:, None] & m_v[None, :], other=0.0)
-        b_h = b_h * tl.exp(b_last) + tl.dot((b_kt * b_w[None, :]).to(b_x.dtype), b_x, input_precision=DOT_PREC)
+        b_h = b_h * tl.exp(b_last)
+        for i_s in tl.static_range(L // BT):
+            o_t = i_t * L + i_s * BT + tl.arange(0, BT)
+            m_t = o_t < T
+            p_th = (i_b * T + o_t) * H + i_h
+            # token s enters the state as (dt_s e^{b_last - b_s} B_s) x_sᵀ: dt and the decay to the chunk
+            # end (exponent <= 0 in a model) are one number per token, applied to Bᵀ's columns; x·dt is
+            # never formed
+            b_w = tl.load(dt + p_th, mask=m_t, other=0.0) * tl.exp(b_last - tl.load(b + p_th, mask=m_t, other=0.0))
+            b_w = tl.where(m_t, b_w, 0.0)
+            b_kt = tl.load(B + ((i_b * T + o_t[None, :]) * G + i_g) * N + o_k[:, None],
+                           mask=m_k[:, None] & m_t[None, :], other=0.0)
+            b_x = tl.load(x + ((i_b * T + o_t[:, None]) * H + i_h) * P + o_v[None, :],
+                          mask=m_t[:, None] & m_v[None, :], other=0.0)
+            b_h += tl.dot((b_kt * b_w[None, :]).to(b_x.dtype), b_x, input_precision=DOT_PREC)
 
     if STORE_HT:
         tl.store(ht + i_bh * N * P + p_io, b_h, mask=m_h)
 
 
-def ssd_state_pass(B, x, dtf, b, states, initial_states=None, final_states=None) -> None:
+def ssd_state_pass(B, x, dtf, b, states, initial_states=None, final_states=None, chunk_size: int = CHUNK) -> None:
     """The state at the start of every chunk, and after the last: the only pass that is sequential
     over chunks (one program per dstate tile, headdim tile and batch·head walks them). The shared
     pass's loop (kernels/linear/chunk.py) with Mamba-2's three differences: one decay per head and
     token, B read per group, and dt folded into the keys.
 
-    B: [Bt, T, G, N]; x: [Bt, T, H, P]; dtf, b: fp32 [Bt, T, H] and [Bt, T, H, 1] (`ssd_gates`).
-    Written: states [Bt, NT, H, N, P] in x's dtype (the output kernel's operand); final_states fp32
-    [Bt, H, P, N] unless None. initial_states: fp32 [Bt, H, P, N] or None (zeros). The initial and
-    final states are in mamba_ssm's layout, which the decode step reads. All contiguous.
+    B: [Bt, T, G, N]; x: [Bt, T, H, P]; dtf, b: fp32 [Bt, T, H] and [Bt, T, H, 1] (`ssd_gates`, with
+    the same chunk_size). Written: states [Bt, NT, H, N, P] in x's dtype, NT = ceil(T / chunk_size)
+    (the output kernel's operand); final_states fp32 [Bt, H, P, N] unless None. initial_states: fp32
+    [Bt, H, P, N] or None (zeros). The initial and final states are in mamba_ssm's layout, which the
+    decode step reads. All contiguous.
     """
     Bt, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
-    NT = triton.cdiv(T, CHUNK)
+    NT = triton.cdiv(T, chunk_size)
     _ssd_state_kernel[lambda m: (triton.cdiv(N, m["BK"]), triton.cdiv(P, m["BV"]), Bt * H)](
-        B, x, dtf, b, states, initial_states, final_states, T, H, NT, Bt * H, H // G, G, N, P, BT=CHUNK,
+        B, x, dtf, b, states, initial_states, final_states, T, H, NT, Bt * H, H // G, G, N, P, L=chunk_size,
+        BT=min(chunk_size, BLOCK),
         USE_H0=initial_states is not None, STORE_HT=final_states is not None, DOT_PREC=dot_precision(x.dtype))
 
 
@@ -168,18 +179,29 @@ _TILES = [({"BK": 128, "BV": 64}, 4, 2), ({"BK": 64, "BV": 64}, 4, 3), ({"BK": 6
 _CONFIGS = autotune_configs(_TILES, interpreter={"BK": 32, "BV": 32})
 
 
-@triton.autotune(configs=_CONFIGS, key=["N", "P", "HAS_D", "HAS_Z"], prune_configs_by={"early_config_prune": _fits})
+@triton.autotune(configs=_CONFIGS, key=["N", "P", "HAS_D", "HAS_Z", "L"],
+                 prune_configs_by={"early_config_prune": _fits})
 @triton.jit(do_not_specialize=["T", "H", "NT", "HPG", "G"])
 def _ssd_output_kernel(
     C, B, x, dt, b, h, D, z, y, T, H, NT, HPG, G, s_Dh, s_Dp,
-    N: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    N: tl.constexpr, P: tl.constexpr, L: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    # one program: the BT rows of chunk i_t, headdim columns [i_v·BV, (i_v+1)·BV), of one (batch, head)
-    i_b, i_h, o_c, o_t, m_t, o_v, m_v, p_hc = output_tile(h, T, H, NT, N, P, BT, BV)
+    # one program: block i_s (BT rows) of chunk i_t (L = NB·BT rows), headdim columns [i_v·BV, ..), of
+    # one (batch, head). A chunk of at most 64 tokens is one block.
+    NB = L // BT                                         # blocks per chunk (a constexpr)
+    i_v, i_ts, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_t, i_s = i_ts // NB, i_ts % NB
+    i_b, i_h = i_bh // H, i_bh % H
     i_g = i_h // HPG                                     # the head's group: its B and C
+    o_c = tl.arange(0, BT)
+    o_t = i_t * L + i_s * BT + o_c
+    m_t = o_t < T
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < P
+    p_hc = h + ((i_b * NT + i_t) * H + i_h) * N * P      # the state at the chunk's start
     p_th = (i_b * T + o_t) * H + i_h                     # token rows of this head in [Bt, T, H]
-    b_b = tl.load(b + p_th, mask=m_t, other=0.0)         # [BT] cumulative log decay
+    b_b = tl.load(b + p_th, mask=m_t, other=0.0)         # [BT] cumulative log decay from the chunk start
     b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)       # [BT] dt after bias and softplus
 
     # C S_start and C Bᵀ, both over dstate in tiles of BK: [BT, BV] and [BT, BT]
@@ -198,11 +220,33 @@ def _ssd_output_kernel(
     # inter-chunk: diag(e^{b_t}) (C S_start): one decay per row, from the chunk start to token t
     b_o = b_o * tl.exp(b_b)[:, None]
 
-    # intra-chunk: (L ∘ C Bᵀ) diag(dt) x, with L_ts = e^{b_t - b_s} on and below the diagonal: column s
-    # of the scores takes token s's dt, so x·dt is never formed. The select (not a factor 0) keeps the
-    # pairs s > t out, whatever their exponent or a later token's values.
+    # intra-chunk, the chunk's earlier blocks (a chunk longer than one block): every token s of block
+    # j < i_s precedes every row t, so (L ∘ C Bᵀ) needs no mask there, L_ts = e^{b_t - b_s}
+    if NB > 1:
+        for j in range(i_s):
+            o_j = i_t * L + j * BT + o_c                 # block j's tokens (all < T: block i_s has a row < T)
+            p_tj = (i_b * T + o_j) * H + i_h
+            b_Sj = tl.zeros([BT, BT], dtype=tl.float32)
+            for i_k in range(tl.cdiv(N, BK)):
+                o_k = i_k * BK + tl.arange(0, BK)
+                m_k = o_k < N
+                b_c = tl.load(C + ((i_b * T + o_t[:, None]) * G + i_g) * N + o_k[None, :],
+                              mask=m_t[:, None] & m_k[None, :], other=0.0)
+                b_kj = tl.load(B + ((i_b * T + o_j[:, None]) * G + i_g) * N + o_k[None, :],
+                               mask=m_k[None, :], other=0.0)
+                b_Sj += tl.dot(b_c, tl.trans(b_kj), input_precision=DOT_PREC)
+            b_Lj = tl.exp(b_b[:, None] - tl.load(b + p_tj)[None, :]) * tl.load(dt + p_tj)[None, :]
+            b_xj = tl.load(x + ((i_b * T + o_j[:, None]) * H + i_h) * P + o_v[None, :], mask=m_v[None, :],
+                           other=0.0)
+            b_o += tl.dot((b_Sj * b_Lj).to(b_xj.dtype), b_xj, input_precision=DOT_PREC)
+
+    # intra-chunk, the block itself: (L ∘ C Bᵀ) diag(dt) x, with L_ts = e^{b_t - b_s} on and below the
+    # diagonal: column s of the scores takes token s's dt, so x·dt is never formed. The exponent is -inf
+    # above the diagonal (e^{b_t - b_s} there would overflow when the gates grow); on and below it is the
+    # recurrence's, unclamped, whatever the sign of dt·A. The select (not a factor 0) keeps the pairs
+    # s > t out, whatever a later token's values.
     m_lo = o_c[:, None] >= o_c[None, :]
-    b_L = tl.exp(tl.minimum(b_b[:, None] - b_b[None, :], 0.0)) * b_dt[None, :]
+    b_L = tl.exp(tl.where(m_lo, b_b[:, None] - b_b[None, :], float("-inf"))) * b_dt[None, :]
     b_S = tl.where(m_lo, b_S * b_L, 0.0)
     p_x = ((i_b * T + o_t[:, None]) * H + i_h) * P + o_v[None, :]
     m_x = m_t[:, None] & m_v[None, :]
@@ -219,40 +263,43 @@ def _ssd_output_kernel(
     tl.store(y + p_x, b_o.to(y.dtype.element_ty), mask=m_x)
 
 
-def ssd_output(C, B, x, dtf, b, states, D, z, y) -> None:
+def ssd_output(C, B, x, dtf, b, states, D, z, y, chunk_size: int = CHUNK) -> None:
     """Y = diag(e^b) C S_start + (L ∘ C Bᵀ) diag(dt) x (+ D ⊙ x, ⊙ silu(z)) for every chunk, all
-    chunks in parallel: one program per headdim tile, chunk and batch·head.
+    chunks in parallel: one program per headdim tile, block of at most 64 rows of a chunk, and
+    batch·head; in a chunk longer than 64 a block's program also walks the chunk's earlier blocks.
 
     C, B: [Bt, T, G, N]; x, z: [Bt, T, H, P]; dtf, b: fp32 [Bt, T, H] and [Bt, T, H, 1] (`ssd_gates`);
-    states: [Bt, NT, H, N, P] (`ssd_state_pass`); D: [H, P] or [H] (any strides and float dtype) or
-    None. Written: y [Bt, T, H, P]. C, B, x, z, dtf, b, states contiguous.
+    states: [Bt, NT, H, N, P] (`ssd_state_pass`), all three with the same chunk_size (16, 32, 64,
+    128 or 256); D: [H, P] or [H] (any strides and float dtype) or None. Written: y [Bt, T, H, P].
+    C, B, x, z, dtf, b, states contiguous.
 
         >>> y = torch.empty_like(x)
-        >>> ssd_output(C, B, x, dtf, b, states, D, z, y)
+        >>> ssd_output(C, B, x, dtf, b, states, D, z, y, chunk_size=256)
     """
     Bt, T, H, P = x.shape
     G, N = C.shape[2], C.shape[3]
-    NT = triton.cdiv(T, CHUNK)
+    BT = min(chunk_size, BLOCK)
     s_D = (0, 0) if D is None else (D.stride(0), D.stride(1) if D.dim() == 2 else 0)   # [H]: one D per head
-    _ssd_output_kernel[lambda m: (triton.cdiv(P, m["BV"]), NT, Bt * H)](
-        C, B, x, dtf, b, states, D, z, y, T, H, NT, H // G, G, *s_D, N, P, BT=CHUNK,
-        HAS_D=D is not None, HAS_Z=z is not None, DOT_PREC=dot_precision(x.dtype))
+    _ssd_output_kernel[lambda m: (triton.cdiv(P, m["BV"]), triton.cdiv(T, BT), Bt * H)](
+        C, B, x, dtf, b, states, D, z, y, T, H, triton.cdiv(T, chunk_size), H // G, G, *s_D, N, P,
+        L=chunk_size, BT=BT, HAS_D=D is not None, HAS_Z=z is not None, DOT_PREC=dot_precision(x.dtype))
 
 
-def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, return_final_states):
+def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                       return_final_states):
     """The scan on checked inputs (interface.ssd_chunk_scan): returns (y, final_states or None)."""
     Bt, T, H, P, N, G = dims
     x, B, C = x.contiguous(), B.contiguous(), C.contiguous()
     z = None if z is None else z.contiguous()
     dtf = torch.empty(Bt, T, H, dtype=torch.float32, device=x.device)
     b = torch.empty(Bt, T, H, 1, dtype=torch.float32, device=x.device)
-    ssd_gates(dt, dt_bias, A, dt_softplus, dtf, b)
-    states = torch.empty(Bt, triton.cdiv(T, CHUNK), H, N, P, dtype=x.dtype, device=x.device)
+    ssd_gates(dt, dt_bias, A, dt_softplus, dtf, b, chunk_size)
+    states = torch.empty(Bt, triton.cdiv(T, chunk_size), H, N, P, dtype=x.dtype, device=x.device)
     h0 = None if initial_states is None else initial_states.contiguous()
     ht = torch.empty(Bt, H, P, N, dtype=torch.float32, device=x.device) if return_final_states else None
-    ssd_state_pass(B, x, dtf, b, states, h0, ht)
+    ssd_state_pass(B, x, dtf, b, states, h0, ht, chunk_size)
     y = torch.empty_like(x)
-    ssd_output(C, B, x, dtf, b, states, D, z, y)
+    ssd_output(C, B, x, dtf, b, states, D, z, y, chunk_size)
     return y, ht
 
 

@@ -14,13 +14,16 @@ group share B and C, as GQA shares keys).
 """
 from __future__ import annotations
 
+import functools
+from collections import Counter
+
 import torch
 
 from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_dims, check_has_values, check_kernel_device,
                       check_not_empty, check_same_device, check_same_device_and_dtype, check_tensor)
-from ..common import INTERPRET, ON_GPU
 
 MAX_DSTATE = 256    # the decode kernel holds a whole state row (padded to a power of two) in registers
+CHUNK_SIZES = (16, 32, 64, 128, 256)    # the scan's chunk lengths: mamba_ssm's models use 256
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -37,55 +40,95 @@ def _groups(H: int, G: int):
         raise ValueError(f"B and C have {G} groups, which must divide nheads = {H}")
 
 
-def step_accepted_at_once(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
-                          device_type: str = "cuda"):
-    """(b, H, P, N, G) when a kernel call is plainly valid, else None. A decode step is bound by host
-    time, and the checks one by one (which name what is wrong) cost about 20 µs: this asks each tensor
-    the fewest questions and accepts only what check_step_inputs accepts; anything else, a slot table
-    included, goes through the full check. device_type: the machine's kernel device ("cuda" on a GPU;
-    the tests pass "cpu" to exercise it under the interpreter)."""
-    Tensor = torch.Tensor
-    if not (type(state) is Tensor and type(x) is Tensor and type(dt) is Tensor and type(A) is Tensor
-            and type(B) is Tensor and type(C) is Tensor and state_batch_indices is None
-            and (dt_softplus is True or dt_softplus is False)):
-        return None
-    opt = [t for t in (D, z, dt_bias) if t is not None]
-    if any(type(t) is not Tensor for t in opt):
-        return None
-    dev = x.device
-    if dev.type != device_type or any(t.device != dev for t in (state, dt, A, B, C, *opt)):
-        return None
-    floats = FLOATS if device_type == "cuda" else (torch.float16, torch.float32)
-    xd = x.dtype
-    if (state.dtype is not torch.float32 or xd not in floats or B.dtype is not xd or C.dtype is not xd
-            or (z is not None and z.dtype is not xd)
-            or any(t.dtype not in floats for t in (dt, A, *[t for t in (D, dt_bias) if t is not None]))):
-        return None
-    if x.dim() != 3 or A.dim() != 3 or B.dim() != 3:
-        return None
-    b, H, P = x.shape
-    N, G = A.shape[2], B.shape[1]
-    if (b == 0 or H == 0 or P == 0 or N == 0 or N > MAX_DSTATE or G == 0 or H % G != 0
-            or state.shape != (b, H, P, N) or dt.shape != (b, H, P) or A.shape != (H, P, N)
-            or B.shape != (b, G, N) or C.shape != (b, G, N)
-            or (z is not None and z.shape != (b, H, P))
-            or any(t is not None and t.shape != (H, P) for t in (D, dt_bias))):
-        return None
-    return b, H, P, N, G
+def _agreed_size(**sizes: int) -> int:
+    """The size most of the named arguments agree on (ties: the first named). dstate is carried by
+    several arguments; checking them all against the majority names the one that differs (an A of
+    [nheads, 1, 1] is A's error, not state's)."""
+    return Counter(sizes.values()).most_common(1)[0][0]
 
 
-def check_step_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
-                      state_batch_indices=None, *, kernel: bool = True):
-    """Validate a selective_state_update call; return (b, H, P, N, G).
+def _check_no_grad(fn: str, **tensors) -> None:
+    """The kernels have no backward: an input that requires grad (in grad mode) is refused by name."""
+    if torch.is_grad_enabled():
+        for name, t in tensors.items():
+            if t is not None and t.requires_grad:
+                raise ValueError(f"{name} requires grad, and {fn} has no backward: call it under "
+                                 "torch.no_grad() or on detached tensors")
 
-    kernel: the call launches a Triton kernel (state fp32; inputs fp16, bf16, fp32; the machine rule;
-    N <= 256). Otherwise a PyTorch reference: fp64 too, any device but meta. The slot table's values
-    are checked where they can be read without waiting for the GPU: on the CPU (see interface.py).
-    """
-    if kernel and ON_GPU and not INTERPRET:
-        sizes = step_accepted_at_once(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices)
-        if sizes is not None:
-            return sizes
+
+def _check_not_expanded(name: str, t: torch.Tensor) -> None:
+    """A tensor updated in place must hold each element once: stride 0 on a dimension of size > 1
+    (a broadcast) makes several elements one, and the update's result undefined."""
+    for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
+        if stride == 0 and size > 1:
+            raise ValueError(f"{name} is updated in place and must not be expanded: stride 0 on dim {d} "
+                             f"(size {size}) makes its elements share memory; pass {name}.contiguous()")
+
+
+def _check_slot_values(state_batch_indices: torch.Tensor, slots: int) -> None:
+    """A CPU slot table's values: each in [0, slots), none twice (two rows updating one slot in place
+    have no defined result). Read on the CPU only (interface.py says why)."""
+    lo, hi = int(state_batch_indices.min()), int(state_batch_indices.max())
+    if lo < 0 or hi >= slots:
+        raise ValueError(f"state_batch_indices must lie in [0, {slots - 1}] (state has {slots} slots), "
+                         f"got values in [{lo}, {hi}]")
+    ordered = state_batch_indices.sort().values
+    twice = ordered[1:][ordered[1:] == ordered[:-1]]
+    if twice.numel():
+        raise ValueError(f"state_batch_indices holds slot {int(twice[0])} more than once: two batch rows "
+                         "would update one slot in place")
+
+
+SIGNATURES_REMEMBERED = 512
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _signature(args):
+    """What a layout check's verdict depends on: for each argument its type, and a tensor's shape,
+    strides, dtype, device and requires_grad, or a scalar's value; and the grad mode. None for an
+    argument that is neither (a list where a tensor belongs): that call is checked in full."""
+    key = [torch.is_grad_enabled()]
+    try:
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                key.append((type(a), a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
+            elif type(a) in _SCALARS:
+                key.append((type(a), a))
+            else:
+                return None
+    except RuntimeError:        # a tensor without strides (sparse): checked in full
+        return None
+    return tuple(key)
+
+
+def _once_per_signature(check):
+    """`check` (positional arguments only, no value-dependent rule) run once per call signature: its
+    result is remembered for the last SIGNATURES_REMEMBERED signatures that passed, so a decode loop
+    pays for reading each tensor's metadata and one dictionary look-up instead of the checks one by
+    one (about 20 µs), and a call that fails is checked in full every time, its error naming the
+    argument."""
+    verdicts = {}
+
+    @functools.wraps(check)
+    def remembered(*args):
+        key = _signature(args)
+        if key is None:
+            return check(*args)
+        verdict = verdicts.get(key)
+        if verdict is None:
+            verdict = check(*args)
+            if len(verdicts) >= SIGNATURES_REMEMBERED:
+                del verdicts[next(iter(verdicts))]       # the oldest
+            verdicts[key] = verdict
+        return verdict
+
+    remembered.verdicts = verdicts
+    return remembered
+
+
+@_once_per_signature
+def _check_step_layout(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, kernel,
+                       writes_state):
     floats = FLOATS if kernel else REFERENCE_FLOATS
     check_tensor("state", state, ndim=4, dtypes=(torch.float32,) if kernel else (torch.float32, torch.float64))
     check_tensor("x", x, ndim=3, dtypes=floats)
@@ -100,10 +143,14 @@ def check_step_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_so
     _devices(kernel, state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
              state_batch_indices=state_batch_indices)
     check_same_device_and_dtype(**{n: t for n, t in (("x", x), ("B", B), ("C", C), ("z", z)) if t is not None})
+    if kernel:
+        _check_no_grad("selective_state_update", state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z,
+                       dt_bias=dt_bias)
 
     b, H, P = x.shape
     check_not_empty("x", x, "b, nheads, headdim")
-    S, N = state.shape[0], A.shape[-1]
+    S = state.shape[0]
+    N = _agreed_size(B=B.shape[-1], C=C.shape[-1], state=state.shape[-1], A=A.shape[-1])
     check_not_empty("state", state, "slots, nheads, headdim, dstate")
     G = B.shape[1]
     if state_batch_indices is None:
@@ -111,6 +158,8 @@ def check_step_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_so
     else:
         check_dims("state", state, (S, H, P, N), "slots, nheads, headdim, dstate")
         check_dims("state_batch_indices", state_batch_indices, (b,), "b")
+    if writes_state:
+        _check_not_expanded("state", state)
     check_dims("dt", dt, (b, H, P), "b, nheads, headdim")
     check_dims("A", A, (H, P, N), "nheads, headdim, dstate")
     if G < 1:
@@ -125,17 +174,38 @@ def check_step_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_so
         check_dims("z", z, (b, H, P), "b, nheads, headdim")
     if kernel and N > MAX_DSTATE:
         raise ValueError(f"state has dstate = {N}; the kernel takes dstate <= {MAX_DSTATE}")
-    if state_batch_indices is not None and state_batch_indices.device.type == "cpu":
-        lo, hi = int(state_batch_indices.min()), int(state_batch_indices.max())
-        if lo < 0 or hi >= S:
-            raise ValueError(f"state_batch_indices must lie in [0, {S - 1}] (state has {S} slots), "
-                             f"got values in [{lo}, {hi}]")
     return b, H, P, N, G
+
+
+def check_step_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                      state_batch_indices=None, *, kernel: bool = True, writes_state: bool = True):
+    """Validate a selective_state_update call; return (b, H, P, N, G).
+
+    kernel: the call launches a Triton kernel (state fp32; inputs fp16, bf16, fp32; the machine rule;
+    N <= 256; no input that requires grad). Otherwise a PyTorch reference: fp64 too, any device but
+    meta. writes_state: the state is updated in place, so it must not be expanded (stride 0). The
+    layout's verdict is remembered per call signature (`_once_per_signature`); the slot table's
+    values are checked on every call where they can be read without waiting for the GPU: on the CPU
+    (see interface.py).
+    """
+    sizes = _check_step_layout(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
+                               kernel, writes_state)
+    if state_batch_indices is not None and state_batch_indices.device.type == "cpu":
+        _check_slot_values(state_batch_indices, state.shape[0])
+    return sizes
 
 
 def check_scan_inputs(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, dt_softplus=False,
                       initial_states=None, return_final_states=False, *, kernel: bool = True):
-    """Validate an ssd_chunk_scan call; return (Bt, T, H, P, N, G)."""
+    """Validate an ssd_chunk_scan call; return (Bt, T, H, P, N, G). kernel: as check_step_inputs.
+    The verdict is remembered per call signature, as the step's is."""
+    return _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                              return_final_states, kernel)
+
+
+@_once_per_signature
+def _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                       return_final_states, kernel):
     floats = FLOATS if kernel else REFERENCE_FLOATS
     check_tensor("x", x, ndim=4, dtypes=floats)
     check_tensor("dt", dt, ndim=3, dtypes=floats)
@@ -157,16 +227,22 @@ def check_scan_inputs(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=Non
     check_bool("return_final_states", return_final_states)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
         raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}")
-    if kernel and chunk_size != 64:
-        raise ValueError(f"chunk_size must be 64 (the book's chunk), got {chunk_size}")
+    if kernel and chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be one of {', '.join(map(str, CHUNK_SIZES))} (the kernels' "
+                         f"chunk lengths), got {chunk_size}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     _devices(kernel, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states)
     check_same_device_and_dtype(**{n: t for n, t in (("x", x), ("B", B), ("C", C), ("z", z)) if t is not None})
+    if kernel:
+        _check_no_grad("ssd_chunk_scan", x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                       initial_states=initial_states)
 
     check_not_empty("x", x, "batch, seqlen, nheads, headdim")
     Bt, T, H, P = x.shape
-    G, N = B.shape[2], B.shape[3]
+    G = B.shape[2]
+    N = _agreed_size(B=B.shape[3], C=C.shape[3],
+                     **({} if initial_states is None else {"initial_states": initial_states.shape[3]}))
     check_not_empty("B", B, "batch, seqlen, ngroups, dstate")
     check_dims("dt", dt, (Bt, T, H), "batch, seqlen, nheads")
     check_dims("A", A, (H,), "nheads")
@@ -186,4 +262,4 @@ def check_scan_inputs(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=Non
     return Bt, T, H, P, N, G
 
 
-__all__ = ["check_step_inputs", "step_accepted_at_once", "check_scan_inputs", "MAX_DSTATE"]
+__all__ = ["check_step_inputs", "check_scan_inputs", "MAX_DSTATE", "CHUNK_SIZES", "SIGNATURES_REMEMBERED"]

@@ -35,7 +35,7 @@ def mamba2_step(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus
 
         >>> y, h = mamba2_step(torch.zeros(1, 2, 4, 8), x, dt, A, B, C, dt_softplus=True)
     """
-    check_step_inputs(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, kernel=False)
+    check_step_inputs(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, kernel=False, writes_state=False)
     md = _math_dtype(state, x, dt, A, B, C, D, z, dt_bias)
     H = x.shape[1]
     dt = dt.to(md) + (0 if dt_bias is None else dt_bias.to(md))
