@@ -135,8 +135,9 @@ def compiled_as_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] =
             def setup_context(ctx, inputs, output):
                 autograd.setup_context(ctx, inputs, _rebuild(output, tuple_size))
 
-            def backward(ctx, grads):
-                return autograd.backward(ctx, *_rebuild(grads, tuple_size))
+            def backward(ctx, grads):   # one list: the gradients of the op's Tensor[]
+                grads = _rebuild(grads, tuple_size)
+                return autograd.backward(ctx, *(grads if isinstance(grads, tuple) else (grads,)))
             op.register_autograd(backward, setup_context=setup_context)
 
         @functools.wraps(fn)
