@@ -14,8 +14,9 @@ kernels are captured as they launch.
     >>> o, _ = torch.compile(chunk_gla, fullgraph=True)(q, k, v, gk)
 
 The op's schema comes from the function's signature: an argument without a default is a Tensor;
-one whose default is None is an optional Tensor, except a scale (`FLOAT_ARGUMENTS`), an optional
-float; a bool, int or float default gives that type. Annotations, where present, win. An op returns
+one whose default is None is an optional Tensor; a bool, int, float or str default gives that type;
+a scale (`FLOAT_ARGUMENTS`) is a float, optional where it has a default. Annotations, where present,
+win (e.g. `num_splits: int | None = None`). Keyword-only arguments stay keyword-only. An op returns
 `Tensor[]`, the tensors of the function's result in order (a None is left out), and the wrapper
 rebuilds the function's result from it (`tuple_size`). An op that writes an argument in place returns
 one `Tensor` instead: functionalization (how torch.compile handles mutation) takes no list from an
@@ -41,28 +42,29 @@ from typing import Callable, Optional
 
 import torch
 
-# `name=None` on these means an optional float (the softmax or attention scale); on every other
-# argument an optional tensor.
+# The scales: a float (optional where there is a default; None means the function's default scale),
+# where any other argument without a default is a tensor and any other `=None` an optional tensor.
 FLOAT_ARGUMENTS = frozenset({"scale", "softmax_scale"})
 
-_SCHEMA_TYPES = (torch.Tensor, Optional[torch.Tensor], bool, int, float, Optional[float], Optional[int])
+_SCHEMA_TYPES = (torch.Tensor, Optional[torch.Tensor], bool, int, float, str, Optional[float], Optional[int],
+                 Optional[bool])
 _REQUIRED = inspect.Parameter.empty
 
 
 def _op_type(fn: Callable, p: inspect.Parameter):
     """The Python type torch.library reads for parameter `p` of `fn` (see the module docstring)."""
-    if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-        raise TypeError(f"{fn.__qualname__}: argument {p.name!r} is {p.kind.description}; an op takes "
-                        "positional-or-keyword arguments only")
+    if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+        raise TypeError(f"{fn.__qualname__}: argument {p.name!r} is {p.kind.description}; an op's arguments "
+                        "are named one by one")
     if p.annotation is not _REQUIRED and p.annotation in _SCHEMA_TYPES:
-        return p.annotation
+        return next(t for t in _SCHEMA_TYPES if t == p.annotation)   # `int | None` as Optional[int]
+    if p.name in FLOAT_ARGUMENTS:
+        return float if p.default is _REQUIRED else Optional[float]
     if p.default is _REQUIRED:
         return torch.Tensor
-    if p.name in FLOAT_ARGUMENTS:
-        return Optional[float]
     if p.default is None:
         return Optional[torch.Tensor]
-    if type(p.default) in (bool, int, float):
+    if type(p.default) in (bool, int, float, str):
         return type(p.default)
     raise TypeError(f"{fn.__qualname__}: cannot derive a schema type for argument {p.name!r} "
                     f"(default {p.default!r}); annotate it with one of {_SCHEMA_TYPES}")
@@ -106,6 +108,8 @@ def compiled_as_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] =
         names = [p.name for p in parameters]
         position = {n: i for i, n in enumerate(names)}
         defaults = [p.default for p in parameters]
+        keyword_only = [p.name for p in parameters if p.kind == p.KEYWORD_ONLY]
+        n_positional = len(names) - len(keyword_only)
 
         one_tensor = bool(mutates_args)   # see the module docstring
         if one_tensor and tuple_size is not None:
@@ -145,13 +149,15 @@ def compiled_as_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] =
             if not torch.compiler.is_compiling():
                 return fn(*args, **kwargs)
             values = list(defaults)
+            if len(args) > n_positional:
+                raise TypeError(f"{fn.__name__}() takes {n_positional} positional arguments, got {len(args)}")
             for i, value in enumerate(args):
                 values[i] = value
             for key, value in kwargs.items():
                 if key not in position:
                     raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {key!r}")
                 values[position[key]] = value
-            result = op(*values)
+            result = op(*values[:n_positional], **dict(zip(keyword_only, values[n_positional:])))
             return result if one_tensor else _rebuild(result, tuple_size)
 
         call.op = op
@@ -163,8 +169,9 @@ def _check_schema(op, fn: Callable, parameters: list[inspect.Parameter]) -> None
     """The registered schema lists the function's arguments, in order, with its defaults (at import,
     so that a signature edited without its op fails there, not inside a compiled graph)."""
     arguments = op._opoverload._schema.arguments
-    registered = [(a.name, a.default_value if a.has_default_value() else _REQUIRED) for a in arguments]
-    expected = [(p.name, p.default) for p in parameters]
+    registered = [(a.name, a.default_value if a.has_default_value() else _REQUIRED, a.kwarg_only)
+                  for a in arguments]
+    expected = [(p.name, p.default, p.kind == p.KEYWORD_ONLY) for p in parameters]
     if registered != expected:
         raise TypeError(f"{fn.__qualname__}: the op's schema {op._opoverload._schema} does not match the "
                         f"function's arguments {expected}")
@@ -196,6 +203,12 @@ def ssd_chunk_scan_fake(x, B, return_final_states, **_):
     return y, x.new_empty((x.shape[0], x.shape[2], x.shape[3], B.shape[-1]), dtype=torch.float32)
 
 
+def mla_decode_fake(q, head_dim_v, **_):
+    """MLA decode: (out [B, s_q, H, head_dim_v] in q's dtype, fp32 lse [B, H, s_q])."""
+    B, S_Q, H, _ = q.shape
+    return q.new_empty((B, S_Q, H, head_dim_v)), q.new_empty((B, H, S_Q), dtype=torch.float32)
+
+
 def attention_fwd_fake(q, k, **_):
     """FlashAttention's forward launch: (o [B, T, Hq, D] in q's dtype, fp32 log-sum-exp [B, Hq, T])."""
     Bt, T, HQ, D = q.shape
@@ -208,4 +221,4 @@ def attention_bwd_fake(q, k, v, **_):
 
 
 __all__ = ["compiled_as_op", "FLOAT_ARGUMENTS", "like", "linear_attention_fake", "ssd_chunk_scan_fake",
-           "attention_fwd_fake", "attention_bwd_fake"]
+           "mla_decode_fake", "attention_fwd_fake", "attention_bwd_fake"]

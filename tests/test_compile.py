@@ -185,6 +185,8 @@ def test_compiled_equals_eager(case, dtype, options):
     compiled = torch.compile(case.fn, fullgraph=True, backend=backend)
     _check_against_eager(case, lambda a, kw: compiled(*a, **kw), args, kwargs)
     assert sum(f"kernels.{case.id}.default" in n for n in nodes) == 1, nodes
+    # the compiled run returns the real outputs: the fake's shapes, dtypes and strides are checked apart
+    torch.library.opcheck(case.fn.op, *_clone(args, kwargs), test_utils="test_faketensor")
 
 
 def test_arguments_by_position_and_keyword():
@@ -236,7 +238,8 @@ def test_flash_attn_compiled_forward_and_backward_equal_eager(shape, dtype):
     g = torch.randn_like(q)
     backend, nodes = _recording_backend()
     compiled = torch.compile(flash_attn_func, fullgraph=True, backend=backend)
-    _assert_same(_flash_run(compiled, q, k, v, causal, scale, g), _flash_run(flash_attn_func, q, k, v, causal, scale, g))
+    _assert_same(_flash_run(compiled, q, k, v, causal, scale, g),
+                 _flash_run(flash_attn_func, q, k, v, causal, scale, g))
     assert sum("kernels.attention_fwd.default" in n for n in nodes) == 1, nodes
     assert sum("kernels.attention_bwd.default" in n for n in nodes) == 1, nodes
     with torch.no_grad():   # the inference path: the forward op alone
@@ -328,7 +331,8 @@ def test_schema_from_the_signature():
         "kernels::selective_state_update(Tensor(a0!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
         "Tensor? D=None, Tensor? z=None, Tensor? dt_bias=None, bool dt_softplus=False, "
         "Tensor? state_batch_indices=None) -> Tensor")
-    assert str(vector_add.op._opoverload._schema) == "kernels::vector_add(Tensor x, Tensor y, SymInt block=1024) -> Tensor[]"
+    assert str(vector_add.op._opoverload._schema) == (
+        "kernels::vector_add(Tensor x, Tensor y, SymInt block=1024) -> Tensor[]")
     assert str(flash_interface.attention_fwd.op._opoverload._schema) == (
         "kernels::attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale) -> Tensor[]")
 
@@ -337,7 +341,7 @@ def _variadic(x, *rest):
     return x
 
 
-def _string_default(x, mode="a"):
+def _tuple_default(x, dims=(0, 1)):
     return x
 
 
@@ -346,10 +350,10 @@ def _mutating_pair(state, x):
 
 
 @pytest.mark.parametrize("fn,kwargs,match", [
-    (_variadic, {}, "argument 'rest' is variadic positional"),
-    (_string_default, {}, "cannot derive a schema type for argument 'mode'"),
+    (_variadic, {}, "argument .rest. is variadic positional; an op.s arguments are named"),
+    (_tuple_default, {}, "cannot derive a schema type for argument .dims."),
     (_mutating_pair, {"mutates_args": ("state",), "tuple_size": 2}, "must return one tensor"),
-], ids=["variadic", "string-default", "mutating-tuple"])
+], ids=["variadic", "tuple-default", "mutating-tuple"])
 def test_refuses_what_a_schema_cannot_say(fn, kwargs, match):
     with pytest.raises(TypeError, match=match):
         compiled_as_op(f"kernels_test::{fn.__name__.strip('_')}", fake=like("x"), **kwargs)(fn)
@@ -440,3 +444,28 @@ def test_flash_attn_cuda_graph_capture_and_replay():
         t.copy_(torch.randn_like(t))
     graph.replay()
     _assert_same(static_o, flash_attn_func(q, k, v, causal=True))
+
+
+def test_mla_decode_registered_as_recommended():
+    """How MLA's decode registers (kernels/mla is reorganised elsewhere, so it is registered here under a
+    test name): the decorator, `num_splits` annotated (its None is an int's), keyword-only arguments kept."""
+    from kernels.custom_ops import mla_decode_fake
+    from kernels.mla import mla_decode as plain_mla_decode
+
+    @compiled_as_op("kernels_test::mla_decode", fake=mla_decode_fake)
+    def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_table=None, causal=False,
+                   *, num_splits: int | None = None, check_seqlens=True, backend="auto"):
+        return plain_mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v, block_table, causal,
+                                num_splits=num_splits, check_seqlens=check_seqlens, backend=backend)
+
+    assert str(mla_decode.op._opoverload._schema) == (
+        "kernels_test::mla_decode(Tensor q, Tensor kv_cache, Tensor cache_seqlens, float softmax_scale, "
+        "SymInt head_dim_v=512, Tensor? block_table=None, bool causal=False, *, SymInt? num_splits=None, "
+        "bool check_seqlens=True, str backend=\"auto\") -> Tensor[]")
+    q, kv = torch.randn(2, 2, 2, 64), torch.randn(2, 37, 64)
+    lens = torch.tensor([5, 37], dtype=torch.int32)
+    compiled = torch.compile(mla_decode, fullgraph=True, backend="aot_eager")
+    for kwargs in ({}, {"num_splits": 2, "check_seqlens": False, "backend": "triton"}):
+        _assert_same(compiled(q, kv, lens, 0.1, 32, None, True, **kwargs),
+                     mla_decode(q, kv, lens, 0.1, 32, None, True, **kwargs))
+    torch.library.opcheck(mla_decode.op, (q, kv, lens, 0.1, 32), {"num_splits": 2})
