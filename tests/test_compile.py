@@ -59,9 +59,9 @@ def _primer_tile(device, dtype, options):
 
 
 def _linear(gate):
-    """Arguments of a linear-attention form: q, k [1, 20, 2, 16], v [1, 20, 2, 8], then its gates."""
+    """Arguments of a linear-attention form: q, k [1, 20, 2, 16], v [1, 20, 2, 24], then its gates."""
     def make(device, dtype, options):
-        B, T, H, K, V = 1, 20, 2, 16, 8
+        B, T, H, K, V = 1, 20, 2, 16, 24
         q, k = _randn(device, dtype, B, T, H, K), _randn(device, dtype, B, T, H, K)
         v = _randn(device, dtype, B, T, H, V)
         gates = {"gk": lambda: (F.logsigmoid(_randn(device, torch.float32, B, T, H, K)) / 4,),
@@ -93,7 +93,7 @@ def _mamba2_step(device, dtype, options):
 
 
 def _mamba2_scan(device, dtype, options):
-    Bt, T, H, P, N = 1, 20, 2, 8, 16
+    Bt, T, H, P, N = 1, 20, 2, 16, 16
     args = (_randn(device, dtype, Bt, T, H, P), torch.randn(Bt, T, H, device=device) * 0.5 - 1,
             -torch.rand(H, device=device) - 0.1, _randn(device, dtype, Bt, T, 1, N), _randn(device, dtype, Bt, T, 1, N))
     kwargs = {}
