@@ -190,8 +190,8 @@ def like(name: str) -> Callable:
 
 def linear_attention_fake(q, v, output_final_state, **_):
     """(o like v, fp32 final state [B, H, K, V] or None): every GLA, Lightning and KDA form."""
-    B, _, H, K = q.shape
-    state = v.new_empty((B, H, K, v.shape[-1]), dtype=torch.float32) if output_final_state else None
+    B, H, K, V = q.shape[0], q.shape[2], q.shape[3], v.shape[3]
+    state = v.new_empty((B, H, K, V), dtype=torch.float32) if output_final_state else None
     return v.new_empty(v.shape), state
 
 
@@ -205,11 +205,11 @@ def ssd_chunk_scan_fake(x, B, return_final_states, **_):
 
 def mla_decode_fake(q, head_dim_v, **_):
     """MLA decode: (out [B, s_q, H, head_dim_v] in q's dtype, fp32 lse [B, H, s_q])."""
-    B, S_Q, H, _ = q.shape
+    B, S_Q, H = q.shape[:3]
     return q.new_empty((B, S_Q, H, head_dim_v)), q.new_empty((B, H, S_Q), dtype=torch.float32)
 
 
-def attention_fwd_fake(q, k, **_):
+def attention_fwd_fake(q, **_):
     """FlashAttention's forward launch: (o [B, T, Hq, D] in q's dtype, fp32 log-sum-exp [B, Hq, T])."""
     Bt, T, HQ, D = q.shape
     return q.new_empty((Bt, T, HQ, D)), q.new_empty((Bt, HQ, T), dtype=torch.float32)
