@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..custom_ops import compiled_as_op, linear_attention_fake
 from ..checks import check_bool
+from ..custom_ops import compiled_as_op, linear_attention_fake
 from ..launch import cdiv
 from ..linear.chunk import CHUNK, chunk_output
 from ..linear.inputs import check_linear_inputs

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from ..custom_ops import compiled_as_op, like
 from ..checks import (FLOATS, check_int, check_kernel_device, check_not_empty, check_same_device_and_dtype,
                       check_tensor, softmax_scale_or_default)
+from ..custom_ops import compiled_as_op, like
 from .attention_tile import MAX_HEAD_DIM, MAX_KEYS, attention_tile_fwd, max_keys
 from .softmax import softmax_fwd
 from .vector_add import add_fwd
