@@ -462,10 +462,10 @@ def test_mla_decode_registered_as_recommended():
         "kernels_test::mla_decode(Tensor q, Tensor kv_cache, Tensor cache_seqlens, float softmax_scale, "
         "SymInt head_dim_v=512, Tensor? block_table=None, bool causal=False, *, SymInt? num_splits=None, "
         "bool check_seqlens=True, str backend=\"auto\") -> Tensor[]")
-    q, kv = torch.randn(2, 2, 2, 64), torch.randn(2, 37, 64)
-    lens = torch.tensor([5, 37], dtype=torch.int32)
+    q, kv = torch.randn(2, 2, 3, 72, device=DEVICE), torch.randn(2, 37, 72, device=DEVICE)
+    lens = torch.tensor([5, 37], dtype=torch.int32, device=DEVICE)
     compiled = torch.compile(mla_decode, fullgraph=True, backend="aot_eager")
     for kwargs in ({}, {"num_splits": 2, "check_seqlens": False, "backend": "triton"}):
-        _assert_same(compiled(q, kv, lens, 0.1, 32, None, True, **kwargs),
-                     mla_decode(q, kv, lens, 0.1, 32, None, True, **kwargs))
-    torch.library.opcheck(mla_decode.op, (q, kv, lens, 0.1, 32), {"num_splits": 2})
+        _assert_same(compiled(q, kv, lens, 0.1, 64, None, True, **kwargs),
+                     mla_decode(q, kv, lens, 0.1, 64, None, True, **kwargs))
+    torch.library.opcheck(mla_decode.op, (q, kv, lens, 0.1, 64), {"num_splits": 2})
