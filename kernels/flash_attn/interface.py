@@ -5,9 +5,14 @@ from __future__ import annotations
 import torch
 
 from ..checks import FLOATS, check_choice, check_kernel_device
+from ..custom_ops import attention_bwd_fake, attention_fwd_fake, compiled_as_op
 from .backward import attention_bwd
 from .forward import attention_fwd
 from .reference import attention_flops, check_attention_args
+
+# registered one level down, so that a compiled backward is FlashAttnFunction.backward, as in eager
+attention_fwd = compiled_as_op("kernels::attention_fwd", fake=attention_fwd_fake)(attention_fwd)
+attention_bwd = compiled_as_op("kernels::attention_bwd", fake=attention_bwd_fake)(attention_bwd)
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 SUPPORTED_DTYPES = FLOATS

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..custom_ops import compiled_as_op, linear_attention_fake
 from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_pass
 from ..linear.inputs import check_linear_inputs
 from .chunk import chunk_gla_scores
@@ -29,6 +30,7 @@ def _checked(q, k, v, gk, scale, initial_state, output_final_state):
     return (B, T, H, K, V), scale, (q.contiguous(), k.contiguous(), v.contiguous(), gk.contiguous(), h0)
 
 
+@compiled_as_op("kernels::fused_recurrent_gla", fake=linear_attention_fake, tuple_size=2)
 def fused_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False):
     """Fused recurrent GLA forward (Triton): one kernel walks the tokens with the state in
     registers; with T = 1 it is the decode step (one read and one write of the state).
@@ -47,6 +49,7 @@ def fused_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_fina
     return o, ht
 
 
+@compiled_as_op("kernels::sequential_chunk_gla", fake=linear_attention_fake, tuple_size=2)
 def sequential_chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False):
     """GLA forward the source article's way: one launch per 64-token chunk, tokens in sequence
     inside it, the state handed from launch to launch through HBM (no tensor cores).
@@ -66,6 +69,7 @@ def sequential_chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_fin
     return o, (state if output_final_state else None)
 
 
+@compiled_as_op("kernels::chunk_gla", fake=linear_attention_fake, tuple_size=2)
 def chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False):
     """Chunk-parallel GLA forward (Triton, chunks of 64 tokens, sub-chunks of 16): the prefill.
 

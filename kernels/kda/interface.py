@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_bool
+from ..custom_ops import compiled_as_op, linear_attention_fake
 from ..launch import cdiv
 from ..linear.chunk import CHUNK, chunk_output
 from ..linear.inputs import check_linear_inputs
@@ -34,6 +35,7 @@ def _checked(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
                                     beta.contiguous(), h0)
 
 
+@compiled_as_op("kernels::fused_recurrent_kda", fake=linear_attention_fake, tuple_size=2)
 def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                         use_qk_l2norm_in_kernel=False):
     """Fused recurrent KDA forward (Triton): one kernel walks the tokens with the state in registers;
@@ -57,6 +59,7 @@ def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output
     return o, ht
 
 
+@compiled_as_op("kernels::chunk_kda", fake=linear_attention_fake, tuple_size=2)
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
               use_qk_l2norm_in_kernel=False):
     """Chunk-parallel KDA forward (Triton, chunks of 64 tokens): the prefill.

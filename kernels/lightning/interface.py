@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..custom_ops import compiled_as_op, linear_attention_fake
 from ..linear.chunk import CHUNK, chunk_state_pass
 from ..linear.inputs import check_linear_inputs
 from .chunk import chunk_lightning_output
@@ -30,6 +31,7 @@ def _checked(q, k, v, slopes, scale, initial_state, output_final_state):
     return (B, T, H, K, V), scale, (q.contiguous(), k.contiguous(), v.contiguous(), s, h0)
 
 
+@compiled_as_op("kernels::fused_recurrent_lightning", fake=linear_attention_fake, tuple_size=2)
 def fused_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False):
     """Fused recurrent Lightning Attention forward (Triton): one kernel walks the tokens with the
     state in registers; with T = 1 it is the decode step (one read and one write of the state).
@@ -48,6 +50,7 @@ def fused_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, ou
     return o, ht
 
 
+@compiled_as_op("kernels::chunk_lightning", fake=linear_attention_fake, tuple_size=2)
 def chunk_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False):
     """Chunk-parallel Lightning Attention-2 forward (Triton, blocks of 64 tokens): the prefill.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..custom_ops import compiled_as_op, like, ssd_chunk_scan_fake
 from .inputs import check_scan_inputs, check_step_inputs
 from .decode import selective_state_update_fwd
 
@@ -21,6 +22,7 @@ def a_is_scalar_per_head(A: torch.Tensor) -> bool:
     return A.stride(1) == 0 and A.stride(2) == 0
 
 
+@compiled_as_op("kernels::selective_state_update", fake=like("x"), mutates_args=("state",))
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                            state_batch_indices=None):
     """One Mamba-2 decode step (Triton), the state updated in place.
@@ -48,6 +50,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     return y
 
 
+@compiled_as_op("kernels::ssd_chunk_scan", fake=ssd_chunk_scan_fake)
 def ssd_chunk_scan(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, dt_softplus=False,
                    initial_states=None, return_final_states=False):
     """The SSD chunk scan (Triton): Mamba-2's prefill, in chunks of chunk_size tokens. See chunk.py.

@@ -15,6 +15,7 @@ import torch
 
 from ..checks import (FLOATS, check_int, check_kernel_device, check_not_empty, check_same_device_and_dtype,
                       check_tensor, softmax_scale_or_default)
+from ..custom_ops import compiled_as_op, like
 from .attention_tile import MAX_HEAD_DIM, MAX_KEYS, attention_tile_fwd, max_keys
 from .softmax import softmax_fwd
 from .vector_add import add_fwd
@@ -23,6 +24,7 @@ MAX_ELEMENTS = 2**31 - 1   # offsets are 32-bit integers in the vector add
 MAX_COLS = 2**15           # a row is one block in registers
 
 
+@compiled_as_op("kernels::vector_add", fake=like("x"))
 def vector_add(x: torch.Tensor, y: torch.Tensor, block: int = 1024) -> torch.Tensor:
     """x + y with the primer's Triton kernel.
 
@@ -50,6 +52,7 @@ def vector_add(x: torch.Tensor, y: torch.Tensor, block: int = 1024) -> torch.Ten
     return out
 
 
+@compiled_as_op("kernels::softmax_rows", fake=like("x"))
 def softmax_rows(x: torch.Tensor) -> torch.Tensor:
     """Softmax of each row of a matrix, with the primer's Triton kernel (one program per row).
 
@@ -71,6 +74,7 @@ def softmax_rows(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@compiled_as_op("kernels::attention_tile", fake=like("q"))
 def attention_tile(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None):
     """softmax(q k^T * scale) v, no mask, with every key of a head in one tile (the primer's step 3).
 

@@ -1,0 +1,471 @@
+"""torch.compile and CUDA graphs through the custom operators (kernels/custom_ops.py).
+
+On the CPU (the interpreter): for every registered op, `torch.compile(fullgraph=True,
+backend="aot_eager")` gives exactly the eager result (fp32 and fp16, defaults and every optional
+argument, a state written in place, FlashAttention's gradients), the compiled graph holds the op,
+`torch.library.opcheck` passes, and an eager call never enters the dispatcher. On a GPU: Inductor,
+mode="reduce-overhead" and `torch.cuda.graph` capture and replay give exactly the eager result.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kernels.common import DEVICE
+from kernels.custom_ops import compiled_as_op, like
+from kernels.flash_attn import flash_attn_func
+from kernels.flash_attn import interface as flash_interface
+from kernels.gla import chunk_gla, fused_recurrent_gla, sequential_chunk_gla
+from kernels.kda import chunk_kda, fused_recurrent_kda
+from kernels.lightning import chunk_lightning, fused_recurrent_lightning
+from kernels.mamba2 import selective_state_update, ssd_chunk_scan
+from kernels.primer import attention_tile, softmax_rows, vector_add
+
+
+@dataclasses.dataclass
+class OpCase:
+    """A registered function and its arguments: make(device, dtype, options) -> (args, kwargs), with
+    options=False for the defaults and True for every optional argument given."""
+    id: str
+    fn: Callable
+    make: Callable
+    mutated: tuple[str, ...] = ()   # arguments written in place (compared after the call)
+    gpu_dtype: torch.dtype = torch.bfloat16
+
+
+def _randn(device, dtype, *shape):
+    return torch.randn(*shape, device=device).to(dtype)
+
+
+def _primer_add(device, dtype, options):
+    x, y = _randn(device, dtype, 2, 37).unbind(0)
+    return (x, y), ({"block": 16} if options else {})
+
+
+def _primer_softmax(device, dtype, options):
+    return (_randn(device, dtype, 3, 10),), {}
+
+
+def _primer_tile(device, dtype, options):
+    q, k, v = _randn(device, dtype, 1, 5, 2, 16), _randn(device, dtype, 1, 7, 2, 16), _randn(device, dtype, 1, 7, 2, 16)
+    return (q, k, v), ({"softmax_scale": 0.3} if options else {})
+
+
+def _linear(gate):
+    """Arguments of a linear-attention form: q, k [1, 20, 2, 16], v [1, 20, 2, 24], then its gates."""
+    def make(device, dtype, options):
+        B, T, H, K, V = 1, 20, 2, 16, 24
+        q, k = _randn(device, dtype, B, T, H, K), _randn(device, dtype, B, T, H, K)
+        v = _randn(device, dtype, B, T, H, V)
+        gates = {"gk": lambda: (F.logsigmoid(_randn(device, torch.float32, B, T, H, K)) / 4,),
+                 "slopes": lambda: (torch.rand(H, device=device),),
+                 "kda": lambda: (F.logsigmoid(_randn(device, torch.float32, B, T, H, K)) / 4,
+                                 torch.rand(B, T, H, device=device))}[gate]()
+        kwargs = {}
+        if options:
+            kwargs = {"scale": 0.4, "initial_state": torch.randn(B, H, K, V, device=device),
+                      "output_final_state": True}
+            if gate == "kda":
+                kwargs["use_qk_l2norm_in_kernel"] = True
+        return (q, k, v, *gates), kwargs
+    return make
+
+
+def _mamba2_step(device, dtype, options):
+    b, H, P, N, slots = 2, 2, 16, 16, 3
+    A = (-torch.rand(H, device=device) - 0.1)[:, None, None].expand(H, P, N)   # one scalar per head
+    args = (torch.randn(slots if options else b, H, P, N, device=device), _randn(device, dtype, b, H, P),
+            torch.randn(b, H, P, device=device) * 0.5 - 1, A, _randn(device, dtype, b, 1, N),
+            _randn(device, dtype, b, 1, N))
+    kwargs = {}
+    if options:
+        kwargs = {"D": torch.randn(H, P, device=device), "z": _randn(device, dtype, b, H, P),
+                  "dt_bias": torch.randn(H, P, device=device) * 0.5, "dt_softplus": True,
+                  "state_batch_indices": torch.tensor([2, 0], device=device)}
+    return args, kwargs
+
+
+def _mamba2_scan(device, dtype, options):
+    Bt, T, H, P, N = 1, 20, 2, 16, 16
+    args = (_randn(device, dtype, Bt, T, H, P), torch.randn(Bt, T, H, device=device) * 0.5 - 1,
+            -torch.rand(H, device=device) - 0.1, _randn(device, dtype, Bt, T, 1, N), _randn(device, dtype, Bt, T, 1, N))
+    kwargs = {}
+    if options:
+        kwargs = {"chunk_size": 64, "D": torch.randn(H, P, device=device), "z": _randn(device, dtype, Bt, T, H, P),
+                  "dt_bias": torch.randn(H, device=device) * 0.5, "dt_softplus": True,
+                  "initial_states": torch.randn(Bt, H, P, N, device=device), "return_final_states": True}
+    return args, kwargs
+
+
+CASES = [
+    OpCase("vector_add", vector_add, _primer_add),
+    OpCase("softmax_rows", softmax_rows, _primer_softmax),
+    OpCase("attention_tile", attention_tile, _primer_tile),
+    OpCase("fused_recurrent_gla", fused_recurrent_gla, _linear("gk")),
+    OpCase("sequential_chunk_gla", sequential_chunk_gla, _linear("gk")),
+    OpCase("chunk_gla", chunk_gla, _linear("gk")),
+    OpCase("fused_recurrent_lightning", fused_recurrent_lightning, _linear("slopes")),
+    OpCase("chunk_lightning", chunk_lightning, _linear("slopes")),
+    OpCase("fused_recurrent_kda", fused_recurrent_kda, _linear("kda")),
+    OpCase("chunk_kda", chunk_kda, _linear("kda")),
+    OpCase("selective_state_update", selective_state_update, _mamba2_step, mutated=("state",)),
+    OpCase("ssd_chunk_scan", ssd_chunk_scan, _mamba2_scan),
+]
+CPU_VARIANTS = [(torch.float32, False), (torch.float32, True), (torch.float16, True)]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles from scratch (the decorated functions share one wrapper's code, and Dynamo
+    caches per code object: without a reset, later tests would hit its recompile limit)."""
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
+
+
+def _clone(args, kwargs):
+    """Fresh copies of the tensor arguments; a broadcast one (a stride 0, never written) is passed as it
+    is, since a clone would lose its strides (Mamba-2's A takes a fast path on them)."""
+    same = lambda x: x.clone() if isinstance(x, torch.Tensor) and 0 not in x.stride() else x   # noqa: E731
+    return tuple(map(same, args)), {k: same(x) for k, x in kwargs.items()}
+
+
+def _recording_backend():
+    """aot_eager that also records every call node of the forward and backward graphs (as text)."""
+    nodes = []
+
+    def record(gm, example_inputs):
+        nodes.extend(n.format_node() for n in gm.graph.nodes if n.op == "call_function")
+        return make_boxed_func(gm.forward)
+    return aot_autograd(fw_compiler=record, bw_compiler=record), nodes
+
+
+def _assert_same(compiled, eager, what="output"):
+    """Exactly equal results of one structure (tensors or None), with no NaN."""
+    if isinstance(eager, (tuple, list)):
+        assert isinstance(compiled, type(eager)) and len(compiled) == len(eager), f"{what}: {compiled!r}"
+        for i, (c, e) in enumerate(zip(compiled, eager)):
+            _assert_same(c, e, f"{what}[{i}]")
+        return
+    if eager is None:
+        assert compiled is None, f"{what}: compiled gave a tensor where eager gives None"
+        return
+    assert compiled.shape == eager.shape and compiled.dtype == eager.dtype and compiled.stride() == eager.stride(), what
+    assert not eager.isnan().any(), f"{what}: NaN"
+    assert torch.equal(compiled, eager), f"{what}: compiled differs from eager"
+
+
+def _check_against_eager(case, run, args, kwargs):
+    """run(fn) on fresh copies of the arguments equals the eager call, mutated arguments included."""
+    args_c, kwargs_c = _clone(args, kwargs)
+    args_e, kwargs_e = _clone(args, kwargs)
+    compiled = run(args_c, kwargs_c)
+    eager = case.fn(*args_e, **kwargs_e)
+    _assert_same(compiled, eager)
+    names = list(case.fn.op._opoverload._schema.arguments)
+    for name in case.mutated:
+        i = [a.name for a in names].index(name)
+        before, c, e = args[i], args_c[i], args_e[i]
+        assert not torch.equal(e, before), f"{name} was not written"
+        _assert_same(c, e, name)
+
+
+@pytest.mark.parametrize("dtype,options", CPU_VARIANTS, ids=["fp32-defaults", "fp32-every-option", "fp16-every-option"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_compiled_equals_eager(case, dtype, options):
+    args, kwargs = case.make(DEVICE, dtype, options)
+    backend, nodes = _recording_backend()
+    compiled = torch.compile(case.fn, fullgraph=True, backend=backend)
+    _check_against_eager(case, lambda a, kw: compiled(*a, **kw), args, kwargs)
+    assert sum(f"kernels.{case.id}.default" in n for n in nodes) == 1, nodes
+    # the compiled run returns the real outputs: the fake's shapes, dtypes and strides are checked apart
+    torch.library.opcheck(case.fn.op, *_clone(args, kwargs), test_utils="test_faketensor")
+
+
+def test_arguments_by_position_and_keyword():
+    """The compiled wrapper binds arguments as Python does: positionally, by keyword, defaults filled."""
+    (q, k, v, gk), kwargs = _linear("gk")(DEVICE, torch.float32, True)
+    compiled = torch.compile(fused_recurrent_gla, fullgraph=True, backend="aot_eager")
+    positional = compiled(q, k, v, gk, kwargs["scale"], kwargs["initial_state"], True)
+    keywords = compiled(q=q, k=k, v=v, gk=gk, output_final_state=True, initial_state=kwargs["initial_state"],
+                        scale=kwargs["scale"])
+    _assert_same(positional, fused_recurrent_gla(q, k, v, gk, **kwargs))
+    _assert_same(keywords, positional)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_opcheck(case):
+    """Schema (mutation declared), fake tensors (shapes, dtypes, strides), and AOT dispatch with dynamic
+    shapes. test_autograd_registration has nothing to check: these forms take no gradients."""
+    args, kwargs = _clone(*case.make(DEVICE, torch.float32, True))
+    torch.library.opcheck(case.fn.op, args, kwargs)
+
+
+# FlashAttention: the ops are its forward and backward launchers, under FlashAttnFunction.
+
+FLASH_SHAPES = [  # (B, T, S, Hq, Hkv, D, causal, softmax_scale)
+    (1, 5, 7, 2, 1, 32, True, None),
+    (2, 9, 6, 2, 2, 32, False, 0.2),
+]
+
+
+def _flash_inputs(B, T, S, HQ, HKV, D, dtype, device=DEVICE):
+    return (_randn(device, dtype, B, T, HQ, D).requires_grad_(), _randn(device, dtype, B, S, HKV, D).requires_grad_(),
+            _randn(device, dtype, B, S, HKV, D).requires_grad_())
+
+
+def _flash_run(fn, q, k, v, causal, scale, g):
+    """o and the gradients of q, k, v for the incoming gradient g."""
+    for t in (q, k, v):
+        t.grad = None
+    o = fn(q, k, v, causal=causal, softmax_scale=scale)
+    o.backward(g)
+    return o.detach(), q.grad.clone(), k.grad.clone(), v.grad.clone()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape", FLASH_SHAPES, ids=lambda s: "B{}-T{}-S{}-Hq{}-Hkv{}-D{}-causal{}-scale{}".format(*s))
+def test_flash_attn_compiled_forward_and_backward_equal_eager(shape, dtype):
+    B, T, S, HQ, HKV, D, causal, scale = shape
+    q, k, v = _flash_inputs(B, T, S, HQ, HKV, D, dtype)
+    g = torch.randn_like(q)
+    backend, nodes = _recording_backend()
+    compiled = torch.compile(flash_attn_func, fullgraph=True, backend=backend)
+    _assert_same(_flash_run(compiled, q, k, v, causal, scale, g),
+                 _flash_run(flash_attn_func, q, k, v, causal, scale, g))
+    assert sum("kernels.attention_fwd.default" in n for n in nodes) == 1, nodes
+    assert sum("kernels.attention_bwd.default" in n for n in nodes) == 1, nodes
+    with torch.no_grad():   # the inference path: the forward op alone
+        _assert_same(compiled(q, k, v, causal=causal, softmax_scale=scale),
+                     flash_attn_func(q, k, v, causal=causal, softmax_scale=scale))
+
+
+def test_flash_attn_opcheck():
+    q, k, v = (t.detach() for t in _flash_inputs(1, 5, 7, 2, 1, 32, torch.float32))
+    o, lse = flash_interface.attention_fwd(q, k, v, True, 0.3)
+    torch.library.opcheck(flash_interface.attention_fwd.op, (q, k, v, True, 0.3))
+    for one_launch in (True, False):
+        torch.library.opcheck(flash_interface.attention_bwd.op, (torch.randn_like(o), q, k, v, o, lse, True, 0.3,
+                                                                 one_launch))
+
+
+# The decorator itself
+
+class RecordOps(TorchDispatchMode):
+    """Every operator that reaches the dispatcher's Python key, by name."""
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.id in ("vector_add", "fused_recurrent_gla",
+                                                               "selective_state_update")], ids=lambda c: c.id)
+def test_eager_call_skips_the_dispatcher(case):
+    """A plain call runs the Python function: the op never reaches the dispatcher (the control call,
+    through the op, shows that the recording would see it)."""
+    args, kwargs = case.make(DEVICE, torch.float32, True)
+    with RecordOps() as eager:
+        case.fn(*_clone(args, kwargs)[0], **kwargs)
+    assert not any(n.startswith("kernels.") for n in eager.names), eager.names
+    with RecordOps() as through_op:
+        case.fn.op(*_clone(args, kwargs)[0], **kwargs)
+    assert f"kernels.{case.id}.default" in through_op.names
+
+
+class Cube(torch.autograd.Function):
+    """x**3 * scale, written with a separate setup_context so that the op can register its backward."""
+
+    @staticmethod
+    def forward(x, scale):
+        return x ** 3 * scale
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+        ctx.scale = inputs[1]
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        return 3 * x ** 2 * ctx.scale * grad, None
+
+
+@compiled_as_op("kernels_test::cube", fake=like("x"), autograd=Cube)
+def cube(x, scale=1.0):
+    """x ** 3 * scale, differentiable (the autograd hook's example)."""
+    return Cube.apply(x, scale)
+
+
+def test_autograd_hook_gives_the_eager_backward():
+    x = torch.randn(7, requires_grad=True)
+    g = torch.randn(7)
+    backend, nodes = _recording_backend()
+    compiled = torch.compile(cube, fullgraph=True, backend=backend)
+    (grad_compiled,) = torch.autograd.grad(compiled(x, 0.5), x, g)
+    (grad_eager,) = torch.autograd.grad(cube(x, 0.5), x, g)
+    assert torch.equal(grad_compiled, grad_eager)
+    assert torch.equal(grad_eager, 3 * x.detach() ** 2 * 0.5 * g)
+    assert any("kernels_test.cube.default" in n for n in nodes), nodes
+    torch.library.opcheck(cube.op, (x, 0.5))
+
+
+def test_schema_from_the_signature():
+    """The schema every op registers (the report's table), so that a change to it is seen."""
+    assert str(chunk_gla.op._opoverload._schema) == (
+        "kernels::chunk_gla(Tensor q, Tensor k, Tensor v, Tensor gk, float? scale=None, Tensor? initial_state=None, "
+        "bool output_final_state=False) -> Tensor[]")
+    assert str(chunk_lightning.op._opoverload._schema).startswith(
+        "kernels::chunk_lightning(Tensor q, Tensor k, Tensor v, Tensor slopes, float? scale=1., ")
+    assert str(selective_state_update.op._opoverload._schema) == (
+        "kernels::selective_state_update(Tensor(a0!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
+        "Tensor? D=None, Tensor? z=None, Tensor? dt_bias=None, bool dt_softplus=False, "
+        "Tensor? state_batch_indices=None) -> Tensor")
+    assert str(vector_add.op._opoverload._schema) == (
+        "kernels::vector_add(Tensor x, Tensor y, SymInt block=1024) -> Tensor[]")
+    assert str(flash_interface.attention_fwd.op._opoverload._schema) == (
+        "kernels::attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale) -> Tensor[]")
+
+
+def _variadic(x, *rest):
+    return x
+
+
+def _tuple_default(x, dims=(0, 1)):
+    return x
+
+
+def _mutating_pair(state, x):
+    return x, x
+
+
+@pytest.mark.parametrize("fn,kwargs,match", [
+    (_variadic, {}, "argument .rest. is variadic positional; an op.s arguments are named"),
+    (_tuple_default, {}, "cannot derive a schema type for argument .dims."),
+    (_mutating_pair, {"mutates_args": ("state",), "tuple_size": 2}, "must return one tensor"),
+], ids=["variadic", "tuple-default", "mutating-tuple"])
+def test_refuses_what_a_schema_cannot_say(fn, kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        compiled_as_op(f"kernels_test::{fn.__name__.strip('_')}", fake=like("x"), **kwargs)(fn)
+
+
+# On a GPU: Inductor, CUDA graphs through torch.compile, and a captured eager call.
+
+def _gpu_case(case):
+    return case.make("cuda", case.gpu_dtype, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_inductor_equals_eager(case):
+    compiled = torch.compile(case.fn, fullgraph=True)
+    _check_against_eager(case, lambda a, kw: compiled(*a, **kw), *_gpu_case(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_reduce_overhead_equals_eager(case):
+    """Several calls, so that the CUDA graph is recorded and then replayed (outputs cloned: a replay
+    overwrites them)."""
+    compiled = torch.compile(case.fn, fullgraph=True, mode="reduce-overhead")
+
+    def run(a, kw):
+        for _ in range(2):   # on copies, so that the arguments reach the last call unwritten
+            a_i, kw_i = _clone(a, kw)
+            compiled(*a_i, **kw_i)
+        out = compiled(*a, **kw)
+        return tuple(None if t is None else t.clone() for t in out) if isinstance(out, tuple) else out.clone()
+    _check_against_eager(case, run, *_gpu_case(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_cuda_graph_capture_and_replay_equal_eager(case):
+    """An eager call captured in a torch.cuda.graph, replayed on new inputs copied into its static ones."""
+    static_args, static_kwargs = _gpu_case(case)
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):   # first calls compile the kernels: outside the capture
+        for _ in range(2):
+            args_i, kwargs_i = _clone(static_args, static_kwargs)
+            case.fn(*args_i, **kwargs_i)
+    torch.cuda.current_stream().wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = case.fn(*static_args, **static_kwargs)
+    new_args, new_kwargs = case.make("cuda", case.gpu_dtype, True)
+    # a broadcast (stride-0) input cannot be copied into: the replay keeps the captured one
+    keep = lambda s, n: s if isinstance(s, torch.Tensor) and 0 in s.stride() else n   # noqa: E731
+    new_args = tuple(map(keep, static_args, new_args))
+    new_kwargs = {k: keep(static_kwargs[k], n) for k, n in new_kwargs.items()}
+
+    def replay(a, kw):
+        for s, n in zip(static_args + tuple(static_kwargs.values()), a + tuple(kw.values())):
+            if isinstance(s, torch.Tensor) and 0 not in s.stride():
+                s.copy_(n)
+        graph.replay()
+        for s, n in zip(static_args, a):   # hand back what the replay wrote (the mutated state)
+            if isinstance(s, torch.Tensor) and 0 not in s.stride():
+                n.copy_(s)
+        return static_out
+    _check_against_eager(case, replay, new_args, new_kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"], ids=["inductor", "reduce-overhead"])
+def test_flash_attn_gpu_compiled_equals_eager(mode):
+    q, k, v = _flash_inputs(2, 300, 400, 8, 2, 64, torch.bfloat16, device="cuda")
+    g = torch.randn_like(q)
+    compiled = torch.compile(flash_attn_func, fullgraph=True, mode=mode)
+    for _ in range(3):   # reduce-overhead records, then replays
+        got = _flash_run(compiled, q, k, v, True, None, g)
+    _assert_same(got, _flash_run(flash_attn_func, q, k, v, True, None, g))
+
+
+@pytest.mark.gpu
+def test_flash_attn_cuda_graph_capture_and_replay():
+    q, k, v = (t.detach() for t in _flash_inputs(2, 300, 400, 8, 2, 64, torch.bfloat16, device="cuda"))
+    flash_attn_func(q, k, v, causal=True)   # compile the kernel outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_o = flash_attn_func(q, k, v, causal=True)
+    for t in (q, k, v):
+        t.copy_(torch.randn_like(t))
+    graph.replay()
+    _assert_same(static_o, flash_attn_func(q, k, v, causal=True))
+
+
+def test_mla_decode_registered_as_recommended():
+    """How MLA's decode registers (kernels/mla is reorganised elsewhere, so it is registered here under a
+    test name): the decorator, `num_splits` annotated (its None is an int's), keyword-only arguments kept."""
+    from kernels.custom_ops import mla_decode_fake
+    from kernels.mla import mla_decode as plain_mla_decode
+
+    @compiled_as_op("kernels_test::mla_decode", fake=mla_decode_fake)
+    def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_table=None, causal=False,
+                   *, num_splits: int | None = None, check_seqlens=True, backend="auto"):
+        return plain_mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v, block_table, causal,
+                                num_splits=num_splits, check_seqlens=check_seqlens, backend=backend)
+
+    assert str(mla_decode.op._opoverload._schema) == (
+        "kernels_test::mla_decode(Tensor q, Tensor kv_cache, Tensor cache_seqlens, float softmax_scale, "
+        "SymInt head_dim_v=512, Tensor? block_table=None, bool causal=False, *, SymInt? num_splits=None, "
+        "bool check_seqlens=True, str backend=\"auto\") -> Tensor[]")
+    q, kv = torch.randn(2, 2, 3, 72, device=DEVICE), torch.randn(2, 37, 72, device=DEVICE)
+    lens = torch.tensor([5, 37], dtype=torch.int32, device=DEVICE)
+    compiled = torch.compile(mla_decode, fullgraph=True, backend="aot_eager")
+    for kwargs in ({}, {"num_splits": 2, "check_seqlens": False, "backend": "triton"}):
+        _assert_same(compiled(q, kv, lens, 0.1, 64, None, True, **kwargs),
+                     mla_decode(q, kv, lens, 0.1, 64, None, True, **kwargs))
+    torch.library.opcheck(mla_decode.op, (q, kv, lens, 0.1, 64), {"num_splits": 2})
