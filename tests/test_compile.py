@@ -446,26 +446,19 @@ def test_flash_attn_cuda_graph_capture_and_replay():
     _assert_same(static_o, flash_attn_func(q, k, v, causal=True))
 
 
-def test_mla_decode_registered_as_recommended():
-    """How MLA's decode registers (kernels/mla is reorganised elsewhere, so it is registered here under a
-    test name): the decorator, `num_splits` annotated (its None is an int's), keyword-only arguments kept."""
-    from kernels.custom_ops import mla_decode_fake
-    from kernels.mla import mla_decode as plain_mla_decode
-
-    @compiled_as_op("kernels_test::mla_decode", fake=mla_decode_fake)
-    def mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v=512, block_table=None, causal=False,
-                   *, num_splits: int | None = None, check_seqlens=True, backend="auto"):
-        return plain_mla_decode(q, kv_cache, cache_seqlens, softmax_scale, head_dim_v, block_table, causal,
-                                num_splits=num_splits, check_seqlens=check_seqlens, backend=backend)
+def test_mla_decode_compiles_whole():
+    """MLA's decode as one op: `block_table` and `num_splits` annotated (their None is a tensor's and an
+    int's), keyword-only arguments kept, a dense and a split call equal eager's."""
+    from kernels.mla import mla_decode
 
     assert str(mla_decode.op._opoverload._schema) == (
-        "kernels_test::mla_decode(Tensor q, Tensor kv_cache, Tensor cache_seqlens, float softmax_scale, "
-        "SymInt head_dim_v=512, Tensor? block_table=None, bool causal=False, *, SymInt? num_splits=None, "
+        "kernels::mla_decode(Tensor q, Tensor kv_cache, Tensor? block_table, Tensor cache_seqlens, "
+        "SymInt head_dim_v=512, float? softmax_scale=None, bool causal=False, *, SymInt? num_splits=None, "
         "bool check_seqlens=True, str backend=\"auto\") -> Tensor[]")
     q, kv = torch.randn(2, 2, 3, 72, device=DEVICE), torch.randn(2, 37, 72, device=DEVICE)
     lens = torch.tensor([5, 37], dtype=torch.int32, device=DEVICE)
     compiled = torch.compile(mla_decode, fullgraph=True, backend="aot_eager")
     for kwargs in ({}, {"num_splits": 2, "check_seqlens": False, "backend": "triton"}):
-        _assert_same(compiled(q, kv, lens, 0.1, 64, None, True, **kwargs),
-                     mla_decode(q, kv, lens, 0.1, 64, None, True, **kwargs))
-    torch.library.opcheck(mla_decode.op, (q, kv, lens, 0.1, 64), {"num_splits": 2})
+        _assert_same(compiled(q, kv, None, lens, 64, 0.1, True, **kwargs),
+                     mla_decode(q, kv, None, lens, 64, 0.1, True, **kwargs))
+    torch.library.opcheck(mla_decode.op, (q, kv, None, lens, 64, 0.1), {"num_splits": 2})

@@ -162,7 +162,7 @@ PREFILL_CHUNKS = Benchmark(
     "mamba2_prefill_chunks", CHUNK_CASES,
     {**{f"book: chunk {L}": _book_scan(L) for L in (64, 128, 256)},
      **{f"mamba_ssm chunk {L}": _mamba_ssm_scan(L) for L in (256, 64)}},
-    prefill_flops, prefill_bytes)
+    prefill_flops, prefill_bytes, timer="flushed", module=__name__)
 
 BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL, PREFILL_CHUNKS]
 

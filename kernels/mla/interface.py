@@ -18,14 +18,16 @@ from __future__ import annotations
 import torch
 
 from .. import peers
+from ..custom_ops import compiled_as_op, mla_decode_fake
 from ..checks import check_bool, check_choice, check_has_values, check_int, check_no_grad, check_tensor
 from . import gluon_decode, tilelang_decode
 from .inputs import cache_capacity, check_cache_lengths, check_decode_inputs, paged_rows
 from .planning import BACKENDS, dense_inputs, gluon_misfit, keep_plan, kept_plan, plan_decode, plan_key, splits_for
 
 
-def mla_decode(q, kv_cache, block_table, cache_seqlens, head_dim_v=512, softmax_scale=None, causal=False,
-               *, num_splits=None, check_seqlens=True, backend="auto"):
+@compiled_as_op("kernels::mla_decode", fake=mla_decode_fake)
+def mla_decode(q, kv_cache, block_table: torch.Tensor | None, cache_seqlens, head_dim_v=512, softmax_scale=None,
+               causal=False, *, num_splits: int | None = None, check_seqlens=True, backend="auto"):
     """MLA decode attention over a latent cache (absorbed form), FlashMLA's contract and argument order.
 
     q: [B, s_q, H, D_qk] (D_qk = 576 for DeepSeek: the absorbed 512 then the 64 RoPE dims), s_q >= 1.
