@@ -132,4 +132,18 @@ def _checked_one_by_one(q, k, v, gates, scale, initial_state, output_final_state
     return sizes["B"], sizes["T"], sizes["H"], sizes["K"], sizes["V"], scale
 
 
-__all__ = ["MAX_HEAD_DIM", "check_linear_inputs"]
+def check_no_grad(form: str, **tensors) -> None:
+    """Refuse, by name, an input that requires grad on a form without a backward (while autograd records):
+    its output would silently carry no gradient. None entries are skipped.
+
+        >>> check_no_grad("fused_recurrent_gla", q=q, k=k, v=v, gk=gk, initial_state=h0)
+    """
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if t is not None and t.requires_grad:
+            raise ValueError(f"{name} requires grad, but {form} has no backward: train with the chunk form, "
+                             f"or call it under torch.no_grad()")
+
+
+__all__ = ["MAX_HEAD_DIM", "check_linear_inputs", "check_no_grad"]
