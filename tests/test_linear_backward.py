@@ -186,7 +186,7 @@ def test_forms_without_backward_refuse_grad(form):
     fourth = ("gk", -torch.rand(1, 8, 2, 16)) if "gla" in form else ("slopes", lightning_slopes(2))
     args[fourth[0]] = fourth[1]
     args[name] = args[name].requires_grad_()
-    with pytest.raises(ValueError, match=f"{name} requires grad, but {form} has no backward"):
+    with pytest.raises(ValueError, match=f"{name} requires grad.*{form}.*no backward"):
         fn(**args)
     with torch.no_grad():
         fn(**args)
