@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, pow2_at_least_16
-from .chunk import CHUNK, GATE_FLOOR, SUB_CHUNK, dot_precision, tiles_that_fit
+from .chunk import CHUNK, GATE_FLOOR, SUB_CHUNK, decay_exponent, dot_precision, tiles_that_fit
 
 _fits = tiles_that_fit()
 
@@ -98,8 +98,8 @@ def _chunk_state_grad_kernel(
         if GAMMA:
             # from the chunk start to token t the decay is gamma·(c + 1), c = t's place in the chunk
             b_gam = tl.load(gamma + i_h)
-            b_qt = b_qt * tl.exp(b_gam * (o_t - i_t * BT + 1).to(tl.float32))[None, :]
-            b_dh = b_dh * tl.exp(b_gam * (t_last + 1 - i_t * BT).to(tl.float32))
+            b_qt = b_qt * tl.exp(decay_exponent(b_gam, o_t - i_t * BT + 1))[None, :]
+            b_dh = b_dh * tl.exp(decay_exponent(b_gam, t_last + 1 - i_t * BT))
         else:
             b_gt = tl.load(b + ((i_b * T + o_t[None, :]) * H + i_h) * G + o_gk[:, None], mask=m_kt, other=0.0)
             b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
@@ -165,7 +165,7 @@ def _chunk_dv_kernel(
             b_q = tl.load(q + p_qk, mask=m_qk, other=0.0)
             b_k = tl.load(k + p_qk, mask=m_qk, other=0.0)
             b_A += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
-        b_A = b_A * tl.exp(b_gam * tl.maximum(o_c[:, None] - o_c[None, :], 0).to(tl.float32)) * scale
+        b_A = b_A * tl.exp(decay_exponent(b_gam, o_c[:, None] - o_c[None, :])) * scale
     else:
         b_A = tl.load(A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None],
                       other=0.0).to(tl.float32)
@@ -186,7 +186,7 @@ def _chunk_dv_kernel(
             m_tk = m_t[:, None] & m_k[None, :]
             b_k = tl.load(k + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
             if GAMMA:
-                b_decay = tl.exp(b_gam * tl.maximum(t_last - o_t, 0).to(tl.float32))[:, None]
+                b_decay = tl.exp(decay_exponent(b_gam, t_last - o_t))[:, None]
             else:
                 o_gk = o_k if G == K else o_k * 0
                 b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_tk, other=0.0)
@@ -340,10 +340,10 @@ def _chunk_dqk_kernel(
         # (dA ⊙ M)^T Q over the whole chunk, M_tj = λ^(t-j) (dA is zero above the diagonal)
         b_gam = tl.load(gamma + i_h)
         b_dA = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
-        b_dA = (b_dA * tl.exp(b_gam * tl.maximum(o_c[:, None] - o_c[None, :], 0).to(tl.float32))).to(b_k.dtype)
-        b_dq = b_dos * (tl.exp(b_gam * (o_c + 1).to(tl.float32)) * scale)[:, None] \
+        b_dA = (b_dA * tl.exp(decay_exponent(b_gam, o_c[:, None] - o_c[None, :]))).to(b_k.dtype)
+        b_dq = b_dos * (tl.exp(decay_exponent(b_gam, o_c + 1)) * scale)[:, None] \
             + tl.dot(b_dA, b_k, input_precision=DOT_PREC)
-        b_dk = b_vdh * tl.exp(b_gam * tl.maximum(t_last - o_t, 0).to(tl.float32))[:, None] \
+        b_dk = b_vdh * tl.exp(decay_exponent(b_gam, t_last - o_t))[:, None] \
             + tl.dot(tl.trans(b_dA), b_q, input_precision=DOT_PREC)
     else:
         o_gk = o_k if G == K else o_k * 0
