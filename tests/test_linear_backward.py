@@ -118,22 +118,22 @@ def test_gate_per_head():
     # one summed over the key channels, and dq, dk, dv are those of the gate broadcast over them
     B, T, H, K, V = 1, 70, 2, 32, 16
     (q, k, v, _), h0, do, dht = gla_inputs(B, T, H, K, V, "paper", True)
-    g_head = F.logsigmoid(torch.randn(B, T, H, 1)) / 4
+    g_head = F.logsigmoid(torch.randn(B, T, H, 1, device=DEVICE)) / 4
     refs = [t.double().requires_grad_() for t in (q, k, v, g_head, h0)]
     o_ref, ht_ref = naive_recurrent_gla(*refs[:3], refs[3].expand(B, T, H, K), initial_state=refs[4],
                                         output_final_state=True)
     want = torch.autograd.grad((o_ref * do.double()).sum() + (ht_ref * dht.double()).sum(), refs)
 
     scale, NT = K ** -0.5, -(-T // CHUNK)
-    b = torch.empty(B, T, H, 1)
+    b = torch.empty(B, T, H, 1, device=DEVICE)
     chunk_local_cumsum(g_head, b)
-    states = torch.empty(B, NT, H, K, V)
+    states = torch.empty(B, NT, H, K, V, device=DEVICE)
     chunk_state_pass(k, v, b, states, h0)
-    A = torch.empty(B, T, H, CHUNK)
+    A = torch.empty(B, T, H, CHUNK, device=DEVICE)
     chunk_gla_scores(q, k, b.expand(B, T, H, K).contiguous(), A, scale)
-    dstates, dh0 = torch.empty(B, NT, H, K, V), torch.empty_like(h0)
+    dstates, dh0 = torch.empty(B, NT, H, K, V, device=DEVICE), torch.empty_like(h0)
     chunk_state_grad_pass(q, do, b, dstates, scale, dht, dh0)
-    dv, dA = torch.empty_like(v), torch.empty(B, T, H, CHUNK)
+    dv, dA = torch.empty_like(v), torch.empty(B, T, H, CHUNK, device=DEVICE)
     chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale)
     dq, dk, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(g_head)
     chunk_dqk(q, k, v, g_head, b, states, dstates, do, dA, dq, dk, dg, scale)
@@ -152,10 +152,10 @@ LIGHTNING_CASES = [  # (B, T, H, K, V), initial state, scale
                          ids=[f"{shape_id(*s)}-{'h0' if h else 'no-h0'}-scale{c}" for s, h, c in LIGHTNING_CASES])
 def test_lightning_gradients(shape, with_h0, scale):
     B, T, H, K, V = shape
-    slopes = torch.tensor([0.0, 0.05, 2.0])           # no decay, a slow one, e^-2 per step
-    tensors = [torch.randn(B, T, H, K), torch.randn(B, T, H, K), torch.randn(B, T, H, V)]
-    h0 = torch.randn(B, H, K, V) if with_h0 else None
-    do, dht = torch.randn(B, T, H, V), torch.randn(B, H, K, V)
+    slopes = torch.tensor([0.0, 0.05, 2.0], device=DEVICE)      # no decay, a slow one, e^-2 per step
+    tensors = [torch.randn(B, T, H, d, device=DEVICE) for d in (K, K, V)]
+    h0 = torch.randn(B, H, K, V, device=DEVICE) if with_h0 else None
+    do, dht = torch.randn(B, T, H, V, device=DEVICE), torch.randn(B, H, K, V, device=DEVICE)
     out = grads(chunk_lightning, tensors, h0, do, dht, fixed=(slopes,), scale=scale)
     ref = grads(naive_recurrent_lightning, fp64(tensors), *fp64([h0]), do, dht, fixed=(slopes.double(),),
                 scale=scale)
@@ -163,8 +163,8 @@ def test_lightning_gradients(shape, with_h0, scale):
 
 
 def test_lightning_refuses_slopes_that_require_grad():
-    q, k, v = (torch.randn(1, 8, 2, 16) for _ in "qkv")
-    slopes = lightning_slopes(2).requires_grad_()
+    q, k, v = (torch.randn(1, 8, 2, 16, device=DEVICE) for _ in "qkv")
+    slopes = lightning_slopes(2).to(DEVICE).requires_grad_()
     with pytest.raises(ValueError, match="slopes requires grad"):
         chunk_lightning(q.requires_grad_(), k, v, slopes)
     with torch.no_grad():                     # no graph is recorded: nothing to refuse
@@ -181,10 +181,12 @@ FORMS_WITHOUT_BACKWARD = {
 @pytest.mark.parametrize("form", FORMS_WITHOUT_BACKWARD)
 def test_forms_without_backward_refuse_grad(form):
     fn, name = FORMS_WITHOUT_BACKWARD[form]
-    args = {"q": torch.randn(1, 8, 2, 16), "k": torch.randn(1, 8, 2, 16), "v": torch.randn(1, 8, 2, 16),
-            "initial_state": torch.randn(1, 2, 16, 16)}
-    fourth = ("gk", -torch.rand(1, 8, 2, 16)) if "gla" in form else ("slopes", lightning_slopes(2))
-    args[fourth[0]] = fourth[1]
+    args = {x: torch.randn(1, 8, 2, 16, device=DEVICE) for x in "qkv"}
+    args["initial_state"] = torch.randn(1, 2, 16, 16, device=DEVICE)
+    if "gla" in form:
+        args["gk"] = -torch.rand(1, 8, 2, 16, device=DEVICE)
+    else:
+        args["slopes"] = lightning_slopes(2).to(DEVICE)
     args[name] = args[name].requires_grad_()
     with pytest.raises(ValueError, match=f"{name} requires grad.*{form}.*no backward"):
         fn(**args)
@@ -194,10 +196,12 @@ def test_forms_without_backward_refuse_grad(form):
 
 # ------------------------------------------------------------------ GPU: bf16 against the kernels in fp32
 def bf16_against_fp32(fn, tensors, h0, names, fixed=()):
-    do, dht = torch.randn_like(tensors[2]), torch.randn_like(h0)
-    ref = grads(fn, tensors, h0, do, dht, fixed=fixed)
+    """fn's gradients on bf16 q, k, v (and dO) against fn's own in fp32 on the same values: the inputs are
+    rounded to bf16 first, so the comparison measures the kernels' bf16 arithmetic, not the rounding."""
     low = [t.bfloat16() for t in tensors[:3]] + tensors[3:]          # GLA's gates stay fp32
-    out = grads(fn, low, h0, do.bfloat16(), dht, fixed=fixed)
+    do, dht = torch.randn_like(low[2]), torch.randn_like(h0)
+    ref = grads(fn, [t.float() for t in low], h0, do.float(), dht, fixed=fixed)
+    out = grads(fn, low, h0, do, dht, fixed=fixed)
     assert_close(out[0], ref[0], tolerance(torch.bfloat16), "o")
     assert_close(out[1], ref[1], tolerance(torch.bfloat16), "final_state")
     for name, a, b in zip(names, out[2], ref[2], strict=True):
