@@ -95,6 +95,7 @@ class ChunkLightningFunction(torch.autograd.Function):
         return o, ht
 
     @staticmethod
+    @torch.autograd.function.once_differentiable     # the kernels' gradients carry no graph of their own
     def backward(ctx, do, dht):
         q, k, v, gamma, h0 = ctx.saved_tensors
         do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
