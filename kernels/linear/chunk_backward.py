@@ -21,12 +21,14 @@ k_t ⊙ dk_t, and b_L also carries rowsum(S' ⊙ dS') (from the e^{b_L} of the s
 
     dgk_s = Σ_{t ≥ s} (q_t ⊙ dq_t - k_t ⊙ dk_t) + rowsum(S' ⊙ dS')         (a reverse cumulative sum)
 
-Summed that way, terms of size 1 (the pair j = t, and k_L ⊙ dk_L) cancel to leave a gradient that can be
-e^-35 small. The kernel sums what is left after the cancellation instead, every term at its own size:
-the diagonal pairs are dropped (they cancel exactly), and rowsum(S' ⊙ dS') minus the inter-chunk parts
-of k ⊙ dk after s is e^{b_L} ⊙ rowsum(S ⊙ dS') plus those before s (an exclusive prefix sum):
+Summed that way, terms of size 1 cancel (the pair j = t adds scale (dO_t · v_t) q_t ⊙ k_t to both
+products, and the row sum holds k_L ⊙ dk_L) to leave a gradient that can be e^-35 small. The kernel sums
+only what survives the cancellation, every term at its own size. Split dq = dq^inter + dq^off + dq^diag
+(the S term, the pairs j < t, the pair j = t) and dk alike: the diagonal parts cancel exactly, and
+rowsum(S' ⊙ dS') - Σ_{j ≥ s} k_j ⊙ dk_j^inter = e^{b_L} ⊙ rowsum(S ⊙ dS') + Σ_{j < s} k_j ⊙ dk_j^inter, so
 
-    dgk_s = Σ_{t ≥ s} (q_t ⊙ dq_t - k_t ⊙ dk_t)|_{no j = t pair, no inter dk} + Σ_{j < s} k_j ⊙ dk_j|_inter
+    dgk_s = Σ_{t ≥ s} (q_t ⊙ (dq_t^inter + dq_t^off) - k_t ⊙ dk_t^off)          (a reverse cumulative sum)
+            + Σ_{j < s} k_j ⊙ dk_j^inter                                       (an exclusive prefix sum)
             + e^{b_L} ⊙ rowsum(S ⊙ dS')
 
 A gate below GATE_FLOOR (-inf: a full reset) has gradient exactly 0: the forward raises it to the floor,
