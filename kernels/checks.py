@@ -105,14 +105,17 @@ def check_kernel_device(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name} is on {t.device}: the kernels run on the GPU and take CUDA tensors")
 
 
-def check_no_grad(what: str, **tensors: torch.Tensor) -> None:
-    """ValueError naming the first tensor that requires grad while grad mode is on: `what` (e.g. "the MLA
-    decode kernels") has no backward, so its output could not carry the gradient."""
+def check_no_grad(form: str, **tensors: torch.Tensor | None) -> None:
+    """ValueError naming the first tensor that requires grad while grad mode is on: `form` (a public
+    function's name) has no backward, so its output could not carry the gradient. None entries are skipped.
+
+        >>> check_no_grad("fused_recurrent_gla", q=q, k=k, v=v, gk=gk, initial_state=h0)
+    """
     if torch.is_grad_enabled():
         for name, t in tensors.items():
-            if t.requires_grad:
-                raise ValueError(f"{name} requires grad, and {what} have no backward: pass {name}.detach() "
-                                 "or call under torch.no_grad()")
+            if t is not None and t.requires_grad:
+                raise ValueError(f"{name} requires grad, and {form} has no backward: pass {name}.detach() "
+                                 "or call it under torch.no_grad()")
 
 
 def check_bool(name: str, value) -> bool:

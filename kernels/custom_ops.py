@@ -203,6 +203,14 @@ def ssd_chunk_scan_fake(x, B, return_final_states, **_):
     return y, x.new_empty((x.shape[0], x.shape[2], x.shape[3], B.shape[-1]), dtype=torch.float32)
 
 
+def gradients_like(*names: str) -> Callable:
+    """A fake for a backward launcher that returns one gradient shaped like each named argument, in
+    order (None where that argument is None)."""
+    def fake(**arguments):
+        return tuple(None if arguments[n] is None else arguments[n].new_empty(arguments[n].shape) for n in names)
+    return fake
+
+
 def mla_decode_fake(q, head_dim_v, **_):
     """MLA decode: (out [B, s_q, H, head_dim_v] in q's dtype, fp32 lse [B, H, s_q])."""
     B, S_Q, H = q.shape[:3]
@@ -221,4 +229,4 @@ def attention_bwd_fake(q, k, v, **_):
 
 
 __all__ = ["compiled_as_op", "FLOAT_ARGUMENTS", "like", "linear_attention_fake", "ssd_chunk_scan_fake",
-           "mla_decode_fake", "attention_fwd_fake", "attention_bwd_fake"]
+           "gradients_like", "mla_decode_fake", "attention_fwd_fake", "attention_bwd_fake"]

@@ -24,7 +24,7 @@ from kernels.flash_attn import flash_attn_func
 from kernels.flash_attn import interface as flash_interface
 from kernels.gla import chunk_gla, fused_recurrent_gla, sequential_chunk_gla
 from kernels.kda import chunk_kda, fused_recurrent_kda
-from kernels.lightning import chunk_lightning, fused_recurrent_lightning
+from kernels.lightning import chunk_lightning, fused_recurrent_lightning, lightning_slopes
 from kernels.mamba2 import selective_state_update, ssd_chunk_scan
 from kernels.primer import attention_tile, softmax_rows, vector_add
 
@@ -462,3 +462,49 @@ def test_mla_decode_compiles_whole():
         _assert_same(compiled(q, kv, None, lens, 64, 0.1, True, **kwargs),
                      mla_decode(q, kv, None, lens, 64, 0.1, True, **kwargs))
     torch.library.opcheck(mla_decode.op, (q, kv, None, lens, 64, 0.1), {"num_splits": 2})
+
+
+# ------------------------------------------------------------------ the linear forms that train
+def _linear_training_inputs(family, dtype, device=DEVICE):
+    """q, k, v, the gate (GLA's gk) or the slopes (Lightning), an initial state; T = 70 crosses a chunk."""
+    B, T, H, K, V = 1, 70, 2, 32, 16
+    q, k = (torch.randn(B, T, H, K, device=device, dtype=dtype) for _ in range(2))
+    v = torch.randn(B, T, H, V, device=device, dtype=dtype)
+    gate = (torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, device=device)) / 8 if family == "gla"
+            else lightning_slopes(H).to(device))
+    h0 = torch.randn(B, H, K, V, device=device)
+    return q, k, v, gate, h0
+
+
+def _linear_training_run(fn, q, k, v, gate, h0, trained):
+    """o, the final state and the gradients of the trained inputs, for a loss through both outputs."""
+    inputs = [t.detach().clone().requires_grad_(name in trained)
+              for name, t in zip(("q", "k", "v", "gate", "h0"), (q, k, v, gate, h0))]
+    o, ht = fn(*inputs[:4], initial_state=inputs[4], output_final_state=True)
+    torch.manual_seed(1)
+    (o * torch.randn_like(o)).sum().add((ht * torch.randn_like(ht)).sum()).backward()
+    return (o.detach(), ht.detach(),
+            *(t.grad for name, t in zip(("q", "k", "v", "gate", "h0"), inputs) if name in trained))
+
+
+@pytest.mark.parametrize("family", ["gla", "lightning"])
+def test_linear_forms_train_compiled_as_eager(family):
+    """chunk_gla and chunk_lightning under torch.compile(fullgraph=True): one op in the forward graph,
+    and every gradient (through o and the final state) equal to the eager call's, bit for bit."""
+    fn = chunk_gla if family == "gla" else chunk_lightning
+    trained = ("q", "k", "v", "gate", "h0") if family == "gla" else ("q", "k", "v", "h0")
+    inputs = _linear_training_inputs(family, torch.float32)
+    backend, nodes = _recording_backend()
+    compiled = torch.compile(fn, fullgraph=True, backend=backend)
+    _assert_same(_linear_training_run(compiled, *inputs, trained), _linear_training_run(fn, *inputs, trained))
+    assert sum(f"kernels.chunk_{family}.default" in n for n in nodes) == 1, nodes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["gla", "lightning"])
+def test_linear_forms_train_under_inductor(family):
+    fn = chunk_gla if family == "gla" else chunk_lightning
+    trained = ("q", "k", "v", "gate", "h0") if family == "gla" else ("q", "k", "v", "h0")
+    inputs = _linear_training_inputs(family, torch.bfloat16, device="cuda")
+    got = _linear_training_run(torch.compile(fn, fullgraph=True), *inputs, trained)
+    _assert_same(got, _linear_training_run(fn, *inputs, trained))

@@ -91,10 +91,10 @@ def test_scale_default_and_required():
 
 def test_check_no_grad_names_the_tensor_in_grad_mode_only():
     q, k = torch.zeros(2, requires_grad=True), torch.zeros(2)
-    with pytest.raises(ValueError, match="q requires grad, and the step kernels have no backward"):
-        check_no_grad("the step kernels", k=k, q=q)
+    with pytest.raises(ValueError, match="q requires grad, and fused_recurrent_gla has no backward"):
+        check_no_grad("fused_recurrent_gla", k=k, q=q)
     with torch.no_grad():
-        check_no_grad("the step kernels", k=k, q=q)
+        check_no_grad("fused_recurrent_gla", k=k, q=q)
 
 
 def _counted_check(**options):

@@ -911,12 +911,12 @@ def test_step_check_runs_once_per_signature(monkeypatch):
 
 
 def test_remembered_verdicts_are_bounded():
-    """At most SIGNATURES_REMEMBERED signatures are kept: the oldest goes first."""
+    """At most 512 signatures are kept (check_once_per_signature's bound): the oldest goes first."""
     verdicts = inputs_module._check_step_layout.verdicts
     verdicts.clear()
-    for b in range(1, inputs_module.SIGNATURES_REMEMBERED + 20):
+    for b in range(1, 512 + 20):
         inputs_module.check_step_inputs(**make_step(b=b, H=1, P=1, N=1, G=1), kernel=False)
-    assert len(verdicts) == inputs_module.SIGNATURES_REMEMBERED
+    assert len(verdicts) == 512
 
 
 @pytest.mark.parametrize("case", bad_input_cases(STEP_TENSORS) + STEP_CASES + KERNEL_STEP_CASES, ids=case_id)

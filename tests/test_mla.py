@@ -477,7 +477,7 @@ DECODE_CASES = [
 ]
 KERNEL_ONLY_CASES = [
     Case("q-requires-grad", _set(q=lambda a: a["q"].requires_grad_()), ValueError,
-         "q requires grad, and the MLA decode kernels have no backward"),
+         "q requires grad, and mla_decode has no backward"),
     Case("kv_cache-requires-grad", _set(kv_cache=lambda a: a["kv_cache"].requires_grad_()), ValueError,
          "kv_cache requires grad"),
     Case("num_splits-zero", _set(num_splits=lambda a: 0), ValueError, "num_splits must be in"),

@@ -134,7 +134,7 @@ BAD_CASES = [
          "block_table has dtype int64"),
     Case("scale-zero", _change(softmax_scale=lambda a: 0.0), ValueError, "softmax_scale must be finite and > 0"),
     Case("q-requires-grad", _change(q=lambda a: a["q"].requires_grad_()), ValueError,
-         "q requires grad, and the MLA decode kernels have no backward"),
+         "q requires grad, and mla_decode has no backward"),
     Case("num_splits-zero", _change(num_splits=lambda a: 0), ValueError, "num_splits must be in"),
     Case("num_splits-float", _change(num_splits=lambda a: 2.0), TypeError, "num_splits must be an int"),
     Case("check_seqlens-int", _change(check_seqlens=lambda a: 1), TypeError, "check_seqlens must be a bool"),

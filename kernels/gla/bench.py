@@ -4,6 +4,7 @@
                                   against one GLA step (two operations, two tables, each its own work)
     DECODE_PLAIN, DECODE_GRAPH    one GLA step at B = 1, 8, 64: plain Python calls, CUDA-graph replay
     PREFILL                       a whole prompt: chunk-parallel, the article's chunk kernel, fla, SDPA
+    TRAIN                         a training step (forward and backward) of chunk_gla, fla's, and SDPA's
 
     >>> from kernels.bench import run
     >>> df = run(PREFILL)          # times on a GPU, loads results/gla_prefill.csv elsewhere
@@ -118,7 +119,30 @@ PREFILL = Benchmark(
     },
     prefill_flops, prefill_bytes, timer="flushed", module=__name__)
 
-BENCHMARKS = [CONTEXT_SOFTMAX, CONTEXT_GLA, DECODE_PLAIN, DECODE_GRAPH, PREFILL]
+
+# ---------------------------------------------------------------- training
+def _train(fn):
+    """fn(q, k, v, gk) forward and backward to all four, on the case's inputs."""
+    def factory(c):
+        inputs = [x.requires_grad_() for x in _qkvg(c["B"], c["T"], c["H"], c["D"])]
+        return costs.train_step(fn, inputs, inputs)
+    return factory
+
+
+def _fla_train(c):
+    fla_chunk_gla = fla("gla", "chunk_gla")
+    return None if fla_chunk_gla is None else _train(fla_chunk_gla)(c)
+
+
+# B = 1 and 8, H = 32, D = 128, T = 4K and 16K: forward + backward, plain calls. Four vectors in, four
+# gradients out (q, k, v, gk).
+TRAIN = Benchmark(
+    "gla_train",
+    [{"B": b, "T": t, "H": 32, "D": 128} for b in (1, 8) for t in (4096, 16384)],
+    {"book: chunk": _train(chunk_gla), "fla chunk_gla": _fla_train, "SDPA flash": costs.sdpa_causal_train},
+    costs.train_flops, costs.train_bytes(inputs_per_token=4), timer="flushed", module=__name__)
+
+BENCHMARKS = [CONTEXT_SOFTMAX, CONTEXT_GLA, DECODE_PLAIN, DECODE_GRAPH, PREFILL, TRAIN]
 
 HEADLINE = Panel("gla_prefill", {"B": 1}, "T", "ms", ("book: chunk", "fla chunk_gla", "SDPA flash"),
                  "GLA prefill (SDPA: causal softmax)\nB=1, H=32, D=128")

@@ -7,14 +7,18 @@ per-channel decay, <= 0, and -inf resets a channel (its value is not checked: th
 the GPU); q, k, v one dtype (fp16, bf16 on a GPU, fp32), gk any of them; K, V <= 256.
 scale defaults to K ** -0.5. initial_state: fp32 [B, H, K, V] or None (zeros).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
+chunk_gla trains (gradients to q, k, v, gk and initial_state, through o and the final state); the other
+forms have no backward and refuse an input that requires grad.
 """
 from __future__ import annotations
 
 import torch
 import triton
 
-from ..custom_ops import compiled_as_op, linear_attention_fake
+from ..custom_ops import compiled_as_op, gradients_like, linear_attention_fake
 from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_pass
+from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
+from ..checks import check_no_grad
 from ..linear.inputs import check_linear_inputs
 from .chunk import chunk_gla_scores
 from .fused_recurrent import fused_recurrent_fwd
@@ -43,6 +47,7 @@ def fused_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_fina
         >>> o, S = fused_recurrent_gla(q, k, v, -gk.abs(), initial_state=S, output_final_state=True)
     """
     (B, T, H, K, V), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, initial_state, output_final_state)
+    check_no_grad("fused_recurrent_gla", q=q, k=k, v=v, gk=gk, initial_state=h0)
     o = torch.empty_like(v)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
     fused_recurrent_fwd(q, k, v, gk, o, scale, h0, ht)
@@ -61,6 +66,7 @@ def sequential_chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_fin
         >>> S.shape  # torch.Size([1, 4, 64, 64])
     """
     (B, T, H, K, V), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, initial_state, output_final_state)
+    check_no_grad("sequential_chunk_gla", q=q, k=k, v=v, gk=gk, initial_state=h0)
     o = torch.empty_like(v)
     # the running state, updated in place launch after launch: the caller's initial_state is copied
     state = (torch.zeros(B, H, K, V, dtype=torch.float32, device=q.device) if h0 is None
@@ -69,22 +75,10 @@ def sequential_chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_fin
     return o, (state if output_final_state else None)
 
 
-@compiled_as_op("kernels::chunk_gla", fake=linear_attention_fake, tuple_size=2)
-def chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False):
-    """Chunk-parallel GLA forward (Triton, chunks of 64 tokens, sub-chunks of 16): the prefill.
-
-    Shapes and dtypes as in this module's docstring. Four launches: the in-chunk cumulative gates,
-    the state at every chunk start, GLA's intra-chunk scores, the output. The gates and the
-    carried state are fp32; the per-chunk state snapshots and the scores A are in the input dtype
-    (they feed tensor-core products). fp32 inputs multiply in IEEE fp32 (`tl.dot` with
-    input_precision="ieee"), so they are fp32-accurate on the GPU too.
-
-        >>> q, k, v, gk = torch.randn(4, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
-        >>> gk = torch.nn.functional.logsigmoid(gk.float()) / 16
-        >>> o, _ = chunk_gla(q, k, v, gk)
-    """
-    (B, T, H, K, V), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, initial_state, output_final_state)
-    dev = q.device
+def _chunk_gla_fwd(q, k, v, gk, scale, h0, output_final_state):
+    """The forward's four launches on contiguous, checked inputs; returns (o, final_state or None)."""
+    B, T, H, K = q.shape
+    V, dev = v.shape[-1], q.device
     g = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
     chunk_local_cumsum(gk, g)
     states = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, dtype=q.dtype, device=dev)
@@ -95,3 +89,79 @@ def chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=Fa
     o = torch.empty_like(v)
     chunk_output(q, v, g, states, A, o, scale)
     return o, ht
+
+
+# an op of its own, so that a compiled graph's backward calls it whole (the autograd Function below)
+@compiled_as_op("kernels::chunk_gla_bwd", fake=gradients_like("q", "k", "v", "gk", "h0"), tuple_size=5)
+def _chunk_gla_bwd(q, k, v, gk, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None):
+    """The backward's launches: recompute the cumulative gates, the chunk-start states (fp32, for the
+    gate's gradient) and the scores, then the reverse state pass, dv, and dq, dk, dgk. do: o's gradient,
+    dht: the final state's (or None). Returns (dq, dk, dv, dgk, dh0 or None)."""
+    B, T, H, K = q.shape
+    V, dev = v.shape[-1], q.device
+    NT = triton.cdiv(T, CHUNK)
+    g = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
+    chunk_local_cumsum(gk, g)
+    states = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=dev)
+    chunk_state_pass(k, v, g, states, h0)
+    A = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)
+    chunk_gla_scores(q, k, g, A, scale)
+    dstates = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=dev)
+    dh0 = None if h0 is None else torch.empty_like(h0)
+    chunk_state_grad_pass(q, do, g, dstates, scale, dht, dh0)
+    dv, dA = torch.empty_like(v), torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)
+    chunk_dv(q, k, v, g, A, dstates, do, dv, dA, scale)
+    dq, dk, dgk = torch.empty_like(q), torch.empty_like(k), torch.empty_like(gk)
+    chunk_dqk(q, k, v, gk, g, states, dstates, do, dA, dq, dk, dgk, scale)
+    return dq, dk, dv, dgk, dh0
+
+
+class ChunkGLAFunction(torch.autograd.Function):
+    """chunk_gla's arguments in, (o, final_state) out. Forward: `_chunk_gla_fwd`, saving the inputs only.
+    Backward: `_chunk_gla_bwd`, which recomputes the cumulative gates, the chunk-start states and the
+    scores (Triton kernels throughout). The eager call and the compiled op share it (`compiled_as_op`'s
+    autograd=)."""
+
+    @staticmethod
+    def forward(q, k, v, gk, scale, initial_state, output_final_state):
+        _, scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, initial_state, output_final_state)
+        return _chunk_gla_fwd(q, k, v, gk, scale, h0, output_final_state)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, ctx.scale, (q, k, v, gk, h0) = _checked(*inputs)   # the verdict is kept: no second check
+        ctx.save_for_backward(q, k, v, gk, h0)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable     # the kernels' gradients carry no graph of their own
+    def backward(ctx, do, dht):
+        q, k, v, gk, h0 = ctx.saved_tensors
+        do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
+        dht = None if dht is None else dht.to(torch.float32).contiguous()
+        dq, dk, dv, dgk, dh0 = _chunk_gla_bwd(q, k, v, gk, ctx.scale, h0, do, dht)
+        return dq, dk, dv, dgk, None, dh0, None
+
+
+@compiled_as_op("kernels::chunk_gla", fake=linear_attention_fake, tuple_size=2, autograd=ChunkGLAFunction)
+def chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False):
+    """Chunk-parallel GLA (Triton, chunks of 64 tokens, sub-chunks of 16): the prefill, and training.
+
+    Shapes and dtypes as in this module's docstring. Four launches: the in-chunk cumulative gates,
+    the state at every chunk start, GLA's intra-chunk scores, the output. The gates and the
+    carried state are fp32; the per-chunk state snapshots and the scores A are in the input dtype
+    (they feed tensor-core products). fp32 inputs multiply in IEEE fp32 (`tl.dot` with
+    input_precision="ieee"), so they are fp32-accurate on the GPU too.
+
+    Differentiable in q, k, v, gk and initial_state, through o and the final state: the backward
+    (kernels/linear/chunk_backward.py) saves only the inputs and recomputes the rest. A gate below
+    GATE_FLOOR (-inf) gets gradient 0.
+
+        >>> q, k, v, gk = torch.randn(4, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
+        >>> gk = (torch.nn.functional.logsigmoid(gk.float()) / 16).requires_grad_()
+        >>> o, _ = chunk_gla(q, k, v, gk); o.sum().backward()       # gk.grad: [1, 4096, 32, 128]
+    """
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, gk, initial_state)):
+        return ChunkGLAFunction.apply(q, k, v, gk, scale, initial_state, output_final_state)
+    _, scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, initial_state, output_final_state)
+    return _chunk_gla_fwd(q, k, v, gk, scale, h0, output_final_state)

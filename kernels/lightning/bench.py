@@ -6,6 +6,7 @@ harness runs.
     DECODE_PLAIN, DECODE_GRAPH          one Lightning step at B = 1, 8, 64: plain calls, CUDA-graph replay
     PREFILL                             a whole prompt, T = 1K..16K: the book's tiled prefill, fla's
                                         chunk_simple_gla, and causal softmax (SDPA flash): the crossover
+    TRAIN                               a training step (forward and backward) of the same three
 
     >>> from kernels.bench import run
     >>> df = run(PREFILL)          # times on a GPU, loads results/lightning_prefill.csv elsewhere
@@ -126,11 +127,35 @@ PREFILL = Benchmark(
     {"book: chunk": _book_chunk, "fla chunk_simple_gla": _fla_chunk, "SDPA flash": costs.sdpa_causal},
     prefill_flops, prefill_bytes, timer="flushed", module=__name__)
 
-BENCHMARKS = [CONTEXT_SOFTMAX, CONTEXT_LIGHTNING, DECODE_PLAIN, DECODE_GRAPH, PREFILL]
+
+# ---------------------------------------------------------------- training
+def _book_train(c):
+    q, k, v = (x.requires_grad_() for x in _qkv(c["B"], c["T"], c["H"], c["D"]))
+    s = _slopes(c["H"])
+    return costs.train_step(lambda *x: chunk_lightning(*x, s), (q, k, v), (q, k, v))
+
+
+def _fla_train(c):
+    chunk = fla("simple_gla", "chunk_simple_gla")
+    if chunk is None:
+        return None
+    q, k, v = (x.requires_grad_() for x in _qkv(c["B"], c["T"], c["H"], c["D"]))
+    decay = _fla_decay(chunk, _slopes(c["H"]), c["B"], c["T"])
+    return costs.train_step(lambda *x: chunk(*x, **decay, scale=1.0), (q, k, v), (q, k, v))
+
+
+# B = 1 and 8, H = 32, D = 128, T = 4K and 16K: forward + backward to q, k, v (the decay is fixed), plain calls.
+TRAIN = Benchmark(
+    "lightning_train",
+    [{"B": b, "T": t, "H": 32, "D": 128} for b in (1, 8) for t in (4096, 16384)],
+    {"book: chunk": _book_train, "fla chunk_simple_gla": _fla_train, "SDPA flash": costs.sdpa_causal_train},
+    costs.train_flops, costs.train_bytes(inputs_per_token=3), timer="flushed", module=__name__)
+
+BENCHMARKS = [CONTEXT_SOFTMAX, CONTEXT_LIGHTNING, DECODE_PLAIN, DECODE_GRAPH, PREFILL, TRAIN]
 
 HEADLINE = Panel("lightning_prefill", {"B": 1}, "T", "ms", ("book: chunk", "fla chunk_simple_gla", "SDPA flash"),
                  "Lightning prefill (SDPA: causal softmax)\nB=1, H=32, D=128")
 
 
-__all__ = ["CONTEXT_SOFTMAX", "CONTEXT_LIGHTNING", "DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "BENCHMARKS",
+__all__ = ["CONTEXT_SOFTMAX", "CONTEXT_LIGHTNING", "DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "TRAIN", "BENCHMARKS",
            "HEADLINE", "STEP_BYTES", "prefill_flops", "prefill_bytes"]

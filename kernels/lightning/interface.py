@@ -8,14 +8,18 @@ not checked, which would wait for the GPU); q, k, v one dtype (fp16, bf16 on a G
 any of them (used in fp32); K, V <= 256, any T >= 1. scale defaults to 1.0 (Lightning has no 1/√d;
 None also means 1.0). initial_state: fp32 [B, H, K, V] or None (zeros).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
+chunk_lightning trains (gradients to q, k, v and initial_state, through o and the final state; the slopes
+are fixed per head and take none); the recurrent form has no backward and refuses an input that requires grad.
 """
 from __future__ import annotations
 
 import torch
 import triton
 
-from ..custom_ops import compiled_as_op, linear_attention_fake
+from ..custom_ops import compiled_as_op, gradients_like, linear_attention_fake
 from ..linear.chunk import CHUNK, chunk_state_pass
+from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
+from ..checks import check_no_grad
 from ..linear.inputs import check_linear_inputs
 from .chunk import chunk_lightning_output
 from .fused_recurrent import fused_recurrent_fwd
@@ -44,15 +48,75 @@ def fused_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, ou
         >>> o, S = fused_recurrent_lightning(q, k, v, s, initial_state=S, output_final_state=True)
     """
     (B, T, H, K, V), scale, (q, k, v, s, h0) = _checked(q, k, v, slopes, scale, initial_state, output_final_state)
+    check_no_grad("fused_recurrent_lightning", q=q, k=k, v=v, slopes=slopes, initial_state=h0)
     o = torch.empty_like(v)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
     fused_recurrent_fwd(q, k, v, s, o, scale, h0, ht)
     return o, ht
 
 
-@compiled_as_op("kernels::chunk_lightning", fake=linear_attention_fake, tuple_size=2)
+def _chunk_lightning_fwd(q, k, v, gamma, scale, h0, output_final_state):
+    """The forward's two launches on contiguous, checked inputs; returns (o, final_state or None)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    states = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, dtype=q.dtype, device=q.device)
+    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    chunk_state_pass(k, v, None, states, h0, ht, gamma=gamma)
+    o = torch.empty_like(v)
+    chunk_lightning_output(q, k, v, states, gamma, o, scale)
+    return o, ht
+
+
+# an op of its own, so that a compiled graph's backward calls it whole (the autograd Function below)
+@compiled_as_op("kernels::chunk_lightning_bwd", fake=gradients_like("q", "k", "v", "h0"), tuple_size=4)
+def _chunk_lightning_bwd(q, k, v, gamma, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None):
+    """The backward's launches, the shared ones with the fixed decay gamma: recompute the chunk-start
+    states, then the reverse state pass, dv (the scores recomputed inside), dq and dk. do: o's gradient,
+    dht: the final state's (or None). Returns (dq, dk, dv, dh0 or None)."""
+    B, T, H, K = q.shape
+    V, NT = v.shape[-1], triton.cdiv(T, CHUNK)
+    states = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=q.device)
+    chunk_state_pass(k, v, None, states, h0, gamma=gamma)
+    dstates = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=q.device)
+    dh0 = None if h0 is None else torch.empty_like(h0)
+    chunk_state_grad_pass(q, do, None, dstates, scale, dht, dh0, gamma=gamma)
+    dv, dA = torch.empty_like(v), torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=q.device)
+    chunk_dv(q, k, v, None, None, dstates, do, dv, dA, scale, gamma=gamma)
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    chunk_dqk(q, k, v, None, None, states, dstates, do, dA, dq, dk, None, scale, gamma=gamma)
+    return dq, dk, dv, dh0
+
+
+class ChunkLightningFunction(torch.autograd.Function):
+    """chunk_lightning's arguments in, (o, final_state) out. Forward: `_chunk_lightning_fwd`, saving the
+    inputs only. Backward: `_chunk_lightning_bwd`, which recomputes the chunk-start states (Triton kernels
+    throughout). The decay is fixed: no slopes gradient. The eager call and the compiled op share it."""
+
+    @staticmethod
+    def forward(q, k, v, slopes, scale, initial_state, output_final_state):
+        _, scale, (q, k, v, s, h0) = _checked(q, k, v, slopes, scale, initial_state, output_final_state)
+        return _chunk_lightning_fwd(q, k, v, -s, scale, h0, output_final_state)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, ctx.scale, (q, k, v, s, h0) = _checked(*inputs)   # the verdict is kept: no second check
+        ctx.save_for_backward(q, k, v, -s, h0)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable     # the kernels' gradients carry no graph of their own
+    def backward(ctx, do, dht):
+        q, k, v, gamma, h0 = ctx.saved_tensors
+        do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
+        dht = None if dht is None else dht.to(torch.float32).contiguous()
+        dq, dk, dv, dh0 = _chunk_lightning_bwd(q, k, v, gamma, ctx.scale, h0, do, dht)
+        return dq, dk, dv, None, None, dh0, None
+
+
+@compiled_as_op("kernels::chunk_lightning", fake=linear_attention_fake, tuple_size=2,
+                autograd=ChunkLightningFunction)
 def chunk_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False):
-    """Chunk-parallel Lightning Attention-2 forward (Triton, blocks of 64 tokens): the prefill.
+    """Chunk-parallel Lightning Attention-2 (Triton, blocks of 64 tokens): the prefill, and training.
 
     Shapes and dtypes as in this module's docstring. Two launches: the shared state pass (the state
     at every chunk start, sequential over chunks, with the decay λ_h^n computed in the kernel), then
@@ -61,15 +125,18 @@ def chunk_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final
     dtype (they feed tensor-core products). fp32 inputs multiply in IEEE fp32 (`tl.dot` with
     input_precision="ieee"), so they are fp32-accurate on the GPU too.
 
+    Differentiable in q, k, v and initial_state, through o and the final state (the backward in
+    kernels/linear/chunk_backward.py saves only the inputs). The slopes are fixed per head: a slopes
+    tensor that requires grad is refused.
+
         >>> q, k, v = torch.randn(3, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
         >>> o, _ = chunk_lightning(q, k, v, lightning_slopes(32, layer_idx=0, num_layers=80).cuda())
         >>> o.shape              # torch.Size([1, 4096, 32, 128])
     """
     (B, T, H, K, V), scale, (q, k, v, s, h0) = _checked(q, k, v, slopes, scale, initial_state, output_final_state)
-    states = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, dtype=q.dtype, device=q.device)
-    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
-    gamma = -s                                   # the log decay per step, the same for every token
-    chunk_state_pass(k, v, None, states, h0, ht, gamma=gamma)
-    o = torch.empty_like(v)
-    chunk_lightning_output(q, k, v, states, gamma, o, scale)
-    return o, ht
+    if torch.is_grad_enabled() and slopes.requires_grad:
+        raise ValueError("slopes requires grad, but chunk_lightning's decay is fixed per head: it has no "
+                         "gradient (pass slopes.detach())")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, h0)):
+        return ChunkLightningFunction.apply(q, k, v, slopes, scale, initial_state, output_final_state)
+    return _chunk_lightning_fwd(q, k, v, -s, scale, h0, output_final_state)   # -s: the log decay per step

@@ -101,6 +101,15 @@ def chunk_local_cumsum(g: torch.Tensor, b: torch.Tensor) -> None:
 
 
 # ------------------------------------------------------------------ 2. the inter-chunk state pass
+@triton.jit
+def decay_exponent(gamma, n):
+    """gamma · n, the log of a fixed decay e^gamma taken n times, as fp32; 0 where n <= 0 (a padded
+    row, or the diagonal). The select, not the product, makes λ^0 = 1 also for gamma = -inf (λ = 0, a
+    full reset each step), where -inf · 0 would be NaN."""
+    return tl.where(n > 0, gamma * n.to(tl.float32), 0.0)
+
+
+
 # (BK, BV), num_warps, num_stages. The H200 picked (64, 32) at B·H = 32 and (64, 64) at 64.
 _STATE_CONFIGS = autotune_configs([({"BK": 64, "BV": 32}, 2, 3), ({"BK": 64, "BV": 32}, 2, 4),
                                    ({"BK": 64, "BV": 64}, 2, 3)])

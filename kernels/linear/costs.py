@@ -54,6 +54,30 @@ def prefill_bytes(vectors_per_token: int):
     return lambda c: c["B"] * c["T"] * c["H"] * vectors_per_token * c["D"] * 2
 
 
+def train_flops(c):
+    """A training step's work, forward and backward: 3 · chunk_flops. The backward's matmuls are twice
+    the forward's: per chunk, dA = dO V^T and dv's A^T dO on the causal triangle (C(C+1)·V each), dq's and
+    dk's dA K and dA^T Q (C(C+1)·K each), and four C x K x V products (dq's dO S^T, dk's V dS'^T, dv's
+    K dS', and the reverse state pass's Q^T dO), against the forward's one of each."""
+    return 3 * chunk_flops(c)
+
+
+def train_bytes(inputs_per_token: int):
+    """The least a training step moves, in bf16: the forward reads the `inputs_per_token` vectors of D
+    (q, k, v and a gate per channel where there is one) and writes o; the backward reads them again with
+    dO and writes a gradient for each: (3 · inputs_per_token + 2) vectors per token, head and batch."""
+    return lambda c: c["B"] * c["T"] * c["H"] * (3 * inputs_per_token + 2) * c["D"] * 2
+
+
+def train_step(forward, inputs, trained):
+    """A zero-argument callable for the benchmarks: one forward(*inputs) and the backward of its output (the
+    first, where it returns a tuple) to the tensors `trained` (which require grad), with a fixed random
+    upstream gradient: a layer's training step without the optimizer. torch.autograd.grad accumulates nothing."""
+    first = lambda out: out[0] if isinstance(out, tuple) else out   # noqa: E731
+    do = torch.randn_like(first(forward(*inputs)))
+    return lambda: torch.autograd.grad(first(forward(*inputs)), trained, do)
+
+
 def softmax_decode_flops(c):
     """One query over a T-long KV cache: 4·B·H·T·D."""
     return 4 * c["B"] * c["H"] * c["T"] * c["D"]
@@ -72,6 +96,16 @@ def sdpa_decode(c):
     q = torch.randn(c["B"], c["H"], 1, c["D"], device="cuda", dtype=DT)
     kc, vc = (torch.randn(c["B"], c["H"], c["T"], c["D"], device="cuda", dtype=DT) for _ in range(2))
     return lambda: attend(q, kc, vc)
+
+
+def sdpa_causal_train(c):
+    """A provider: SDPA's flash kernel, forward and backward of causal softmax attention ([B, H, T, D])."""
+    from ..peers import sdpa
+
+    attend = sdpa("flash")
+    q, k, v = (torch.randn(c["B"], c["H"], c["T"], c["D"], device="cuda", dtype=DT, requires_grad=True)
+               for _ in range(3))
+    return train_step(lambda *x: attend(*x, causal=True), (q, k, v), (q, k, v))
 
 
 def sdpa_causal(c):

@@ -14,13 +14,13 @@ group share B and C, as GQA shares keys).
 """
 from __future__ import annotations
 
-import functools
 from collections import Counter
 
 import torch
 
 from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_dims, check_has_values, check_kernel_device,
-                      check_not_empty, check_same_device, check_same_device_and_dtype, check_tensor)
+                      check_no_grad, check_not_empty, check_once_per_signature, check_same_device,
+                      check_same_device_and_dtype, check_tensor)
 
 MAX_DSTATE = 256    # the decode kernel holds a whole state row (padded to a power of two) in registers
 CHUNK_SIZES = (16, 32, 64, 128, 256)    # the scan's chunk lengths: mamba_ssm's models use 256
@@ -47,15 +47,6 @@ def _agreed_size(**sizes: int) -> int:
     return Counter(sizes.values()).most_common(1)[0][0]
 
 
-def _check_no_grad(fn: str, **tensors) -> None:
-    """The kernels have no backward: an input that requires grad (in grad mode) is refused by name."""
-    if torch.is_grad_enabled():
-        for name, t in tensors.items():
-            if t is not None and t.requires_grad:
-                raise ValueError(f"{name} requires grad, and {fn} has no backward: call it under "
-                                 "torch.no_grad() or on detached tensors")
-
-
 def _check_not_expanded(name: str, t: torch.Tensor) -> None:
     """A tensor updated in place must hold each element once: stride 0 on a dimension of size > 1
     (a broadcast) makes several elements one, and the update's result undefined."""
@@ -79,54 +70,7 @@ def _check_slot_values(state_batch_indices: torch.Tensor, slots: int) -> None:
                          "would update one slot in place")
 
 
-SIGNATURES_REMEMBERED = 512
-_SCALARS = (bool, int, float, str, type(None))
-
-
-def _signature(args):
-    """What a layout check's verdict depends on: for each argument its type, and a tensor's shape,
-    strides, dtype, device and requires_grad, or a scalar's value; and the grad mode. None for an
-    argument that is neither (a list where a tensor belongs): that call is checked in full."""
-    key = [torch.is_grad_enabled()]
-    try:
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                key.append((type(a), a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
-            elif type(a) in _SCALARS:
-                key.append((type(a), a))
-            else:
-                return None
-    except RuntimeError:        # a tensor without strides (sparse): checked in full
-        return None
-    return tuple(key)
-
-
-def _once_per_signature(check):
-    """`check` (positional arguments only, no value-dependent rule) run once per call signature: its
-    result is remembered for the last SIGNATURES_REMEMBERED signatures that passed, so a decode loop
-    pays for reading each tensor's metadata and one dictionary look-up instead of the checks one by
-    one (about 20 µs), and a call that fails is checked in full every time, its error naming the
-    argument."""
-    verdicts = {}
-
-    @functools.wraps(check)
-    def remembered(*args):
-        key = _signature(args)
-        if key is None:
-            return check(*args)
-        verdict = verdicts.get(key)
-        if verdict is None:
-            verdict = check(*args)
-            if len(verdicts) >= SIGNATURES_REMEMBERED:
-                del verdicts[next(iter(verdicts))]       # the oldest
-            verdicts[key] = verdict
-        return verdict
-
-    remembered.verdicts = verdicts
-    return remembered
-
-
-@_once_per_signature
+@check_once_per_signature(strides=True)
 def _check_step_layout(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, kernel,
                        writes_state):
     floats = FLOATS if kernel else REFERENCE_FLOATS
@@ -144,7 +88,7 @@ def _check_step_layout(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_
              state_batch_indices=state_batch_indices)
     check_same_device_and_dtype(**{n: t for n, t in (("x", x), ("B", B), ("C", C), ("z", z)) if t is not None})
     if kernel:
-        _check_no_grad("selective_state_update", state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z,
+        check_no_grad("selective_state_update", state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z,
                        dt_bias=dt_bias)
 
     b, H, P = x.shape
@@ -184,7 +128,7 @@ def check_step_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_so
     kernel: the call launches a Triton kernel (state fp32; inputs fp16, bf16, fp32; the machine rule;
     N <= 256; no input that requires grad). Otherwise a PyTorch reference: fp64 too, any device but
     meta. writes_state: the state is updated in place, so it must not be expanded (stride 0). The
-    layout's verdict is remembered per call signature (`_once_per_signature`); the slot table's
+    layout's verdict is remembered per call signature (`kernels.checks.check_once_per_signature`); the slot table's
     values are checked on every call where they can be read without waiting for the GPU: on the CPU
     (see interface.py).
     """
@@ -203,7 +147,7 @@ def check_scan_inputs(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=Non
                               return_final_states, kernel)
 
 
-@_once_per_signature
+@check_once_per_signature(strides=True)
 def _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
                        return_final_states, kernel):
     floats = FLOATS if kernel else REFERENCE_FLOATS
@@ -235,7 +179,7 @@ def _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, i
     _devices(kernel, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states)
     check_same_device_and_dtype(**{n: t for n, t in (("x", x), ("B", B), ("C", C), ("z", z)) if t is not None})
     if kernel:
-        _check_no_grad("ssd_chunk_scan", x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+        check_no_grad("ssd_chunk_scan", x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                        initial_states=initial_states)
 
     check_not_empty("x", x, "batch, seqlen, nheads, headdim")

@@ -41,7 +41,7 @@ def check_decode_inputs(q, kv_cache, block_table, cache_seqlens, head_dim_v=512,
         tensors["block_table"] = check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
     if kernel:
         check_kernel_device(**tensors)
-        check_no_grad("the MLA decode kernels", q=q, kv_cache=kv_cache)
+        check_no_grad("mla_decode", q=q, kv_cache=kv_cache)
     check_same_device(**tensors)
     check_same_device_and_dtype(q=q, kv_cache=kv_cache)
     check_not_empty("q", q, "B, s_q, H, D_qk")

@@ -148,7 +148,7 @@ def mla_decode_tilelang(q, kv_cache, block_table, cache_seqlens, head_dim_v=512,
     kv_cache = paged_rows(kv_cache, block_table)
     scale = check_decode_inputs(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale)
     check_tensor("q", q, dtypes=tuple(tilelang_decode.DTYPES))
-    check_no_grad("the MLA decode kernels", q=q, kv_cache=kv_cache)
+    check_no_grad("mla_decode", q=q, kv_cache=kv_cache)
     check_has_values(q=q, kv_cache=kv_cache, cache_seqlens=cache_seqlens,
                      **({} if block_table is None else {"block_table": block_table}))
     D_QK, D_V, BN = tilelang_decode.D_QK, tilelang_decode.D_V, tilelang_decode.BN

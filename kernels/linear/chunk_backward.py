@@ -1,0 +1,418 @@
+"""The backward of the chunk form, shared by the chunk-parallel linear families (GLA, Lightning; Mamba-2 and
+KDA can reuse it): any gate of shape [B, T, H, G] (G = K per key channel, G = 1 per head), or a fixed log
+decay per head `gamma` [H] (Lightning Attention), as the forward's state pass takes them (chunk.py).
+
+The forward per chunk, with S the state at its start, S' the state at its end, b_t the in-chunk cumulative
+log gate and L the chunk's last token (chunk.py's docstring):
+
+    o_t = (q_t ⊙ e^{b_t})^T S · scale + Σ_{j ≤ t} A_tj v_j,     A_tj = scale · Σ_k q_tk k_jk e^{b_tk - b_jk}
+    S'  = Diag(e^{b_L}) S + Σ_j (k_j ⊙ e^{b_L - b_j}) v_j^T
+
+Given dO and dS' (the gradient reaching S' from every later chunk and from the final state's gradient),
+the chain rule gives, with dA_tj = scale · dO_t · v_j for j <= t (the gradient of A, scale folded in):
+
+    dS   = Diag(e^{b_L}) dS' + Σ_t (q_t ⊙ e^{b_t}) dO_t^T · scale          the reverse state pass
+    dv_j = Σ_{t ≥ j} A_tj dO_t + dS'^T (k_j ⊙ e^{b_L - b_j})               intra + inter
+    dq_t = e^{b_t} ⊙ (S dO_t) · scale + Σ_{j ≤ t} dA_tj k_j ⊙ e^{b_t - b_j}
+    dk_j = e^{b_L - b_j} ⊙ (dS' v_j) + Σ_{t ≥ j} dA_tj q_t ⊙ e^{b_t - b_j}
+
+The gate: gk_s enters b_t for every t >= s of its chunk, and b_L. Treating b as free, db_t = q_t ⊙ dq_t -
+k_t ⊙ dk_t, and b_L also carries rowsum(S' ⊙ dS') (from the e^{b_L} of the state update), so
+
+    dgk_s = Σ_{t ≥ s} (q_t ⊙ dq_t - k_t ⊙ dk_t) + rowsum(S' ⊙ dS')         (a reverse cumulative sum)
+
+Summed that way, terms of size 1 cancel (the pair j = t adds scale (dO_t · v_t) q_t ⊙ k_t to both
+products, and the row sum holds k_L ⊙ dk_L) to leave a gradient that can be e^-35 small. The kernel sums
+only what survives the cancellation, every term at its own size. Split dq = dq^inter + dq^off + dq^diag
+(the S term, the pairs j < t, the pair j = t) and dk alike: the diagonal parts cancel exactly, and
+rowsum(S' ⊙ dS') - Σ_{j ≥ s} k_j ⊙ dk_j^inter = e^{b_L} ⊙ rowsum(S ⊙ dS') + Σ_{j < s} k_j ⊙ dk_j^inter, so
+
+    dgk_s = Σ_{t ≥ s} (q_t ⊙ (dq_t^inter + dq_t^off) - k_t ⊙ dk_t^off)          (a reverse cumulative sum)
+            + Σ_{j < s} k_j ⊙ dk_j^inter                                       (an exclusive prefix sum)
+            + e^{b_L} ⊙ rowsum(S ⊙ dS')
+
+A gate below GATE_FLOOR (-inf: a full reset) has gradient exactly 0: the forward raises it to the floor,
+and e^{gk} = 0 multiplies its gradient in the recurrence.
+
+Three launchable pieces, after the forward's chunk_local_cumsum and chunk_state_pass have recomputed b and
+the chunk-start states (the backward saves only the inputs):
+
+    chunk_state_grad_pass(q, do, b, dstates, scale, dht, dh0)   dS' at every chunk end, and dS at the start (dh0)
+    chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale)         dv and dA
+    chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, ...)     dq, dk and the gate's gradient
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..launch import autotune_configs, pow2_at_least_16
+from .chunk import CHUNK, GATE_FLOOR, SUB_CHUNK, decay_exponent, dot_precision, tiles_that_fit
+
+_fits = tiles_that_fit()
+
+
+def _tile(n: int) -> int:
+    """The K or V tile of the chunk-wide backward kernels: the whole dim up to 64, padded to a power of two."""
+    return min(64, pow2_at_least_16(n))
+
+
+# ------------------------------------------------------------------ 1. the reverse state pass
+# (BK, BV), num_warps, num_stages: the forward state pass's space (chunk.py).
+_STATE_GRAD_CONFIGS = autotune_configs([({"BK": 64, "BV": 32}, 2, 3), ({"BK": 64, "BV": 32}, 2, 4),
+                                        ({"BK": 64, "BV": 64}, 2, 3)])
+
+
+@triton.autotune(configs=_STATE_GRAD_CONFIGS, key=["K", "V", "NBH"], prune_configs_by={"early_config_prune": _fits})
+@triton.jit(do_not_specialize=["T", "H", "NT", "NBH"])
+def _chunk_state_grad_kernel(
+    q, do, b, dh, dht, dh0, scale, T, H, NT, NBH,
+    K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
+    gamma=None, GAMMA: tl.constexpr = False,
+):
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_gk = o_k if G == K else o_k * 0          # a gate per head (G = 1): every key channel reads it
+    m_k, m_v = o_k < K, o_v < V
+    m_h = m_k[:, None] & m_v[None, :]
+    p_h = o_k[:, None] * V + o_v[None, :]
+    if USE_DHT:
+        b_dh = tl.load(dht + i_bh * K * V + p_h, mask=m_h, other=0.0).to(tl.float32)
+    else:
+        b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+
+    for i_s in range(NT):
+        i_t = NT - 1 - i_s
+        # the gradient at the end of chunk i_t (from every later chunk and the final state)
+        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_h, b_dh.to(dh.dtype.element_ty), mask=m_h)
+        o_t = i_t * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        t_last = tl.minimum(i_t * BT + BT, T) - 1
+        # Q^T as a [BK, BT] tile, dO as [BT, BV]
+        m_kt = m_k[:, None] & m_t[None, :]
+        b_qt = tl.load(q + ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None], mask=m_kt, other=0.0)
+        b_do = tl.load(do + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
+                       mask=m_t[:, None] & m_v[None, :], other=0.0)
+        if GAMMA:
+            # from the chunk start to token t the decay is gamma·(c + 1), c = t's place in the chunk
+            b_gam = tl.load(gamma + i_h)
+            b_qt = b_qt * tl.exp(decay_exponent(b_gam, o_t - i_t * BT + 1))[None, :]
+            b_dh = b_dh * tl.exp(decay_exponent(b_gam, t_last + 1 - i_t * BT))
+        else:
+            b_gt = tl.load(b + ((i_b * T + o_t[None, :]) * H + i_h) * G + o_gk[:, None], mask=m_kt, other=0.0)
+            b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+            b_qt = b_qt * tl.exp(b_gt)              # every exponent b_t <= 0
+            b_dh = b_dh * tl.exp(b_gl)[:, None]
+        b_dh += tl.dot((b_qt * scale).to(b_do.dtype), b_do, input_precision=DOT_PREC)
+
+    if STORE_DH0:
+        tl.store(dh0 + i_bh * K * V + p_h, b_dh, mask=m_h)
+
+
+def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *, gamma=None) -> None:
+    """The gradient of the state at the end of every chunk, walking the chunks backward from dht (the
+    final state's gradient), and at the start of the first (dh0): the backward's only sequential pass.
+
+    q: [B, T, H, K]; do: [B, T, H, V], o's gradient in q's dtype; b: fp32 [B, T, H, G], the in-chunk
+    cumulative gates (G = K or 1), or b = None and gamma: fp32 [H], a log decay per step (as in
+    `chunk_state_pass`). Written: dstates [B, NT, H, K, V] (any float dtype; fp32 keeps the gate's gradient
+    accurate), dstates[:, n] the gradient reaching the state after chunk n; dh0 fp32 [B, H, K, V] unless
+    None. dht: fp32 [B, H, K, V] or None (zeros). All contiguous.
+
+        >>> dstates = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, device=q.device)
+        >>> chunk_state_grad_pass(q, do, b, dstates, K ** -0.5, dht, dh0)
+        >>> dstates[:, -1]          # dht itself
+    """
+    if (b is None) == (gamma is None):
+        raise ValueError("chunk_state_grad_pass takes exactly one of b (cumulative gates) and gamma")
+    B, T, H, K = q.shape
+    V = do.shape[-1]
+    G = 1 if b is None else b.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    _chunk_state_grad_kernel[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), B * H)](
+        q, do, b, dstates, dht, dh0, scale, T, H, NT, B * H, K, V, G, BT=CHUNK,
+        USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
+        gamma=gamma, GAMMA=gamma is not None)
+
+
+# ------------------------------------------------------------------ 2. dv and the scores' gradient
+@triton.jit(do_not_specialize=["T", "H", "NT"])
+def _chunk_dv_kernel(
+    q, k, v, b, A, dh, do, dv, dA, scale, T, H, NT,
+    K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DOT_PREC: tl.constexpr, gamma=None, GAMMA: tl.constexpr = False,
+):
+    # one program: chunk i_t of one (batch, head), every value column
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_c = tl.arange(0, BT)
+    o_t = i_t * BT + o_c
+    m_t = o_t < T
+    t_last = tl.minimum(i_t * BT + BT, T) - 1
+    m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
+    p_dhc = dh + ((i_b * NT + i_t) * H + i_h) * K * V
+
+    if GAMMA:
+        # Lightning's scores, recomputed: scale · (Q K^T ⊙ M), M_tj = λ^(t-j)
+        b_gam = tl.load(gamma + i_h)
+        b_A = tl.zeros([BT, BT], dtype=tl.float32)
+        for i_k in range(tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            p_qk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+            m_qk = m_t[:, None] & (o_k < K)[None, :]
+            b_q = tl.load(q + p_qk, mask=m_qk, other=0.0)
+            b_k = tl.load(k + p_qk, mask=m_qk, other=0.0)
+            b_A += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
+        b_A = b_A * tl.exp(decay_exponent(b_gam, o_c[:, None] - o_c[None, :])) * scale
+    else:
+        b_A = tl.load(A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None],
+                      other=0.0).to(tl.float32)
+    b_A = tl.where(m_lo, b_A, 0.0)             # above the diagonal A was never written
+
+    b_dA = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v < V)[None, :]
+        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        b_do = tl.load(do + p_v, mask=m_tv, other=0.0)
+        b_v = tl.load(v + p_v, mask=m_tv, other=0.0)
+        # intra-chunk: A^T dO; inter-chunk: (K ⊙ e^{b_L - b}) dS', over the key dim in tiles
+        b_dv = tl.dot(tl.trans(b_A).to(b_do.dtype), b_do, input_precision=DOT_PREC)
+        for i_k in range(tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            m_tk = m_t[:, None] & m_k[None, :]
+            b_k = tl.load(k + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+            if GAMMA:
+                b_decay = tl.exp(decay_exponent(b_gam, t_last - o_t))[:, None]
+            else:
+                o_gk = o_k if G == K else o_k * 0
+                b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_tk, other=0.0)
+                b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+                b_decay = tl.exp(tl.where(m_tk, b_gl[None, :] - b_g, 0.0))    # <= 0 on every real token
+            b_dh = tl.load(p_dhc + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :],
+                           other=0.0)
+            b_dv += tl.dot((b_k * b_decay).to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=DOT_PREC)
+        tl.store(dv + p_v, b_dv.to(dv.dtype.element_ty), mask=m_tv)
+        b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+
+    b_dA = tl.where(m_lo, b_dA * scale, 0.0)
+    tl.store(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], b_dA, mask=m_t[:, None])
+
+
+def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None) -> None:
+    """dv = A^T dO + (K ⊙ e^{b_L - b}) dS' for every chunk, and dA = scale · dO V^T on and below the
+    diagonal (the scores' gradient, scale folded in), all chunks in parallel.
+
+    q, k: [B, T, H, K]; v, do: [B, T, H, V]; b: fp32 [B, T, H, G] (G = K or 1) and A: [B, T, H, CHUNK]
+    the forward's scores (`chunk_output`'s layout); or b = A = None and gamma: fp32 [H], when the scores
+    are scale · (Q K^T ⊙ λ^(t-j)) and are recomputed here (q is read only then). dstates: [B, NT, H, K, V]
+    (`chunk_state_grad_pass`). Written: dv [B, T, H, V]; dA fp32 [B, T, H, CHUNK], zero above the diagonal.
+
+        >>> dA = torch.empty(B, T, H, CHUNK, device=q.device)
+        >>> chunk_dv(q, k, v, b, A, dstates, do, dv := torch.empty_like(v), dA, scale=K ** -0.5)
+    """
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    G = 1 if b is None else b.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    _chunk_dv_kernel[(NT, B * H)](
+        q, k, v, b, A, dstates, do, dv, dA, scale, T, H, NT, K, V, G, BT=CHUNK, BK=_tile(K), BV=_tile(V),
+        DOT_PREC=dot_precision(k.dtype), gamma=gamma, GAMMA=gamma is not None)
+
+
+# ------------------------------------------------------------------ 3. dq, dk and the gate's gradient
+@triton.jit(do_not_specialize=["T", "H"])
+def _chunk_dqk_intra_kernel(
+    q, k, b, dA, dq, dk, T, H,
+    K: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    # one program: sub-chunk i_c of chunk i_t; its rows' dq and its columns' dk from the pairs j < t
+    # (the pairs j = t are left to the chunk-wide kernel, which drops them from the gate's gradient)
+    i_c, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0 = i_t * BT + i_c * BC
+    if t0 < T:
+        o_r = tl.arange(0, BC)
+        o_t = t0 + o_r
+        m_t = o_t < T
+        o_k = tl.arange(0, BK)
+        o_gk = o_k if G == K else o_k * 0
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        p_x = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+        p_g = ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :]
+        p_dA = dA + ((i_b * T + o_t) * H + i_h) * BT                  # row starts of this sub-chunk's dA
+        b_q = tl.load(q + p_x, mask=m_tk, other=0.0).to(tl.float32)
+        b_g = tl.load(b + p_g, mask=m_tk, other=0.0)
+        b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+        b_dk = tl.zeros([BC, BK], dtype=tl.float32)
+
+        # (a) dq against the earlier sub-chunks, re-based at b_n = b[t0] as the forward's scores are:
+        #     dq_t = e^{b_t - b_n} ⊙ Σ_j dA_tj (k_j ⊙ e^{b_n - b_j}), both exponents <= 0
+        b_gn = tl.load(b + ((i_b * T + t0) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+        for i_j in range(0, i_c):
+            o_j = i_t * BT + i_j * BC + o_r
+            b_kj = tl.load(k + ((i_b * T + o_j[:, None]) * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+            b_gj = tl.load(b + ((i_b * T + o_j[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_k[None, :], other=0.0)
+            b_kn = (b_kj * tl.exp(b_gn[None, :] - b_gj)).to(k.dtype.element_ty)
+            b_dAj = tl.load(p_dA[:, None] + i_j * BC + o_r[None, :], mask=m_t[:, None], other=0.0)
+            b_dq += tl.dot(b_dAj.to(k.dtype.element_ty), b_kn, input_precision=DOT_PREC)
+        b_dq *= tl.exp(tl.where(m_tk, b_g - b_gn[None, :], 0.0))
+
+        # (b) dk against the later sub-chunks i, each re-based at its own first row b_n = b[t_i]:
+        #     dk_j = e^{b_n - b_j} ⊙ Σ_t dA_tj (q_t ⊙ e^{b_t - b_n})
+        n_sub = tl.minimum(tl.cdiv(T - i_t * BT, BC), BT // BC)
+        for i_i in range(i_c + 1, n_sub):
+            t_i = i_t * BT + i_i * BC
+            o_i = t_i + o_r
+            m_ik = (o_i < T)[:, None] & m_k[None, :]
+            b_qi = tl.load(q + ((i_b * T + o_i[:, None]) * H + i_h) * K + o_k[None, :], mask=m_ik, other=0.0)
+            b_gi = tl.load(b + ((i_b * T + o_i[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_ik, other=0.0)
+            b_gni = tl.load(b + ((i_b * T + t_i) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+            b_qn = (b_qi * tl.exp(tl.where(m_ik, b_gi - b_gni[None, :], 0.0))).to(k.dtype.element_ty)
+            b_dAi = tl.load(dA + ((i_b * T + o_i[:, None]) * H + i_h) * BT + i_c * BC + o_r[None, :],
+                            mask=(o_i < T)[:, None], other=0.0)
+            b_dk += tl.exp(tl.where(m_tk, b_gni[None, :] - b_g, 0.0)) * \
+                tl.dot(tl.trans(b_dAi).to(k.dtype.element_ty), b_qn, input_precision=DOT_PREC)
+
+        # (c) the diagonal block's pairs j < t, one column j at a time, elementwise in fp32
+        for j in tl.static_range(BC):
+            p_j = (i_b * T + t0 + j) * H + i_h
+            m_j = (m_k & (t0 + j < T)) != 0    # `!= 0`: a boolean mask under the interpreter (chunk_gla_scores)
+            b_kj = tl.load(k + p_j * K + o_k, mask=m_j, other=0.0).to(tl.float32)
+            b_gj = tl.load(b + p_j * G + o_gk, mask=m_j, other=0.0)
+            b_dAj = tl.load(p_dA + i_c * BC + j, mask=m_t, other=0.0)           # column j, [BC]
+            m_after = (o_r > j) & m_t
+            b_w = b_dAj[:, None] * tl.exp(tl.where(m_after[:, None], b_g - b_gj[None, :], float("-inf")))
+            b_dq += b_w * b_kj[None, :]
+            b_dk += tl.where(o_r[:, None] == j, tl.sum(b_w * b_q, axis=0)[None, :], 0.0)
+
+        tl.store(dq + p_x, b_dq, mask=m_tk)
+        tl.store(dk + p_x, b_dk, mask=m_tk)
+
+
+@triton.jit(do_not_specialize=["T", "H", "NT"])
+def _chunk_dqk_kernel(
+    q, k, v, gk, b, h, dh, do, dA, dq_intra, dk_intra, dq, dk, dg, scale, T, H, NT,
+    K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    FLOOR: tl.constexpr, GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr, gamma=None, GAMMA: tl.constexpr = False,
+):
+    # one program: chunk i_t of one (batch, head), key columns [i_k·BK, (i_k+1)·BK)
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_c = tl.arange(0, BT)
+    o_t = i_t * BT + o_c
+    m_t = o_t < T
+    t_last = tl.minimum(i_t * BT + BT, T) - 1
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    m_tk = m_t[:, None] & m_k[None, :]
+    p_x = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+    b_q = tl.load(q + p_x, mask=m_tk, other=0.0)
+    b_k = tl.load(k + p_x, mask=m_tk, other=0.0)
+    p_hc = ((i_b * NT + i_t) * H + i_h) * K * V
+
+    # dO S^T and V dS'^T over the value dim in tiles, and rowsum(S ⊙ dS') for the gate
+    b_dos = tl.zeros([BT, BK], dtype=tl.float32)
+    b_vdh = tl.zeros([BT, BK], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        b_do = tl.load(do + p_v, mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_v = tl.load(v + p_v, mask=m_t[:, None] & m_v[None, :], other=0.0)
+        p_s = p_hc + o_k[:, None] * V + o_v[None, :]
+        m_s = m_k[:, None] & m_v[None, :]
+        b_h = tl.load(h + p_s, mask=m_s, other=0.0)
+        b_dh = tl.load(dh + p_s, mask=m_s, other=0.0)
+        b_dos += tl.dot(b_do, tl.trans(b_h).to(b_do.dtype), input_precision=DOT_PREC)
+        b_vdh += tl.dot(b_v, tl.trans(b_dh).to(b_v.dtype), input_precision=DOT_PREC)
+        if GATE_GRAD:
+            b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
+
+    if GAMMA:
+        # a fixed decay per head factors out of the key sum: the intra-chunk part is (dA ⊙ M) K and
+        # (dA ⊙ M)^T Q over the whole chunk, M_tj = λ^(t-j) (dA is zero above the diagonal)
+        b_gam = tl.load(gamma + i_h)
+        b_dA = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
+        b_dA = (b_dA * tl.exp(decay_exponent(b_gam, o_c[:, None] - o_c[None, :]))).to(b_k.dtype)
+        b_dq = b_dos * (tl.exp(decay_exponent(b_gam, o_c + 1)) * scale)[:, None] \
+            + tl.dot(b_dA, b_k, input_precision=DOT_PREC)
+        b_dk = b_vdh * tl.exp(decay_exponent(b_gam, t_last - o_t))[:, None] \
+            + tl.dot(tl.trans(b_dA), b_q, input_precision=DOT_PREC)
+    else:
+        o_gk = o_k if G == K else o_k * 0
+        b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_tk, other=0.0)
+        b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+        b_dq_inter = b_dos * tl.exp(b_g) * scale
+        b_dk_inter = b_vdh * tl.exp(tl.where(m_tk, b_gl[None, :] - b_g, 0.0))
+        b_dq_off = tl.load(dq_intra + p_x, mask=m_tk, other=0.0)
+        b_dk_off = tl.load(dk_intra + p_x, mask=m_tk, other=0.0)
+        b_dAd = tl.load(dA + ((i_b * T + o_t) * H + i_h) * BT + o_c, mask=m_t, other=0.0)    # the diagonal
+        b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
+        b_dq = b_dq_inter + b_dq_off + b_dAd[:, None] * b_kf
+        b_dk = b_dk_inter + b_dk_off + b_dAd[:, None] * b_qf
+        if GATE_GRAD:
+            # Σ_{t >= s} of what is left of q ⊙ dq - k ⊙ dk after the exact cancellations, Σ_{j < s} of
+            # k ⊙ dk's inter-chunk part, as products with triangles of ones (exact fp32 sums)
+            b_r = b_qf * (b_dq_inter + b_dq_off) - b_kf * b_dk_off
+            b_p = b_kf * b_dk_inter
+            b_ge = tl.where(o_c[None, :] >= o_c[:, None], 1.0, 0.0)
+            b_dg = tl.dot(b_ge, b_r, input_precision="ieee") \
+                + tl.dot(1.0 - b_ge, b_p, input_precision="ieee") + (b_hdh * tl.exp(b_gl))[None, :]
+            b_gk = tl.load(gk + ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_tk, other=0.0)
+            b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
+            if G == K:
+                tl.store(dg + p_x, b_dg.to(dg.dtype.element_ty), mask=m_tk)
+            else:
+                # a gate per head: this key tile's share, summed over the tiles by the caller
+                p_dg = dg + i_k * T * tl.num_programs(2) + (i_b * T + o_t) * H + i_h
+                tl.store(p_dg, tl.sum(b_dg, axis=1), mask=m_t)
+    tl.store(dq + p_x, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+    tl.store(dk + p_x, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+
+
+def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float, *, gamma=None) -> None:
+    """dq, dk and the gate's gradient dg for every chunk, all chunks in parallel: the inter-chunk terms
+    from the chunk-start states and the chunk-end gradients, the intra-chunk terms from dA.
+
+    q, k: [B, T, H, K]; v, do: [B, T, H, V]; gk: [B, T, H, G], the log gates as given (G = K or 1);
+    b: fp32 [B, T, H, G], their in-chunk cumulative sum; states: [B, NT, H, K, V] (`chunk_state_pass`)
+    and dstates (`chunk_state_grad_pass`), fp32 for an accurate gate gradient; dA: fp32 [B, T, H, CHUNK]
+    (`chunk_dv`). Or gk = b = None and gamma: fp32 [H], a fixed log decay per step (no gate gradient).
+    Written: dq, dk [B, T, H, K]; dg [B, T, H, G] in any float dtype unless None. All contiguous.
+
+        >>> dq, dk, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(gk)
+        >>> chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale=K ** -0.5)
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    G = 1 if b is None else b.shape[-1]
+    NT, BK = triton.cdiv(T, CHUNK), _tile(K)
+    NK = triton.cdiv(K, BK)
+    dq_intra = dk_intra = dg_tiles = None
+    if gamma is None:
+        dq_intra = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+        dk_intra = torch.empty_like(dq_intra)
+        _chunk_dqk_intra_kernel[(CHUNK // SUB_CHUNK, NT, B * H)](
+            q, k, b, dA, dq_intra, dk_intra, T, H, K, G, BT=CHUNK, BC=SUB_CHUNK, BK=pow2_at_least_16(K),
+            DOT_PREC=dot_precision(q.dtype))
+    gate_out = dg
+    if dg is not None and G == 1:
+        gate_out = dg_tiles = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device)
+    _chunk_dqk_kernel[(NK, NT, B * H)](
+        q, k, v, gk, b, states, dstates, do, dA, dq_intra, dk_intra, dq, dk, gate_out, scale, T, H, NT,
+        K, V, G, BT=CHUNK, BK=BK, BV=_tile(V), FLOOR=GATE_FLOOR, GATE_GRAD=dg is not None,
+        DOT_PREC=dot_precision(q.dtype), gamma=gamma, GAMMA=gamma is not None)
+    if dg_tiles is not None:
+        dg.copy_(dg_tiles.sum(0).unsqueeze(-1))
+
+
+__all__ = ["chunk_state_grad_pass", "chunk_dv", "chunk_dqk"]
