@@ -12,6 +12,9 @@ scaled_dot_product_attention pinned to one backend, in its own [B, H, T, D] layo
 """
 from __future__ import annotations
 
+import itertools
+import math
+
 import pandas as pd
 import torch
 
@@ -25,6 +28,29 @@ SWEEP_T = [1024, 2048, 4096, 8192, 16384, 32768]
 FA3_T = [512, 2048, 8192, 16384]  # FlashAttention-3 paper's shapes (it also has 1K, 4K): B * T = 16K tokens, H = 16
 MEMORY_T = [1024, 4096, 16384, 65536]
 EAGER_MAX_T = 16384  # eager materialises B*H*T^2 scores: 16 GiB at 16K, and >100 ms a call beyond
+
+
+# ------------------------------------------------------------------ packed sequences
+def packed_lengths(total: int, seed: int = 0, median: int = 512, longest: int = 8192) -> list[int]:
+    """Sequence lengths that sum to `total`: log-normal (median `median`, sigma 1) rounded and clipped
+    to [1, longest], the last one cut to fit. Mostly short sequences and a long tail, as a batch of
+    documents packed for training has. Seeded by `seed` on the CPU: the same list on every machine.
+
+    >>> lengths = packed_lengths(16384, seed=0)
+    >>> sum(lengths)
+    16384
+    """
+    gen = torch.Generator().manual_seed(seed)
+    lengths = []
+    while (left := total - sum(lengths)) > 0:
+        drawn = round(median * math.exp(torch.randn((), generator=gen, dtype=torch.float64).item()))
+        lengths.append(min(max(drawn, 1), longest, left))
+    return lengths
+
+
+def cu_seqlens(lengths, device=None) -> torch.Tensor:
+    """The int32 offsets [N + 1] of sequences of these lengths packed one after another."""
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
 
 
 # ------------------------------------------------------------------ counted work
