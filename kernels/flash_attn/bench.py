@@ -5,6 +5,8 @@
     BACKWARD  the backward alone (dq, dk, dv from a saved forward), same shapes
     FA3       the FlashAttention-3 paper's shapes: B·T = 16K tokens, H = 16, D = 128; fwd and bwd
     MEMORY    peak GPU memory of one non-causal forward, T = 1K..64K
+    VARLEN    16K tokens of packed sequences of long-tailed lengths (`packed_lengths`), H = 16, D = 128:
+              the packed call against the same sequences padded to the longest; fwd and fwd+bwd
 
 Providers: "book" (this chapter's Triton kernels), "SDPA flash" and "SDPA cuDNN" (PyTorch's
 scaled_dot_product_attention pinned to one backend, in its own [B, H, T, D] layout) and "eager"
@@ -20,7 +22,7 @@ import torch
 
 from .. import peers
 from ..bench import Benchmark, Panel
-from .interface import flash_attn_func
+from .interface import flash_attn_func, flash_attn_varlen_func
 from .reference import attention_eager, attention_flops
 
 DTYPE = torch.bfloat16
@@ -133,7 +135,67 @@ MEMORY = Benchmark("flash_attn_memory",
                    [{"B": 1, "T": t, "H": 32, "D": 128, "pass": "fwd", "causal": False} for t in MEMORY_T],
                    {label: PROVIDERS[label] for label in ("book", "eager", "SDPA flash")}, flops, bytes_moved,
                    measure=peak_memory)
-BENCHMARKS = [FORWARD, BACKWARD, FA3, MEMORY]
+
+
+# ------------------------------------------------------------------ packed sequences: the benchmark
+VARLEN_TOKENS, VARLEN_SEED = 16384, 0
+
+
+def varlen_flops(c) -> float:
+    """The work of the sequences themselves, none of the padding: `attention_flops` of each sequence
+    alone, summed; fwd+bwd counts the forward and the backward (1 + 2.5 times the forward)."""
+    fwd = sum(attention_flops(1, c["H"], n, n, c["D"], c["causal"]) for n in packed_lengths(c["T"], c["seed"]))
+    return fwd * (3.5 if c["pass"] == "fwd+bwd" else 1.0)
+
+
+def varlen_bytes(c) -> float:
+    """The packed tensors, bf16: q, k, v read and o written; fwd+bwd adds dO read and dq, dk, dv written,
+    and the forward's reads and write again."""
+    one = c["T"] * c["H"] * c["D"] * 2
+    return (4 + (8 if c["pass"] == "fwd+bwd" else 0)) * one
+
+
+def _fwd_or_both(c, attend, shape):
+    """Random bf16 q, k, v of `shape`; fwd: time attend(q, k, v); fwd+bwd: the forward and then the
+    autograd backward of it with a fixed incoming gradient."""
+    both = c["pass"] == "fwd+bwd"
+    q, k, v = (torch.randn(shape, device="cuda", dtype=DTYPE, requires_grad=both) for _ in range(3))
+    if not both:
+        return lambda: attend(q, k, v)
+    g = torch.randn_like(attend(q, k, v))
+    return lambda: torch.autograd.grad(attend(q, k, v), (q, k, v), g)
+
+
+def _varlen_book(c):
+    lengths = packed_lengths(c["T"], c["seed"])
+    cu = cu_seqlens(lengths, "cuda")
+    return _fwd_or_both(c, lambda q, k, v: flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths),
+                                                                  causal=c["causal"]), (c["T"], c["H"], c["D"]))
+
+
+def _padded(attention, layout):
+    """Every sequence padded to the longest, one dense call: the work padding costs, timed on the padded
+    batch alone (neither the copies in and out nor a mask of the padded keys, which SDPA's flash backend
+    cannot take: without the mask a padded call computes the right rows only when causal, so non-causal
+    it times the work, not a usable result). attention() gives the function to call; layout: "bthd" or
+    "bhtd", the layout it takes."""
+    def factory(c):
+        attend = attention()
+        lengths = packed_lengths(c["T"], c["seed"])
+        B, T = len(lengths), max(lengths)
+        shape = (B, T, c["H"], c["D"]) if layout == "bthd" else (B, c["H"], T, c["D"])
+        return _fwd_or_both(c, lambda q, k, v: attend(q, k, v, causal=c["causal"]), shape)
+    return factory
+
+
+VARLEN = Benchmark("flash_attn_varlen",
+                   [{"B": len(packed_lengths(VARLEN_TOKENS, VARLEN_SEED)), "T": VARLEN_TOKENS, "H": 16, "D": 128,
+                     "pass": p, "causal": causal, "seed": VARLEN_SEED}
+                    for p in ("fwd", "fwd+bwd") for causal in (False, True)],
+                   {"book": _varlen_book, "book: padded": _padded(lambda: flash_attn_func, "bthd"),
+                    "SDPA flash: padded": _padded(lambda: peers.sdpa("flash"), "bhtd")},
+                   varlen_flops, varlen_bytes)
+BENCHMARKS = [FORWARD, BACKWARD, FA3, MEMORY, VARLEN]
 
 HEADLINE = Panel("flash_attn_fwd", {"causal": False}, "T", "tflops", ("book", "SDPA cuDNN", "SDPA flash"),
                  "FlashAttention-2 forward, non-causal\nB=1, H=32, D=128")
