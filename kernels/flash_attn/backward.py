@@ -12,6 +12,8 @@ programs, which read it) or once, with both kinds of program side by side and th
 programs computing delta themselves from O and dO: `interface.py` decides which.
 With P = exp2(s * scale * log2e - lse), dP = dO Vᵀ, dS = P ∘ (dP - delta):
 dV = Pᵀ dO, dK = scale · dSᵀ Q, dQ = scale · dS K.
+Packed sequences (VARLEN) take the same programs: each first finds its sequence and block by a
+search over the offsets (`forward._varlen_block`), then works inside that sequence alone.
 """
 from __future__ import annotations
 
