@@ -13,7 +13,7 @@ programs computing delta themselves from O and dO: `interface.py` decides which.
 With P = exp2(s * scale * log2e - lse), dP = dO Vᵀ, dS = P ∘ (dP - delta):
 dV = Pᵀ dO, dK = scale · dSᵀ Q, dQ = scale · dS K.
 Packed sequences (VARLEN) take the same programs: each first finds its sequence and block by a
-search over the offsets (`forward._varlen_block`), then works inside that sequence alone.
+search over the offsets (`forward.varlen_block`), then works inside that sequence alone.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..launch import LOG2E, launch, on_machine
-from .forward import _key_ranges, _rows, _varlen_block, _varlen_query_block
+from .forward import _key_ranges, sequence_rows, varlen_block, varlen_query_block
 
 # Tiles (BM, BN, num_warps, num_stages): a program owns BN keys (dK/dV) or BN queries (dQ) and steps
 # over the other axis BM at a time. Fixed from what autotuning picked on the H200 (bf16, D = 128):
@@ -109,14 +109,14 @@ def _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_
                    qk_scale, sm_scale, D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    DELTA_FROM_O: tl.constexpr, VARLEN: tl.constexpr):
     """dK, dV for keys [i_n*BN, i_n*BN + BN) of KV head i_bh % HKV in batch i_bh // HKV; VARLEN: for
-    key block i_n of the packed numbering (`_varlen_block`) of KV head i_bh."""
+    key block i_n of the packed numbering (`varlen_block`) of KV head i_bh."""
     HKV = HQ // GROUP
     i_hk = i_bh % HKV
     if VARLEN:  # from here on T and S are this sequence's lengths
-        i_seq, i_n = _varlen_block(cu_seqlens_k, B, i_n, BN)
+        i_seq, i_n = varlen_block(cu_seqlens_k, B, i_n, BN)
         T_packed = T  # lse and delta: [HQ, T_packed]
-        q_row0, T = _rows(cu_seqlens_q, i_seq)
-        k_row0, S = _rows(cu_seqlens_k, i_seq)
+        q_row0, T = sequence_rows(cu_seqlens_q, i_seq)
+        k_row0, S = sequence_rows(cu_seqlens_k, i_seq)
         if i_n * BN >= S:  # a spare block
             return
     else:
@@ -202,14 +202,14 @@ def _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, cu_seqlens_q, cu_seqlens_k, i_m
                  BK: tl.constexpr, STORE_DELTA: tl.constexpr, VARLEN: tl.constexpr):
     """dQ for the i_m-th of n_qblocks query blocks (from the last when causal: those see the most
     keys, so they start first) of query head i_bh % HQ in batch i_bh // HQ; VARLEN: of the packed
-    numbering (`_varlen_block`), of query head i_bh."""
+    numbering (`varlen_block`), of query head i_bh."""
     if CAUSAL:
         i_m = n_qblocks - 1 - i_m
     i_h = i_bh % HQ
     HKV = HQ // GROUP
     i_hk = i_h // GROUP
     if VARLEN:  # from here on T and S are this sequence's lengths
-        i_m, q_row0, T, k_row0, S, lse_row0 = _varlen_query_block(cu_seqlens_q, cu_seqlens_k, B, i_m, i_h, T, BQ)
+        i_m, q_row0, T, k_row0, S, lse_row0 = varlen_query_block(cu_seqlens_q, cu_seqlens_k, B, i_m, i_h, T, BQ)
         if i_m * BQ >= T:  # a spare block
             return
     else:
@@ -253,7 +253,7 @@ def _attn_bwd_kernel(q, k, v, o, do, dq, dk, dv, lse, delta, cu_seqlens_q, cu_se
     lse, delta: [HQ, T]. Dense launches pass None for the offsets."""
     pid = tl.program_id(0)
     HKV = HQ // GROUP
-    if VARLEN:  # blocks in the packed numbering (`_varlen_block`), heads without a batch axis
+    if VARLEN:  # blocks in the packed numbering (`varlen_block`), heads without a batch axis
         n_qblocks = T // BN + B
         n_kblocks = S // BN + B
         n_qheads = HQ
@@ -293,7 +293,7 @@ def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, one_l
     Returns (dq, dk, dv) in the input dtype; for GQA, dk and dv are already summed over the query
     heads of each group."""
     varlen = cu_seqlens_q is not None
-    if varlen:  # the kernel reads B as the number of sequences and numbers their blocks (`_varlen_block`)
+    if varlen:  # the kernel reads B as the number of sequences and numbers their blocks (`varlen_block`)
         (T, HQ, D), (S, HKV) = q.shape, k.shape[:2]
         B = cu_seqlens_q.shape[0] - 1
         n_dkdv = lambda BN: (S // BN + B) * HKV  # noqa: E731

@@ -51,7 +51,12 @@ def packed_lengths(total: int, seed: int = 0, median: int = 512, longest: int = 
 
 
 def cu_seqlens(lengths, device=None) -> torch.Tensor:
-    """The int32 offsets [N + 1] of sequences of these lengths packed one after another."""
+    """The int32 offsets [N + 1] of sequences of these lengths (ints >= 0) packed one after another,
+    on `device` (default: the CPU).
+
+    >>> cu_seqlens([3, 0, 2])
+    tensor([0, 3, 3, 5], dtype=torch.int32)
+    """
     return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
 
 

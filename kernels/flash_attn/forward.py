@@ -5,7 +5,7 @@ keys BN at a time, keeps a running max `b_m`, a running sum `b_l` and an fp32 ac
 `b_acc` in registers, and never writes the T x S score matrix anywhere. It also stores the
 row log-sum-exp (base 2, fp32 [B, Hq, T]) that the backward needs to recompute P.
 Packed sequences (VARLEN) run through the same kernel: a program first finds its sequence and
-block by a search over the offsets (`_varlen_block`), then works as a dense one does.
+block by a search over the offsets (`varlen_block`), then works as a dense one does.
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def _key_ranges(m0, T, S, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constex
 
 
 @triton.jit
-def _varlen_block(cu_seqlens, n_seqs, i_blk, BLOCK: tl.constexpr):
+def varlen_block(cu_seqlens, n_seqs, i_blk, BLOCK: tl.constexpr):
     """Packed sequences: which sequence, and which of its blocks of BLOCK rows, program `i_blk` owns.
 
     Sequence n's blocks are numbered from a(n) = cu_seqlens[n] // BLOCK + n on: a(n + 1) - a(n) is at
@@ -114,21 +114,21 @@ def _varlen_block(cu_seqlens, n_seqs, i_blk, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rows(cu_seqlens, i_n):
+def sequence_rows(cu_seqlens, i_n):
     """Packed sequence i_n's first row (64-bit: it scales offsets into the whole batch) and its length."""
     bos = tl.load(cu_seqlens + i_n)
     return bos.to(tl.int64), tl.load(cu_seqlens + i_n + 1) - bos
 
 
 @triton.jit
-def _varlen_query_block(cu_seqlens_q, cu_seqlens_k, n_seqs, i_blk, i_h, T, BM: tl.constexpr):
-    """Packed sequences, for a program that owns BM query rows of query head i_h (`_varlen_block`'s
+def varlen_query_block(cu_seqlens_q, cu_seqlens_k, n_seqs, i_blk, i_h, T, BM: tl.constexpr):
+    """Packed sequences, for a program that owns BM query rows of query head i_h (`varlen_block`'s
     block i_blk; T: the packed query rows): (its block's index in its sequence, the sequence's first
     query row and length, first key row and length, and where its row 0 of head i_h sits in the
     log-sum-exp [HQ, T])."""
-    i_n, i_m = _varlen_block(cu_seqlens_q, n_seqs, i_blk, BM)
-    q_row0, T_n = _rows(cu_seqlens_q, i_n)
-    k_row0, S_n = _rows(cu_seqlens_k, i_n)
+    i_n, i_m = varlen_block(cu_seqlens_q, n_seqs, i_blk, BM)
+    q_row0, T_n = sequence_rows(cu_seqlens_q, i_n)
+    k_row0, S_n = sequence_rows(cu_seqlens_k, i_n)
     return i_m, q_row0, T_n, k_row0, S_n, i_h.to(tl.int64) * T + q_row0
 
 
@@ -140,7 +140,7 @@ def _attn_fwd_kernel(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, T, S, HQ, GROU
     from the shape, so the launch passes twelve arguments instead of twenty-four; lse: [B, HQ, T].
     VARLEN (packed sequences): q, o: [T, HQ, D] and k, v: [S, HQ // GROUP, D] hold N sequences
     one after another, cu_seqlens_q and cu_seqlens_k their int32 offsets [N + 1], lse is [HQ, T];
-    each program finds its sequence (`_varlen_block`). Dense launches pass None for the offsets."""
+    each program finds its sequence (`varlen_block`). Dense launches pass None for the offsets."""
     i_m = tl.program_id(0)
     if CAUSAL:  # the last query blocks see the most keys: start them first
         i_m = tl.num_programs(0) - 1 - i_m
@@ -150,8 +150,8 @@ def _attn_fwd_kernel(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, T, S, HQ, GROU
     i_hk = i_h // GROUP  # GQA: this query head reads KV head h // (Hq / Hkv), no copy of K/V
     if VARLEN:  # from here on T and S are this sequence's lengths
         n_seqs = tl.num_programs(0) - T // BM  # the launch: T // BM + N programs on this axis
-        i_m, q_row0, T, k_row0, S, lse_row0 = _varlen_query_block(cu_seqlens_q, cu_seqlens_k, n_seqs, i_m, i_h,
-                                                                  T, BM)
+        i_m, q_row0, T, k_row0, S, lse_row0 = varlen_query_block(cu_seqlens_q, cu_seqlens_k, n_seqs, i_m, i_h, T,
+                                                                 BM)
         if i_m * BM >= T:  # a spare block
             return
     else:
@@ -197,7 +197,7 @@ def attention_fwd(q, k, v, causal: bool, softmax_scale: float, cu_seqlens_q=None
     if varlen:
         (T, HQ, D), (S, HKV) = q.shape, k.shape[:2]
         n_seqs = cu_seqlens_q.shape[0] - 1
-        grid = lambda BM, BN: (T // BM + n_seqs, HQ)  # noqa: E731  (see _varlen_block)
+        grid = lambda BM, BN: (T // BM + n_seqs, HQ)  # noqa: E731  (see varlen_block)
         lse = torch.empty((HQ, T), device=q.device, dtype=torch.float32)
     else:
         B, T, HQ, D = q.shape
@@ -212,4 +212,4 @@ def attention_fwd(q, k, v, causal: bool, softmax_scale: float, cu_seqlens_q=None
     return o, lse
 
 
-__all__ = ["attention_fwd", "fwd_tiles"]
+__all__ = ["attention_fwd", "fwd_tiles", "varlen_block", "sequence_rows", "varlen_query_block"]
