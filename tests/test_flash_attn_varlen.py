@@ -95,6 +95,21 @@ def test_inference_path_is_the_autograd_path():
     assert torch.equal(o, o_inf) and torch.equal(lse, lse_inf) and o.requires_grad and not lse.requires_grad
 
 
+def test_strided_inputs():
+    """q, k, v as views of one packed qkv tensor [total, 3, H, D] (how a fused projection hands them
+    out): the same output and gradients as contiguous copies."""
+    lengths, H, D = [9, 0, 33], 2, 32
+    qkv = torch.randn(sum(lengths), 3, H, D, device=DEVICE, requires_grad=True)
+    cu = cu_seqlens(lengths, DEVICE)
+    o = _call(*qkv.unbind(1), cu, cu, True)
+    g = torch.randn_like(o)
+    (dqkv,) = torch.autograd.grad(o, (qkv,), g)
+    copies = [t.detach().contiguous().requires_grad_() for t in qkv.unbind(1)]
+    o_copy = _call(*copies, cu, cu, True)
+    assert torch.equal(o, o_copy)
+    assert torch.equal(dqkv, torch.stack(torch.autograd.grad(o_copy, copies, g), dim=1))
+
+
 # ------------------------------------------------------------------ the log-sum-exp
 def _lse_ref(q, k, causal):
     """log sum_j exp(s_ij * scale) per (batch, head, row), natural log, in fp64: q [B, T, Hq, D],
