@@ -102,7 +102,7 @@ def varlen_block(cu_seqlens, n_seqs, i_blk, BLOCK: tl.constexpr):
     spare. A launch of cu_seqlens[N] // BLOCK + N programs covers them all, and a binary search over
     the offsets, on the GPU, finds a program's sequence: no table, nothing read back to the host.
     Returns (n, the block's index in n); a spare block starts at or past n's length."""
-    lo = n_seqs * 0  # the last n with a(n) <= i_blk lies in [lo, hi]
+    lo = n_seqs * 0  # the last n with a(n) <= i_blk lies in [lo, hi] (lo a runtime int, as the loop needs)
     hi = n_seqs - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
