@@ -218,9 +218,10 @@ def mla_decode_fake(q, head_dim_v, **_):
 
 
 def attention_fwd_fake(q, **_):
-    """FlashAttention's forward launch: (o [B, T, Hq, D] in q's dtype, fp32 log-sum-exp [B, Hq, T])."""
-    Bt, T, HQ, D = q.shape
-    return q.new_empty((Bt, T, HQ, D)), q.new_empty((Bt, HQ, T), dtype=torch.float32)
+    """FlashAttention's forward launch: (o like q, in q's dtype; the fp32 log-sum-exp, [B, Hq, T] for a
+    dense q [B, T, Hq, D], [Hq, total] for packed sequences, q [total, Hq, D])."""
+    *batch, T, HQ, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((*batch, HQ, T), dtype=torch.float32)
 
 
 def attention_bwd_fake(q, k, v, **_):

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernels.common import DEVICE
 from kernels.custom_ops import compiled_as_op, like
-from kernels.flash_attn import flash_attn_func
+from kernels.flash_attn import flash_attn_func, flash_attn_varlen_func
 from kernels.flash_attn import interface as flash_interface
 from kernels.gla import chunk_gla, fused_recurrent_gla, sequential_chunk_gla
 from kernels.kda import chunk_kda, fused_recurrent_kda
@@ -334,7 +334,8 @@ def test_schema_from_the_signature():
     assert str(vector_add.op._opoverload._schema) == (
         "kernels::vector_add(Tensor x, Tensor y, SymInt block=1024) -> Tensor[]")
     assert str(flash_interface.attention_fwd.op._opoverload._schema) == (
-        "kernels::attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale) -> Tensor[]")
+        "kernels::attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, "
+        "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None) -> Tensor[]")
 
 
 def _variadic(x, *rest):
@@ -508,3 +509,24 @@ def test_linear_forms_train_under_inductor(family):
     inputs = _linear_training_inputs(family, torch.bfloat16, device="cuda")
     got = _linear_training_run(torch.compile(fn, fullgraph=True), *inputs, trained)
     _assert_same(got, _linear_training_run(fn, *inputs, trained))
+
+
+def test_flash_attn_varlen_compiled_forward_and_backward_equal_eager():
+    """Packed sequences (lengths 1, 70 and 33, GQA, causal) compile to the same two ops as a dense call,
+    the offsets passed through as tensors, and give eager's output and gradients."""
+    cu = torch.tensor([0, 1, 71, 104], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(104, 4, 32, device=DEVICE)
+    k, v = (torch.randn(104, 2, 32, device=DEVICE) for _ in range(2))
+    g = torch.randn_like(q)
+
+    def run(fn):
+        inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        o = fn(*inputs, cu, cu, 70, 70, causal=True)
+        o.backward(g)
+        return o.detach(), *(t.grad for t in inputs)
+
+    backend, nodes = _recording_backend()
+    _assert_same(run(torch.compile(flash_attn_varlen_func, fullgraph=True, backend=backend)),
+                 run(flash_attn_varlen_func))
+    assert sum("kernels.attention_fwd.default" in n for n in nodes) == 1, nodes
+    assert sum("kernels.attention_bwd.default" in n for n in nodes) == 1, nodes

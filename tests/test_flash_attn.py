@@ -54,6 +54,55 @@ def _check(B, T, S, HQ, HKV, D, causal, dtype, scale=1.0, ref_dtype=torch.float6
     return o, grads
 
 
+def _lse_ref(q, k, causal):
+    """log sum_j exp(s_ij * scale) per (batch, head, row), natural log, in float64: [B, Hq, T]."""
+    HQ, D = q.shape[2], q.shape[3]
+    kk = k.double().repeat_interleave(HQ // k.shape[2], dim=2)
+    s = torch.einsum("bthd,bshd->bhts", q.double(), kk) * D ** -0.5
+    if causal:
+        s = s.masked_fill(~causal_mask(q.shape[1], k.shape[1], device=q.device), -math.inf)
+    return torch.logsumexp(s, dim=-1)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_return_lse_is_the_natural_log_sum_exp(causal):
+    """return_lse=True adds the rows' log-sum-exp (natural log, fp32, [B, Hq, T], as flash-attn's
+    softmax_lse, not differentiable); the output is the same call's output without it, with or
+    without autograd."""
+    q, k, v = _inputs(2, 70, 90, 4, 2, 32, torch.float32)
+    o, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    assert lse.shape == (2, 4, 70) and lse.dtype == torch.float32 and not lse.requires_grad
+    assert rel_err(lse, _lse_ref(q, k, causal)) <= tolerance(torch.float32, tf32_dots=True)
+    assert torch.equal(o, flash_attn_func(q, k, v, causal=causal))
+    with torch.no_grad():
+        o2, lse2 = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    assert torch.equal(o2, o) and torch.equal(lse2, lse)
+
+
+def test_return_lse_of_a_row_that_sees_no_key_is_inf():
+    q, k, v = _inputs(1, 9, 4, 2, 2, 32, torch.float32)  # causal with T > S: rows 0..4 see nothing
+    _, lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert torch.isinf(lse[..., :5]).all() and (lse[..., :5] > 0).all() and torch.isfinite(lse[..., 5:]).all()
+
+
+def test_return_lse_keeps_the_gradients():
+    q, k, v = _inputs(1, 40, 40, 2, 2, 32, torch.float32)
+    g = torch.randn(1, 40, 2, 32, device=DEVICE)
+    o, _ = flash_attn_func(q, k, v, causal=True, return_lse=True)
+    with_lse = torch.autograd.grad(o, (q, k, v), g)
+    without = torch.autograd.grad(flash_attn_func(q, k, v, causal=True), (q, k, v), g)
+    for a, b in zip(with_lse, without):
+        assert torch.equal(a, b)
+
+
+def test_return_lse_is_a_keyword_bool():
+    q, k, v = _inputs(1, 8, 8, 2, 2, 32, torch.float32)
+    with pytest.raises(TypeError, match="return_lse must be a bool"):
+        flash_attn_func(q, k, v, return_lse=1)
+    with pytest.raises(TypeError, match="positional"):
+        flash_attn_func(q, k, v, False, None, True)
+
+
 @pytest.fixture(params=[1, 2], ids=["1launch", "2launches"])
 def launches(request, monkeypatch):
     """Run the backward as one launch (dK/dV programs compute delta from O) or as two (the dQ

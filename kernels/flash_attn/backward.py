@@ -12,6 +12,8 @@ programs, which read it) or once, with both kinds of program side by side and th
 programs computing delta themselves from O and dO: `interface.py` decides which.
 With P = exp2(s * scale * log2e - lse), dP = dO Vᵀ, dS = P ∘ (dP - delta):
 dV = Pᵀ dO, dK = scale · dSᵀ Q, dQ = scale · dS K.
+Packed sequences (VARLEN) take the same programs: each first finds its sequence and block by a
+search over the offsets (`forward.varlen_block`), then works inside that sequence alone.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..launch import LOG2E, launch, on_machine
-from .forward import _key_ranges
+from .forward import _key_ranges, sequence_rows, varlen_block, varlen_query_block
 
 # Tiles (BM, BN, num_warps, num_stages): a program owns BN keys (dK/dV) or BN queries (dQ) and steps
 # over the other axis BM at a time. Fixed from what autotuning picked on the H200 (bf16, D = 128):
@@ -103,18 +105,29 @@ def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_o0, p_do0, p_lse0, p_delt
 
 
 @triton.jit
-def _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, i_n, i_bh, T, S, HQ, GROUP, qk_scale, sm_scale,
-                   D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   DELTA_FROM_O: tl.constexpr):
-    """dK, dV for keys [i_n*BN, i_n*BN + BN) of KV head i_bh % HKV in batch i_bh // HKV."""
+def _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, i_n, i_bh, B, T, S, HQ, GROUP,
+                   qk_scale, sm_scale, D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   DELTA_FROM_O: tl.constexpr, VARLEN: tl.constexpr):
+    """dK, dV for keys [i_n*BN, i_n*BN + BN) of KV head i_bh % HKV in batch i_bh // HKV; VARLEN: for
+    key block i_n of the packed numbering (`varlen_block`) of KV head i_bh."""
     HKV = HQ // GROUP
-    i_b = (i_bh // HKV).to(tl.int64)
     i_hk = i_bh % HKV
+    if VARLEN:  # from here on T and S are this sequence's lengths
+        i_seq, i_n = varlen_block(cu_seqlens_k, B, i_n, BN)
+        T_packed = T  # lse and delta: [HQ, T_packed]
+        q_row0, T = sequence_rows(cu_seqlens_q, i_seq)
+        k_row0, S = sequence_rows(cu_seqlens_k, i_seq)
+        if i_n * BN >= S:  # a spare block
+            return
+    else:
+        i_b = (i_bh // HKV).to(tl.int64)
+        q_row0 = i_b * T
+        k_row0 = i_b * S
     n0 = i_n * BN
     o_n = n0 + tl.arange(0, BN)
     o_d = tl.arange(0, D)
     m_n = o_n < S
-    kv_offset = (i_b * S * HKV + i_hk) * D + o_n[:, None] * (HKV * D) + o_d[None, :]
+    kv_offset = (k_row0 * HKV + i_hk) * D + o_n[:, None] * (HKV * D) + o_d[None, :]
     b_k = tl.load(k + kv_offset, mask=m_n[:, None], other=0.0)
     b_v = tl.load(v + kv_offset, mask=m_n[:, None], other=0.0)
     b_dk = tl.zeros([BN, D], dtype=tl.float32)
@@ -131,8 +144,11 @@ def _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, i_n, i_bh, T, S, HQ, GROU
         full = 0
     for g in range(GROUP):  # every query head of this KV head's group: the GQA sum, no atomics
         i_h = i_hk * GROUP + g
-        q_offset = (i_b * T * HQ + i_h) * D
-        row0 = (i_b * HQ + i_h) * T  # lse and delta: [B, HQ, T]
+        q_offset = (q_row0 * HQ + i_h) * D
+        if VARLEN:
+            row0 = i_h.to(tl.int64) * T_packed + q_row0
+        else:
+            row0 = (i_b * HQ + i_h) * T  # lse and delta: [B, HQ, T]
         if CAUSAL:
             b_dk, b_dv = _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, q + q_offset, o + q_offset, do + q_offset,
                                               lse + row0, delta + row0, HQ * D, o_n, o_d, lo, full, T, shift,
@@ -181,29 +197,38 @@ def _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_s, o_
 
 
 @triton.jit
-def _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, i_m, i_bh, T, S, HQ, GROUP, qk_scale, sm_scale,
-                 D: tl.constexpr, CAUSAL: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
-                 STORE_DELTA: tl.constexpr):
-    """dQ for the i_m-th query block (from the last when causal: those see the most keys, so they
-    start first) of query head i_bh % HQ in batch i_bh // HQ."""
+def _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, cu_seqlens_q, cu_seqlens_k, i_m, i_bh, n_qblocks, B, T, S, HQ,
+                 GROUP, qk_scale, sm_scale, D: tl.constexpr, CAUSAL: tl.constexpr, BQ: tl.constexpr,
+                 BK: tl.constexpr, STORE_DELTA: tl.constexpr, VARLEN: tl.constexpr):
+    """dQ for the i_m-th of n_qblocks query blocks (from the last when causal: those see the most
+    keys, so they start first) of query head i_bh % HQ in batch i_bh // HQ; VARLEN: of the packed
+    numbering (`varlen_block`), of query head i_bh."""
     if CAUSAL:
-        i_m = tl.cdiv(T, BQ) - 1 - i_m
-    i_b = (i_bh // HQ).to(tl.int64)
+        i_m = n_qblocks - 1 - i_m
     i_h = i_bh % HQ
     HKV = HQ // GROUP
     i_hk = i_h // GROUP
+    if VARLEN:  # from here on T and S are this sequence's lengths
+        i_m, q_row0, T, k_row0, S, lse_row0 = varlen_query_block(cu_seqlens_q, cu_seqlens_k, B, i_m, i_h, T, BQ)
+        if i_m * BQ >= T:  # a spare block
+            return
+    else:
+        i_b = (i_bh // HQ).to(tl.int64)
+        q_row0 = i_b * T
+        k_row0 = i_b * S
+        lse_row0 = i_bh.to(tl.int64) * T  # lse and delta: [B, HQ, T]
     o_m = i_m * BQ + tl.arange(0, BQ)
     o_d = tl.arange(0, D)
     m_m = o_m < T
-    q_offset = (i_b * T * HQ + i_h) * D + o_m[:, None] * (HQ * D) + o_d[None, :]
+    q_offset = (q_row0 * HQ + i_h) * D + o_m[:, None] * (HQ * D) + o_d[None, :]
     b_q = tl.load(q + q_offset, mask=m_m[:, None], other=0.0)
     b_do = tl.load(do + q_offset, mask=m_m[:, None], other=0.0)
     b_delta = _row_delta(b_do, tl.load(o + q_offset, mask=m_m[:, None], other=0.0))
     if STORE_DELTA:  # for the dK/dV programs of the next launch
-        tl.store(delta + i_bh.to(tl.int64) * T + o_m, b_delta, mask=m_m)
-    b_lse = tl.load(lse + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=0.0)
+        tl.store(delta + lse_row0 + o_m, b_delta, mask=m_m)
+    b_lse = tl.load(lse + lse_row0 + o_m, mask=m_m, other=0.0)
     b_dq = tl.zeros([BQ, D], dtype=tl.float32)
-    kv_base = (i_b * S * HKV + i_hk) * D
+    kv_base = (k_row0 * HKV + i_hk) * D
     p_k0 = k + kv_base
     p_v0 = v + kv_base
     full_end, hi = _key_ranges(i_m * BQ, T, S, BQ, BK, CAUSAL)
@@ -217,59 +242,83 @@ def _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, i_m, i_bh, T, S, HQ, GROUP, qk_
 
 # ---------------------------------------------------------------- the kernel
 @triton.jit(do_not_specialize=["B", "T", "S", "HQ", "GROUP"])
-def _attn_bwd_kernel(q, k, v, o, do, dq, dk, dv, lse, delta, B, T, S, HQ, GROUP, qk_scale, sm_scale,
-                     D: tl.constexpr, CAUSAL: tl.constexpr, DQ: tl.constexpr, DKDV: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr):
+def _attn_bwd_kernel(q, k, v, o, do, dq, dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, B, T, S, HQ, GROUP,
+                     qk_scale, sm_scale, D: tl.constexpr, CAUSAL: tl.constexpr, DQ: tl.constexpr,
+                     DKDV: tl.constexpr, VARLEN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """q, o, do, dq: [B, T, HQ, D]; k, v, dk, dv: [B, S, HQ // GROUP, D]; all contiguous;
     lse, delta: fp32 [B, HQ, T]. DQ and DKDV say which programs this launch runs: DQ alone stores
-    delta, DKDV alone reads it, both (one launch) compute it where needed."""
+    delta, DKDV alone reads it, both (one launch) compute it where needed.
+    VARLEN (packed sequences): q, o, do, dq: [T, HQ, D] and k, v, dk, dv: [S, HQ // GROUP, D] hold
+    B sequences one after another, cu_seqlens_q and cu_seqlens_k their int32 offsets [B + 1];
+    lse, delta: [HQ, T]. Dense launches pass None for the offsets."""
     pid = tl.program_id(0)
     HKV = HQ // GROUP
+    if VARLEN:  # blocks in the packed numbering (`varlen_block`), heads without a batch axis
+        n_qblocks = T // BN + B
+        n_kblocks = S // BN + B
+        n_qheads = HQ
+        n_kvheads = HKV
+    else:
+        n_qblocks = tl.cdiv(T, BN)
+        n_kblocks = tl.cdiv(S, BN)
+        n_qheads = B * HQ
+        n_kvheads = B * HKV
     if DQ and DKDV:
         # One launch, a small problem: dQ programs first, and the head varies fastest, so every
         # head's heaviest blocks start in the first wave (causal 1K on the H200: 109 against 119 us).
-        n_dq = tl.cdiv(T, BN) * B * HQ
+        n_dq = n_qblocks * n_qheads
         if pid < n_dq:
-            _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, pid // (B * HQ), pid % (B * HQ), T, S, HQ, GROUP,
-                         qk_scale, sm_scale, D, CAUSAL, BN, BM, False)
+            _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, cu_seqlens_q, cu_seqlens_k, pid // n_qheads, pid % n_qheads,
+                         n_qblocks, B, T, S, HQ, GROUP, qk_scale, sm_scale, D, CAUSAL, BN, BM, False, VARLEN)
         else:
             pid -= n_dq
-            _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, pid // (B * HKV), pid % (B * HKV), T, S, HQ, GROUP,
-                           qk_scale, sm_scale, D, CAUSAL, BM, BN, True)
+            _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, pid // n_kvheads,
+                           pid % n_kvheads, B, T, S, HQ, GROUP, qk_scale, sm_scale, D, CAUSAL, BM, BN, True, VARLEN)
     elif DQ:
         # Long sequences: the block varies fastest, so the programs running together share one
         # head's K and V (or Q and dO) through L2.
-        n_qblocks = tl.cdiv(T, BN)
-        _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, pid % n_qblocks, pid // n_qblocks, T, S, HQ, GROUP,
-                     qk_scale, sm_scale, D, CAUSAL, BN, BM, True)
+        _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, cu_seqlens_q, cu_seqlens_k, pid % n_qblocks, pid // n_qblocks,
+                     n_qblocks, B, T, S, HQ, GROUP, qk_scale, sm_scale, D, CAUSAL, BN, BM, True, VARLEN)
     else:
-        n_kblocks = tl.cdiv(S, BN)
-        _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, pid % n_kblocks, pid // n_kblocks, T, S, HQ, GROUP,
-                       qk_scale, sm_scale, D, CAUSAL, BM, BN, False)
+        _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, pid % n_kblocks,
+                       pid // n_kblocks, B, T, S, HQ, GROUP, qk_scale, sm_scale, D, CAUSAL, BM, BN, False, VARLEN)
 
 
-def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, one_launch: bool):
-    """Launch the backward. do, q, o: [B, T, Hq, D]; k, v: [B, S, Hkv, D], q, k, v, o contiguous;
-    lse: fp32 [B, Hq, T] (base 2) from `attention_fwd`. one_launch: both kinds of program in one
-    launch, or the dQ launch and then the dK/dV launch. Returns (dq, dk, dv) in the input dtype;
-    for GQA, dk and dv are already summed over the query heads of each group."""
-    B, T, HQ, D = q.shape
-    S, HKV = k.shape[1], k.shape[2]
+def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, one_launch: bool,
+                  cu_seqlens_q=None, cu_seqlens_k=None):
+    """Launch the backward. Dense: do, q, o: [B, T, Hq, D]; k, v: [B, S, Hkv, D]; lse: fp32 [B, Hq, T]
+    (base 2) from `attention_fwd`. Packed: do, q, o: [T, Hq, D]; k, v: [S, Hkv, D] hold N sequences,
+    cu_seqlens_q and cu_seqlens_k (int32 [N + 1]) their offsets; lse: [Hq, T]. q, k, v, o contiguous.
+    one_launch: both kinds of program in one launch, or the dQ launch and then the dK/dV launch.
+    Returns (dq, dk, dv) in the input dtype; for GQA, dk and dv are already summed over the query
+    heads of each group."""
+    varlen = cu_seqlens_q is not None
+    if varlen:  # the kernel reads B as the number of sequences and numbers their blocks (`varlen_block`)
+        (T, HQ, D), (S, HKV) = q.shape, k.shape[:2]
+        B = cu_seqlens_q.shape[0] - 1
+        n_dkdv = lambda BN: (S // BN + B) * HKV  # noqa: E731
+        n_dq = lambda BN: (T // BN + B) * HQ  # noqa: E731
+        tiles = bwd_tiles(D, 1, S, HKV)
+    else:
+        B, T, HQ, D = q.shape
+        S, HKV = k.shape[1], k.shape[2]
+        n_dkdv = lambda BN: triton.cdiv(S, BN) * B * HKV  # noqa: E731
+        n_dq = lambda BN: triton.cdiv(T, BN) * B * HQ  # noqa: E731
+        tiles = bwd_tiles(D, B, S, HKV)
     do = do.contiguous()  # e.g. the gradient of out.sum() arrives as a stride-0 view
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     args = (q, k, v, o, do, dq, dk, dv, lse)
-    sizes = (B, T, S, HQ, HQ // HKV, softmax_scale * LOG2E, softmax_scale)
-    tiles = bwd_tiles(D, B, S, HKV)
-    n_dkdv = lambda BN: triton.cdiv(S, BN) * B * HKV  # noqa: E731
-    n_dq = lambda BN: triton.cdiv(T, BN) * B * HQ  # noqa: E731
+    rest = (cu_seqlens_q, cu_seqlens_k, B, T, S, HQ, HQ // HKV, softmax_scale * LOG2E, softmax_scale)
+    flags = dict(D=D, CAUSAL=causal, VARLEN=varlen)
     if one_launch:
         launch(_attn_bwd_kernel, lambda BM, BN: (n_dkdv(BN) + n_dq(BN),), tiles,
-               ("bwd", q.device, q.dtype, D, causal, tiles[0]),
-               *args, lse, *sizes, D=D, CAUSAL=causal, DQ=True, DKDV=True)  # lse stands in for the unused delta
+               ("bwd", q.device, q.dtype, D, causal, varlen, tiles[0]),
+               *args, lse, *rest, DQ=True, DKDV=True, **flags)  # lse stands in for the unused delta
         return dq, dk, dv
-    delta = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
-    launch(_attn_bwd_kernel, lambda BM, BN: (n_dq(BN),), dq_tiles(D), ("bwd dq", q.device, q.dtype, D, causal),
-           *args, delta, *sizes, D=D, CAUSAL=causal, DQ=True, DKDV=False)
-    launch(_attn_bwd_kernel, lambda BM, BN: (n_dkdv(BN),), tiles, ("bwd dkdv", q.device, q.dtype, D, causal, tiles[0]),
-           *args, delta, *sizes, D=D, CAUSAL=causal, DQ=False, DKDV=True)
+    delta = torch.empty(lse.shape, device=q.device, dtype=torch.float32)
+    launch(_attn_bwd_kernel, lambda BM, BN: (n_dq(BN),), dq_tiles(D), ("bwd dq", q.device, q.dtype, D, causal, varlen),
+           *args, delta, *rest, DQ=True, DKDV=False, **flags)
+    launch(_attn_bwd_kernel, lambda BM, BN: (n_dkdv(BN),), tiles,
+           ("bwd dkdv", q.device, q.dtype, D, causal, varlen, tiles[0]), *args, delta, *rest, DQ=False, DKDV=True,
+           **flags)
     return dq, dk, dv

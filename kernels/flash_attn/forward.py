@@ -4,6 +4,8 @@ One program computes one block of BM query rows of one (batch, query head). It w
 keys BN at a time, keeps a running max `b_m`, a running sum `b_l` and an fp32 accumulator
 `b_acc` in registers, and never writes the T x S score matrix anywhere. It also stores the
 row log-sum-exp (base 2, fp32 [B, Hq, T]) that the backward needs to recompute P.
+Packed sequences (VARLEN) run through the same kernel: a program first finds its sequence and
+block by a search over the offsets (`varlen_block`), then works as a dense one does.
 """
 from __future__ import annotations
 
@@ -91,26 +93,79 @@ def _key_ranges(m0, T, S, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constex
     return full_end, hi
 
 
+@triton.jit
+def varlen_block(cu_seqlens, n_seqs, i_blk, BLOCK: tl.constexpr):
+    """Packed sequences: which sequence, and which of its blocks of BLOCK rows, program `i_blk` owns.
+
+    Sequence n's blocks are numbered from a(n) = cu_seqlens[n] // BLOCK + n on: a(n + 1) - a(n) is at
+    least cdiv(length, BLOCK), so every block has a number, and at most one number per sequence is
+    spare. A launch of cu_seqlens[N] // BLOCK + N programs covers them all, and a binary search over
+    the offsets, on the GPU, finds a program's sequence: no table, nothing read back to the host.
+    Returns (n, the block's index in n); a spare block starts at or past n's length."""
+    lo = n_seqs * 0  # the last n with a(n) <= i_blk lies in [lo, hi] (lo a runtime int, as the loop needs)
+    hi = n_seqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tl.load(cu_seqlens + mid) // BLOCK + mid <= i_blk:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo, i_blk - (tl.load(cu_seqlens + lo) // BLOCK + lo)
+
+
+@triton.jit
+def sequence_rows(cu_seqlens, i_n):
+    """Packed sequence i_n's first row (64-bit: it scales offsets into the whole batch) and its length."""
+    bos = tl.load(cu_seqlens + i_n)
+    return bos.to(tl.int64), tl.load(cu_seqlens + i_n + 1) - bos
+
+
+@triton.jit
+def varlen_query_block(cu_seqlens_q, cu_seqlens_k, n_seqs, i_blk, i_h, T, BM: tl.constexpr):
+    """Packed sequences, for a program that owns BM query rows of query head i_h (`varlen_block`'s
+    block i_blk; T: the packed query rows): (its block's index in its sequence, the sequence's first
+    query row and length, first key row and length, and where its row 0 of head i_h sits in the
+    log-sum-exp [HQ, T])."""
+    i_n, i_m = varlen_block(cu_seqlens_q, n_seqs, i_blk, BM)
+    q_row0, T_n = sequence_rows(cu_seqlens_q, i_n)
+    k_row0, S_n = sequence_rows(cu_seqlens_k, i_n)
+    return i_m, q_row0, T_n, k_row0, S_n, i_h.to(tl.int64) * T + q_row0
+
+
 @triton.jit(do_not_specialize=["T", "S", "HQ", "GROUP"])  # one compiled kernel for every length
-def _attn_fwd_kernel(q, k, v, o, lse, T, S, HQ, GROUP, qk_scale,
-                     D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def _attn_fwd_kernel(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, T, S, HQ, GROUP, qk_scale,
+                     D: tl.constexpr, CAUSAL: tl.constexpr, VARLEN: tl.constexpr, BM: tl.constexpr,
+                     BN: tl.constexpr):
     """q, o: [B, T, HQ, D], k, v: [B, S, HQ // GROUP, D], all contiguous: the strides follow
-    from the shape, so the launch passes ten arguments instead of twenty-two."""
+    from the shape, so the launch passes twelve arguments instead of twenty-four; lse: [B, HQ, T].
+    VARLEN (packed sequences): q, o: [T, HQ, D] and k, v: [S, HQ // GROUP, D] hold N sequences
+    one after another, cu_seqlens_q and cu_seqlens_k their int32 offsets [N + 1], lse is [HQ, T];
+    each program finds its sequence (`varlen_block`). Dense launches pass None for the offsets."""
     i_m = tl.program_id(0)
     if CAUSAL:  # the last query blocks see the most keys: start them first
         i_m = tl.num_programs(0) - 1 - i_m
     i_bh = tl.program_id(1)
-    i_b = (i_bh // HQ).to(tl.int64)
     i_h = i_bh % HQ
     HKV = HQ // GROUP
     i_hk = i_h // GROUP  # GQA: this query head reads KV head h // (Hq / Hkv), no copy of K/V
+    if VARLEN:  # from here on T and S are this sequence's lengths
+        n_seqs = tl.num_programs(0) - T // BM  # the launch: T // BM + N programs on this axis
+        i_m, q_row0, T, k_row0, S, lse_row0 = varlen_query_block(cu_seqlens_q, cu_seqlens_k, n_seqs, i_m, i_h, T,
+                                                                 BM)
+        if i_m * BM >= T:  # a spare block
+            return
+    else:
+        i_b = (i_bh // HQ).to(tl.int64)
+        q_row0 = i_b * T
+        k_row0 = i_b * S
+        lse_row0 = i_bh.to(tl.int64) * T
     o_m = i_m * BM + tl.arange(0, BM)
     o_d = tl.arange(0, D)
     m_m = o_m < T
 
-    q_offset = (i_b * T * HQ + i_h) * D + o_m[:, None] * (HQ * D) + o_d[None, :]  # O has Q's layout
+    q_offset = (q_row0 * HQ + i_h) * D + o_m[:, None] * (HQ * D) + o_d[None, :]  # O has Q's layout
     b_q = tl.load(q + q_offset, mask=m_m[:, None], other=0.0)
-    kv_base = (i_b * S * HKV + i_hk) * D  # K and V share their layout
+    kv_base = (k_row0 * HKV + i_hk) * D  # K and V share their layout
     p_k0 = k + kv_base
     p_v0 = v + kv_base
 
@@ -129,20 +184,32 @@ def _attn_fwd_kernel(q, k, v, o, lse, T, S, HQ, GROUP, qk_scale,
     b_o = b_acc / b_l1[:, None]
     b_lse = tl.where(empty, float("inf"), b_m + tl.math.log2(b_l1))  # +inf makes P = 0 in the backward
     tl.store(o + q_offset, b_o.to(o.dtype.element_ty), mask=m_m[:, None])
-    tl.store(lse + i_bh.to(tl.int64) * T + o_m, b_lse, mask=m_m)
+    tl.store(lse + lse_row0 + o_m, b_lse, mask=m_m)
 
 
-def attention_fwd(q, k, v, causal: bool, softmax_scale: float):
-    """Launch the forward (inputs validated and contiguous). Returns (o [B, T, Hq, D] in q's dtype,
-    lse fp32 [B, Hq, T] in base 2: lse = log2 sum_j exp2(s_ij * scale * log2 e))."""
-    B, T, HQ, D = q.shape
-    S, HKV = k.shape[1], k.shape[2]
-    o = torch.empty((B, T, HQ, D), device=q.device, dtype=q.dtype)
-    lse = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
+def attention_fwd(q, k, v, causal: bool, softmax_scale: float, cu_seqlens_q=None, cu_seqlens_k=None):
+    """Launch the forward (inputs validated and contiguous). Returns (o in q's shape and dtype,
+    lse fp32 in base 2: lse = log2 sum_j exp2(s_ij * scale * log2 e)).
+    Dense: q [B, T, Hq, D], k, v [B, S, Hkv, D]; lse [B, Hq, T].
+    Packed: q [T, Hq, D], k, v [S, Hkv, D] hold N sequences, cu_seqlens_q and cu_seqlens_k (int32
+    [N + 1], contiguous, on q's device) their offsets; lse [Hq, T]."""
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        (T, HQ, D), (S, HKV) = q.shape, k.shape[:2]
+        n_seqs = cu_seqlens_q.shape[0] - 1
+        grid = lambda BM, BN: (T // BM + n_seqs, HQ)  # noqa: E731  (see varlen_block)
+        lse = torch.empty((HQ, T), device=q.device, dtype=torch.float32)
+    else:
+        B, T, HQ, D = q.shape
+        S, HKV = k.shape[1], k.shape[2]
+        grid = lambda BM, BN: (triton.cdiv(T, BM), B * HQ)  # noqa: E731
+        lse = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
+    o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     tiles = fwd_tiles(D, causal)
-    launch(_attn_fwd_kernel, lambda BM, BN: (triton.cdiv(T, BM), B * HQ), tiles, ("fwd", q.device, q.dtype, D, causal),
-           q, k, v, o, lse, T, S, HQ, HQ // HKV, softmax_scale * LOG2E, D=D, CAUSAL=causal)
+    launch(_attn_fwd_kernel, grid, tiles, ("fwd", q.device, q.dtype, D, causal, varlen),
+           q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, T, S, HQ, HQ // HKV, softmax_scale * LOG2E,
+           D=D, CAUSAL=causal, VARLEN=varlen)
     return o, lse
 
 
-__all__ = ["attention_fwd", "fwd_tiles"]
+__all__ = ["attention_fwd", "fwd_tiles", "varlen_block", "sequence_rows", "varlen_query_block"]

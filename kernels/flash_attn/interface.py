@@ -1,14 +1,17 @@
-"""The public entry point: input validation, the choice of backward launch, and an autograd Function
-around the Triton kernels."""
+"""The public entry points, dense and packed: input validation, the choice of backward launch, and
+an autograd Function around the Triton kernels."""
 from __future__ import annotations
+
+import numbers
 
 import torch
 
-from ..checks import FLOATS, check_choice, check_kernel_device
+from ..checks import FLOATS, check_bool, check_choice, check_int, check_kernel_device
 from ..custom_ops import attention_bwd_fake, attention_fwd_fake, compiled_as_op
+from ..launch import LN2  # the kernels keep the log-sum-exp in base 2; flash-attn returns it in natural log
 from .backward import attention_bwd
 from .forward import attention_fwd
-from .reference import attention_flops, check_attention_args
+from .reference import attention_flops, check_attention_args, check_varlen_args
 
 # registered one level down, so that a compiled backward is FlashAttnFunction.backward, as in eager
 attention_fwd = compiled_as_op("kernels::attention_fwd", fake=attention_fwd_fake)(attention_fwd)
@@ -32,33 +35,58 @@ def _validate(q, k, v, causal, softmax_scale) -> float:
     return scale
 
 
-def _one_launch(q, k, causal: bool) -> bool:
-    """Whether the backward is small enough to run as one launch (see ONE_LAUNCH_MAX_FLOPS)."""
-    B, T, HQ, D = q.shape
-    return attention_flops(B, HQ, T, k.shape[1], D, causal, backward=True) < ONE_LAUNCH_MAX_FLOPS
+def _one_launch(q, k, causal: bool, max_seqlen_k: int | None = None) -> bool:
+    """Whether the backward is small enough to run as one launch (see ONE_LAUNCH_MAX_FLOPS). Packed
+    sequences (max_seqlen_k given): counted as if every query saw max_seqlen_k keys, a bound."""
+    if max_seqlen_k is None:
+        B, T, HQ, D = q.shape
+        S = k.shape[1]
+    else:
+        (T, HQ, D), B, S = q.shape, 1, max_seqlen_k
+    return attention_flops(B, HQ, T, S, D, causal, backward=True) < ONE_LAUNCH_MAX_FLOPS
 
 
 class FlashAttnFunction(torch.autograd.Function):
-    """Forward: Triton FlashAttention-2 (saves O and the fp32 log-sum-exp, not P).
-    Backward: `attention_bwd` (one Triton kernel, launched once or twice), recomputing P."""
+    """Forward: Triton FlashAttention-2 (saves O and the fp32 log-sum-exp, not P), dense or packed
+    (offsets given). Backward: `attention_bwd` (one Triton kernel, launched once or twice), recomputing P.
+    With return_lse, the forward also returns the natural-log LSE, which takes no gradient."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale):
+    def forward(ctx, q, k, v, causal, softmax_scale, return_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # the kernels derive strides from shapes
-        o, lse = attention_fwd(q, k, v, causal, softmax_scale)
-        ctx.save_for_backward(q, k, v, o, lse)
+        cu_seqlens_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k   # (see _attend)
+        o, lse = attention_fwd(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k)
+        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
         ctx.causal, ctx.softmax_scale = causal, softmax_scale
-        return o
+        ctx.one_launch = _one_launch(q, k, causal, max_seqlen_k)
+        if not return_lse:
+            return o
+        lse = lse * LN2
+        ctx.mark_non_differentiable(lse)
+        return o, lse
 
     @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.softmax_scale,
-                                   _one_launch(q, k, ctx.causal))
-        return dq, dk, dv, None, None
+    def backward(ctx, do, *_):  # *_: the LSE's gradient (None) when the forward returned it
+        q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.softmax_scale, ctx.one_launch,
+                                   cu_seqlens_q, cu_seqlens_k)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
-def flash_attn_func(q, k, v, causal=False, softmax_scale=None):
+def _attend(q, k, v, causal, scale, return_lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_k=None):
+    """Validated inputs to the kernels: through autograd when an input requires grad."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        # one offsets tensor for queries and keys goes in once (as None for the keys'): torch.compile
+        # traces no autograd Function that takes a tensor twice
+        shared = cu_seqlens_k is cu_seqlens_q
+        return FlashAttnFunction.apply(q, k, v, causal, scale, return_lse, cu_seqlens_q,
+                                       None if shared else cu_seqlens_k, max_seqlen_k)
+    # inference: skip autograd's bookkeeping (a few microseconds a call, which matter at short T)
+    o, lse = attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, cu_seqlens_q, cu_seqlens_k)
+    return (o, lse * LN2) if return_lse else o
+
+
+def flash_attn_func(q, k, v, causal=False, softmax_scale=None, *, return_lse=False):
     """FlashAttention-2 (Triton), GQA-aware, differentiable.
 
     q: [B, T, Hq, D]; k, v: [B, S, Hkv, D], Hq a multiple of Hkv (MHA, GQA, MQA); query head h
@@ -68,13 +96,52 @@ def flash_attn_func(q, k, v, causal=False, softmax_scale=None):
     j <= i + S - T; rows that see no key output 0, and a NaN or inf at a key a row cannot see does
     not reach that row. softmax_scale defaults to 1/sqrt(D). Returns o: [B, T, Hq, D] in q's dtype.
     Non-contiguous inputs (e.g. a transposed [B, H, T, D] view) are copied to contiguous first.
+    return_lse=True (keyword only) returns (o, lse): lse = log sum_j exp(s_ij * scale) per row, fp32
+    [B, Hq, T], natural log, +inf on a row that sees no key, not differentiable. flash-attn hands out
+    the same tensor as softmax_lse (the second of three outputs with return_attn_probs=True, which also
+    returns a dropout mask this kernel does not have); the name here says what comes back.
 
     >>> q = torch.randn(2, 1000, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     >>> k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
     >>> flash_attn_func(q, k, v, causal=True).sum().backward()   # q.grad: [2, 1000, 32, 128]
     """
     scale = _validate(q, k, v, causal, softmax_scale)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return FlashAttnFunction.apply(q, k, v, causal, scale)
-    # inference: skip autograd's bookkeeping (a few microseconds a call, which matter at short T)
-    return attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale)[0]
+    check_bool("return_lse", return_lse)
+    return _attend(q, k, v, causal, scale, return_lse)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, *, return_lse=False):
+    """FlashAttention-2 (Triton) on packed sequences, GQA-aware, differentiable; flash-attn's argument order.
+
+    q: [total_q, Hq, D]; k, v: [total_k, Hkv, D] hold N sequences one after another, without padding;
+    cu_seqlens_q, cu_seqlens_k: int32 [N + 1] offsets on q's device (0 first, the packed length last):
+    sequence n is q[cu_seqlens_q[n]:cu_seqlens_q[n + 1]] against k and v rows cu_seqlens_k[n] to
+    cu_seqlens_k[n + 1], and sees nothing of the others. A length may be 0 (an empty query sequence
+    outputs nothing, an empty key sequence outputs 0). max_seqlen_q, max_seqlen_k: ints >= 1, the longest
+    lengths, as flash-attn takes them; here each program finds its sequence from the offsets on the GPU,
+    and max_seqlen_k only bounds the work when choosing the backward's launch. dropout_p must be 0.0 (no
+    dropout here; it keeps flash-attn's positions). causal=True masks bottom-right aligned within each
+    sequence (query i of T_n sees key j of S_n iff j <= i + S_n - T_n), as flash-attn does. Heads, head
+    dims, dtypes, devices and softmax_scale as `flash_attn_func`. Offsets on the CPU (the interpreter)
+    are checked in full; on a GPU only their dtype, shape and device, since reading them would wait.
+    Returns o: [total_q, Hq, D] in q's dtype; with return_lse=True (keyword only) (o, lse), lse fp32
+    [Hq, total_q] in natural log (flash-attn's softmax_lse, the second of three outputs with its
+    return_attn_probs=True), not differentiable: see `flash_attn_func`.
+
+    >>> cu = torch.tensor([0, 300, 2300, 2400], device="cuda", dtype=torch.int32)   # lengths 300, 2000, 100
+    >>> q, k, v = (torch.randn(2400, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "qkv")
+    >>> o = flash_attn_varlen_func(q, k, v, cu, cu, 2000, 2000, causal=True)    # [2400, 8, 128]
+    """
+    scale = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, dtypes=SUPPORTED_DTYPES)
+    check_kernel_device(q=q, k=k, v=v)
+    check_choice("head dim D of q, k, v", q.shape[-1], SUPPORTED_HEAD_DIMS)
+    check_int("max_seqlen_q", max_seqlen_q, low=1)
+    check_int("max_seqlen_k", max_seqlen_k, low=1)
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p must be 0.0: these kernels have no dropout, got {dropout_p}")
+    check_bool("return_lse", return_lse)
+    return _attend(q, k, v, causal, scale, return_lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
+                   max_seqlen_k)

@@ -3,6 +3,9 @@
 Layout [B, T, H, D] (sequence-major, as flash-attn uses). GQA: query head h reads KV head
 h // (Hq // Hkv). Causal masks are bottom-right aligned (flash-attn >= 2.1): query i sees
 key j iff j <= i + S - T; a query row that sees no key at all gets an output of 0.
+Packed sequences (flash-attn's "varlen" form): q [total_q, Hq, D] and k, v [total_k, Hkv, D] hold N
+sequences one after another, and int32 offsets cu_seqlens_q, cu_seqlens_k [N + 1] say where each
+starts; sequence n is q[cu_seqlens_q[n]:cu_seqlens_q[n + 1]] against the matching keys, alone.
 Every function checks its inputs first (TypeError for a wrong type or dtype, ValueError for a
 wrong value or shape); they run on any device and take fp16, bf16, fp32 and fp64.
 """
@@ -30,6 +33,49 @@ def check_attention_args(q, k, v, causal, softmax_scale, dtypes=REFERENCE_FLOATS
     check_tensor("v", v, shape=tuple(k.shape))
     if HQ % k.shape[2]:
         raise ValueError(f"q's heads Hq={HQ} must be a multiple of k's and v's heads Hkv={k.shape[2]}")
+    check_bool("causal", causal)
+    return softmax_scale_or_default(softmax_scale, D)
+
+
+def check_offsets(name: str, cu_seqlens, total: int, device) -> None:
+    """Offsets of packed sequences: int32 [N + 1], N >= 1, on `device`; where they live on the CPU,
+    also 0 first, `total` (the packed rows) last, non-decreasing (a sequence may be empty). The values
+    of offsets on a GPU are not read: that would wait for the device; a wrong one there is the
+    caller's error. Nor are they while torch.compile traces the call (a value is not known then)."""
+    check_tensor(name, cu_seqlens, ndim=1, dtypes=(torch.int32,))
+    if cu_seqlens.device != device:
+        raise ValueError(f"{name} is on {cu_seqlens.device}, q, k and v on {device}: they must share a device")
+    if cu_seqlens.shape[0] < 2:
+        raise ValueError(f"{name} must hold N + 1 >= 2 offsets (N sequences), got {cu_seqlens.shape[0]}")
+    if cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
+        first, last = cu_seqlens[0].item(), cu_seqlens[-1].item()
+        if first != 0:
+            raise ValueError(f"{name} must start at 0, got {first}")
+        if last != total:
+            raise ValueError(f"{name} must end at the packed length {total} (dim 0 of its tensors), got {last}")
+        if (cu_seqlens[1:] < cu_seqlens[:-1]).any():
+            raise ValueError(f"{name} must be non-decreasing (every sequence's length >= 0)")
+
+
+def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, dtypes=REFERENCE_FLOATS) -> float:
+    """The checks the packed form shares: q [total_q, Hq, D], k and v [total_k, Hkv, D] of one dtype
+    (in `dtypes`) on one device, every size >= 1, Hq a multiple of Hkv; cu_seqlens_q and
+    cu_seqlens_k as `check_offsets` says, both N + 1 long; causal a bool. Returns the softmax scale."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, ndim=3, dtypes=dtypes)
+    check_same_device_and_dtype(q=q, k=k, v=v)
+    check_not_empty("q", q, "total_q, Hq, D")
+    check_not_empty("k", k, "total_k, Hkv, D")
+    HQ, D = q.shape[1], q.shape[2]
+    check_tensor("k", k, shape=(None, None, D))  # q's head dim
+    check_tensor("v", v, shape=tuple(k.shape))
+    if HQ % k.shape[1]:
+        raise ValueError(f"q's heads Hq={HQ} must be a multiple of k's and v's heads Hkv={k.shape[1]}")
+    check_offsets("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
+    check_offsets("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both be N + 1 long (one query and one key sequence "
+                         f"each), got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
     check_bool("causal", causal)
     return softmax_scale_or_default(softmax_scale, D)
 
@@ -95,6 +141,40 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, *, compute_dtype=to
         clean = torch.einsum("bhts,bshd->bthd", p, vc.masked_fill(bad[..., None], 0.0))
         o = torch.where(sees_bad[..., None], o, clean)
     return o.to(out_dtype or q.dtype)
+
+
+def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, *,
+                         compute_dtype=torch.float64, out_dtype=None):
+    """Packed sequences, each alone through `attention_ref`, the results packed again.
+
+    q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_q, cu_seqlens_k: int32 [N + 1] offsets
+    (sequence n: query rows cu_seqlens_q[n]:cu_seqlens_q[n + 1], key rows likewise). Lengths may be 0,
+    and query and key lengths may differ (causal: bottom-right aligned within each sequence); a row of a
+    sequence without keys outputs 0. Returns o [total_q, Hq, D] in `out_dtype` (default q's dtype);
+    differentiable. Reads the offsets on the host.
+
+    >>> cu = torch.tensor([0, 3, 3, 10], dtype=torch.int32)      # lengths 3, 0 and 7
+    >>> q = torch.randn(10, 4, 32); k = v = torch.randn(10, 2, 32)
+    >>> o = attention_varlen_ref(q, k, v, cu, cu, causal=True)   # [10, 4, 32]
+    """
+    check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale)
+    check_has_values(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    pieces = []
+    for (q0, q1), (k0, k1) in zip(_spans(cu_seqlens_q), _spans(cu_seqlens_k)):
+        if q1 == q0:
+            continue
+        if k1 == k0:  # rows that see no key
+            pieces.append(torch.zeros((q1 - q0, *q.shape[1:]), device=q.device, dtype=compute_dtype))
+            continue
+        pieces.append(attention_ref(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, softmax_scale,
+                                    compute_dtype=compute_dtype, out_dtype=compute_dtype)[0])
+    return torch.cat(pieces).to(out_dtype or q.dtype)
+
+
+def _spans(cu_seqlens):
+    """[(start, end)] of each packed sequence, read on the host."""
+    offsets = cu_seqlens.tolist()
+    return list(zip(offsets[:-1], offsets[1:]))
 
 
 def _check_float_dtype(name, dtype) -> None:
