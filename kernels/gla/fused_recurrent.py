@@ -40,7 +40,7 @@ def _fused_recurrent_gla_kernel(
         b_q, b_k, b_v, p_tk, p_tv = token_inputs(q, k, v, t, base_k, base_v, o_k, o_v, m_k, m_v, scale, H, K, V)
         b_g = tl.load(gk + p_tk, mask=m_k, other=0.0).to(tl.float32)
         # S = Diag(exp(gk)) S + k v^T, o = S^T (q * scale); gk <= 0: exp never overflows (-inf resets to 0)
-        b_h, b_o = recurrent_token(b_h, tl.exp(b_g)[:, None], b_q, b_k, b_v)
+        b_h, b_o = recurrent_token(b_h, tl.exp(b_g)[:, None], b_q, b_k, b_v, m_k, K)
         tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_v)
     store_state(ht, p_h, m_h, b_h, STORE_HT)
 

@@ -179,6 +179,13 @@ def _kda_wy_kernel(
     # A = diag(β) (K Kᵀ ⊙ decay), strictly below the diagonal (a select: the rest was never written)
     b_A = tl.load(Akk + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
     b_A = tl.where(o_c[:, None] > o_c[None, :], b_A, 0.0) * b_beta[:, None]
+    # A NaN or inf in k, g or β at token t makes row t of A (and the rows after it) non-finite. The
+    # products of the solve would multiply the earlier rows' zeros by it (0 · NaN = NaN), so the
+    # non-finite entries are cleared before it and X's rows from the first such row on are set to
+    # NaN after it: the NaN reaches the rows at and after t, as the recurrence carries it, no earlier.
+    m_bad = b_A * 0.0 != 0.0                                                 # NaN or ±inf
+    first_bad = tl.min(tl.min(tl.where(m_bad, o_c[:, None], BT), axis=1), axis=0)
+    b_A = tl.where(m_bad, 0.0, b_A)
 
     # X = (I + A)⁻¹ in two stages, with the chunk cut into NB blocks of BS = 16 rows.
     # (a) The block-diagonal part D = (I + A_d)⁻¹ by forward substitution on the NB diagonal blocks,
@@ -194,6 +201,7 @@ def _kda_wy_kernel(
     b_beta3 = tl.load(beta + (i_b * T + t3) * H + i_h, mask=m3, other=0.0).to(tl.float32)
     # select before multiplying: the entries on and above the diagonal were never written
     b_A3 = tl.where(o_s[None, :, None] > o_s[None, None, :], b_A3, 0.0) * b_beta3
+    b_A3 = tl.where(b_A3 * 0.0 == 0.0, b_A3, 0.0)                        # cleared as b_A is
     b_X3 = tl.where(o_s[None, :, None] == o_s[None, None, :], 1.0, 0.0) + tl.zeros([NB, BS, BS], dtype=tl.float32)
     for s in range(0, BS):
         b_xs = tl.sum(tl.where(o_s[None, :, None] == s, b_X3, 0.0), axis=1)      # [NB, BS]: row s of each block
@@ -213,6 +221,7 @@ def _kda_wy_kernel(
     b_N3 = tl.dot(b_N2, b_N, input_precision=SOLVE_PREC)
     b_M = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0) - b_N + b_N2 - b_N3
     b_X = tl.dot(b_M, b_X, input_precision=SOLVE_PREC)
+    b_X = tl.where(o_c[:, None] >= first_bad, float("nan"), b_X)
     b_Xd = b_X.to(k.dtype.element_ty)
 
     # W = X diag(β) (K ⊙ e^b): b <= 0, so every factor e^b <= 1

@@ -9,6 +9,9 @@ of them; K, V <= 256, any T >= 1. scale defaults to K ** -0.5. initial_state: fp
 None (zeros). use_qk_l2norm_in_kernel: divide q and k by their L2 norm first (the model's keys must
 be normalised for the delta rule to stay a contraction; pass False if they already are).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
+A NaN or inf in an input never reaches an earlier token's output; where the loop of the reference
+gives ±inf (an inf in v with K = 1), the recurrent form gives the same and the chunk form NaN, at and
+after that token (telling the signs apart inside its products would cost registers it does not have).
 """
 from __future__ import annotations
 

@@ -3,11 +3,14 @@ chunk buffers, launch. The launch functions in the kernel files take contiguous 
 
 Every entry point has the same arguments and returns (o, final_state):
 q, k: [B, T, H, K]; v: [B, T, H, V] (sequence-major, as in fla); slopes: [H], the decay rate of each
-head, s_h >= 0 and finite (the decay per step is λ_h = exp(-s_h); 0 means no decay; the values are
-not checked, which would wait for the GPU); q, k, v one dtype (fp16, bf16 on a GPU, fp32), slopes
-any of them (used in fp32); K, V <= 256, any T >= 1. scale defaults to 1.0 (Lightning has no 1/√d;
+head, s_h >= 0 (the decay per step is λ_h = exp(-s_h); 0 means no decay, +inf a full reset at every
+step; the values are not checked, which would wait for the GPU); q, k, v one dtype (fp16, bf16 on a
+GPU, fp32), slopes any of them (used in fp32); K, V <= 256, any T >= 1. scale defaults to 1.0 (Lightning has no 1/√d;
 None also means 1.0). initial_state: fp32 [B, H, K, V] or None (zeros).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
+A NaN or inf in an input never reaches an earlier token's output; an inf that the math carries on as
+±inf comes out as ±inf from the recurrent forms and as NaN from the chunk form (telling the signs
+apart inside its products would cost registers the kernel does not have).
 """
 from __future__ import annotations
 

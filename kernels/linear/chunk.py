@@ -101,6 +101,15 @@ def chunk_local_cumsum(g: torch.Tensor, b: torch.Tensor) -> None:
 
 
 # ------------------------------------------------------------------ 2. the inter-chunk state pass
+@triton.jit
+def decay_exponent(gamma, n):
+    """gamma · n, the log of a fixed decay e^gamma taken n times, as fp32; 0 where n <= 0 (a padded
+    row, or the diagonal). The select, not the product, makes λ^0 = 1 also for gamma = -inf (λ = 0, a
+    full reset each step), where -inf · 0 would be NaN."""
+    return tl.where(n > 0, gamma * n.to(tl.float32), 0.0)
+
+
+
 # (BK, BV), num_warps, num_stages. The H200 picked (64, 32) at B·H = 32 and (64, 64) at 64.
 _STATE_CONFIGS = autotune_configs([({"BK": 64, "BV": 32}, 2, 3), ({"BK": 64, "BV": 32}, 2, 4),
                                    ({"BK": 64, "BV": 64}, 2, 3)])
@@ -142,7 +151,7 @@ def _chunk_state_kernel(
             # a fixed log decay per step and head: from token t to the chunk end it is gamma·(t_last - t),
             # one product (no difference of cumulative sums); <= 0 on every real token, 0 on the padding
             b_gam = tl.load(gamma + i_h)
-            b_kt = (b_kt * tl.exp(b_gam * tl.maximum(t_last - o_t, 0).to(tl.float32))[None, :]).to(b_v.dtype)
+            b_kt = (b_kt * tl.exp(decay_exponent(b_gam, t_last - o_t))[None, :]).to(b_v.dtype)
             b_h = b_h * tl.exp(b_gam * (t_last + 1 - i_t * BT).to(tl.float32)) \
                 + tl.dot(b_kt, b_v, input_precision=DOT_PREC)
         else:
@@ -164,8 +173,8 @@ def chunk_state_pass(k, v, b, states, initial_state=None, final_state=None, *, g
 
     k: [B, T, H, K]; v: [B, T, H, V]; b: fp32 [B, T, H, G], the in-chunk cumulative gates
     (`chunk_local_cumsum`), G = K or 1. Or, for a decay that is the same at every step (Lightning
-    Attention, RetNet), b = None and gamma: fp32 [H], the log decay per step of each head (finite,
-    <= 0); the kernel then computes the decays itself and reads no gates. Written: states
+    Attention, RetNet), b = None and gamma: fp32 [H], the log decay per step of each head (<= 0;
+    -inf resets the state at every step); the kernel then computes the decays itself and reads no gates. Written: states
     [B, NT, H, K, V] (NT = ceil(T / CHUNK)) in k's dtype, which feeds the output matmul; final_state
     fp32 [B, H, K, V] unless None. initial_state: fp32 [B, H, K, V] or None (zeros). All contiguous.
 
@@ -257,4 +266,4 @@ def chunk_output(q, v, b, states, A, o, scale: float) -> None:
 
 
 __all__ = ["CHUNK", "SUB_CHUNK", "GATE_FLOOR", "chunk_local_cumsum", "chunk_state_pass", "chunk_output",
-           "dot_precision"]
+           "decay_exponent", "dot_precision"]

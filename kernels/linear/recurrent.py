@@ -61,11 +61,18 @@ def state_tile(h0, p_h, m_h, USE_H0: tl.constexpr, BK: tl.constexpr, BV: tl.cons
 
 
 @triton.jit
-def recurrent_token(b_h, b_decay, b_q, b_k, b_v):
+def recurrent_token(b_h, b_decay, b_q, b_k, b_v, m_k, K: tl.constexpr):
     """One token: S = decay ⊙ S + k vᵀ, then o = Sᵀ q. b_decay is [BK, 1] (a gate per key channel)
-    or a scalar (one per head); b_q (scale included), b_k: [BK]; b_v: [BV]; all fp32.
-    Returns (the new state tile, o [BV])."""
-    b_h = b_h * b_decay + b_k[:, None] * b_v[None, :]
+    or a scalar (one per head); b_q (scale included), b_k: [BK] (mask m_k, K real rows); b_v: [BV];
+    all fp32. Returns (the new state tile, o [BV]).
+
+    The padded key rows (K < BK) hold k = 0, and 0 · inf is NaN: an inf in v would turn them to NaN,
+    and the read-out and the delta rule's prediction sum over them. A select keeps them exactly 0, so
+    the real rows' ±inf comes out as the math says; a tile without padding compiles without it."""
+    b_kv = b_k[:, None] * b_v[None, :]
+    if K < b_h.shape[0]:
+        b_kv = tl.where(m_k[:, None], b_kv, 0.0)
+    b_h = b_h * b_decay + b_kv
     return b_h, tl.sum(b_h * b_q[:, None], axis=0)
 
 
