@@ -18,7 +18,7 @@ from linear_cases import (POISONS, assert_inf_in_v, assert_poison_pattern, linea
                           poison, replace)
 from kernels.common import DEVICE, assert_close, rel_err, tolerance
 from kernels.kda import chunk_kda, fused_recurrent_kda, l2_normalize, naive_recurrent_kda, torch_kda_step
-from kernels.linear import CHUNK
+from kernels.linear import CHUNK, chunk_state_pass
 
 KERNELS = {"fused_recurrent": fused_recurrent_kda, "chunk": chunk_kda}
 FORMS = {"naive": naive_recurrent_kda, **KERNELS}
@@ -415,3 +415,14 @@ def test_decode_step_replayed_from_a_cuda_graph():
         o_ref, S_ref = ref_kda(q, k, v, g, b, h0=h0, l2norm=True)
         assert_close(o, o_ref, tolerance(torch.bfloat16), "o")
         assert_close(S, S_ref, FP32, "state")
+
+
+def test_shared_state_pass_refuses_half_the_delta_rule():
+    """The shared state pass KDA runs takes w and v_new together, and decayed keys only with gates."""
+    q, k, v, g, beta, h0 = make(1, 8, 1, 16, 16)
+    b = torch.zeros_like(g)
+    states = torch.empty(1, 1, 1, 16, 16, device=q.device)
+    with pytest.raises(ValueError, match="takes w and v_new together"):
+        chunk_state_pass(k, v, b, states, w=k)
+    with pytest.raises(ValueError, match="decayed_keys needs the cumulative gates"):
+        chunk_state_pass(k, v, None, states, gamma=torch.zeros(1, device=q.device), decayed_keys=True)
