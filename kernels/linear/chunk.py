@@ -224,8 +224,9 @@ def chunk_state_pass(k, v, b, states, initial_state=None, final_state=None, *, g
     (`chunk_local_cumsum`), G = K or 1. Or, for a decay that is the same at every step (Lightning
     Attention, RetNet), b = None and gamma: fp32 [H], the log decay per step of each head (<= 0;
     -inf resets the state at every step); the kernel then computes the decays itself and reads no
-    gates. Written: states [B, NT, H, K, V] (NT = ceil(T / CHUNK)) in k's dtype, which feeds the output matmul; final_state
-    fp32 [B, H, K, V] unless None. initial_state: fp32 [B, H, K, V] or None (zeros). All contiguous.
+    gates. Written: states [B, NT, H, K, V] (NT = ceil(T / CHUNK)) in k's dtype, which feeds the
+    output matmul; final_state fp32 [B, H, K, V] unless None. initial_state: fp32 [B, H, K, V] or
+    None (zeros). All contiguous.
 
     The delta rule (KDA): w [B, T, H, K] and v_new [B, T, H, V] given, v holds the pseudo-values W'
     and each chunk adds U = W' - W S instead of v, U written to v_new (in its dtype) for the output.
