@@ -214,6 +214,8 @@ def check_once_per_signature(check=None, *, strides: bool = False, most: int = 5
 
     @functools.wraps(check)
     def checked(*args, **kwargs):
+        if torch.compiler.is_compiling():   # a traced call is checked once, when it is traced
+            return check(*args, **kwargs)
         try:
             if kwargs:   # their names, then every value
                 key = tuple(_signature((*args, *kwargs.values()), tensor_meta, [grad_enabled(), *kwargs]))

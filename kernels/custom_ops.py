@@ -23,16 +23,16 @@ one `Tensor` instead: functionalization (how torch.compile handles mutation) tak
 op that mutates.
 
 Training. The compiled backward must be the eager one. Two routes:
-- One level down, as FlashAttention does (and flash-attn): the family's `torch.autograd.Function`
-  calls its forward and backward launchers, and those are the registered ops
+- One level down, as FlashAttention, GLA and Lightning do (and flash-attn): the family's
+  `torch.autograd.Function` calls its forward and backward launchers, and those are the registered ops
   (`attention_fwd = compiled_as_op("kernels::attention_fwd", fake=...)(attention_fwd)`). torch.compile
   traces the Function itself, so its forward and backward are the eager code, each op one node. The
-  public function is then left undecorated. This is the route for a form whose backward needs more
-  than its inputs and outputs (FlashAttention's log-sum-exp, a chunk form's boundary states).
-- At the public function, when the backward needs only the inputs and outputs: write the Function
-  with a separate `setup_context(ctx, inputs, output)` (no ctx in `forward`) and pass it as
-  `autograd=`; the op then registers the Function's own `setup_context` and `backward`, so the
-  eager and the compiled backward are one piece of code.
+  public function is then left undecorated.
+- At the public function: write the Function with a separate `setup_context(ctx, inputs, output)` (no
+  ctx in `forward`) and pass it as `autograd=`; the op then registers the Function's own
+  `setup_context` and `backward`. Only for a function whose optional tensors are never None: the
+  backward must return a gradient for every input, and PyTorch counts a None input as none
+  (it refuses the backward's structure then).
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ refuses alike, and the check that a NaN or inf at one token reaches exactly the 
 
     >>> SHARED_CASES = linear_input_cases(token_tensors=("q", "k", "v", "gk"), key_tensors=("q", "k", "gk"))
     >>> assert_poison_pattern(o, S, o_ref, "v", token=35)
+    >>> assert_inf_in_v(o, o_ref, token=4, exact=True)
 """
 from __future__ import annotations
 
@@ -97,12 +98,18 @@ POISONS = {"nan-in-k": ("k", math.nan), "inf-in-k": ("k", math.inf), "nan-in-v":
            "inf-in-v": ("v", math.inf), "nan-in-q": ("q", math.nan)}
 
 
+# inputs whose poison reaches every value channel of the rows at and after it: the keys, and the gates
+# and write strengths that scale them (KDA's g and β); a query reaches its own row alone, a value its channel
+KEY_LIKE = ("k", "g", "gk", "beta")
+
+
 def poison(args: dict, name: str, value: float, token: int) -> dict:
-    """Put `value` at channel 3 of head 0 of `token` in args[name]; return the same arguments with a
-    0 there instead (for the reference)."""
+    """Put `value` at channel 3 of head 0 of `token` in args[name] (at head 0 of `token` for a
+    [B, T, H] tensor such as β); return the same arguments with a 0 there instead (for the reference)."""
+    where = (slice(None), token, 0) + ((3,) if args[name].dim() == 4 else ())
     clean = {**args, name: args[name].clone()}
-    clean[name][:, token, 0, 3] = 0.0
-    args[name][:, token, 0, 3] = value
+    clean[name][where] = 0.0
+    args[name][where] = value
     return clean
 
 
@@ -112,8 +119,8 @@ def assert_poison_pattern(o, S, o_ref, name: str, token: int) -> None:
     poisoned = torch.zeros_like(o, dtype=torch.bool)
     if name == "v":
         poisoned[:, token:, 0, 3] = True         # S[:, 3] carries it to every later row, channel 3 only
-    elif name == "k":
-        poisoned[:, token:, 0, :] = True         # S[3, :] carries it to every later row
+    elif name in KEY_LIKE:
+        poisoned[:, token:, 0, :] = True         # S[3, :] (the delta rule: all of S) carries it on
     else:
         poisoned[:, token, 0, :] = True          # q_t is read by row t alone
     bad = ~torch.isfinite(o)
@@ -121,3 +128,18 @@ def assert_poison_pattern(o, S, o_ref, name: str, token: int) -> None:
                                        f"expected rows {sorted(set(poisoned.nonzero()[:, 1].tolist()))}"
     assert_close(o[~poisoned], o_ref[~poisoned], tolerance(torch.float32), "the rows that cannot see the poison")
     assert torch.isfinite(S[:, 1]).all(), "head 1 never saw the poison"
+
+
+def assert_inf_in_v(o, o_exact, token: int, exact: bool) -> None:
+    """K = V = 1 and +inf in v at `token`: the math gives ±inf from there on (the delta rule: ±inf at
+    `token`, then inf - inf). A recurrent form (exact) must match o_exact, the same infinities and NaN
+    included; a chunk form may give NaN at and after `token` (its products cannot tell ±inf apart), but
+    must match before it."""
+    o_exact = o_exact.to(o.dtype)
+    if exact:
+        torch.testing.assert_close(o, o_exact, equal_nan=True, rtol=1e-5, atol=1e-6)
+        assert not torch.isfinite(o[:, token]).any(), "the inf's own row"
+    else:
+        assert not torch.isfinite(o[:, token:]).any(), "the rows at and after the inf"
+    assert torch.isfinite(o[:, :token]).all(), "the inf reached an earlier token"
+    assert_close(o[:, :token], o_exact[:, :token], tolerance(torch.float32), "the rows before the inf")

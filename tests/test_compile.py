@@ -22,6 +22,8 @@ from kernels.common import DEVICE
 from kernels.custom_ops import compiled_as_op, like
 from kernels.flash_attn import flash_attn_func, flash_attn_varlen_func
 from kernels.flash_attn import interface as flash_interface
+from kernels.gla import interface as gla_interface
+from kernels.lightning import interface as lightning_interface
 from kernels.gla import chunk_gla, fused_recurrent_gla, sequential_chunk_gla
 from kernels.kda import chunk_kda, fused_recurrent_kda
 from kernels.lightning import chunk_lightning, fused_recurrent_lightning, lightning_slopes
@@ -38,6 +40,22 @@ class OpCase:
     make: Callable
     mutated: tuple[str, ...] = ()   # arguments written in place (compared after the call)
     gpu_dtype: torch.dtype = torch.bfloat16
+    # A form that trains registers its forward launcher, as FlashAttention does (its autograd Function is
+    # traced): the launcher, and its arguments from the public call's (args, kwargs).
+    launcher: Callable | None = None
+    launcher_args: Callable | None = None
+
+    @property
+    def op(self):
+        return (self.launcher or self.fn).op
+
+    @property
+    def node(self) -> str:
+        """The op's node in a compiled graph."""
+        return str(self.op._opoverload)
+
+    def op_args(self, args, kwargs):
+        return self.launcher_args(args, kwargs) if self.launcher else (args, kwargs)
 
 
 def _randn(device, dtype, *shape):
@@ -104,15 +122,28 @@ def _mamba2_scan(device, dtype, options):
     return args, kwargs
 
 
+def _chunk_launch_args(gamma_from_slopes):
+    """chunk_gla's or chunk_lightning's arguments as their forward launcher takes them (checked: the
+    default scale filled in; Lightning's slopes as the log decay -slopes)."""
+    def launcher_args(args, kwargs):
+        q, k, v, gate = args
+        default = q.shape[-1] ** -0.5 if not gamma_from_slopes else 1.0
+        return (q, k, v, -gate if gamma_from_slopes else gate, kwargs.get("scale", default),
+                kwargs.get("initial_state"), kwargs.get("output_final_state", False)), {}
+    return launcher_args
+
+
 CASES = [
     OpCase("vector_add", vector_add, _primer_add),
     OpCase("softmax_rows", softmax_rows, _primer_softmax),
     OpCase("attention_tile", attention_tile, _primer_tile),
     OpCase("fused_recurrent_gla", fused_recurrent_gla, _linear("gk")),
     OpCase("sequential_chunk_gla", sequential_chunk_gla, _linear("gk")),
-    OpCase("chunk_gla", chunk_gla, _linear("gk")),
+    OpCase("chunk_gla", chunk_gla, _linear("gk"), launcher=gla_interface._chunk_gla_fwd,
+           launcher_args=_chunk_launch_args(False)),
     OpCase("fused_recurrent_lightning", fused_recurrent_lightning, _linear("slopes")),
-    OpCase("chunk_lightning", chunk_lightning, _linear("slopes")),
+    OpCase("chunk_lightning", chunk_lightning, _linear("slopes"), launcher=lightning_interface._chunk_lightning_fwd,
+           launcher_args=_chunk_launch_args(True)),
     OpCase("fused_recurrent_kda", fused_recurrent_kda, _linear("kda")),
     OpCase("chunk_kda", chunk_kda, _linear("kda")),
     OpCase("selective_state_update", selective_state_update, _mamba2_step, mutated=("state",)),
@@ -169,7 +200,7 @@ def _check_against_eager(case, run, args, kwargs):
     compiled = run(args_c, kwargs_c)
     eager = case.fn(*args_e, **kwargs_e)
     _assert_same(compiled, eager)
-    names = list(case.fn.op._opoverload._schema.arguments)
+    names = list(case.op._opoverload._schema.arguments)
     for name in case.mutated:
         i = [a.name for a in names].index(name)
         before, c, e = args[i], args_c[i], args_e[i]
@@ -184,9 +215,9 @@ def test_compiled_equals_eager(case, dtype, options):
     backend, nodes = _recording_backend()
     compiled = torch.compile(case.fn, fullgraph=True, backend=backend)
     _check_against_eager(case, lambda a, kw: compiled(*a, **kw), args, kwargs)
-    assert sum(f"kernels.{case.id}.default" in n for n in nodes) == 1, nodes
+    assert sum(case.node in n for n in nodes) == 1, nodes
     # the compiled run returns the real outputs: the fake's shapes, dtypes and strides are checked apart
-    torch.library.opcheck(case.fn.op, *_clone(args, kwargs), test_utils="test_faketensor")
+    torch.library.opcheck(case.op, *_clone(*case.op_args(args, kwargs)), test_utils="test_faketensor")
 
 
 def test_arguments_by_position_and_keyword():
@@ -204,8 +235,8 @@ def test_arguments_by_position_and_keyword():
 def test_opcheck(case):
     """Schema (mutation declared), fake tensors (shapes, dtypes, strides), and AOT dispatch with dynamic
     shapes. test_autograd_registration has nothing to check: these forms take no gradients."""
-    args, kwargs = _clone(*case.make(DEVICE, torch.float32, True))
-    torch.library.opcheck(case.fn.op, args, kwargs)
+    args, kwargs = _clone(*case.op_args(*case.make(DEVICE, torch.float32, True)))
+    torch.library.opcheck(case.op, args, kwargs)
 
 
 # FlashAttention: the ops are its forward and backward launchers, under FlashAttnFunction.
@@ -322,11 +353,14 @@ def test_autograd_hook_gives_the_eager_backward():
 
 def test_schema_from_the_signature():
     """The schema every op registers (the report's table), so that a change to it is seen."""
-    assert str(chunk_gla.op._opoverload._schema) == (
-        "kernels::chunk_gla(Tensor q, Tensor k, Tensor v, Tensor gk, float? scale=None, Tensor? initial_state=None, "
-        "bool output_final_state=False) -> Tensor[]")
-    assert str(chunk_lightning.op._opoverload._schema).startswith(
-        "kernels::chunk_lightning(Tensor q, Tensor k, Tensor v, Tensor slopes, float? scale=1., ")
+    assert str(fused_recurrent_gla.op._opoverload._schema) == (
+        "kernels::fused_recurrent_gla(Tensor q, Tensor k, Tensor v, Tensor gk, float? scale=None, "
+        "Tensor? initial_state=None, bool output_final_state=False) -> Tensor[]")
+    assert str(fused_recurrent_lightning.op._opoverload._schema).startswith(
+        "kernels::fused_recurrent_lightning(Tensor q, Tensor k, Tensor v, Tensor slopes, float? scale=1., ")
+    assert str(gla_interface._chunk_gla_bwd.op._opoverload._schema) == (
+        "kernels::chunk_gla_bwd(Tensor q, Tensor k, Tensor v, Tensor gk, float scale, Tensor? h0, Tensor do, "
+        "Tensor? dht) -> Tensor[]")
     assert str(selective_state_update.op._opoverload._schema) == (
         "kernels::selective_state_update(Tensor(a0!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
         "Tensor? D=None, Tensor? z=None, Tensor? dt_bias=None, bool dt_softplus=False, "
@@ -498,7 +532,8 @@ def test_linear_forms_train_compiled_as_eager(family):
     backend, nodes = _recording_backend()
     compiled = torch.compile(fn, fullgraph=True, backend=backend)
     _assert_same(_linear_training_run(compiled, *inputs, trained), _linear_training_run(fn, *inputs, trained))
-    assert sum(f"kernels.chunk_{family}.default" in n for n in nodes) == 1, nodes
+    assert sum(f"kernels.chunk_{family}_fwd.default" in n for n in nodes) == 1, nodes
+    assert sum(f"kernels.chunk_{family}_bwd.default" in n for n in nodes) == 1, nodes
 
 
 @pytest.mark.gpu

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
-from linear_cases import (POISONS, assert_poison_pattern, linear_input_cases, linear_kernel_cases, linear_step_cases,
-                          poison, replace, shrink)
+from linear_cases import (POISONS, assert_inf_in_v, assert_poison_pattern, linear_input_cases, linear_kernel_cases,
+                          linear_step_cases, poison, replace, shrink)
 from kernels.common import DEVICE, assert_close, tolerance
 from kernels.gla import chunk_gla, fused_recurrent_gla, naive_recurrent_gla, sequential_chunk_gla, torch_gla_step
 from kernels.gla.chunk import chunk_gla_scores
@@ -193,6 +193,18 @@ def test_poison_reaches_only_later_rows(form, poison_case, token):
     o_ref, _ = ref_gla(*clean.values(), h0=h0)
     o, S = FORMS[form](*args.values(), initial_state=h0, output_final_state=True)
     assert_poison_pattern(o, S, o_ref, name, token)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("form", list(FORMS))
+def test_inf_in_v_with_one_channel(form):
+    """K = V = 1, +inf in v at token 4: the recurrent forms give the math's ±inf from there on, the
+    chunk forms NaN, and no form anything non-finite before it."""
+    q, k, v, gk, _ = make(1, 10, 1, 1, 1, "paper", torch.float32)
+    v[:, 4] = math.inf
+    o_exact, _ = ref_gla(q, k, v, gk)
+    o, _ = FORMS[form](q, k, v, gk)
+    assert_inf_in_v(o, o_exact, token=4, exact=form in ("naive", "fused_recurrent"))
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")

@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
-from linear_cases import linear_input_cases, linear_kernel_cases, replace
+from linear_cases import (POISONS, assert_inf_in_v, assert_poison_pattern, linear_input_cases, linear_kernel_cases,
+                          poison, replace)
 from kernels.common import DEVICE, assert_close, rel_err, tolerance
 from kernels.kda import chunk_kda, fused_recurrent_kda, l2_normalize, naive_recurrent_kda, torch_kda_step
-from kernels.linear import CHUNK
+from kernels.linear import CHUNK, chunk_state_pass
 
 KERNELS = {"fused_recurrent": fused_recurrent_kda, "chunk": chunk_kda}
 FORMS = {"naive": naive_recurrent_kda, **KERNELS}
@@ -235,22 +236,36 @@ def test_contraction_keeps_the_state_bounded():
 
 
 # ------------------------------------------------------------------ NaN checks
+# a NaN or inf in any input at one token, head 0: the later rows of head 0 only (u = v - Sᵀ k mixes key
+# channels, not value columns, so a value's NaN stays in its column); the chunk form's triangular solve
+# must not carry it to the earlier rows of its chunk
+KDA_POISONS = {**POISONS, "nan-in-g": ("g", math.nan), "nan-in-beta": ("beta", math.nan)}
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("token", [35, CHUNK, CHUNK + 5], ids=["t35", "t64", "t69"])
+@pytest.mark.parametrize("poison_case", list(KDA_POISONS))
 @pytest.mark.parametrize("form", list(FORMS))
-def test_nan_in_v_reaches_only_later_rows(form):
-    """A NaN in v at token 40 (channel 3) stays out of every earlier row. (Through Sᵀ k the delta rule
-    then spreads it to every value column? No: u = v - Sᵀ k mixes key channels, not value columns, so
-    only column 3 of the later rows is NaN.)"""
-    q, k, v, g, beta, h0 = make(1, 70, 2, 32, 16)
-    v[:, 40, :, 3] = math.nan
-    clean = v.clone()
-    clean[:, 40, :, 3] = 0
-    o_ref, _ = ref_kda(q, k, clean, g, beta, h0=h0, l2norm=True)
-    o, _ = FORMS[form](q, k, v, g, beta, initial_state=h0, use_qk_l2norm_in_kernel=True)
-    poisoned = torch.zeros_like(o, dtype=torch.bool)
-    poisoned[:, 40:, :, 3] = True
-    assert torch.equal(~torch.isfinite(o), poisoned)
-    assert_close(o[:, :40], o_ref[:, :40], FP32, "o before the NaN")
+def test_poison_reaches_only_later_rows(form, poison_case, token):
+    name, value = KDA_POISONS[poison_case]
+    args = dict(zip(["q", "k", "v", "g", "beta", "h0"], make(1, 100, 2, 32, 16)))
+    h0 = args.pop("h0")
+    clean = poison(args, name, value, token)
+    o_ref, _ = ref_kda(*clean.values(), h0=h0, l2norm=True)
+    o, S = FORMS[form](*args.values(), initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    assert_poison_pattern(o, S, o_ref, name, token)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("form", list(KERNELS))
+def test_inf_in_v_with_one_channel(form):
+    """K = V = 1, +inf in v at token 4: the fused form gives the naive loop's -inf or +inf there and its
+    NaN after (S + βk(v - kS) is inf - inf); the chunk form NaN from token 4 on, nothing before."""
+    q, k, v, g, beta, _ = make(1, 10, 1, 1, 1)
+    v[:, 4] = math.inf
+    o_exact, _ = naive_recurrent_kda(*(x.double() for x in (q, k, v, g, beta)))
+    o, _ = KERNELS[form](q, k, v, g, beta)
+    assert_inf_in_v(o, o_exact, token=4, exact=form == "fused_recurrent")
 
 
 @pytest.mark.parametrize("form", list(KERNELS))
@@ -400,3 +415,14 @@ def test_decode_step_replayed_from_a_cuda_graph():
         o_ref, S_ref = ref_kda(q, k, v, g, b, h0=h0, l2norm=True)
         assert_close(o, o_ref, tolerance(torch.bfloat16), "o")
         assert_close(S, S_ref, FP32, "state")
+
+
+def test_shared_state_pass_refuses_half_the_delta_rule():
+    """The shared state pass KDA runs takes w and v_new together, and decayed keys only with gates."""
+    q, k, v, g, beta, h0 = make(1, 8, 1, 16, 16)
+    b = torch.zeros_like(g)
+    states = torch.empty(1, 1, 1, 16, 16, device=q.device)
+    with pytest.raises(ValueError, match="takes w and v_new together"):
+        chunk_state_pass(k, v, b, states, w=k)
+    with pytest.raises(ValueError, match="decayed_keys needs the cumulative gates"):
+        chunk_state_pass(k, v, None, states, gamma=torch.zeros(1, device=q.device), decayed_keys=True)

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
-from linear_cases import (POISONS, assert_poison_pattern, linear_input_cases, linear_kernel_cases, linear_step_cases,
-                          poison, replace)
+from linear_cases import (POISONS, assert_inf_in_v, assert_poison_pattern, linear_input_cases, linear_kernel_cases,
+                          linear_step_cases, poison, replace)
 from kernels.common import DEVICE, assert_close, tolerance
 from kernels.lightning import (article_lightning_step, chunk_lightning, elu_feature_map, fused_recurrent_lightning,
                                lightning_slopes, minimax_lightning_block, naive_recurrent_elu_linear,
@@ -184,6 +184,20 @@ def test_strong_decay_forgets_the_past():
         assert torch.isfinite(o).all()
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("form", list(FORMS))
+def test_infinite_slope_resets_every_step(form):
+    """s = +inf: λ = 0, the state is k_t v_tᵀ after every step (λ^0 = 1 on the diagonal of the chunk
+    form's decay mask, not e^{-inf · 0} = NaN); one head with s = +inf beside finite ones."""
+    q, k, v, s, h0 = make(1, 77, 3, 16, 8, "minimax", torch.float32)
+    s[1] = math.inf
+    o_ref, S_ref = ref_lightning(q, k, v, s, h0=h0)
+    o, S = FORMS[form](q, k, v, s, initial_state=h0, output_final_state=True)
+    assert_close(o, o_ref, FP32, "o")
+    assert_close(S, S_ref, FP32, "final state")
+    assert_close(o[:, :, 1], (q[:, :, 1] * k[:, :, 1]).sum(-1, keepdim=True) * v[:, :, 1], FP32, "o of the reset head")
+
+
 def test_no_decay_grows_without_bound():
     """slope 0: the state is the plain sum of k v^T, and its norm grows with T (the chapter's figure)."""
     q, k, v, s, _ = make(1, 256, 1, 16, 16, "none", torch.float32)
@@ -309,6 +323,18 @@ def test_poison_reaches_only_later_rows(form, poison_case, token):
     o_ref, _ = ref_lightning(*clean.values(), h0=h0)
     o, S = FORMS[form](*args.values(), initial_state=h0, output_final_state=True)
     assert_poison_pattern(o, S, o_ref, name, token)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("form", list(FORMS))
+def test_inf_in_v_with_one_channel(form):
+    """K = V = 1, +inf in v at token 4: the math gives ±inf from there on (kv = λ kv + k v stays ±inf).
+    The recurrent forms give exactly that; the chunk form NaN from token 4 on, nothing before."""
+    q, k, v, s, _ = make(1, 10, 1, 1, 1, "minimax", torch.float32)
+    v[:, 4] = math.inf
+    o_exact, _ = ref_lightning(q, k, v, s)
+    o, _ = FORMS[form](q, k, v, s)
+    assert_inf_in_v(o, o_exact, token=4, exact=form != "chunk")
 
 
 @pytest.mark.parametrize("form", list(FORMS))

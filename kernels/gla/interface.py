@@ -75,7 +75,10 @@ def sequential_chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_fin
     return o, (state if output_final_state else None)
 
 
-def _chunk_gla_fwd(q, k, v, gk, scale, h0, output_final_state):
+# The forward and backward launchers are ops (as FlashAttention's are): torch.compile traces
+# ChunkGLAFunction itself, so a compiled graph's forward and backward are eager's, each launcher one node.
+@compiled_as_op("kernels::chunk_gla_fwd", fake=linear_attention_fake, tuple_size=2)
+def _chunk_gla_fwd(q, k, v, gk, scale, h0: torch.Tensor | None, output_final_state: bool):
     """The forward's four launches on contiguous, checked inputs; returns (o, final_state or None)."""
     B, T, H, K = q.shape
     V, dev = v.shape[-1], q.device
@@ -91,7 +94,6 @@ def _chunk_gla_fwd(q, k, v, gk, scale, h0, output_final_state):
     return o, ht
 
 
-# an op of its own, so that a compiled graph's backward calls it whole (the autograd Function below)
 @compiled_as_op("kernels::chunk_gla_bwd", fake=gradients_like("q", "k", "v", "gk", "h0"), tuple_size=5)
 def _chunk_gla_bwd(q, k, v, gk, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None):
     """The backward's launches: recompute the cumulative gates, the chunk-start states (fp32, for the
@@ -117,24 +119,18 @@ def _chunk_gla_bwd(q, k, v, gk, scale, h0: torch.Tensor | None, do, dht: torch.T
 
 
 class ChunkGLAFunction(torch.autograd.Function):
-    """chunk_gla's arguments in, (o, final_state) out. Forward: `_chunk_gla_fwd`, saving the inputs only.
-    Backward: `_chunk_gla_bwd`, which recomputes the cumulative gates, the chunk-start states and the
-    scores (Triton kernels throughout). The eager call and the compiled op share it (`compiled_as_op`'s
-    autograd=)."""
+    """Forward: `_chunk_gla_fwd`, saving the inputs only. Backward: `_chunk_gla_bwd`, which recomputes
+    the cumulative gates, the chunk-start states and the scores (Triton kernels throughout)."""
 
     @staticmethod
-    def forward(q, k, v, gk, scale, initial_state, output_final_state):
-        _, scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, initial_state, output_final_state)
-        return _chunk_gla_fwd(q, k, v, gk, scale, h0, output_final_state)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _, ctx.scale, (q, k, v, gk, h0) = _checked(*inputs)   # the verdict is kept: no second check
+    def forward(ctx, q, k, v, gk, scale, h0, output_final_state):
+        o, ht = _chunk_gla_fwd(q, k, v, gk, scale, h0, output_final_state)
         ctx.save_for_backward(q, k, v, gk, h0)
+        ctx.scale = scale
         ctx.set_materialize_grads(False)
+        return o, ht
 
     @staticmethod
-    @torch.autograd.function.once_differentiable     # the kernels' gradients carry no graph of their own
     def backward(ctx, do, dht):
         q, k, v, gk, h0 = ctx.saved_tensors
         do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
@@ -143,7 +139,6 @@ class ChunkGLAFunction(torch.autograd.Function):
         return dq, dk, dv, dgk, None, dh0, None
 
 
-@compiled_as_op("kernels::chunk_gla", fake=linear_attention_fake, tuple_size=2, autograd=ChunkGLAFunction)
 def chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False):
     """Chunk-parallel GLA (Triton, chunks of 64 tokens, sub-chunks of 16): the prefill, and training.
 
@@ -161,7 +156,7 @@ def chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=Fa
         >>> gk = (torch.nn.functional.logsigmoid(gk.float()) / 16).requires_grad_()
         >>> o, _ = chunk_gla(q, k, v, gk); o.sum().backward()       # gk.grad: [1, 4096, 32, 128]
     """
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, gk, initial_state)):
-        return ChunkGLAFunction.apply(q, k, v, gk, scale, initial_state, output_final_state)
     _, scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, initial_state, output_final_state)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, gk, h0)):
+        return ChunkGLAFunction.apply(q, k, v, gk, scale, h0, output_final_state)
     return _chunk_gla_fwd(q, k, v, gk, scale, h0, output_final_state)

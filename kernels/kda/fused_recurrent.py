@@ -43,7 +43,7 @@ def _kda_token(b_h, q, k, v, g, beta, o, t, base_k, base_v, base_b, o_k, o_v, m_
     b_h = b_h * tl.exp(b_g)[:, None]
     b_u = (b_v - tl.sum(b_h * b_k[:, None], axis=0)) * b_beta
     # S += k uᵀ, o = Sᵀ (scale·q): the shared rank-1 update with no further decay
-    b_h, b_o = recurrent_token(b_h, 1.0, b_q * scale, b_k, b_u)
+    b_h, b_o = recurrent_token(b_h, 1.0, b_q * scale, b_k, b_u, m_k, K)
     tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_v)
     return b_h
 

@@ -9,6 +9,9 @@ of them; K, V <= 256, any T >= 1. scale defaults to K ** -0.5. initial_state: fp
 None (zeros). use_qk_l2norm_in_kernel: divide q and k by their L2 norm first (the model's keys must
 be normalised for the delta rule to stay a contraction; pass False if they already are).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
+A NaN or inf in an input never reaches an earlier token's output; where the loop of the reference
+gives ±inf (an inf in v with K = 1), the recurrent form gives the same and the chunk form NaN, at and
+after that token (telling the signs apart inside its products would cost registers it does not have).
 """
 from __future__ import annotations
 
@@ -17,9 +20,9 @@ import torch
 from ..checks import check_bool
 from ..custom_ops import compiled_as_op, linear_attention_fake
 from ..launch import cdiv
-from ..linear.chunk import CHUNK, chunk_output
+from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_pass
 from ..linear.inputs import check_linear_inputs
-from .chunk import kda_prepare, kda_scores, kda_state_pass, kda_wy
+from .chunk import kda_scores, kda_wy
 from .fused_recurrent import fused_recurrent_fwd
 from .reference import L2NORM_EPS
 
@@ -64,11 +67,12 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
               use_qk_l2norm_in_kernel=False):
     """Chunk-parallel KDA forward (Triton, chunks of 64 tokens): the prefill.
 
-    Shapes and dtypes as in this module's docstring. Six launches: one pass over the inputs (the
-    in-chunk cumulative gates, q and k normalised when asked); the two score matrices of every chunk,
-    query-key and key-key together (the blocks below the diagonal, then the diagonal blocks token by
-    token); the triangular solve for the pseudo-values, which also decays each chunk's keys to its end;
-    the state pass (sequential over chunks); the output (GLA's, with the corrected values for v).
+    Shapes and dtypes as in this module's docstring. Six launches: one pass over the inputs (the shared
+    gate pass: the in-chunk cumulative gates, q and k normalised when asked); the two score matrices of
+    every chunk, query-key and key-key together (the blocks below the diagonal, then the diagonal blocks
+    token by token); the triangular solve for the pseudo-values, which also decays each chunk's keys to
+    its end; the shared state pass with the delta rule (sequential over chunks); the output (GLA's, with
+    the corrected values for v).
     The gates, the key-key scores, the solve and the carried state are fp32; the per-chunk states,
     pseudo-values and query-key scores are in the input dtype (they feed tensor-core products).
 
@@ -83,10 +87,10 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     b = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
     if use_qk_l2norm_in_kernel:
         qn, kn = torch.empty_like(q), torch.empty_like(k)
-        kda_prepare(q, k, g, b, qn, kn, L2NORM_EPS)
+        chunk_local_cumsum(g, b, q=q, k=k, q_normed=qn, k_normed=kn, eps=L2NORM_EPS)
         q, k = qn, kn
     else:
-        kda_prepare(q, k, g, b)
+        chunk_local_cumsum(g, b)
     Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)         # blocks above the diagonal stay unwritten
     Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)
     kda_scores(q, k, b, Aqk, Akk, scale)
@@ -95,7 +99,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     states = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=dev)
     v_new = torch.empty_like(v)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
-    kda_state_pass(kg, w, u, b, states, v_new, h0, ht)
+    chunk_state_pass(kg, u, b, states, h0, ht, w=w, v_new=v_new, decayed_keys=True)
     o = torch.empty_like(v)
     chunk_output(q, v_new, b, states, Aqk, o, scale)
     return o, ht

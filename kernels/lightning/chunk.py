@@ -10,7 +10,8 @@ with c = t's position in its chunk (0 … C-1). In matrices, per chunk of C = 64
     O = diag(λ^(c+1)) (Q kv_prev)  +  ((Q K^T) ⊙ M) V,    M_ts = λ^(t-s) for s <= t, else 0
 
 Q K^T is one tensor-core product and M an elementwise mask: no per-channel decay inside the product,
-hence none of GLA's sub-chunking or re-basing. Every exponent, -s·(c+1) and -s·(t-s), is <= 0.
+hence none of GLA's sub-chunking or re-basing. Every exponent, -s·(c+1) and -s·(t-s), is <= 0, and
+s = +inf (λ = 0) is exact: λ^0 = 1 on the diagonal (`load_log_decay`).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs
-from ..linear.chunk import CHUNK, dot_precision, output_tile, tiles_that_fit
+from ..linear.chunk import CHUNK, dot_precision, load_log_decay, output_tile, tiles_that_fit
 from ..tl_helpers import dot_causal
 
 # (BK, BV), num_warps, num_stages: BV = V = 128 computes Q K^T once per chunk and head. On the H200
@@ -41,7 +42,7 @@ def _chunk_lightning_output_kernel(
 ):
     # one program: the BT rows of chunk i_t, value columns [i_v·BV, (i_v+1)·BV), of one (batch, head)
     i_b, i_h, o_c, o_t, m_t, o_v, m_v, p_hc = output_tile(h, T, H, NT, K, V, BT, BV)
-    b_g = tl.load(gamma + i_h)                 # the log decay per step, -s <= 0
+    b_g = load_log_decay(gamma, i_h)           # the log decay per step, -s <= 0 (-inf raised to finite)
 
     # Q kv_prev and Q K^T, both over the key dim in tiles of BK: [BT, BV] and [BT, BT]
     b_o = tl.zeros([BT, BV], dtype=tl.float32)

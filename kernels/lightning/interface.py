@@ -3,13 +3,16 @@ chunk buffers, launch. The launch functions in the kernel files take contiguous 
 
 Every entry point has the same arguments and returns (o, final_state):
 q, k: [B, T, H, K]; v: [B, T, H, V] (sequence-major, as in fla); slopes: [H], the decay rate of each
-head, s_h >= 0 and finite (the decay per step is λ_h = exp(-s_h); 0 means no decay; the values are
-not checked, which would wait for the GPU); q, k, v one dtype (fp16, bf16 on a GPU, fp32), slopes
-any of them (used in fp32); K, V <= 256, any T >= 1. scale defaults to 1.0 (Lightning has no 1/√d;
+head, s_h >= 0 (the decay per step is λ_h = exp(-s_h); 0 means no decay, +inf a full reset at every
+step; the values are not checked, which would wait for the GPU); q, k, v one dtype (fp16, bf16 on a
+GPU, fp32), slopes any of them (used in fp32); K, V <= 256, any T >= 1. scale defaults to 1.0 (Lightning has no 1/√d;
 None also means 1.0). initial_state: fp32 [B, H, K, V] or None (zeros).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
 chunk_lightning trains (gradients to q, k, v and initial_state, through o and the final state; the slopes
 are fixed per head and take none); the recurrent form has no backward and refuses an input that requires grad.
+A NaN or inf in an input never reaches an earlier token's output; an inf that the math carries on as
+±inf comes out as ±inf from the recurrent forms and as NaN from the chunk form (telling the signs
+apart inside its products would cost registers the kernel does not have).
 """
 from __future__ import annotations
 
@@ -55,7 +58,10 @@ def fused_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, ou
     return o, ht
 
 
-def _chunk_lightning_fwd(q, k, v, gamma, scale, h0, output_final_state):
+# The forward and backward launchers are ops (as FlashAttention's are): torch.compile traces
+# ChunkLightningFunction itself, so a compiled graph's forward and backward are eager's.
+@compiled_as_op("kernels::chunk_lightning_fwd", fake=linear_attention_fake, tuple_size=2)
+def _chunk_lightning_fwd(q, k, v, gamma, scale, h0: torch.Tensor | None, output_final_state: bool):
     """The forward's two launches on contiguous, checked inputs; returns (o, final_state or None)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -67,7 +73,6 @@ def _chunk_lightning_fwd(q, k, v, gamma, scale, h0, output_final_state):
     return o, ht
 
 
-# an op of its own, so that a compiled graph's backward calls it whole (the autograd Function below)
 @compiled_as_op("kernels::chunk_lightning_bwd", fake=gradients_like("q", "k", "v", "h0"), tuple_size=4)
 def _chunk_lightning_bwd(q, k, v, gamma, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None):
     """The backward's launches, the shared ones with the fixed decay gamma: recompute the chunk-start
@@ -88,23 +93,18 @@ def _chunk_lightning_bwd(q, k, v, gamma, scale, h0: torch.Tensor | None, do, dht
 
 
 class ChunkLightningFunction(torch.autograd.Function):
-    """chunk_lightning's arguments in, (o, final_state) out. Forward: `_chunk_lightning_fwd`, saving the
-    inputs only. Backward: `_chunk_lightning_bwd`, which recomputes the chunk-start states (Triton kernels
-    throughout). The decay is fixed: no slopes gradient. The eager call and the compiled op share it."""
+    """Forward: `_chunk_lightning_fwd`, saving the inputs only. Backward: `_chunk_lightning_bwd`, which
+    recomputes the chunk-start states (Triton kernels throughout). The decay is fixed: no slopes gradient."""
 
     @staticmethod
-    def forward(q, k, v, slopes, scale, initial_state, output_final_state):
-        _, scale, (q, k, v, s, h0) = _checked(q, k, v, slopes, scale, initial_state, output_final_state)
-        return _chunk_lightning_fwd(q, k, v, -s, scale, h0, output_final_state)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _, ctx.scale, (q, k, v, s, h0) = _checked(*inputs)   # the verdict is kept: no second check
-        ctx.save_for_backward(q, k, v, -s, h0)
+    def forward(ctx, q, k, v, gamma, scale, h0, output_final_state):
+        o, ht = _chunk_lightning_fwd(q, k, v, gamma, scale, h0, output_final_state)
+        ctx.save_for_backward(q, k, v, gamma, h0)
+        ctx.scale = scale
         ctx.set_materialize_grads(False)
+        return o, ht
 
     @staticmethod
-    @torch.autograd.function.once_differentiable     # the kernels' gradients carry no graph of their own
     def backward(ctx, do, dht):
         q, k, v, gamma, h0 = ctx.saved_tensors
         do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
@@ -113,8 +113,6 @@ class ChunkLightningFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, dh0, None
 
 
-@compiled_as_op("kernels::chunk_lightning", fake=linear_attention_fake, tuple_size=2,
-                autograd=ChunkLightningFunction)
 def chunk_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False):
     """Chunk-parallel Lightning Attention-2 (Triton, blocks of 64 tokens): the prefill, and training.
 
@@ -137,6 +135,7 @@ def chunk_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final
     if torch.is_grad_enabled() and slopes.requires_grad:
         raise ValueError("slopes requires grad, but chunk_lightning's decay is fixed per head: it has no "
                          "gradient (pass slopes.detach())")
+    gamma = -s                                   # the log decay per step, the same for every token
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, h0)):
-        return ChunkLightningFunction.apply(q, k, v, slopes, scale, initial_state, output_final_state)
-    return _chunk_lightning_fwd(q, k, v, -s, scale, h0, output_final_state)   # -s: the log decay per step
+        return ChunkLightningFunction.apply(q, k, v, gamma, scale, h0, output_final_state)
+    return _chunk_lightning_fwd(q, k, v, gamma, scale, h0, output_final_state)

@@ -72,7 +72,9 @@ _fits = tiles_that_fit()
 # kernel serve every length instead of one per divisibility class of T.
 @triton.jit(do_not_specialize=["T", "H"])
 def _chunk_local_cumsum_kernel(g, b, T, H, G: tl.constexpr, FLOOR: tl.constexpr,
-                               BT: tl.constexpr, BG: tl.constexpr):
+                               BT: tl.constexpr, BG: tl.constexpr,
+                               q=None, k=None, qn=None, kn=None, L2NORM: tl.constexpr = False,
+                               EPS: tl.constexpr = 0.0):
     i_g, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -82,32 +84,77 @@ def _chunk_local_cumsum_kernel(g, b, T, H, G: tl.constexpr, FLOOR: tl.constexpr,
     b_g = tl.load(g + p_g, mask=m_g, other=0.0).to(tl.float32)
     b_g = tl.where(b_g < FLOOR, FLOOR, b_g)   # -inf -> FLOOR (see GATE_FLOOR); NaN stays NaN
     tl.store(b + p_g, tl.cumsum(b_g, axis=0), mask=m_g)
+    if L2NORM:
+        # q and k, [B, T, H, G] as the gates, divided by their L2 norm in the same pass (KDA): the
+        # program holds whole rows (BG >= G)
+        b_q = tl.load(q + p_g, mask=m_g, other=0.0).to(tl.float32)
+        b_k = tl.load(k + p_g, mask=m_g, other=0.0).to(tl.float32)
+        tl.store(qn + p_g, (b_q * tl.rsqrt(tl.sum(b_q * b_q, axis=1) + EPS)[:, None]).to(qn.dtype.element_ty),
+                 mask=m_g)
+        tl.store(kn + p_g, (b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=1) + EPS)[:, None]).to(kn.dtype.element_ty),
+                 mask=m_g)
 
 
-def chunk_local_cumsum(g: torch.Tensor, b: torch.Tensor) -> None:
+def chunk_local_cumsum(g: torch.Tensor, b: torch.Tensor, *, q=None, k=None, q_normed=None, k_normed=None,
+                       eps: float = 0.0) -> None:
     """b = the cumulative sum of the log gates g inside each chunk of CHUNK tokens, in fp32.
 
     g: [B, T, H, G] (G = K per-channel gates, or 1 for a gate per head), contiguous, any float
     dtype; b: fp32 [B, T, H, G], written. Gates below GATE_FLOOR count as GATE_FLOOR.
+    With q, k (like g, G = K) and q_normed, k_normed (like q, written) given, the same pass also
+    writes q / sqrt(Σ q² + eps) and the same for k (KDA's use_qk_l2norm_in_kernel).
 
         >>> b = torch.empty(gk.shape, dtype=torch.float32, device=gk.device)
         >>> chunk_local_cumsum(gk, b)
         >>> b[:, :CHUNK].exp()      # the decay from the first chunk's start to each of its tokens
     """
     B, T, H, G = g.shape
-    BG = min(64, triton.next_power_of_2(G))
+    l2norm = {} if q is None else dict(q=q, k=k, qn=q_normed, kn=k_normed, L2NORM=True, EPS=eps,
+                                       num_warps=8 if G > 64 else 4)
+    # the norm sums over every key channel: one program holds whole rows then
+    BG = pow2_at_least_16(G) if l2norm else min(64, triton.next_power_of_2(G))
     _chunk_local_cumsum_kernel[(triton.cdiv(G, BG), triton.cdiv(T, CHUNK), B * H)](
-        g, b, T, H, G, FLOOR=GATE_FLOOR, BT=CHUNK, BG=BG)
+        g, b, T, H, G, FLOOR=GATE_FLOOR, BT=CHUNK, BG=BG, **l2norm)
 
 
 # ------------------------------------------------------------------ 2. the inter-chunk state pass
 @triton.jit
 def decay_exponent(gamma, n):
     """gamma · n, the log of a fixed decay e^gamma taken n times, as fp32; 0 where n <= 0 (a padded
-    row, or the diagonal). The select, not the product, makes λ^0 = 1 also for gamma = -inf (λ = 0, a
-    full reset each step), where -inf · 0 would be NaN."""
+    row, the diagonal, or a pair above it that a mask drops later). The select, not the product, makes
+    λ^0 = 1 also for gamma = -inf (λ = 0, a full reset each step), where -inf · 0 would be NaN, and keeps
+    a negative n from overflowing (which `load_log_decay`'s finite floor alone would not)."""
     return tl.where(n > 0, gamma * n.to(tl.float32), 0.0)
 
+
+@triton.jit
+def load_log_decay(gamma, i_h):
+    """Head i_h's log decay per step, gamma[i_h] (<= 0), with -inf raised to fp32's most negative
+    finite value: a decay λ = 0 (a full reset at every step) then still gives λ^0 = e^{gamma · 0} = 1,
+    where -inf · 0 would be NaN, and λ^n = e^{-3.4e38 · n} = 0 for n >= 1, as e^-inf is. One scalar
+    maximum per program instead of a select on every exponent; a NaN stays NaN."""
+    return tl.maximum(tl.load(gamma + i_h), -3.4028234663852886e38, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _chunk_values(v, w, v_new, b_h, i_b, i_h, o_t, m_t, o_k, m_k, o_v, m_v, T, H, K: tl.constexpr,
+                  V: tl.constexpr, DELTA: tl.constexpr, DOT_PREC: tl.constexpr):
+    """The [BT, BV] values one chunk adds to the state: v's tile, or with the delta rule (KDA, v holding
+    the pseudo-values W') U = W' - W S, a sum over every key channel (one K-tile, BK >= K), also written
+    to v_new for the output kernel."""
+    if DELTA:
+        b_w = tl.load(w + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :],
+                      mask=m_t[:, None] & m_k[None, :], other=0.0)
+        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        m_tv = m_t[:, None] & m_v[None, :]
+        b_u = tl.load(v + p_v, mask=m_tv, other=0.0).to(tl.float32) \
+            - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)
+        b_v = b_u.to(v_new.dtype.element_ty)
+        tl.store(v_new + p_v, b_v, mask=m_tv)
+    else:
+        b_v = tl.load(v + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
+                      mask=m_t[:, None] & m_v[None, :], other=0.0)
+    return b_v
 
 
 # (BK, BV), num_warps, num_stages. The H200 picked (64, 32) at B·H = 32 and (64, 64) at 64.
@@ -122,6 +169,7 @@ def _chunk_state_kernel(
     K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
     gamma=None, GAMMA: tl.constexpr = False,
+    w=None, v_new=None, DELTA: tl.constexpr = False, DECAYED_KEYS: tl.constexpr = False,
 ):
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -146,37 +194,53 @@ def _chunk_state_kernel(
         b_kt = tl.load(k + ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None], mask=m_kt, other=0.0)
         t_last = tl.minimum(i_t * BT + BT, T) - 1
         if GAMMA:
-            b_v = tl.load(v + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
-                          mask=m_t[:, None] & m_v[None, :], other=0.0)
+            b_v = _chunk_values(v, w, v_new, b_h, i_b, i_h, o_t, m_t, o_k, m_k, o_v, m_v, T, H, K, V, DELTA, DOT_PREC)
             # a fixed log decay per step and head: from token t to the chunk end it is gamma·(t_last - t),
             # one product (no difference of cumulative sums); <= 0 on every real token, 0 on the padding
-            b_gam = tl.load(gamma + i_h)
+            b_gam = load_log_decay(gamma, i_h)
             b_kt = (b_kt * tl.exp(b_gam * tl.maximum(t_last - o_t, 0).to(tl.float32))[None, :]).to(b_v.dtype)
             b_h = b_h * tl.exp(b_gam * (t_last + 1 - i_t * BT).to(tl.float32)) \
                 + tl.dot(b_kt, b_v, input_precision=DOT_PREC)
         else:
-            b_gt = tl.load(b + ((i_b * T + o_t[None, :]) * H + i_h) * G + o_gk[:, None], mask=m_kt, other=0.0)
+            if not DECAYED_KEYS:
+                b_gt = tl.load(b + ((i_b * T + o_t[None, :]) * H + i_h) * G + o_gk[:, None], mask=m_kt, other=0.0)
             b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
-            b_v = tl.load(v + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
-                          mask=m_t[:, None] & m_v[None, :], other=0.0)
-            # decay to the chunk end; every exponent b_last - b_t <= 0
-            b_kt = (b_kt * tl.exp(b_gl[:, None] - b_gt)).to(b_v.dtype)
+            b_v = _chunk_values(v, w, v_new, b_h, i_b, i_h, o_t, m_t, o_k, m_k, o_v, m_v, T, H, K, V, DELTA, DOT_PREC)
+            if not DECAYED_KEYS:
+                # decay to the chunk end; every exponent b_last - b_t <= 0
+                b_kt = (b_kt * tl.exp(b_gl[:, None] - b_gt)).to(b_v.dtype)
             b_h = b_h * tl.exp(b_gl)[:, None] + tl.dot(b_kt, b_v, input_precision=DOT_PREC)
 
     if STORE_HT:
         tl.store(ht + i_bh * K * V + p_h, b_h, mask=m_h)
 
 
-def chunk_state_pass(k, v, b, states, initial_state=None, final_state=None, *, gamma=None) -> None:
+# The delta rule's pass: one K-tile (BK = K padded) and BV value columns a program. BV, num_warps,
+# num_stages: at K = 128 and bf16, ptxas (sm_90) fits BV = 32 and 16 in registers with 8 warps (245 and
+# 217 per thread); BV = 32 with 4 warps spills 480 bytes, BV = 64 spills at 4 and 8.
+_DELTA_STATE_CONFIGS = autotune_configs([({"BV": 32}, 8, 3), ({"BV": 32}, 8, 2), ({"BV": 16}, 4, 2)],
+                                        interpreter={"BV": 32})
+_delta_state_kernel = triton.autotune(configs=_DELTA_STATE_CONFIGS, key=["K", "V", "NBH"],
+                                      prune_configs_by={"early_config_prune": _fits})(_chunk_state_kernel.fn)
+
+
+def chunk_state_pass(k, v, b, states, initial_state=None, final_state=None, *, gamma=None, w=None, v_new=None,
+                     decayed_keys=False) -> None:
     """The state at the start of every chunk, and after the last: the only pass that is sequential
     over chunks (one program per K-tile, V-tile and batch·head walks them).
 
     k: [B, T, H, K]; v: [B, T, H, V]; b: fp32 [B, T, H, G], the in-chunk cumulative gates
     (`chunk_local_cumsum`), G = K or 1. Or, for a decay that is the same at every step (Lightning
-    Attention, RetNet), b = None and gamma: fp32 [H], the log decay per step of each head (finite,
-    <= 0); the kernel then computes the decays itself and reads no gates. Written: states
-    [B, NT, H, K, V] (NT = ceil(T / CHUNK)) in k's dtype, which feeds the output matmul; final_state
-    fp32 [B, H, K, V] unless None. initial_state: fp32 [B, H, K, V] or None (zeros). All contiguous.
+    Attention, RetNet), b = None and gamma: fp32 [H], the log decay per step of each head (<= 0;
+    -inf resets the state at every step); the kernel then computes the decays itself and reads no
+    gates. Written: states [B, NT, H, K, V] (NT = ceil(T / CHUNK)) in k's dtype, which feeds the
+    output matmul; final_state fp32 [B, H, K, V] unless None. initial_state: fp32 [B, H, K, V] or
+    None (zeros). All contiguous.
+
+    The delta rule (KDA): w [B, T, H, K] and v_new [B, T, H, V] given, v holds the pseudo-values W'
+    and each chunk adds U = W' - W S instead of v, U written to v_new (in its dtype) for the output.
+    decayed_keys: k already holds the keys decayed to their chunk's last token, K ⊙ e^{b_last - b}
+    (KDA's solve computes them in parallel over chunks), so the pass reads only b's last row per chunk.
 
         >>> states = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, dtype=k.dtype, device=k.device)
         >>> chunk_state_pass(k, v, b, states)
@@ -184,14 +248,22 @@ def chunk_state_pass(k, v, b, states, initial_state=None, final_state=None, *, g
     """
     if (b is None) == (gamma is None):
         raise ValueError("chunk_state_pass takes exactly one of b (cumulative gates) and gamma (a decay per head)")
+    if (w is None) != (v_new is None):
+        raise ValueError("chunk_state_pass takes w and v_new together (the delta rule) or neither")
+    if decayed_keys and b is None:
+        raise ValueError("chunk_state_pass: decayed_keys needs the cumulative gates b")
     B, T, H, K = k.shape
     V = v.shape[-1]
     G = 1 if b is None else b.shape[-1]
     NT = triton.cdiv(T, CHUNK)
-    _chunk_state_kernel[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), B * H)](
-        k, v, b, states, initial_state, final_state, T, H, NT, B * H, K, V, G, BT=CHUNK,
-        USE_H0=initial_state is not None, STORE_HT=final_state is not None, DOT_PREC=dot_precision(k.dtype),
-        gamma=gamma, GAMMA=gamma is not None)
+    args = (k, v, b, states, initial_state, final_state, T, H, NT, B * H, K, V, G)
+    flags = dict(BT=CHUNK, USE_H0=initial_state is not None, STORE_HT=final_state is not None,
+                 DOT_PREC=dot_precision(k.dtype), gamma=gamma, GAMMA=gamma is not None, DECAYED_KEYS=decayed_keys)
+    if w is None:
+        _chunk_state_kernel[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), B * H)](*args, **flags)
+    else:
+        _delta_state_kernel[lambda m: (1, triton.cdiv(V, m["BV"]), B * H)](
+            *args, **flags, BK=pow2_at_least_16(K), w=w, v_new=v_new, DELTA=True)
 
 
 # ------------------------------------------------------------------ 3. the output assembly
@@ -266,4 +338,4 @@ def chunk_output(q, v, b, states, A, o, scale: float) -> None:
 
 
 __all__ = ["CHUNK", "SUB_CHUNK", "GATE_FLOOR", "chunk_local_cumsum", "chunk_state_pass", "chunk_output",
-           "dot_precision"]
+           "decay_exponent", "dot_precision", "load_log_decay"]

@@ -12,10 +12,10 @@ from ..launch import cdiv, launch, pow2_at_least_16
 
 def decode_tiles(K: int, V: int, NBH: int):
     """(BM, BN, num_warps, num_stages) for the step: BM = the key rows (K padded to a power of two),
-    BN = the value columns of one program's tile. The choices are GLA's step's H200 picks (the same
-    state tile and the same traffic): narrow tiles and many warps when few (batch, head) pairs must
-    fill 132 SMs, wider ones when there are plenty. The tile is kept at <= 128 fp32 registers per
-    thread, and never wider than V needs."""
+    BN = the value columns of one program's tile. The choices are what the H200's autotuner picked for
+    GLA's step (the same state tile and traffic as Lightning's and KDA's): narrow tiles and many warps
+    when few (batch, head) pairs must fill 132 SMs, wider ones when there are plenty. The tile is kept
+    at <= 128 fp32 registers per thread, and never wider than V needs."""
     BM = pow2_at_least_16(K)
     if INTERPRET:
         return [(BM, min(32, pow2_at_least_16(V)), 4, 1)]
@@ -61,11 +61,18 @@ def state_tile(h0, p_h, m_h, USE_H0: tl.constexpr, BK: tl.constexpr, BV: tl.cons
 
 
 @triton.jit
-def recurrent_token(b_h, b_decay, b_q, b_k, b_v):
+def recurrent_token(b_h, b_decay, b_q, b_k, b_v, m_k, K: tl.constexpr):
     """One token: S = decay ⊙ S + k vᵀ, then o = Sᵀ q. b_decay is [BK, 1] (a gate per key channel)
-    or a scalar (one per head); b_q (scale included), b_k: [BK]; b_v: [BV]; all fp32.
-    Returns (the new state tile, o [BV])."""
-    b_h = b_h * b_decay + b_k[:, None] * b_v[None, :]
+    or a scalar (one per head); b_q (scale included), b_k: [BK] (mask m_k, K real rows); b_v: [BV];
+    all fp32. Returns (the new state tile, o [BV]).
+
+    The padded key rows (K < BK) hold k = 0, and 0 · inf is NaN: an inf in v would turn them to NaN,
+    and the read-out and the delta rule's prediction sum over them. A select keeps them exactly 0, so
+    the real rows' ±inf comes out as the math says; a tile without padding compiles without it."""
+    b_kv = b_k[:, None] * b_v[None, :]
+    if K < b_h.shape[0]:
+        b_kv = tl.where(m_k[:, None], b_kv, 0.0)
+    b_h = b_h * b_decay + b_kv
     return b_h, tl.sum(b_h * b_q[:, None], axis=0)
 
 
