@@ -508,6 +508,32 @@ def test_causal_mask_refuses(T, S, exc):
         causal_mask(T, S)
 
 
+@pytest.mark.parametrize("T, S", [(1, 1), (1, 50), (50, 1), (7, 7), (40, 100), (100, 40), (64, 65)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flops_count_the_visible_pairs(T, S, causal):
+    """attention_flops: 4·B·H·D per pair the mask lets through (counted here on the mask itself),
+    2.5× that for the backward."""
+    from kernels.flash_attn.reference import attention_flops, visible_pairs
+
+    pairs = int(causal_mask(T, S).sum()) if causal else T * S
+    assert visible_pairs(T, S, causal) == pairs
+    assert attention_flops(2, 3, T, S, 16, causal) == 4 * 2 * 3 * 16 * pairs
+    assert attention_flops(2, 3, T, S, 16, causal, backward=True) == 2.5 * 4 * 2 * 3 * 16 * pairs
+
+
+@pytest.mark.parametrize("hkv", [32, 8, 1])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_bench_bytes_are_the_tensors(pass_, hkv):
+    """bytes_moved: bf16 q, k, v read and o written, 4·B·D·(T·Hq + S·Hkv); the backward also reads dO
+    and writes dq, dk, dv: twice that."""
+    from kernels.flash_attn import bench
+
+    c = {"B": 2, "T": 96, "H": 32, "Hkv": hkv, "D": 64, "pass": pass_, "causal": False}
+    q_numel, kv_numel = 2 * 96 * 32 * 64, 2 * 96 * hkv * 64
+    tensors = 2 * q_numel + 2 * kv_numel  # (q, o) and (k, v)
+    assert bench.bytes_moved(c) == 2 * tensors * (2 if pass_ == "bwd" else 1)
+
+
 def test_causal_mask_is_bottom_right_aligned():
     assert causal_mask(2, 3).tolist() == [[True, True, False], [True, True, True]]
     assert causal_mask(3, 2).tolist() == [[False, False], [True, False], [True, True]]
