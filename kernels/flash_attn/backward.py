@@ -94,8 +94,8 @@ def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_o0, p_do0, p_lse0, p_delt
     from O and dO (DELTA_FROM_O; p_delta0 is then None) or from p_delta0. MASKED (the
     causal diagonal): a pair the mask hides has P = 0 and dS = 0, so a NaN or inf in dO at a row that
     cannot see a key stays out of that key's dK, and one in Q out of its dV. (Not the other way round:
-    dV = Pᵀ dO and dK = dSᵀ Q still meet 0 * NaN; `dot_visible` there made the causal backward 11-36 %
-    slower on the H200.)"""
+    dV = Pᵀ dO and dK = dSᵀ Q still meet 0 * NaN; `dot_visible` there made the causal backward slower
+    on the H200: book/what_did_not_work.md.)"""
     o_mb = tl.arange(0, BM)
     for i_m in range(lo, hi, BM):
         o_m = i_m + o_mb
@@ -308,7 +308,7 @@ def _attn_bwd_kernel(q, k, v, o, do, dq, dk, dv, lse, delta, cu_seqlens_q, cu_se
         n_kvheads *= PARTS
     if DQ and DKDV:
         # One launch, a small problem: dQ programs first, and the head varies fastest, so every
-        # head's heaviest blocks start in the first wave (causal 1K on the H200: 109 against 119 us).
+        # head's heaviest blocks start in the first wave (faster at causal 1K on the H200: the chapter, section 4).
         n_dq = n_qblocks * n_qheads
         if pid < n_dq:
             _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, cu_seqlens_q, cu_seqlens_k, pid // n_qheads, pid % n_qheads,
