@@ -64,7 +64,8 @@ SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cuDNN": "CUDNN_ATTENTION"}
 
 def sdpa(backend: str):
     """PyTorch's scaled_dot_product_attention pinned to one backend ("flash" or "cuDNN"):
-    f(q, k, v, causal=False, scale=None) on [B, H, T, D] tensors."""
+    f(q, k, v, causal=False, scale=None, enable_gqa=False) on [B, H, T, D] tensors (enable_gqa: k and v
+    may have fewer heads than q, where the backend takes that)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention
 
@@ -77,9 +78,9 @@ def sdpa(backend: str):
         for used in _records:
             used["cuDNN"] = str(torch.backends.cudnn.version())
 
-    def attend(q, k, v, causal=False, scale=None):
+    def attend(q, k, v, causal=False, scale=None, enable_gqa=False):
         with sdpa_kernel(pinned):
-            return scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+            return scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=enable_gqa)
     return attend
 
 

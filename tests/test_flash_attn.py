@@ -13,7 +13,7 @@ import torch
 
 from input_cases import bad_input_cases, case_id, expect_refusal
 from kernels.common import DEVICE, ON_GPU, TF32, rel_err, tolerance
-from kernels.flash_attn import attention_eager, attention_ref, causal_mask, flash_attn_func, interface
+from kernels.flash_attn import attention_eager, attention_ref, backward, causal_mask, flash_attn_func, interface
 from kernels.flash_attn.reference import online_softmax_steps
 
 
@@ -133,6 +133,54 @@ CPU_SHAPES = [
 @pytest.mark.parametrize("shape", CPU_SHAPES, ids=_id)
 def test_matches_reference(shape, causal, dtype, launches):
     _check(*shape, causal, dtype)
+
+
+# ------------------------------------------------------------------ GQA: the group split over programs
+@pytest.fixture(params=[1, 2, "group"], ids=["parts1", "parts2", "parts-group"])
+def parts(request, monkeypatch):
+    """Split each GQA group's query heads into this many parts, a dK/dV program each, whatever the
+    size would pick: 1 (one program walks the whole group, summing in registers), 2 (two programs,
+    their fp32 partial sums added after the launch; 1 for an odd group) or one head a part."""
+    pick = {1: lambda group: 1, 2: lambda group: math.gcd(2, group), "group": lambda group: group}[request.param]
+    monkeypatch.setattr(backward, "group_parts", lambda group, programs: pick(group))
+    return request.param
+
+
+GQA_SHAPES = [
+    (1, 77, 77, 8, 2, 32),   # group of 4, odd length
+    (2, 45, 61, 6, 3, 32),   # group of 2, B = 2, T < S
+    (1, 50, 37, 4, 1, 64),   # MQA, T > S: with causal, the first 13 rows see no key
+    (1, 33, 90, 8, 1, 32),   # MQA, group of 8, T < S, several key blocks
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", GQA_SHAPES, ids=_id)
+def test_gqa_group_split(shape, causal, parts, launches):
+    """fp32: dK and dV summed over the group are the same whether one program walks the whole group
+    or the group is split into parts whose partial sums are added after the launch."""
+    _check(*shape, causal, torch.float32)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gqa_group_split_fp16(causal, parts):
+    _check(1, 77, 77, 8, 2, 32, causal, torch.float16)
+
+
+@pytest.mark.parametrize("group, programs, expected", [
+    (1, 8, 1),        # MHA: nothing to split
+    (8, 2048, 1),     # enough programs already: the group stays in one program
+    (4, 256, 4),      # GQA 32/8 at T = 4K (B = 1, BN = 128): 256 programs, 4 parts reach 1024
+    (32, 128, 8),     # MQA 32/1 at T = 16K: 8 parts of 4 heads reach 1024
+    (32, 32, 32),     # MQA 32/1 at T = 4K: one head a part
+    (6, 200, 6),      # no divisor reaches MIN_PROGRAMS: one head a part
+    (6, 300, 6),      # 4 parts would reach it, but 4 does not divide 6
+    (6, 400, 3),
+])
+def test_group_parts(group, programs, expected):
+    """The fewest parts, a divisor of the group, that give MIN_PROGRAMS dK/dV programs."""
+    assert backward.MIN_PROGRAMS == 1024
+    assert backward.group_parts(group, programs) == expected
 
 
 def test_softmax_scale_argument():
@@ -460,6 +508,32 @@ def test_causal_mask_refuses(T, S, exc):
         causal_mask(T, S)
 
 
+@pytest.mark.parametrize("T, S", [(1, 1), (1, 50), (50, 1), (7, 7), (40, 100), (100, 40), (64, 65)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flops_count_the_visible_pairs(T, S, causal):
+    """attention_flops: 4·B·H·D per pair the mask lets through (counted here on the mask itself),
+    2.5× that for the backward."""
+    from kernels.flash_attn.reference import attention_flops, visible_pairs
+
+    pairs = int(causal_mask(T, S).sum()) if causal else T * S
+    assert visible_pairs(T, S, causal) == pairs
+    assert attention_flops(2, 3, T, S, 16, causal) == 4 * 2 * 3 * 16 * pairs
+    assert attention_flops(2, 3, T, S, 16, causal, backward=True) == 2.5 * 4 * 2 * 3 * 16 * pairs
+
+
+@pytest.mark.parametrize("hkv", [32, 8, 1])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_bench_bytes_are_the_tensors(pass_, hkv):
+    """bytes_moved: bf16 q, k, v read and o written, 4·B·D·(T·Hq + S·Hkv); the backward also reads dO
+    and writes dq, dk, dv: twice that."""
+    from kernels.flash_attn import bench
+
+    c = {"B": 2, "T": 96, "H": 32, "Hkv": hkv, "D": 64, "pass": pass_, "causal": False}
+    q_numel, kv_numel = 2 * 96 * 32 * 64, 2 * 96 * hkv * 64
+    tensors = 2 * q_numel + 2 * kv_numel  # (q, o) and (k, v)
+    assert bench.bytes_moved(c) == 2 * tensors * (2 if pass_ == "bwd" else 1)
+
+
 def test_causal_mask_is_bottom_right_aligned():
     assert causal_mask(2, 3).tolist() == [[True, True, False], [True, True, True]]
     assert causal_mask(3, 2).tolist() == [[False, False], [True, False], [True, True]]
@@ -543,6 +617,27 @@ def test_gpu_odd_lengths(shape, causal, launches):
 ], ids=lambda x: _id(x) if isinstance(x, tuple) else ("causal" if x else "full"))
 def test_gpu_head_dims(shape, causal, launches):
     _check(*shape, causal, torch.bfloat16, ref_dtype=torch.float32)
+
+
+GPU_GQA = [  # (B, T, S, Hq, Hkv, D), bf16: the size picks how the group is split
+    (1, 4096, 4096, 32, 1, 128),  # MQA: one query head a part
+    (1, 2000, 2000, 32, 8, 128),  # GQA 32/8
+    (2, 1000, 1500, 16, 2, 64),   # T < S
+    (1, 1500, 700, 8, 1, 128),    # MQA, T > S
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", GPU_GQA, ids=_id)
+def test_gpu_gqa(shape, causal, launches):
+    _check(*shape, causal, torch.bfloat16, ref_dtype=torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_gqa_split_parts(causal, parts):
+    _check(1, 1000, 1000, 16, 2, 128, causal, torch.bfloat16, ref_dtype=torch.float32)
 
 
 @pytest.mark.gpu

@@ -13,7 +13,7 @@ import torch
 
 from input_cases import bad_input_cases, case_id, expect_refusal
 from kernels.common import DEVICE, rel_err, tolerance
-from kernels.flash_attn import attention_varlen_ref, causal_mask, flash_attn_varlen_func, interface
+from kernels.flash_attn import attention_varlen_ref, backward, causal_mask, flash_attn_varlen_func, interface
 from kernels.flash_attn.bench import cu_seqlens, packed_lengths
 
 
@@ -63,6 +63,15 @@ def test_matches_each_sequence_alone(case, causal, launches):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_fp16(causal):
     _check([16, 0, 33, 1, 5], [20, 3, 33, 1, 0], 4, 2, 32, causal, torch.float16)
+
+
+@pytest.mark.parametrize("parts", [1, 2, 4], ids=["parts1", "parts2", "parts4"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gqa_group_split(causal, parts, launches, monkeypatch):
+    """MQA with a group of 4: one dK/dV program walks the group, or the group is split into parts
+    whose fp32 partial sums are added after the launch; the same gradients either way."""
+    monkeypatch.setattr(backward, "group_parts", lambda group, programs: parts)
+    _check([40, 0, 7, 33], [9, 3, 20, 33], 4, 1, 32, causal, torch.float32)
 
 
 def _check(lengths_q, lengths_k, HQ, HKV, D, causal, dtype, ref_dtype=torch.float64):

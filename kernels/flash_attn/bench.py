@@ -7,6 +7,8 @@
     MEMORY    peak GPU memory of one non-causal forward, T = 1K..64K
     VARLEN    16K tokens of packed sequences of long-tailed lengths (`packed_lengths`), H = 16, D = 128:
               the packed call against the same sequences padded to the longest; fwd and fwd+bwd
+    GQA       MHA (32 query heads, 32 KV heads) against GQA (32/8) and MQA (32/1), B=1, D=128,
+              T = 4K and 16K, fwd and bwd, causal and not: what sharing K and V costs the backward
 
 Providers: "book" (this chapter's Triton kernels), "SDPA flash" and "SDPA cuDNN" (PyTorch's
 scaled_dot_product_attention pinned to one backend, in its own [B, H, T, D] layout) and "eager"
@@ -67,20 +69,24 @@ def flops(c) -> float:
 
 
 def bytes_moved(c) -> float:
-    """fwd: q, k, v read + o written; bwd: also dO read and dq, dk, dv written (bf16)."""
-    one = c["B"] * c["T"] * c["H"] * c["D"] * 2
-    return (4 + (4 if c["pass"] == "bwd" else 0)) * one
+    """bf16, fwd: q, k, v read + o written, 4·B·D·(T·H + S·Hkv) with S = T (Hkv = H unless the case
+    names it); bwd: also dO read and dq, dk, dv written, twice that."""
+    q_side = c["B"] * c["T"] * c["H"] * c["D"] * 2
+    kv_side = c["B"] * c["T"] * c.get("Hkv", c["H"]) * c["D"] * 2
+    return (2 * q_side + 2 * kv_side) * (2 if c["pass"] == "bwd" else 1)
 
 
 # ------------------------------------------------------------------ providers
 def _timed(c, forward, layout):
     """Forward: time forward(q, k, v). Backward: run the forward once, time the autograd
     backward alone (torch.autograd.grad with retain_graph: no .grad accumulation).
-    layout: "bthd" (the book's [B, T, H, D]) or "bhtd" (SDPA's own best layout)."""
+    layout: "bthd" (the book's [B, T, H, D]) or "bhtd" (SDPA's own best layout). k and v have c["Hkv"]
+    heads where the case names it, else H."""
     B, T, H, D = c["B"], c["T"], c["H"], c["D"]
     bwd = c["pass"] == "bwd"
-    shape = (B, T, H, D) if layout == "bthd" else (B, H, T, D)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=DTYPE, requires_grad=bwd) for _ in range(3))
+    shape = (lambda h: (B, T, h, D)) if layout == "bthd" else (lambda h: (B, h, T, D))
+    q, k, v = (torch.randn(shape(h), device="cuda", dtype=DTYPE, requires_grad=bwd)
+               for h in (H, c.get("Hkv", H), c.get("Hkv", H)))
     if not bwd:
         return lambda: forward(q, k, v)
     out = forward(q, k, v)
@@ -95,7 +101,14 @@ def _book(c):
 def _sdpa(backend):
     def factory(c):
         attend = peers.sdpa(backend)
-        return _timed(c, lambda q, k, v: attend(q, k, v, causal=c["causal"]), "bhtd")
+        gqa = c.get("Hkv", c["H"]) != c["H"]
+        fn = _timed(c, lambda q, k, v: attend(q, k, v, causal=c["causal"], enable_gqa=gqa), "bhtd")
+        if gqa:
+            try:  # a backend that does not take k and v with fewer heads than q: n/a, not an error
+                fn()
+            except RuntimeError:
+                return None
+        return fn
     return factory
 
 
@@ -141,6 +154,18 @@ MEMORY = Benchmark("flash_attn_memory",
                    [{"B": 1, "T": t, "H": 32, "D": 128, "pass": "fwd", "causal": False} for t in MEMORY_T],
                    {label: PROVIDERS[label] for label in ("book", "eager", "SDPA flash")}, flops, bytes_moved,
                    measure=peak_memory, module=__name__)
+
+
+# ------------------------------------------------------------------ GQA: MHA, GQA and MQA at the same FLOPs
+GQA_T = [4096, 16384]
+GQA_KV_HEADS = [32, 8, 1]  # against 32 query heads: MHA, GQA with groups of 4, MQA
+
+
+GQA = Benchmark("flash_attn_gqa",
+                [{"B": 1, "T": t, "H": 32, "Hkv": hkv, "D": 128, "pass": p, "causal": causal}
+                 for p in ("fwd", "bwd") for causal in (False, True) for t in GQA_T for hkv in GQA_KV_HEADS],
+                {label: PROVIDERS[label] for label in ("book", "SDPA flash", "SDPA cuDNN")}, flops, bytes_moved,
+                timer="flushed", module=__name__)
 
 
 # ------------------------------------------------------------------ packed sequences: the benchmark
@@ -201,7 +226,7 @@ VARLEN = Benchmark("flash_attn_varlen",
                    {"book": _varlen_book, "book: padded": _padded(lambda: flash_attn_func, "bthd"),
                     "SDPA flash: padded": _padded(lambda: peers.sdpa("flash"), "bhtd")},
                    varlen_flops, varlen_bytes, timer="flushed", module=__name__)
-BENCHMARKS = [FORWARD, BACKWARD, FA3, MEMORY, VARLEN]
+BENCHMARKS = [FORWARD, BACKWARD, FA3, MEMORY, VARLEN, GQA]
 
 HEADLINE = Panel("flash_attn_fwd", {"causal": False}, "T", "tflops", ("book", "SDPA cuDNN", "SDPA flash"),
                  "FlashAttention-2 forward, non-causal\nB=1, H=32, D=128")

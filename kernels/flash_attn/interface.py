@@ -20,10 +20,11 @@ attention_bwd = compiled_as_op("kernels::attention_bwd", fake=attention_bwd_fake
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 SUPPORTED_DTYPES = FLOATS
 
-# The backward runs as one launch instead of two below this many FLOPs (`attention_flops`). On the
-# H200 that is causal T = 1K at B = 1, H = 32, D = 128 (21 GFLOP, about 0.12 ms of GPU work, as much as
-# the host needs for a Python autograd backward). One launch there measured 0.121 ms against 0.209 ms
-# for two; at every larger size measured, two launches were faster (re-reading O costs 2-6 %).
+# The backward runs as one launch instead of two below this many FLOPs (`attention_flops`). Why 32e9:
+# it lies between the one size of the chapter's sweep (B = 1, H = 32, D = 128) where one launch measured
+# faster on the H200, causal T = 1K (21 GFLOP, a GPU time as short as the host's for a Python autograd
+# backward), and the next, non-causal 1K (43 GFLOP), where two launches were faster, as at every larger
+# size (the dK/dV programs of one launch re-read O). The timings: the FlashAttention chapter, section 6.
 ONE_LAUNCH_MAX_FLOPS = 32e9
 
 

@@ -80,10 +80,28 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale
     return softmax_scale_or_default(softmax_scale, D)
 
 
+def visible_pairs(T: int, S: int, causal: bool) -> int:
+    """How many (query, key) pairs of one head the mask lets through: T·S, or, causal (bottom-right
+    aligned: query i sees the i + S - T + 1 keys j <= i + S - T, none if that is <= 0), with
+    m = min(T, S) rows that see anything, m·S - m(m - 1)/2; T(T + 1)/2 when T = S.
+
+    >>> visible_pairs(3, 5, causal=True)    # rows see 3, 4 and 5 keys
+    12
+    """
+    if not causal:
+        return T * S
+    m = min(T, S)
+    return m * S - m * (m - 1) // 2
+
+
 def attention_flops(B: int, H: int, T: int, S: int, D: int, causal: bool, backward: bool = False) -> float:
-    """Matmul FLOPs: 4·B·H·T·S·D for the forward (QKᵀ and PV), half that when causal (T = S);
-    the backward counts 2.5× the forward (it recomputes QKᵀ, then makes dV, dP, dQ and dK)."""
-    flops = 4.0 * B * H * T * S * D / (2 if causal else 1)
+    """Matmul FLOPs of the work attention needs, the same for every implementation: 4·B·H·D per visible
+    (query, key) pair for the forward (QKᵀ and PV; `visible_pairs`, about half of T·S when causal and
+    T = S), and 2.5× that for the backward: five matmuls (QKᵀ recomputed, dV, dP, dK, dQ). The book's
+    backward does seven, 3.5× the forward: its dQ programs recompute QKᵀ and dP instead of adding into
+    dQ with atomics from the dK/dV programs, which keeps every gradient deterministic. The count stays
+    at 2.5×, the work the operation must do, so that TFLOP/s compare across providers."""
+    flops = 4.0 * B * H * D * visible_pairs(T, S, causal)
     return flops * (2.5 if backward else 1.0)
 
 

@@ -1,0 +1,36 @@
+"""kernels.linear.costs: the linear families' cost model, counted again here by hand, and the numbers
+its docstring quotes pinned to what it computes."""
+import pytest
+
+from kernels.linear import costs
+from kernels.linear.chunk import CHUNK
+
+
+def _chunk_flops_by_hand(T, K, V, C=CHUNK):
+    """Per (batch, head): every chunk's matmuls, pair by pair on the causal triangle; a ragged last
+    chunk is computed whole (padded), as the kernels do."""
+    flops = 0
+    for _ in range(0, T, C):
+        pairs = sum(i + 1 for i in range(C))  # row i of the chunk sees i + 1 keys
+        flops += pairs * 2 * K + pairs * 2 * V  # scores Q K^T and (scores) V on the triangle
+        flops += 2 * C * K * V + 2 * C * K * V  # inter Q S and the state update K^T V
+    return flops
+
+
+@pytest.mark.parametrize("T", [1, 64, 100, 4096])
+def test_chunk_flops_counts_the_matmuls(T):
+    c = {"B": 2, "H": 3, "D": 128, "T": T}
+    assert costs.chunk_flops(c) == 2 * 3 * _chunk_flops_by_hand(T, 128, 128)
+
+
+def test_arithmetic_intensity_matches_the_docstring():
+    """At K = V = 128: 82,176 FLOP a token against 1,024 bytes of q, k, v, o in bf16 (80 FLOP/byte),
+    and 1,280 bytes with a gate per channel (64 FLOP/byte), as chunk_flops' docstring says."""
+    c = {"B": 1, "H": 1, "D": 128, "T": CHUNK}
+    per_token = costs.chunk_flops(c) / CHUNK
+    bytes_4, bytes_5 = (costs.prefill_bytes(n)(c) / CHUNK for n in (4, 5))
+    assert (per_token, bytes_4, bytes_5) == (82_176, 1_024, 1_280)
+    doc = " ".join(costs.chunk_flops.__doc__.split())
+    assert f"{per_token:,.0f} FLOP a token against {bytes_4:,.0f} bytes" in doc
+    assert f"{round(per_token / bytes_4)} FLOP per byte ({round(per_token / bytes_5)} with a gate" in doc
+    assert f"{costs.chunk_flops(c) / 1e6:.1f} MFLOP per chunk" in doc
