@@ -37,7 +37,7 @@ export PYTHONPATH="/tmp/site:$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 MAMBA_SSM_
 export KERNELS_COMMIT="${KERNELS_COMMIT:-$(cat .device_commit 2>/dev/null || echo unknown)}"
 # a peer that does not import gives "n/a" rows, silently: say here which ones a chapter will meet
 python3 -c "from kernels import peers
-print('device_run: peers: fla', peers.fla_version() or 'NOT IMPORTABLE', '| mamba_ssm',
+print('device_run: peers: fla', 'ok' if peers.fla('gla', 'chunk_gla') else 'NOT IMPORTABLE', '| mamba_ssm',
       'ok' if peers.mamba_ssm('selective_state_update', 'selective_state_update') else 'NOT IMPORTABLE')"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 echo "device_run: commit $KERNELS_COMMIT, $(date -u '+%F %H:%M UTC')"
