@@ -141,8 +141,9 @@ def check_step_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_so
 
 def check_scan_inputs(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, dt_softplus=False,
                       initial_states=None, return_final_states=False, *, kernel: bool = True):
-    """Validate an ssd_chunk_scan call; return (Bt, T, H, P, N, G). kernel: as check_step_inputs.
-    The verdict is remembered per call signature, as the step's is."""
+    """Validate an ssd_chunk_scan call; return (Bt, T, H, P, N, G). kernel: as check_step_inputs, but
+    inputs that require grad are accepted (the scan trains). The verdict is remembered per call
+    signature, as the step's is."""
     return _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
                               return_final_states, kernel)
 
@@ -178,9 +179,6 @@ def _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, i
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     _devices(kernel, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states)
     check_same_device_and_dtype(**{n: t for n, t in (("x", x), ("B", B), ("C", C), ("z", z)) if t is not None})
-    if kernel:
-        check_no_grad("ssd_chunk_scan", x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                       initial_states=initial_states)
 
     check_not_empty("x", x, "batch, seqlen, nheads, headdim")
     Bt, T, H, P = x.shape

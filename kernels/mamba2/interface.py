@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..custom_ops import compiled_as_op, like, ssd_chunk_scan_fake
+from ..custom_ops import compiled_as_op, gradients_like, like, ssd_chunk_scan_fake
+from .chunk import ssd_chunk_scan_bwd, ssd_chunk_scan_fwd
 from .inputs import check_scan_inputs, check_step_inputs
 from .decode import selective_state_update_fwd
 
@@ -50,10 +51,53 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     return y
 
 
-@compiled_as_op("kernels::ssd_chunk_scan", fake=ssd_chunk_scan_fake)
+# an op of its own, so that a compiled graph's backward calls it whole (SSDChunkScanFunction below)
+_ssd_chunk_scan_bwd = compiled_as_op(
+    "kernels::ssd_chunk_scan_bwd",
+    fake=gradients_like("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states"))(ssd_chunk_scan_bwd)
+
+
+def _scan_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, return_final_states):
+    dims = check_scan_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                             return_final_states)
+    y, final = ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                                  return_final_states)
+    return (y, final) if return_final_states else y
+
+
+class SSDChunkScanFunction(torch.autograd.Function):
+    """ssd_chunk_scan's arguments in, y or (y, final_states) out. Forward: the scan at the caller's chunk
+    size, saving the inputs only. Backward: `ssd_chunk_scan_bwd`, which recomputes the gates and the
+    chunk-start states in chunks of 64 (Triton kernels, and the elementwise parts in PyTorch). The
+    eager call and the compiled op share it (`compiled_as_op`'s autograd=)."""
+
+    @staticmethod
+    def forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, return_final_states):
+        return _scan_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                             return_final_states)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, dt, A, B, C, _, D, z, dt_bias, ctx.dt_softplus, initial_states, _ = inputs
+        ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable     # the kernels' gradients carry no graph of their own
+    def backward(ctx, dy, dfinal=None):
+        x, dt, A, B, C, D, z, dt_bias, h0 = saved = ctx.saved_tensors
+        dy = torch.zeros_like(x) if dy is None else dy.contiguous()
+        dfinal = None if dfinal is None else dfinal.contiguous()
+        grads = iter(_ssd_chunk_scan_bwd(x, dt, A, B, C, D, z, dt_bias, ctx.dt_softplus, h0, dy, dfinal))
+        dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dh0 = (None if t is None else next(grads) for t in saved)
+        return dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, None, dh0, None
+
+
+@compiled_as_op("kernels::ssd_chunk_scan", fake=ssd_chunk_scan_fake, autograd=SSDChunkScanFunction)
 def ssd_chunk_scan(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, dt_softplus=False,
                    initial_states=None, return_final_states=False):
-    """The SSD chunk scan (Triton): Mamba-2's prefill, in chunks of chunk_size tokens. See chunk.py.
+    """The SSD chunk scan (Triton): Mamba-2's prefill, in chunks of chunk_size tokens, and training.
+    See chunk.py.
 
     x, z: [batch, seqlen, nheads, headdim]; dt: [batch, seqlen, nheads]; A: [nheads]; B, C:
     [batch, seqlen, ngroups, dstate], ngroups dividing nheads; D: [nheads, headdim] or [nheads];
@@ -66,17 +110,21 @@ def ssd_chunk_scan(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, 
     y [batch, seqlen, nheads, headdim] in x's dtype, or (y, final_states fp32 [batch, nheads,
     headdim, dstate]) when return_final_states.
 
+    Differentiable in x, dt, A, B, C, D, z, dt_bias and initial_states, through y and the final states:
+    the backward saves only the inputs and recomputes the rest in chunks of 64 tokens, whatever
+    chunk_size the forward took (kernels/linear/chunk_backward.py, and chunk.py's
+    `ssd_chunk_scan_bwd`). A decay e^{dt·A} below e^-110 counts as 0, and its dt·A gets no gradient
+    through the decay.
+
         >>> y, h = ssd_chunk_scan(x, dt, -torch.exp(A_log), B, C, chunk_size=256, D=D, z=z,
         ...                       dt_bias=dt_bias, dt_softplus=True, return_final_states=True)
         >>> y_next = selective_state_update(h, x_t, dt_t, A_t, B_t, C_t, ...)   # decode continues from h
     """
-    from .chunk import ssd_chunk_scan_fwd
-
-    dims = check_scan_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
-                             return_final_states)
-    y, final = ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
-                                  return_final_states)
-    return (y, final) if return_final_states else y
+    args = (x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, return_final_states)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
+        return SSDChunkScanFunction.apply(*args)
+    return _scan_forward(*args)
 
 
 __all__ = ["selective_state_update", "ssd_chunk_scan", "a_is_scalar_per_head"]
