@@ -121,7 +121,7 @@ def ssd_chunk_scan(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, 
         >>> y_next = selective_state_update(h, x_t, dt_t, A_t, B_t, C_t, ...)   # decode continues from h
     """
     args = (x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, return_final_states)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad    # else: the checks name it
                                        for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
         return SSDChunkScanFunction.apply(*args)
     return _scan_forward(*args)
