@@ -501,6 +501,46 @@ def test_linear_forms_train_compiled_as_eager(family):
     assert sum(f"kernels.chunk_{family}.default" in n for n in nodes) == 1, nodes
 
 
+def _mamba2_training_run(fn, inputs, trained):
+    """y, the final states and the gradients of the trained inputs, for a loss through both outputs."""
+    leaves = {n: t.detach().clone().requires_grad_(n in trained) for n, t in inputs.items()}
+    x, dt, A, B, C = (leaves[n] for n in ("x", "dt", "A", "B", "C"))
+    y, h = fn(x, dt, A, B, C, chunk_size=32, D=leaves["D"], z=leaves["z"], dt_bias=leaves["dt_bias"],
+              dt_softplus=True, initial_states=leaves["initial_states"], return_final_states=True)
+    torch.manual_seed(1)
+    (y * torch.randn_like(y)).sum().add((h * torch.randn_like(h)).sum()).backward()
+    return (y.detach(), h.detach(), *(leaves[n].grad for n in trained))
+
+
+def _mamba2_training_inputs(dtype, device=DEVICE):
+    """Every input of the scan (D per head, G = 2 groups of 4 heads, T = 70 across chunks); x, B, C, z in dtype."""
+    Bt, T, H, P, N, G = 1, 70, 4, 16, 16, 2
+    return {"x": _randn(device, dtype, Bt, T, H, P), "dt": torch.randn(Bt, T, H, device=device) * 0.5 - 1,
+            "A": -torch.rand(H, device=device) - 0.1, "B": _randn(device, dtype, Bt, T, G, N),
+            "C": _randn(device, dtype, Bt, T, G, N), "D": torch.randn(H, device=device),
+            "z": _randn(device, dtype, Bt, T, H, P), "dt_bias": torch.randn(H, device=device) * 0.3,
+            "initial_states": torch.randn(Bt, H, P, N, device=device)}
+
+
+def test_mamba2_scan_trains_compiled_as_eager():
+    """ssd_chunk_scan under torch.compile(fullgraph=True), every input trained: one forward op, one backward
+    op (its launcher, so no Triton kernel is traced on fake tensors), and gradients equal to eager's."""
+    inputs = _mamba2_training_inputs(torch.float32)
+    backend, nodes = _recording_backend()
+    compiled = torch.compile(ssd_chunk_scan, fullgraph=True, backend=backend)
+    _assert_same(_mamba2_training_run(compiled, inputs, tuple(inputs)),
+                 _mamba2_training_run(ssd_chunk_scan, inputs, tuple(inputs)))
+    assert sum("kernels.ssd_chunk_scan.default" in n for n in nodes) == 1, nodes
+    assert sum("kernels.ssd_chunk_scan_bwd.default" in n for n in nodes) == 1, nodes
+
+
+@pytest.mark.gpu
+def test_mamba2_scan_trains_under_inductor():
+    inputs = _mamba2_training_inputs(torch.bfloat16, device="cuda")
+    _assert_same(_mamba2_training_run(torch.compile(ssd_chunk_scan, fullgraph=True), inputs, tuple(inputs)),
+                 _mamba2_training_run(ssd_chunk_scan, inputs, tuple(inputs)))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["gla", "lightning"])
 def test_linear_forms_train_under_inductor(family):
