@@ -195,12 +195,14 @@ def linear_attention_fake(q, v, output_final_state, **_):
     return v.new_empty(v.shape), state
 
 
-def ssd_chunk_scan_fake(x, B, return_final_states, **_):
-    """y like x, and with return_final_states the fp32 final states [batch, nheads, headdim, dstate]."""
+def ssd_chunk_scan_fake(x, B, return_final_states, cu_seqlens=None, **_):
+    """y like x, and with return_final_states the fp32 final states [batch, nheads, headdim, dstate]
+    ([N, ...] for N packed sequences, cu_seqlens [N + 1])."""
     y = x.new_empty(x.shape)
     if not return_final_states:
         return y
-    return y, x.new_empty((x.shape[0], x.shape[2], x.shape[3], B.shape[-1]), dtype=torch.float32)
+    states = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return y, x.new_empty((states, x.shape[2], x.shape[3], B.shape[-1]), dtype=torch.float32)
 
 
 def gradients_like(*names: str) -> Callable:
