@@ -137,11 +137,18 @@ def compiled_as_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] =
 
         if autograd is not None:
             def setup_context(ctx, inputs, output):
+                # the dispatcher leaves out the trailing arguments equal to their defaults, and the backward
+                # must give one gradient per argument passed; setup_context sees them all, defaults filled
+                passed = len(inputs)
+                while passed and _is_default(inputs[passed - 1], defaults[passed - 1]):
+                    passed -= 1
+                ctx.op_arguments_passed = passed
                 autograd.setup_context(ctx, inputs, _rebuild(output, tuple_size))
 
             def backward(ctx, grads):   # one list: the gradients of the op's Tensor[]
                 grads = _rebuild(grads, tuple_size)
-                return autograd.backward(ctx, *(grads if isinstance(grads, tuple) else (grads,)))
+                result = autograd.backward(ctx, *(grads if isinstance(grads, tuple) else (grads,)))
+                return result[:ctx.op_arguments_passed]
             op.register_autograd(backward, setup_context=setup_context)
 
         @functools.wraps(fn)
@@ -163,6 +170,13 @@ def compiled_as_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] =
         call.op = op
         return call
     return register
+
+
+def _is_default(value, default) -> bool:
+    """Whether the dispatcher counts an argument as left at its default (and leaves it out of the call)."""
+    if default is _REQUIRED or isinstance(value, torch.Tensor):
+        return False
+    return type(value) is type(default) and value == default
 
 
 def _check_schema(op, fn: Callable, parameters: list[inspect.Parameter]) -> None:

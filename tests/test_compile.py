@@ -501,12 +501,13 @@ def test_linear_forms_train_compiled_as_eager(family):
     assert sum(f"kernels.chunk_{family}.default" in n for n in nodes) == 1, nodes
 
 
-def _mamba2_training_run(fn, inputs, trained):
+def _mamba2_training_run(fn, inputs, trained, cu_seqlens=None):
     """y, the final states and the gradients of the trained inputs, for a loss through both outputs."""
     leaves = {n: t.detach().clone().requires_grad_(n in trained) for n, t in inputs.items()}
     x, dt, A, B, C = (leaves[n] for n in ("x", "dt", "A", "B", "C"))
     y, h = fn(x, dt, A, B, C, chunk_size=32, D=leaves["D"], z=leaves["z"], dt_bias=leaves["dt_bias"],
-              dt_softplus=True, initial_states=leaves["initial_states"], return_final_states=True)
+              dt_softplus=True, initial_states=leaves["initial_states"], return_final_states=True,
+              cu_seqlens=cu_seqlens)
     torch.manual_seed(1)
     (y * torch.randn_like(y)).sum().add((h * torch.randn_like(h)).sum()).backward()
     return (y.detach(), h.detach(), *(leaves[n].grad for n in trained))
@@ -522,14 +523,20 @@ def _mamba2_training_inputs(dtype, device=DEVICE):
             "initial_states": torch.randn(Bt, H, P, N, device=device)}
 
 
-def test_mamba2_scan_trains_compiled_as_eager():
-    """ssd_chunk_scan under torch.compile(fullgraph=True), every input trained: one forward op, one backward
-    op (its launcher, so no Triton kernel is traced on fake tensors), and gradients equal to eager's."""
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_mamba2_scan_trains_compiled_as_eager(packed):
+    """ssd_chunk_scan under torch.compile(fullgraph=True), every input trained, one sequence or two packed
+    (lengths 30 and 40, the offsets read only when the op runs): one forward op, one backward op (its
+    launcher, so no Triton kernel is traced on fake tensors), and gradients equal to eager's."""
     inputs = _mamba2_training_inputs(torch.float32)
+    cu = None
+    if packed:
+        cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=DEVICE)
+        inputs["initial_states"] = torch.cat([inputs["initial_states"]] * 2)
     backend, nodes = _recording_backend()
     compiled = torch.compile(ssd_chunk_scan, fullgraph=True, backend=backend)
-    _assert_same(_mamba2_training_run(compiled, inputs, tuple(inputs)),
-                 _mamba2_training_run(ssd_chunk_scan, inputs, tuple(inputs)))
+    _assert_same(_mamba2_training_run(compiled, inputs, tuple(inputs), cu),
+                 _mamba2_training_run(ssd_chunk_scan, inputs, tuple(inputs), cu))
     assert sum("kernels.ssd_chunk_scan.default" in n for n in nodes) == 1, nodes
     assert sum("kernels.ssd_chunk_scan_bwd.default" in n for n in nodes) == 1, nodes
 

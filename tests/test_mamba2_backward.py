@@ -9,6 +9,10 @@ model (dt·A in [-2, 0]), none (A = 0), strong (dt·A down to -35 per token) and
 the floor at a few tokens: the decay is exactly 0 and its gate gets no gradient); the last two with gates
 exact in fp32 (make_inputs says why).
 
+Packed sequences (cu_seqlens): lengths 1, 64, 65, 129 and 300 in one call at every chunk size, against
+each sequence alone through the same loop; an empty sequence; a NaN in one sequence reaching no other's
+output or gradient; bad offsets refused by name.
+
 CPU (interpreter): fp32, held to the fp32 tolerance. GPU: bf16 at B=2, T=1000, H=8, P=64, N=64, G=2
 against the same kernels in fp32.
 """
@@ -169,3 +173,122 @@ def test_bf16_gradients_on_the_gpu(chunk_size):
     low = {n: None if t is None else (t.to(torch.bfloat16) if n in ("x", "B", "C", "z") else t)
            for n, t in inputs.items()}
     assert_same_gradients(run(ssd_chunk_scan, low, case, dy, dfinal), ref, tolerance(torch.bfloat16))
+
+
+# ------------------------------------------------------------------ packed sequences (cu_seqlens)
+LENGTHS = (1, 64, 65, 129, 300)     # one token, a chunk, a chunk and one, two and one, many chunks
+
+
+def offsets(lengths, device=DEVICE):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+
+def packed_inputs(lengths, H=4, P=8, N=16, G=2):
+    """The inputs of one packed call (batch 1, the sequences along seqlen) and its upstream gradients."""
+    inputs = make_inputs(Case(T=sum(lengths), G=G), H=H, P=P, N=N)
+    inputs["initial_states"] = torch.randn(len(lengths), H, P, N, device=DEVICE)
+    return inputs, torch.randn(1, sum(lengths), H, P, device=DEVICE), torch.randn(len(lengths), H, P, N, device=DEVICE)
+
+
+def packed_run(inputs, cu, chunk_size, dy, dfinal):
+    """(y, final states, gradients by name) of one packed call."""
+    leaves = {n: t.detach().clone().requires_grad_() for n, t in inputs.items()}
+    y, final = ssd_chunk_scan(leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], chunk_size,
+                              leaves["D"], leaves["z"], leaves["dt_bias"], True, leaves["initial_states"], True,
+                              cu_seqlens=cu)
+    grads = torch.autograd.grad((y * dy).sum() + (final * dfinal).sum(), list(leaves.values()))
+    return y.detach(), final.detach(), dict(zip(leaves, grads))
+
+
+def separate_reference(inputs, cu, dy, dfinal):
+    """The same through the fp64 loop, each sequence alone (its own initial state), outputs concatenated."""
+    leaves = {n: t.detach().double().requires_grad_() for n, t in inputs.items()}
+    bounds = cu.tolist()
+    ys, finals = [], []
+    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        rows = {k: leaves[k][:, s:e] for k in ("x", "dt", "B", "C", "z")}
+        y, h = ssd_scan_ref(rows["x"], rows["dt"], leaves["A"], rows["B"], rows["C"], D=leaves["D"], z=rows["z"],
+                            dt_bias=leaves["dt_bias"], dt_softplus=True,
+                            initial_states=leaves["initial_states"][n:n + 1], return_final_states=True)
+        ys.append(y)
+        finals.append(h[0])
+    y, final = torch.cat(ys, 1), torch.stack(finals)
+    grads = torch.autograd.grad((y * dy.double()).sum() + (final * dfinal.double()).sum(), list(leaves.values()))
+    return y.detach(), final.detach(), dict(zip(leaves, grads))
+
+
+@pytest.fixture(scope="module")
+def packed_case():
+    """One packed call's inputs and the fp64 reference for them (the loop over 559 tokens is computed once
+    for every chunk size)."""
+    inputs, dy, dfinal = packed_inputs(LENGTHS)
+    cu = offsets(LENGTHS)
+    return inputs, cu, dy, dfinal, separate_reference(inputs, cu, dy, dfinal)
+
+
+@pytest.mark.parametrize("chunk_size", [16, 32, 64, 128, 256], ids=lambda L: f"chunk{L}")
+def test_packed_sequences_match_each_sequence_alone(packed_case, chunk_size):
+    """Lengths 1, 64, 65, 129 and 300 packed (so every later sequence starts mid-chunk at chunk 256), each
+    with its own initial state: y, the final states and every gradient as the fp64 loop gives them for
+    each sequence alone."""
+    inputs, cu, dy, dfinal, ref = packed_case
+    assert_same_gradients(packed_run(inputs, cu, chunk_size, dy, dfinal), ref, FP32)
+
+
+def test_packed_empty_sequence_keeps_its_initial_state():
+    """A sequence of length 0 ends in the state it starts from, and that state's gradient is the final
+    state's; its neighbours are as alone."""
+    lengths = (5, 0, 7)
+    inputs, dy, dfinal = packed_inputs(lengths)
+    out = packed_run(inputs, offsets(lengths), 64, dy, dfinal)
+    assert torch.equal(out[1][1], inputs["initial_states"][1])
+    assert torch.equal(out[2]["initial_states"][1], dfinal[1])
+    nonempty = (5, 7)
+    cu = offsets(nonempty)
+    kept = {**inputs, "initial_states": inputs["initial_states"][[0, 2]]}
+    ref = separate_reference(kept, cu, dy, dfinal[[0, 2]])
+    assert_close(out[0], ref[0], FP32, "y")
+    for name in ("x", "dt", "B", "C", "z"):
+        assert_close(out[2][name], ref[2][name], FP32, f"d{name}")
+
+
+def test_nan_in_one_sequence_reaches_no_other():
+    """A NaN in sequence 1's x (lengths 40, 50, 30: it starts and ends mid-chunk) leaves the other
+    sequences' outputs, final states and their rows' gradients (x, dt, B, C, z, initial state) finite;
+    the parameters every sequence shares (A, D, dt_bias) take it, as their gradient is a sum."""
+    lengths = (40, 50, 30)
+    inputs, dy, dfinal = packed_inputs(lengths)
+    inputs["x"][0, 40 + 17, 2, 3] = float("nan")
+    y, final, grads = packed_run(inputs, offsets(lengths), 64, dy, dfinal)
+    others = torch.ones(sum(lengths), dtype=torch.bool, device=DEVICE)
+    others[40:90] = False
+    assert y[0, 40:90].isnan().any() and not y[0, others].isnan().any()
+    assert final[1].isnan().any() and not final[[0, 2]].isnan().any()
+    for name in ("x", "dt", "B", "C", "z"):
+        assert not grads[name][0, others].isnan().any(), name
+    assert not grads["initial_states"][[0, 2]].isnan().any()
+
+
+BAD_OFFSETS = [   # (offsets, x's batch, message)
+    ([1, 5, 10], 1, "cu_seqlens must start at 0"),
+    ([0, 5, 9], 1, "cu_seqlens must end at the packed length 10"),
+    ([0, 6, 4, 10], 1, "cu_seqlens must be non-decreasing"),
+    ([10], 1, "cu_seqlens must hold N \\+ 1 >= 2 offsets"),
+    ([0, 5, 10], 2, "x must have batch 1"),
+]
+
+
+@pytest.mark.parametrize("bad,batch,message", BAD_OFFSETS, ids=["start", "end", "decreasing", "one-offset", "batch2"])
+def test_bad_offsets_are_refused_by_name(bad, batch, message):
+    inputs = make_inputs(Case(T=10, h0=False), Bt=batch)
+    with pytest.raises(ValueError, match=message):
+        ssd_chunk_scan(*(inputs[n] for n in ("x", "dt", "A", "B", "C")), cu_seqlens=torch.tensor(bad, dtype=torch.int32))
+
+
+def test_offsets_of_a_wrong_type_or_states_of_a_wrong_count_are_refused():
+    inputs = make_inputs(Case(T=10, h0=False))
+    args = [inputs[n] for n in ("x", "dt", "A", "B", "C")]
+    with pytest.raises(TypeError, match="cu_seqlens has dtype int64"):
+        ssd_chunk_scan(*args, cu_seqlens=torch.tensor([0, 10]))
+    with pytest.raises(ValueError, match="initial_states"):
+        ssd_chunk_scan(*args, initial_states=torch.zeros(1, 4, 8, 16), cu_seqlens=torch.tensor([0, 4, 10], dtype=torch.int32))
