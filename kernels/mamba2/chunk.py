@@ -305,11 +305,9 @@ def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softp
 
 
 # ------------------------------------------------------------------ 4. the backward
-def _group_sum(t, G):
-    """[Bt, T, H, N] per head -> [Bt, T, G, N], the sum over the heads of each group (heads
-    g·H/G .. (g+1)·H/G - 1 read group g): the gradient of a B or C that the heads share."""
-    Bt, T, H, N = t.shape
-    return t.view(Bt, T, G, H // G, N).sum(3)
+def _by_group(t, G):
+    """[Bt, T, H, ...] -> [Bt, T, G, H/G, ...]: heads g·H/G .. (g+1)·H/G - 1 read group g's B and C (a view)."""
+    return t.view(t.shape[0], t.shape[1], G, t.shape[2] // G, *t.shape[3:])
 
 
 def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor | None,
@@ -361,8 +359,7 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
 
     # the chunk recurrence: q = C, k = B·dt per head, v = x, the gate dt·A per head
     q = C.repeat_interleave(H // G, dim=2)
-    Bh = B.repeat_interleave(H // G, dim=2)
-    k = (Bh.to(f32) * dtf[..., None]).to(x.dtype)
+    k = (B.repeat_interleave(H // G, dim=2) * dtf[..., None]).to(x.dtype)
     Af = A.to(f32)
     g = (dtf * Af)[..., None]             # as given: a gate below the floor gets gradient 0 (chunk_dqk)
     do_k = do.to(x.dtype)
@@ -378,11 +375,13 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     chunk_dqk(q, k, x, g, b, states, dstates, do_k, dscores, dq, dk, dg, 1.0)
 
     # back through k = B·dt, g = dt·A, dt = softplus(dt + dt_bias)
+    # per group, as batched products (no [Bt, T, H, N] temporary): ddt += dk·B per head, dB = Σ_heads dt·dk
     dg = dg[..., 0]
-    ddt = (dk * Bh.to(f32)).sum(-1) + dg * Af
+    dk_g, dtf_g = _by_group(dk, G), _by_group(dtf, G)                          # [Bt, T, G, H/G, N], [.., H/G]
+    ddt = torch.einsum("btgrn,btgn->btgr", dk_g, B.to(f32)).reshape(Bt, T, H) + dg * Af
     dA = (dg * dtf).sum((0, 1)).to(A.dtype)
-    dB = _group_sum(dk * dtf[..., None], G).to(B.dtype)
-    dC = _group_sum(dq, G).to(C.dtype)
+    dB = torch.einsum("btgrn,btgr->btgn", dk_g, dtf_g).to(B.dtype)
+    dC = _by_group(dq, G).sum(3).to(C.dtype)
     dx = dv if D is None else dv + do * Dhp
     if dt_softplus:
         raw = dt.to(f32) + (0 if dt_bias is None else dt_bias.to(f32))
