@@ -187,7 +187,8 @@ def packed_inputs(lengths, H=4, P=8, N=16, G=2):
     """The inputs of one packed call (batch 1, the sequences along seqlen) and its upstream gradients."""
     inputs = make_inputs(Case(T=sum(lengths), G=G), H=H, P=P, N=N)
     inputs["initial_states"] = torch.randn(len(lengths), H, P, N, device=DEVICE)
-    return inputs, torch.randn(1, sum(lengths), H, P, device=DEVICE), torch.randn(len(lengths), H, P, N, device=DEVICE)
+    dy = torch.randn(1, sum(lengths), H, P, device=DEVICE)
+    return inputs, dy, torch.randn(len(lengths), H, P, N, device=DEVICE)
 
 
 def packed_run(inputs, cu, chunk_size, dy, dfinal):
@@ -282,7 +283,8 @@ BAD_OFFSETS = [   # (offsets, x's batch, message)
 def test_bad_offsets_are_refused_by_name(bad, batch, message):
     inputs = make_inputs(Case(T=10, h0=False), Bt=batch)
     with pytest.raises(ValueError, match=message):
-        ssd_chunk_scan(*(inputs[n] for n in ("x", "dt", "A", "B", "C")), cu_seqlens=torch.tensor(bad, dtype=torch.int32))
+        ssd_chunk_scan(*(inputs[n] for n in ("x", "dt", "A", "B", "C")),
+                       cu_seqlens=torch.tensor(bad, dtype=torch.int32))
 
 
 def test_offsets_of_a_wrong_type_or_states_of_a_wrong_count_are_refused():
@@ -291,4 +293,5 @@ def test_offsets_of_a_wrong_type_or_states_of_a_wrong_count_are_refused():
     with pytest.raises(TypeError, match="cu_seqlens has dtype int64"):
         ssd_chunk_scan(*args, cu_seqlens=torch.tensor([0, 10]))
     with pytest.raises(ValueError, match="initial_states"):
-        ssd_chunk_scan(*args, initial_states=torch.zeros(1, 4, 8, 16), cu_seqlens=torch.tensor([0, 4, 10], dtype=torch.int32))
+        ssd_chunk_scan(*args, initial_states=torch.zeros(1, 4, 8, 16),
+                       cu_seqlens=torch.tensor([0, 4, 10], dtype=torch.int32))

@@ -228,4 +228,5 @@ def _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, i
     return Bt, T, H, P, N, G
 
 
-__all__ = ["check_step_inputs", "check_scan_inputs", "check_offset_values", "MAX_DSTATE", "CHUNK_SIZES", "SIGNATURES_REMEMBERED"]
+__all__ = ["check_step_inputs", "check_scan_inputs", "check_offset_values", "MAX_DSTATE", "CHUNK_SIZES",
+           "SIGNATURES_REMEMBERED"]

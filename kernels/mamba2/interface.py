@@ -75,7 +75,8 @@ def _scan_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initia
     _, T, H, P, N, G = dims
     sequences = _sequences(cu_seqlens, T)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    final = torch.empty(len(sequences), H, P, N, dtype=torch.float32, device=x.device) if return_final_states else None
+    final = (torch.empty(len(sequences), H, P, N, dtype=torch.float32, device=x.device) if return_final_states
+             else None)
     for n, (start, end) in enumerate(sequences):
         h0 = None if initial_states is None else initial_states[n:n + 1]
         if start == end:                  # an empty sequence ends in the state it starts from
@@ -114,8 +115,8 @@ def _ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor 
             if h0 is not None and dh is not None:
                 grads["initial_states"][n] = dh[0]
             continue
-        part = ssd_chunk_scan_bwd(x[:, start:end], dt[:, start:end], A, B[:, start:end], C[:, start:end], D, _rows(z, start, end), dt_bias,
-                                  dt_softplus, h0, dy[:, start:end], dh)
+        part = ssd_chunk_scan_bwd(x[:, start:end], dt[:, start:end], A, B[:, start:end], C[:, start:end], D,
+                                  _rows(z, start, end), dt_bias, dt_softplus, h0, dy[:, start:end], dh)
         for name, g in zip(given, part, strict=True):
             if name in shared:
                 grads[name] += g
