@@ -541,6 +541,19 @@ def test_mamba2_scan_trains_compiled_as_eager(packed):
     assert sum("kernels.ssd_chunk_scan_bwd.default" in n for n in nodes) == 1, nodes
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_mamba2_scan_backward_opcheck(packed):
+    """The backward launcher's op: its fake gives the real gradients' shapes, dtypes and strides (one per
+    given input, none for an absent one: here D and z are left out)."""
+    inputs = _mamba2_training_inputs(torch.float32)
+    cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=DEVICE) if packed else None
+    states = 2 if packed else 1
+    h0, dfinal = (torch.randn(states, *inputs["initial_states"].shape[1:], device=DEVICE) for _ in range(2))
+    x, dt, A, B, C = (inputs[n] for n in ("x", "dt", "A", "B", "C"))
+    torch.library.opcheck(torch.ops.kernels.ssd_chunk_scan_bwd.default,
+                          (x, dt, A, B, C, None, None, inputs["dt_bias"], True, h0, torch.randn_like(x), dfinal, cu))
+
+
 @pytest.mark.gpu
 def test_mamba2_scan_trains_under_inductor():
     inputs = _mamba2_training_inputs(torch.bfloat16, device="cuda")
