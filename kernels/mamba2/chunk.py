@@ -25,6 +25,11 @@ is the quadratic, attention-like form, the inter-chunk part the linear one. The 
 written: the state pass folds dt into the keys, the output kernel into the columns of the scores. B
 and C are read per group, as GQA reads its shared keys, and the initial and final states are read
 and written in mamba_ssm's [headdim, dstate] layout by the state pass itself.
+
+The backward (`ssd_chunk_scan_bwd`) is the shared one of kernels/linear/chunk_backward.py on that same
+mapping, with k = B·dt (dt folded into the keys there) and v = x, recomputed in chunks of 64 from the
+inputs, and the elementwise chain rule (softplus, dt_bias, A, D, silu(z), the group sums of B and C)
+in PyTorch around it.
 """
 from __future__ import annotations
 

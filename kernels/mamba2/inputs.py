@@ -7,7 +7,8 @@ Layouts, as mamba_ssm names them:
     step   state [S, H, P, N] fp32 (S slots: b, or any number with state_batch_indices [b]);
            x, dt, z [b, H, P]; A [H, P, N]; B, C [b, G, N]; D, dt_bias [H, P]
     scan   x, z [Bt, T, H, P]; dt [Bt, T, H]; A [H]; B, C [Bt, T, G, N]; D [H, P] or [H];
-           dt_bias [H]; initial_states [Bt, H, P, N] fp32
+           dt_bias [H]; initial_states [Bt, H, P, N] fp32; or packed: Bt = 1, cu_seqlens int32
+           [S + 1] and initial_states [S, H, P, N] for S sequences
 
 H heads of P channels (headdim), N the state size (dstate), G groups (G divides H: heads h of one
 group share B and C, as GQA shares keys).

@@ -1,5 +1,7 @@
 """Mamba-2's public entry points: validate, allocate what is returned, launch. Names, arguments and
 layouts as mamba_ssm's Triton ops (`selective_state_update`, the SSD chunk scan), see inputs.py.
+The scan trains (SSDChunkScanFunction: the backward recomputes from the inputs, chunk.py's
+`ssd_chunk_scan_bwd`) and takes packed sequences (cu_seqlens); the decode step has no backward.
 
 The slot table's values (state_batch_indices) are checked only when it is on the CPU: on the GPU the
 check would read device memory and wait for the GPU on every decode step, which is the cost the step
