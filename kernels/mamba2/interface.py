@@ -192,7 +192,8 @@ def ssd_chunk_scan(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, 
     row (a sequence starting mid-chunk shares no chunk with the one before) and scanned on views of its
     rows: the offsets are read on the host once per call (and once per backward), which waits for the
     GPU, so a packed call cannot be captured in a CUDA graph; and the launches are per sequence (three
-    forward, seven backward), which costs host time when the sequences are many and short.
+    kernels forward, six or seven and the elementwise ops backward), which costs host time when the
+    sequences are many and short.
 
         >>> y, h = ssd_chunk_scan(x, dt, -torch.exp(A_log), B, C, chunk_size=256, D=D, z=z,
         ...                       dt_bias=dt_bias, dt_softplus=True, return_final_states=True)
