@@ -137,11 +137,18 @@ def compiled_as_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] =
 
         if autograd is not None:
             def setup_context(ctx, inputs, output):
+                # the dispatcher leaves out the trailing arguments equal to their defaults, and the backward
+                # must give one gradient per argument passed; setup_context sees them all, defaults filled
+                passed = len(inputs)
+                while passed and _is_default(inputs[passed - 1], defaults[passed - 1]):
+                    passed -= 1
+                ctx.op_arguments_passed = passed
                 autograd.setup_context(ctx, inputs, _rebuild(output, tuple_size))
 
             def backward(ctx, grads):   # one list: the gradients of the op's Tensor[]
                 grads = _rebuild(grads, tuple_size)
-                return autograd.backward(ctx, *(grads if isinstance(grads, tuple) else (grads,)))
+                result = autograd.backward(ctx, *(grads if isinstance(grads, tuple) else (grads,)))
+                return result[:ctx.op_arguments_passed]
             op.register_autograd(backward, setup_context=setup_context)
 
         @functools.wraps(fn)
@@ -163,6 +170,13 @@ def compiled_as_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] =
         call.op = op
         return call
     return register
+
+
+def _is_default(value, default) -> bool:
+    """Whether the dispatcher counts an argument as left at its default (and leaves it out of the call)."""
+    if default is _REQUIRED or isinstance(value, torch.Tensor):
+        return False
+    return type(value) is type(default) and value == default
 
 
 def _check_schema(op, fn: Callable, parameters: list[inspect.Parameter]) -> None:
@@ -195,12 +209,14 @@ def linear_attention_fake(q, v, output_final_state, **_):
     return v.new_empty(v.shape), state
 
 
-def ssd_chunk_scan_fake(x, B, return_final_states, **_):
-    """y like x, and with return_final_states the fp32 final states [batch, nheads, headdim, dstate]."""
+def ssd_chunk_scan_fake(x, B, return_final_states, cu_seqlens=None, **_):
+    """y like x, and with return_final_states the fp32 final states [batch, nheads, headdim, dstate]
+    ([N, ...] for N packed sequences, cu_seqlens [N + 1])."""
     y = x.new_empty(x.shape)
     if not return_final_states:
         return y
-    return y, x.new_empty((x.shape[0], x.shape[2], x.shape[3], B.shape[-1]), dtype=torch.float32)
+    states = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return y, x.new_empty((states, x.shape[2], x.shape[3], B.shape[-1]), dtype=torch.float32)
 
 
 def gradients_like(*names: str) -> Callable:

@@ -536,6 +536,66 @@ def test_linear_forms_train_compiled_as_eager(family):
     assert sum(f"kernels.chunk_{family}_bwd.default" in n for n in nodes) == 1, nodes
 
 
+def _mamba2_training_run(fn, inputs, trained, cu_seqlens=None):
+    """y, the final states and the gradients of the trained inputs, for a loss through both outputs."""
+    leaves = {n: t.detach().clone().requires_grad_(n in trained) for n, t in inputs.items()}
+    x, dt, A, B, C = (leaves[n] for n in ("x", "dt", "A", "B", "C"))
+    y, h = fn(x, dt, A, B, C, chunk_size=32, D=leaves["D"], z=leaves["z"], dt_bias=leaves["dt_bias"],
+              dt_softplus=True, initial_states=leaves["initial_states"], return_final_states=True,
+              cu_seqlens=cu_seqlens)
+    torch.manual_seed(1)
+    (y * torch.randn_like(y)).sum().add((h * torch.randn_like(h)).sum()).backward()
+    return (y.detach(), h.detach(), *(leaves[n].grad for n in trained))
+
+
+def _mamba2_training_inputs(dtype, device=DEVICE):
+    """Every input of the scan (D per head, G = 2 groups of 4 heads, T = 70 across chunks); x, B, C, z in dtype."""
+    Bt, T, H, P, N, G = 1, 70, 4, 16, 16, 2
+    return {"x": _randn(device, dtype, Bt, T, H, P), "dt": torch.randn(Bt, T, H, device=device) * 0.5 - 1,
+            "A": -torch.rand(H, device=device) - 0.1, "B": _randn(device, dtype, Bt, T, G, N),
+            "C": _randn(device, dtype, Bt, T, G, N), "D": torch.randn(H, device=device),
+            "z": _randn(device, dtype, Bt, T, H, P), "dt_bias": torch.randn(H, device=device) * 0.3,
+            "initial_states": torch.randn(Bt, H, P, N, device=device)}
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_mamba2_scan_trains_compiled_as_eager(packed):
+    """ssd_chunk_scan under torch.compile(fullgraph=True), every input trained, one sequence or two packed
+    (lengths 30 and 40, the offsets read only when the op runs): one forward op, one backward op (its
+    launcher, so no Triton kernel is traced on fake tensors), and gradients equal to eager's."""
+    inputs = _mamba2_training_inputs(torch.float32)
+    cu = None
+    if packed:
+        cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=DEVICE)
+        inputs["initial_states"] = torch.cat([inputs["initial_states"]] * 2)
+    backend, nodes = _recording_backend()
+    compiled = torch.compile(ssd_chunk_scan, fullgraph=True, backend=backend)
+    _assert_same(_mamba2_training_run(compiled, inputs, tuple(inputs), cu),
+                 _mamba2_training_run(ssd_chunk_scan, inputs, tuple(inputs), cu))
+    assert sum("kernels.ssd_chunk_scan.default" in n for n in nodes) == 1, nodes
+    assert sum("kernels.ssd_chunk_scan_bwd.default" in n for n in nodes) == 1, nodes
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_mamba2_scan_backward_opcheck(packed):
+    """The backward launcher's op: its fake gives the real gradients' shapes, dtypes and strides (one per
+    given input, none for an absent one: here D and z are left out)."""
+    inputs = _mamba2_training_inputs(torch.float32)
+    cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=DEVICE) if packed else None
+    states = 2 if packed else 1
+    h0, dfinal = (torch.randn(states, *inputs["initial_states"].shape[1:], device=DEVICE) for _ in range(2))
+    x, dt, A, B, C = (inputs[n] for n in ("x", "dt", "A", "B", "C"))
+    torch.library.opcheck(torch.ops.kernels.ssd_chunk_scan_bwd.default,
+                          (x, dt, A, B, C, None, None, inputs["dt_bias"], True, h0, torch.randn_like(x), dfinal, cu))
+
+
+@pytest.mark.gpu
+def test_mamba2_scan_trains_under_inductor():
+    inputs = _mamba2_training_inputs(torch.bfloat16, device="cuda")
+    _assert_same(_mamba2_training_run(torch.compile(ssd_chunk_scan, fullgraph=True), inputs, tuple(inputs)),
+                 _mamba2_training_run(ssd_chunk_scan, inputs, tuple(inputs)))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["gla", "lightning"])
 def test_linear_forms_train_under_inductor(family):

@@ -144,7 +144,7 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
 def _chunk_dv_kernel(
     q, k, v, b, A, dh, do, dv, dA, scale, T, H, NT,
     K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DOT_PREC: tl.constexpr, gamma=None, GAMMA: tl.constexpr = False,
+    DOT_PREC: tl.constexpr, gamma=None, GAMMA: tl.constexpr = False, RECOMPUTE_A: tl.constexpr = False,
 ):
     # one program: chunk i_t of one (batch, head), every value column
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -156,9 +156,9 @@ def _chunk_dv_kernel(
     m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
     p_dhc = dh + ((i_b * NT + i_t) * H + i_h) * K * V
 
-    if GAMMA:
-        # Lightning's scores, recomputed: scale · (Q K^T ⊙ M), M_tj = λ^(t-j)
-        b_gam = tl.load(gamma + i_h)
+    if GAMMA or RECOMPUTE_A:
+        # the scores recomputed: scale · (Q K^T ⊙ M), with M_tj = λ^(t-j) (Lightning) or e^{b_t - b_j} (a
+        # gate per head, Mamba-2), the exponent taken on and below the diagonal only
         b_A = tl.zeros([BT, BT], dtype=tl.float32)
         for i_k in range(tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
@@ -167,7 +167,12 @@ def _chunk_dv_kernel(
             b_q = tl.load(q + p_qk, mask=m_qk, other=0.0)
             b_k = tl.load(k + p_qk, mask=m_qk, other=0.0)
             b_A += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
-        b_A = b_A * tl.exp(decay_exponent(b_gam, o_c[:, None] - o_c[None, :])) * scale
+        if GAMMA:
+            b_gam = tl.load(gamma + i_h)
+            b_A = b_A * tl.exp(decay_exponent(b_gam, o_c[:, None] - o_c[None, :])) * scale
+        else:
+            b_gc = tl.load(b + ((i_b * T + o_t) * H + i_h) * G, mask=m_t, other=0.0)
+            b_A = b_A * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], 0.0)) * scale
     else:
         b_A = tl.load(A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None],
                       other=0.0).to(tl.float32)
@@ -188,7 +193,7 @@ def _chunk_dv_kernel(
             m_tk = m_t[:, None] & m_k[None, :]
             b_k = tl.load(k + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
             if GAMMA:
-                b_decay = tl.exp(decay_exponent(b_gam, t_last - o_t))[:, None]
+                b_decay = tl.exp(decay_exponent(tl.load(gamma + i_h), t_last - o_t))[:, None]
             else:
                 o_gk = o_k if G == K else o_k * 0
                 b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_tk, other=0.0)
@@ -209,8 +214,10 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None) ->
     diagonal (the scores' gradient, scale folded in), all chunks in parallel.
 
     q, k: [B, T, H, K]; v, do: [B, T, H, V]; b: fp32 [B, T, H, G] (G = K or 1) and A: [B, T, H, CHUNK]
-    the forward's scores (`chunk_output`'s layout); or b = A = None and gamma: fp32 [H], when the scores
-    are scale · (Q K^T ⊙ λ^(t-j)) and are recomputed here (q is read only then). dstates: [B, NT, H, K, V]
+    the forward's scores (`chunk_output`'s layout); or A = None with a gate per head (G = 1, Mamba-2):
+    the scores scale · (Q K^T ⊙ e^{b_t - b_j}) are recomputed here; or b = A = None and gamma: fp32 [H],
+    when the scores are scale · (Q K^T ⊙ λ^(t-j)), recomputed too (q is read only in these two cases).
+    dstates: [B, NT, H, K, V]
     (`chunk_state_grad_pass`). Written: dv [B, T, H, V]; dA fp32 [B, T, H, CHUNK], zero above the diagonal.
 
         >>> dA = torch.empty(B, T, H, CHUNK, device=q.device)
@@ -219,10 +226,13 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None) ->
     B, T, H, K = k.shape
     V = v.shape[-1]
     G = 1 if b is None else b.shape[-1]
+    recompute = A is None and gamma is None
+    if recompute and G != 1:
+        raise ValueError(f"chunk_dv recomputes the scores for a gate per head only (G = 1), got G = {G}")
     NT = triton.cdiv(T, CHUNK)
     _chunk_dv_kernel[(NT, B * H)](
         q, k, v, b, A, dstates, do, dv, dA, scale, T, H, NT, K, V, G, BT=CHUNK, BK=_tile(K), BV=_tile(V),
-        DOT_PREC=dot_precision(k.dtype), gamma=gamma, GAMMA=gamma is not None)
+        DOT_PREC=dot_precision(k.dtype), gamma=gamma, GAMMA=gamma is not None, RECOMPUTE_A=recompute)
 
 
 # ------------------------------------------------------------------ 3. dq, dk and the gate's gradient

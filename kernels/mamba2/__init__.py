@@ -1,7 +1,8 @@
 """Mamba-2 (Dao & Gu 2024): a state-space layer with one scalar decay per head.
 
     selective_state_update   the decode step, one Triton kernel, the state updated in place (mamba_ssm's name)
-    ssd_chunk_scan           the SSD chunk scan for prefill, on the shared chunk machinery
+    ssd_chunk_scan           the SSD chunk scan for prefill and training (packed sequences too), on the
+                             shared chunk machinery and its backward
     mamba2_step              the step in PyTorch (pure); selective_state_update_ref, the same in place
     ssd_scan_ref             a step-by-step loop over a prompt (the scan's reference)
     ssd_chunked_torch        the SSD chunk form in PyTorch ops (the paper's minimal listing, rewritten)

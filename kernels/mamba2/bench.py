@@ -7,6 +7,8 @@
                                  causal softmax (SDPA flash) at the same heads
     PREFILL_CHUNKS               the chunk length: the book's scan at 64, 128, 256 and mamba_ssm's at
                                  256 and 64, B = 1, T = 4K and 16K
+    TRAIN                        a training step (forward + backward), the book's scan and mamba_ssm's
+                                 at chunks 256 and 64, B = 1, T = 4K and 16K
 
     >>> from kernels.bench import run
     >>> df = run(PREFILL)          # times on a GPU, loads results/mamba2_prefill.csv elsewhere
@@ -26,7 +28,7 @@ import torch
 
 from ..bench import Benchmark, Panel
 from ..linear.chunk import CHUNK
-from ..linear.costs import sdpa_causal
+from ..linear.costs import sdpa_causal, train_step
 from ..peers import mamba_ssm
 from .interface import selective_state_update, ssd_chunk_scan
 from .reference import mamba2_step, ssd_chunked_torch
@@ -164,11 +166,59 @@ PREFILL_CHUNKS = Benchmark(
      **{f"mamba_ssm chunk {L}": _mamba_ssm_scan(L) for L in (256, 64)}},
     prefill_flops, prefill_bytes, timer="flushed", module=__name__)
 
-BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL, PREFILL_CHUNKS]
+
+# ---------------------------------------------------------------- training
+TRAINED = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")
+
+
+def train_flops(c):
+    """A training step's matmul work, forward and backward: 3 · prefill_flops (the backward's products are
+    twice the forward's, as in the other linear families: kernels/linear/costs.train_flops)."""
+    return 3 * prefill_flops(c)
+
+
+def train_bytes(c):
+    """The least a training step moves, in bf16: the forward reads x, z, B, C, dt and writes y; the backward
+    reads them again with dy and writes dx, dz, dB, dC, ddt (the per-head gradients are negligible)."""
+    B, T, H, P, N, G = c["B"], c["T"], c["H"], c["D"], c["dstate"], c["G"]
+    return B * T * (8 * H * P + 6 * G * N + 3 * H) * 2
+
+
+def _train(scan, chunk_size: int):
+    """A provider: scan(**inputs, chunk_size=...) forward and backward to every input but the softplus flag."""
+    def make(c):
+        a = _scan_inputs(c)
+        for name in TRAINED:
+            a[name].requires_grad_()
+        return train_step(lambda *_: scan(**a, chunk_size=chunk_size), (), [a[n] for n in TRAINED])
+    return make
+
+
+def _book_train(chunk_size: int):
+    return _train(ssd_chunk_scan, chunk_size)
+
+
+def _mamba_ssm_train(chunk_size: int):
+    def make(c):
+        op = mamba_ssm("ssd_combined", "mamba_chunk_scan_combined")
+        return None if op is None else _train(op, chunk_size)(c)
+    return make
+
+
+# A training step (forward + backward to x, dt, A, B, C, D, z, dt_bias), B = 1 at Mamba-2 2.7B's heads,
+# T = 4K and 16K: the book's scan (forward at 256 or 64, backward always in chunks of 64) against
+# mamba_ssm's mamba_chunk_scan_combined at the same chunk lengths. Plain calls, caches flushed.
+TRAIN = Benchmark(
+    "mamba2_train", CHUNK_CASES,
+    {**{f"book: chunk {L}": _book_train(L) for L in (256, 64)},
+     **{f"mamba_ssm chunk {L}": _mamba_ssm_train(L) for L in (256, 64)}},
+    train_flops, train_bytes, timer="flushed", module=__name__)
+
+BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL, PREFILL_CHUNKS, TRAIN]
 
 HEADLINE = Panel("mamba2_prefill", {"B": 1}, "T", "ms",
                  ("book: SSD chunk scan", "mamba_ssm", "SDPA flash"),
                  "Mamba-2 prefill (SDPA: causal softmax)\nB=1, 80 heads x 64, dstate 128")
 
-__all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "PREFILL_CHUNKS", "BENCHMARKS", "HEADLINE", "step_bytes",
-           "step_flops", "prefill_flops", "prefill_bytes"]
+__all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "PREFILL_CHUNKS", "TRAIN", "BENCHMARKS", "HEADLINE",
+           "step_bytes", "step_flops", "prefill_flops", "prefill_bytes", "train_flops", "train_bytes"]

@@ -25,6 +25,11 @@ is the quadratic, attention-like form, the inter-chunk part the linear one. The 
 written: the state pass folds dt into the keys, the output kernel into the columns of the scores. B
 and C are read per group, as GQA reads its shared keys, and the initial and final states are read
 and written in mamba_ssm's [headdim, dstate] layout by the state pass itself.
+
+The backward (`ssd_chunk_scan_bwd`) is the shared one of kernels/linear/chunk_backward.py on that same
+mapping, with k = B·dt (dt folded into the keys there) and v = x, recomputed in chunks of 64 from the
+inputs, and the elementwise chain rule (softplus, dt_bias, A, D, silu(z), the group sums of B and C)
+in PyTorch around it.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ import triton.language as tl
 
 from ..launch import autotune_configs
 from ..linear.chunk import CHUNK, GATE_FLOOR, dot_precision, tiles_that_fit
+from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 from ..tl_helpers import dot_causal
 from .decode import _softplus
 
@@ -303,4 +309,92 @@ def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softp
     return y, ht
 
 
-__all__ = ["ssd_gates", "ssd_state_pass", "ssd_output", "ssd_chunk_scan_fwd"]
+# ------------------------------------------------------------------ 4. the backward
+def _by_group(t, G):
+    """[Bt, T, H, ...] -> [Bt, T, G, H/G, ...]: heads g·H/G .. (g+1)·H/G - 1 read group g's B and C (a view)."""
+    return t.view(t.shape[0], t.shape[1], G, t.shape[2] // G, *t.shape[3:])
+
+
+def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor | None,
+                       dt_bias: torch.Tensor | None, dt_softplus: bool, initial_states: torch.Tensor | None,
+                       dy, dfinal: torch.Tensor | None):
+    """The scan's gradients, recomputed from its inputs in chunks of CHUNK = 64 tokens, whatever chunk the
+    forward took (the gradient is the same function's). dy: y's gradient [Bt, T, H, P]; dfinal: the
+    final states' (fp32 [Bt, H, P, N]) or None. Other arguments as `ssd_chunk_scan_fwd` takes them.
+
+    SSD is linear attention with one log gate per head and token (chunk.py's docstring), so the chunk
+    recurrence's gradient is the shared backward's (kernels/linear/chunk_backward.py) with q = C and
+    k = B·dt, both expanded to every head, v = x, scale 1, the gate g = dt·A as [Bt, T, H, 1] and the
+    states transposed ([dstate, headdim] = [K, V]). Around it, in PyTorch (fp32): the tail
+    y = (o + D ⊙ x) ⊙ silu(z), whose o is recomputed by the output kernel when z is given; dt's three
+    paths (the keys, the gate, and the bias and softplus before them); the group sums of B and C.
+
+    Returns the gradients of x, dt, A, B, C, then of D, z, dt_bias and initial_states where those are
+    given (an absent argument has no entry, so the tuple is the same eagerly and as a compiled op's
+    result), each in its argument's dtype and shape, contiguous.
+    """
+    Bt, T, H, P = x.shape
+    G, N = B.shape[2], B.shape[3]
+    dev, f32 = x.device, torch.float32
+    x, B, C = x.contiguous(), B.contiguous(), C.contiguous()
+    NT = triton.cdiv(T, CHUNK)
+    dtf = torch.empty(Bt, T, H, dtype=f32, device=dev)
+    b = torch.empty(Bt, T, H, 1, dtype=f32, device=dev)
+    ssd_gates(dt, dt_bias, A, dt_softplus, dtf, b, CHUNK)
+    states = torch.empty(Bt, NT, H, N, P, dtype=f32, device=dev)     # fp32: the gate's gradient reads them
+    h0 = None if initial_states is None else initial_states.contiguous()
+    ssd_state_pass(B, x, dtf, b, states, h0, None, CHUNK)
+
+    # the tail: y = (o + D ⊙ x) ⊙ silu(z); do is o's gradient
+    do = dy.to(f32)
+    dz = None
+    if z is not None:
+        y_ungated = torch.empty_like(x)
+        ssd_output(C, B, x, dtf, b, states, D, None, y_ungated, CHUNK)
+        zf = z.to(f32)
+        sig = torch.sigmoid(zf)
+        dz = (do * y_ungated.to(f32) * sig * (1 + zf * (1 - sig))).to(z.dtype)
+        do = do * zf * sig
+    dD = None
+    if D is not None:
+        xf = x.to(f32)
+        Dhp = D.to(f32) if D.dim() == 2 else D.to(f32)[:, None]
+        dD = (do * xf).sum((0, 1))
+        dD = (dD if D.dim() == 2 else dD.sum(-1)).to(D.dtype)
+
+    # the chunk recurrence: q = C, k = B·dt per head, v = x, the gate dt·A per head
+    q = C.repeat_interleave(H // G, dim=2)
+    k = (B.repeat_interleave(H // G, dim=2) * dtf[..., None]).to(x.dtype)
+    Af = A.to(f32)
+    g = (dtf * Af)[..., None]             # as given: a gate below the floor gets gradient 0 (chunk_dqk)
+    do_k = do.to(x.dtype)
+    dstates = torch.empty(Bt, NT, H, N, P, dtype=f32, device=dev)
+    dht = None if dfinal is None else dfinal.to(f32).transpose(-1, -2).contiguous()
+    dh0 = None if h0 is None else torch.empty(Bt, H, N, P, dtype=f32, device=dev)
+    chunk_state_grad_pass(q, do_k, b, dstates, 1.0, dht, dh0)
+    dv = torch.empty(Bt, T, H, P, dtype=f32, device=dev)
+    dscores = torch.empty(Bt, T, H, CHUNK, dtype=f32, device=dev)
+    chunk_dv(q, k, x, b, None, dstates, do_k, dv, dscores, 1.0)
+    dq, dk = torch.empty(Bt, T, H, N, dtype=f32, device=dev), torch.empty(Bt, T, H, N, dtype=f32, device=dev)
+    dg = torch.empty(Bt, T, H, 1, dtype=f32, device=dev)
+    chunk_dqk(q, k, x, g, b, states, dstates, do_k, dscores, dq, dk, dg, 1.0)
+
+    # back through k = B·dt, g = dt·A, dt = softplus(dt + dt_bias)
+    # per group, as batched products (no [Bt, T, H, N] temporary): ddt += dk·B per head, dB = Σ_heads dt·dk
+    dg = dg[..., 0]
+    dk_g, dtf_g = _by_group(dk, G), _by_group(dtf, G)                          # [Bt, T, G, H/G, N], [.., H/G]
+    ddt = torch.einsum("btgrn,btgn->btgr", dk_g, B.to(f32)).reshape(Bt, T, H) + dg * Af
+    dA = (dg * dtf).sum((0, 1)).to(A.dtype)
+    dB = torch.einsum("btgrn,btgr->btgn", dk_g, dtf_g).to(B.dtype)
+    dC = _by_group(dq, G).sum(3).to(C.dtype)
+    dx = dv if D is None else dv + do * Dhp
+    if dt_softplus:
+        raw = dt.to(f32) + (0 if dt_bias is None else dt_bias.to(f32))
+        ddt = ddt * torch.where(raw <= 20.0, torch.sigmoid(raw), 1.0)     # the forward's softplus cut-off
+    ddt_bias = None if dt_bias is None else ddt.sum((0, 1)).to(dt_bias.dtype)
+    dh0 = None if dh0 is None else dh0.transpose(-1, -2).contiguous()
+    grads = (dx.to(x.dtype), ddt.to(dt.dtype), dA, dB, dC, dD, dz, ddt_bias, dh0)
+    return tuple(t for t in grads if t is not None)
+
+
+__all__ = ["ssd_gates", "ssd_state_pass", "ssd_output", "ssd_chunk_scan_fwd", "ssd_chunk_scan_bwd"]

@@ -7,7 +7,8 @@ Layouts, as mamba_ssm names them:
     step   state [S, H, P, N] fp32 (S slots: b, or any number with state_batch_indices [b]);
            x, dt, z [b, H, P]; A [H, P, N]; B, C [b, G, N]; D, dt_bias [H, P]
     scan   x, z [Bt, T, H, P]; dt [Bt, T, H]; A [H]; B, C [Bt, T, G, N]; D [H, P] or [H];
-           dt_bias [H]; initial_states [Bt, H, P, N] fp32
+           dt_bias [H]; initial_states [Bt, H, P, N] fp32; or packed: Bt = 1, cu_seqlens int32
+           [S + 1] and initial_states [S, H, P, N] for S sequences
 
 H heads of P channels (headdim), N the state size (dstate), G groups (G divides H: heads h of one
 group share B and C, as GQA shares keys).
@@ -140,16 +141,29 @@ def check_step_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_so
 
 
 def check_scan_inputs(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, dt_softplus=False,
-                      initial_states=None, return_final_states=False, *, kernel: bool = True):
-    """Validate an ssd_chunk_scan call; return (Bt, T, H, P, N, G). kernel: as check_step_inputs.
-    The verdict is remembered per call signature, as the step's is."""
+                      initial_states=None, return_final_states=False, cu_seqlens=None, *, kernel: bool = True):
+    """Validate an ssd_chunk_scan call; return (Bt, T, H, P, N, G). kernel: as check_step_inputs, but
+    inputs that require grad are accepted (the scan trains). The verdict is remembered per call
+    signature, as the step's is. cu_seqlens: the offsets' layout only (int32 [N + 1] on x's device, batch
+    1, initial_states [N, ...]); their values are checked where they are read (`check_offset_values`)."""
     return _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
-                              return_final_states, kernel)
+                              return_final_states, cu_seqlens, kernel)
+
+
+def check_offset_values(offsets: list[int], T: int) -> None:
+    """The values of packed sequences' offsets, read on the host: 0 first, the packed length T last,
+    non-decreasing (a sequence may be empty). ValueError naming cu_seqlens."""
+    if offsets[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {offsets[0]}")
+    if offsets[-1] != T:
+        raise ValueError(f"cu_seqlens must end at the packed length {T} (x's seqlen), got {offsets[-1]}")
+    if any(b < a for a, b in zip(offsets[:-1], offsets[1:])):
+        raise ValueError("cu_seqlens must be non-decreasing (every sequence's length >= 0)")
 
 
 @check_once_per_signature(strides=True)
 def _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
-                       return_final_states, kernel):
+                       return_final_states, cu_seqlens, kernel):
     floats = FLOATS if kernel else REFERENCE_FLOATS
     check_tensor("x", x, ndim=4, dtypes=floats)
     check_tensor("dt", dt, ndim=3, dtypes=floats)
@@ -178,9 +192,6 @@ def _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, i
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     _devices(kernel, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states)
     check_same_device_and_dtype(**{n: t for n, t in (("x", x), ("B", B), ("C", C), ("z", z)) if t is not None})
-    if kernel:
-        check_no_grad("ssd_chunk_scan", x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                       initial_states=initial_states)
 
     check_not_empty("x", x, "batch, seqlen, nheads, headdim")
     Bt, T, H, P = x.shape
@@ -199,11 +210,24 @@ def _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, i
         check_dims("z", z, (Bt, T, H, P), "batch, seqlen, nheads, headdim")
     if dt_bias is not None:
         check_dims("dt_bias", dt_bias, (H,), "nheads")
+    n_states = Bt
+    if cu_seqlens is not None:
+        check_tensor("cu_seqlens", cu_seqlens, ndim=1, dtypes=(torch.int32,))
+        if cu_seqlens.device != x.device:
+            raise ValueError(f"cu_seqlens is on {cu_seqlens.device}, x on {x.device}: they must share a device")
+        if cu_seqlens.shape[0] < 2:
+            raise ValueError(f"cu_seqlens must hold N + 1 >= 2 offsets (N sequences), got {cu_seqlens.shape[0]}")
+        if Bt != 1:
+            raise ValueError(f"with cu_seqlens the sequences are packed along seqlen in one batch row: x must have "
+                             f"batch 1, got {Bt}")
+        n_states = cu_seqlens.shape[0] - 1
     if initial_states is not None:
-        check_dims("initial_states", initial_states, (Bt, H, P, N), "batch, nheads, headdim, dstate")
+        check_dims("initial_states", initial_states, (n_states, H, P, N),
+                   "batch, nheads, headdim, dstate" if cu_seqlens is None else "sequences, nheads, headdim, dstate")
     if kernel and (N > 256 or P > 256):
         raise ValueError(f"x and B have headdim = {P} and dstate = {N}; the kernels take both <= 256")
     return Bt, T, H, P, N, G
 
 
-__all__ = ["check_step_inputs", "check_scan_inputs", "MAX_DSTATE", "CHUNK_SIZES", "SIGNATURES_REMEMBERED"]
+__all__ = ["check_step_inputs", "check_scan_inputs", "check_offset_values", "MAX_DSTATE", "CHUNK_SIZES",
+           "SIGNATURES_REMEMBERED"]

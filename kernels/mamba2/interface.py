@@ -1,5 +1,7 @@
 """Mamba-2's public entry points: validate, allocate what is returned, launch. Names, arguments and
 layouts as mamba_ssm's Triton ops (`selective_state_update`, the SSD chunk scan), see inputs.py.
+The scan trains (SSDChunkScanFunction: the backward recomputes from the inputs, chunk.py's
+`ssd_chunk_scan_bwd`) and takes packed sequences (cu_seqlens); the decode step has no backward.
 
 The slot table's values (state_batch_indices) are checked only when it is on the CPU: on the GPU the
 check would read device memory and wait for the GPU on every decode step, which is the cost the step
@@ -11,8 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from ..custom_ops import compiled_as_op, like, ssd_chunk_scan_fake
-from .inputs import check_scan_inputs, check_step_inputs
+from ..custom_ops import compiled_as_op, gradients_like, like, ssd_chunk_scan_fake
+from .chunk import ssd_chunk_scan_bwd, ssd_chunk_scan_fwd
+from .inputs import check_offset_values, check_scan_inputs, check_step_inputs
 from .decode import selective_state_update_fwd
 
 
@@ -50,10 +53,118 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     return y
 
 
-@compiled_as_op("kernels::ssd_chunk_scan", fake=ssd_chunk_scan_fake)
+def _sequences(cu_seqlens, T: int) -> list[tuple[int, int]]:
+    """The packed sequences' (first row, end row), from one host read of the offsets, checked."""
+    offsets = cu_seqlens.tolist()
+    check_offset_values(offsets, T)
+    return list(zip(offsets[:-1], offsets[1:]))
+
+
+def _rows(t, start: int, end: int):
+    return None if t is None else t[:, start:end]
+
+
+def _scan_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, return_final_states,
+                  cu_seqlens):
+    dims = check_scan_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                             return_final_states, cu_seqlens)
+    if cu_seqlens is None:
+        y, final = ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus,
+                                      initial_states, return_final_states)
+        return (y, final) if return_final_states else y
+    # packed: each sequence is a scan of its own, cut into chunks from its first row (the launches per
+    # sequence, on views of its rows)
+    _, T, H, P, N, G = dims
+    sequences = _sequences(cu_seqlens, T)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    final = (torch.empty(len(sequences), H, P, N, dtype=torch.float32, device=x.device) if return_final_states
+             else None)
+    for n, (start, end) in enumerate(sequences):
+        h0 = None if initial_states is None else initial_states[n:n + 1]
+        if start == end:                  # an empty sequence ends in the state it starts from
+            if final is not None:
+                final[n] = 0.0 if h0 is None else h0[0]
+            continue
+        y_n, final_n = ssd_chunk_scan_fwd(
+            (1, end - start, H, P, N, G), x[:, start:end], dt[:, start:end], A, B[:, start:end], C[:, start:end],
+            chunk_size, D, _rows(z, start, end), dt_bias, dt_softplus, h0, return_final_states)
+        y[:, start:end] = y_n
+        if final is not None:
+            final[n] = final_n[0]
+    return (y, final) if return_final_states else y
+
+
+# an op of its own, so that a compiled graph's backward calls it whole (SSDChunkScanFunction below)
+@compiled_as_op("kernels::ssd_chunk_scan_bwd",
+                fake=gradients_like("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states"))
+def _ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor | None,
+                        dt_bias: torch.Tensor | None, dt_softplus: bool, initial_states: torch.Tensor | None,
+                        dy, dfinal: torch.Tensor | None, cu_seqlens: torch.Tensor | None):
+    """`ssd_chunk_scan_bwd` (chunk.py), once, or once per packed sequence: the rows of a sequence get its
+    gradients, A, D and dt_bias the sum over the sequences (in fp32), initial_states[n] sequence n's."""
+    if cu_seqlens is None:
+        return ssd_chunk_scan_bwd(x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, dy, dfinal)
+    inputs = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,
+              "initial_states": initial_states}
+    given = [name for name, t in inputs.items() if t is not None]
+    shared = ("A", "D", "dt_bias")                          # one value for every sequence: summed
+    grads = {name: torch.zeros(inputs[name].shape, device=x.device,
+                               dtype=torch.float32 if name in shared else inputs[name].dtype) for name in given}
+    for n, (start, end) in enumerate(_sequences(cu_seqlens, x.shape[1])):
+        h0 = None if initial_states is None else initial_states[n:n + 1]
+        dh = None if dfinal is None else dfinal[n:n + 1]
+        if start == end:                  # the final state is the initial one
+            if h0 is not None and dh is not None:
+                grads["initial_states"][n] = dh[0]
+            continue
+        part = ssd_chunk_scan_bwd(x[:, start:end], dt[:, start:end], A, B[:, start:end], C[:, start:end], D,
+                                  _rows(z, start, end), dt_bias, dt_softplus, h0, dy[:, start:end], dh)
+        for name, g in zip(given, part, strict=True):
+            if name in shared:
+                grads[name] += g
+            elif name == "initial_states":
+                grads[name][n] = g[0]
+            else:
+                grads[name][:, start:end] = g
+    return tuple(grads[name].to(inputs[name].dtype) for name in given)
+
+
+class SSDChunkScanFunction(torch.autograd.Function):
+    """ssd_chunk_scan's arguments in, y or (y, final_states) out. Forward: the scan at the caller's chunk
+    size, saving the inputs only. Backward: `ssd_chunk_scan_bwd`, which recomputes the gates and the
+    chunk-start states in chunks of 64 (Triton kernels, and the elementwise parts in PyTorch). The
+    eager call and the compiled op share it (`compiled_as_op`'s autograd=)."""
+
+    @staticmethod
+    def forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, return_final_states,
+                cu_seqlens):
+        return _scan_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                             return_final_states, cu_seqlens)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, dt, A, B, C, _, D, z, dt_bias, ctx.dt_softplus, initial_states, _, cu_seqlens = inputs
+        ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, cu_seqlens)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable     # the kernels' gradients carry no graph of their own
+    def backward(ctx, dy, dfinal=None):
+        *saved, cu_seqlens = ctx.saved_tensors
+        x, dt, A, B, C, D, z, dt_bias, h0 = saved
+        dy = torch.zeros_like(x) if dy is None else dy.contiguous()
+        dfinal = None if dfinal is None else dfinal.contiguous()
+        grads = iter(_ssd_chunk_scan_bwd(x, dt, A, B, C, D, z, dt_bias, ctx.dt_softplus, h0, dy, dfinal,
+                                         cu_seqlens))
+        dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dh0 = (None if t is None else next(grads) for t in saved)
+        return dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, None, dh0, None, None
+
+
+@compiled_as_op("kernels::ssd_chunk_scan", fake=ssd_chunk_scan_fake, autograd=SSDChunkScanFunction)
 def ssd_chunk_scan(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, dt_softplus=False,
-                   initial_states=None, return_final_states=False):
-    """The SSD chunk scan (Triton): Mamba-2's prefill, in chunks of chunk_size tokens. See chunk.py.
+                   initial_states=None, return_final_states=False, cu_seqlens=None):
+    """The SSD chunk scan (Triton): Mamba-2's prefill, in chunks of chunk_size tokens, and training.
+    See chunk.py.
 
     x, z: [batch, seqlen, nheads, headdim]; dt: [batch, seqlen, nheads]; A: [nheads]; B, C:
     [batch, seqlen, ngroups, dstate], ngroups dividing nheads; D: [nheads, headdim] or [nheads];
@@ -66,17 +177,36 @@ def ssd_chunk_scan(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, 
     y [batch, seqlen, nheads, headdim] in x's dtype, or (y, final_states fp32 [batch, nheads,
     headdim, dstate]) when return_final_states.
 
+    Differentiable in x, dt, A, B, C, D, z, dt_bias and initial_states, through y and the final states:
+    the backward saves only the inputs and recomputes the rest in chunks of 64 tokens, whatever
+    chunk_size the forward took (kernels/linear/chunk_backward.py, and chunk.py's
+    `ssd_chunk_scan_bwd`). A decay e^{dt·A} below e^-110 counts as 0, and its dt·A gets no gradient
+    through the decay.
+
+    Packed sequences: cu_seqlens, int32 [N + 1] on x's device (0 first, seqlen last, non-decreasing; a
+    length may be 0), with batch 1: sequence n is rows cu_seqlens[n] to cu_seqlens[n + 1] of x, dt, B,
+    C, z, and sees nothing of the others; initial_states and the final states are then [N, nheads,
+    headdim, dstate], one per sequence. mamba_ssm's chunk scan takes both seq_idx (a sequence number per
+    row, [batch, seqlen]) and cu_seqlens; here the offsets alone say everything, as in flash-attn's
+    packed calls, so cu_seqlens is the one keyword. Each sequence is cut into chunks from its own first
+    row (a sequence starting mid-chunk shares no chunk with the one before) and scanned on views of its
+    rows: the offsets are read on the host once per call (and once per backward), which waits for the
+    GPU, so a packed call cannot be captured in a CUDA graph; and the launches are per sequence (three
+    kernels forward, six or seven and the elementwise ops backward), which costs host time when the
+    sequences are many and short.
+
         >>> y, h = ssd_chunk_scan(x, dt, -torch.exp(A_log), B, C, chunk_size=256, D=D, z=z,
         ...                       dt_bias=dt_bias, dt_softplus=True, return_final_states=True)
         >>> y_next = selective_state_update(h, x_t, dt_t, A_t, B_t, C_t, ...)   # decode continues from h
+        >>> y, h = ssd_chunk_scan(x, dt, A, B, C, cu_seqlens=torch.tensor([0, 70, 300], dtype=torch.int32,
+        ...                       device=x.device), return_final_states=True)   # x [1, 300, ...]; h [2, ...]
     """
-    from .chunk import ssd_chunk_scan_fwd
-
-    dims = check_scan_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
-                             return_final_states)
-    y, final = ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
-                                  return_final_states)
-    return (y, final) if return_final_states else y
+    args = (x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, return_final_states,
+            cu_seqlens)
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad    # else: the checks name it
+                                       for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
+        return SSDChunkScanFunction.apply(*args)
+    return _scan_forward(*args)
 
 
 __all__ = ["selective_state_update", "ssd_chunk_scan", "a_is_scalar_per_head"]
