@@ -2,7 +2,7 @@
 arrow, a lower-triangle cell (a causal block on the diagonal), and the last step of every figure.
 Each family draws its own figures from its kernels' numbers in `kernels/<family>/diagram.py`.
 
-    >>> fig, ax = plt.subplots(figsize=(COLUMN_INCHES, 2.0))
+    >>> fig, ax = plt.subplots()
     >>> draw_box(ax, 0, 0, 1, 1, "program 0", C_WORK, text_color="white")
     >>> finish_figure(fig)               # closed, returned: the notebook shows it once
 """
