@@ -16,8 +16,8 @@ import pandas as pd
 import torch
 from IPython.display import Code, display
 
-from .diagrams import (ONLINE_SOFTMAX_BLOCK, online_softmax_blocks, online_softmax_example,
-                       online_softmax_table)
+from .flash_attn.diagram import (ONLINE_SOFTMAX_BLOCK, online_softmax_blocks, online_softmax_example,
+                                 online_softmax_table)
 from .plot import natural_order, plot_results
 
 

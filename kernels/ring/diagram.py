@@ -6,14 +6,14 @@
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-from matplotlib.patches import Patch, Polygon, Rectangle
+from matplotlib.patches import Patch, Rectangle
 
+from ..drawing import C_SKIP, draw_lower_triangle, finish_figure
 from ..plot import BOOK_BLUES, COLUMN_INCHES, PEERS, styled
 from .zigzag import chunk_pairs, ring_plan
 
 RANK_COLORS = [BOOK_BLUES[0], PEERS["SDPA flash"].color, "#2ca02c", "#9467bd", BOOK_BLUES[2], "#8c564b",
                "#e377c2", "#7f7f7f"]
-C_SKIP = "#eeeeee"
 
 
 def work_per_rank(world: int, layout: str) -> list[float]:
@@ -45,7 +45,7 @@ def zigzag_schedule(world: int = 4):
                     ax.add_patch(Rectangle((j, -i - 1), 1, 1, facecolor=color, edgecolor="white"))
                     ax.text(j + 0.5, -i - 0.5, f"{step}", color="white", ha="center", va="center", fontsize=9)
                 else:  # the diagonal: the causal mask keeps its lower triangle
-                    ax.add_patch(Polygon([(j, -i), (j, -i - 1), (j + 1, -i - 1)], facecolor=color, edgecolor="white"))
+                    draw_lower_triangle(ax, j, -i, color)
                     ax.text(j + 0.3, -i - 0.72, f"{step}", color="white", ha="center", va="center", fontsize=8)
     ax.set_xlim(0, n)
     ax.set_ylim(-n, 0)
@@ -73,8 +73,7 @@ def zigzag_schedule(world: int = 4):
     bx.set_ylabel("work (chunk pairs)")
     bx.set_title("causal work per rank", loc="left", fontsize=10)
     bx.legend(loc="upper left", fontsize=9)
-    plt.close(fig)
-    return fig
+    return finish_figure(fig)
 
 
 __all__ = ["zigzag_schedule", "work_per_rank"]
