@@ -52,6 +52,15 @@ def check_tensor(name: str, t, *, ndim: int | None = None, dtypes=None, shape=No
     return t
 
 
+def check_gradient(name: str, grad, shape, dtype: torch.dtype, device) -> None:
+    """The incoming gradient of an output, as a backward operator takes it: a tensor of the output's
+    shape and dtype on its device (TypeError/ValueError naming `name`). Called as a cheap host check by the
+    backward launchers, which are ops of their own (torch.ops.kernels.*_bwd) and so reachable directly."""
+    check_tensor(name, grad, dtypes=(dtype,), shape=tuple(shape))
+    if grad.device != device:
+        raise ValueError(f"{name} is on {grad.device}; the output it is the gradient of is on {device}")
+
+
 def check_dims(name: str, t: torch.Tensor, want, dims: str) -> None:
     """ValueError unless `t` has exactly the sizes `want`; `dims` names them, e.g. "B, T, H, K", and the
     message shows both: "k must be [B, T, H, K] = [1, 8, 2, 16], got [1, 4, 2, 16]"."""
@@ -241,4 +250,4 @@ _UNSEEN = object()
 
 __all__ = ["FLOATS", "REFERENCE_FLOATS", "check_tensor", "check_not_empty", "check_same_device_and_dtype",
            "check_same_device", "check_has_values", "check_kernel_device", "check_bool", "check_int", "check_choice",
-           "check_no_grad", "softmax_scale_or_default", "check_once_per_signature"]
+           "check_no_grad", "check_gradient", "softmax_scale_or_default", "check_once_per_signature"]

@@ -3,6 +3,10 @@ import torch
 
 import kernels  # noqa: F401  (sets TRITON_INTERPRET=1 on a CPU before Triton is imported)
 
+# A family to copy (tests/test_adding_a_family.py copies it into a copy of the book), not tests to run here:
+# its chapter would otherwise be collected by `pytest --nbval`.
+collect_ignore = ["template_family"]
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (bf16, real shapes); skipped under the interpreter")

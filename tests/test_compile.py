@@ -625,3 +625,30 @@ def test_flash_attn_varlen_compiled_forward_and_backward_equal_eager():
                  run(flash_attn_varlen_func))
     assert sum("kernels.attention_fwd.default" in n for n in nodes) == 1, nodes
     assert sum("kernels.attention_bwd.default" in n for n in nodes) == 1, nodes
+
+
+# ------------------------------------------------------------------ the backward ops check what they are given
+def _backward_op_calls():
+    """(op, arguments with a wrong incoming gradient, the name the error must give) per backward launcher."""
+    from kernels.mamba2 import interface as mamba2_interface
+    q, k, v, gate, h0 = _linear_training_inputs("gla", torch.float32)
+    gla = (gla_interface._chunk_gla_bwd.op, (q, k, v, gate, 0.2, h0, torch.randn(1, 70, 2, 8), None), "do")
+    slopes = lightning_slopes(2)
+    lightning = (lightning_interface._chunk_lightning_bwd.op,
+                 (q, k, v, -slopes, 1.0, h0, torch.randn_like(v), torch.randn(1, 2, 16, 32)), "dht")
+    x, dt, A, B, C = (a.float() for a in _mamba2_scan(DEVICE, torch.float32, False)[0])
+    mamba2 = (mamba2_interface._ssd_chunk_scan_bwd.op,
+              (x, dt, A, B, C, None, None, None, False, None, torch.randn_like(x).half(), None, None), "dy")
+    fq, fk, fv = (t.detach() for t in _flash_inputs(1, 5, 7, 2, 1, 32, torch.float32))
+    o, lse = flash_interface.attention_fwd(fq, fk, fv, True, 0.2)
+    flash = (flash_interface.attention_bwd.op, (fq[:, :4], fq, fk, fv, o, lse, True, 0.2, True), "do")
+    return {"gla": gla, "lightning": lightning, "mamba2": mamba2, "flash_attn": flash}
+
+
+@pytest.mark.parametrize("family", ["gla", "lightning", "mamba2", "flash_attn"])
+def test_backward_ops_refuse_a_wrong_gradient_by_name(family):
+    """torch.ops.kernels.*_bwd are reachable without the autograd Function that calls them: an incoming
+    gradient of the wrong shape or dtype is refused, naming it, before any launch."""
+    op, args, name = _backward_op_calls()[family]
+    with pytest.raises((ValueError, TypeError), match=rf"^{name} "):
+        op(*args)

@@ -6,16 +6,24 @@ import numbers
 
 import torch
 
-from ..checks import FLOATS, check_bool, check_choice, check_int, check_kernel_device
+from ..checks import FLOATS, check_bool, check_choice, check_gradient, check_int, check_kernel_device
 from ..custom_ops import attention_bwd_fake, attention_fwd_fake, compiled_as_op
 from ..launch import LN2  # the kernels keep the log-sum-exp in base 2; flash-attn returns it in natural log
-from .backward import attention_bwd
+from . import backward
 from .forward import attention_fwd
 from .reference import attention_flops, check_attention_args, check_varlen_args
 
 # registered one level down, so that a compiled backward is FlashAttnFunction.backward, as in eager
 attention_fwd = compiled_as_op("kernels::attention_fwd", fake=attention_fwd_fake)(attention_fwd)
-attention_bwd = compiled_as_op("kernels::attention_bwd", fake=attention_bwd_fake)(attention_bwd)
+
+
+@compiled_as_op("kernels::attention_bwd", fake=attention_bwd_fake)
+def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, one_launch: bool,
+                  cu_seqlens_q=None, cu_seqlens_k=None):
+    """`backward.attention_bwd` behind a check of the incoming gradient: the op is reachable on its own
+    (torch.ops.kernels.attention_bwd), and a do of the wrong shape would be read out of bounds."""
+    check_gradient("do", do, q.shape, q.dtype, q.device)
+    return backward.attention_bwd(do, q, k, v, o, lse, causal, softmax_scale, one_launch, cu_seqlens_q, cu_seqlens_k)
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 SUPPORTED_DTYPES = FLOATS

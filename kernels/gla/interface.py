@@ -18,7 +18,7 @@ import triton
 from ..custom_ops import compiled_as_op, gradients_like, linear_attention_fake
 from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_pass
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
-from ..checks import check_no_grad
+from ..checks import check_gradient, check_no_grad
 from ..linear.inputs import check_linear_inputs
 from .chunk import chunk_gla_scores
 from .fused_recurrent import fused_recurrent_fwd
@@ -99,8 +99,11 @@ def _chunk_gla_bwd(q, k, v, gk, scale, h0: torch.Tensor | None, do, dht: torch.T
     """The backward's launches: recompute the cumulative gates, the chunk-start states (fp32, for the
     gate's gradient) and the scores, then the reverse state pass, dv, and dq, dk, dgk. do: o's gradient,
     dht: the final state's (or None). Returns (dq, dk, dv, dgk, dh0 or None)."""
-    B, T, H, K = q.shape
-    V, dev = v.shape[-1], q.device
+    (B, T, H, K, V), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, h0, False)
+    check_gradient("do", do, v.shape, v.dtype, v.device)
+    if dht is not None:
+        check_gradient("dht", dht, (B, H, K, V), torch.float32, v.device)
+    dev = q.device
     NT = triton.cdiv(T, CHUNK)
     g = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
     chunk_local_cumsum(gk, g)

@@ -22,7 +22,7 @@ import triton
 from ..custom_ops import compiled_as_op, gradients_like, linear_attention_fake
 from ..linear.chunk import CHUNK, chunk_state_pass
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
-from ..checks import check_no_grad
+from ..checks import check_gradient, check_no_grad
 from ..linear.inputs import check_linear_inputs
 from .chunk import chunk_lightning_output
 from .fused_recurrent import fused_recurrent_fwd
@@ -78,8 +78,11 @@ def _chunk_lightning_bwd(q, k, v, gamma, scale, h0: torch.Tensor | None, do, dht
     """The backward's launches, the shared ones with the fixed decay gamma: recompute the chunk-start
     states, then the reverse state pass, dv (the scores recomputed inside), dq and dk. do: o's gradient,
     dht: the final state's (or None). Returns (dq, dk, dv, dh0 or None)."""
-    B, T, H, K = q.shape
-    V, NT = v.shape[-1], triton.cdiv(T, CHUNK)
+    (B, T, H, K, V), scale, (q, k, v, _, h0) = _checked(q, k, v, gamma, scale, h0, False)
+    check_gradient("do", do, v.shape, v.dtype, v.device)
+    if dht is not None:
+        check_gradient("dht", dht, (B, H, K, V), torch.float32, v.device)
+    NT = triton.cdiv(T, CHUNK)
     states = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=q.device)
     chunk_state_pass(k, v, None, states, h0, gamma=gamma)
     dstates = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=q.device)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import check_gradient
 from ..custom_ops import compiled_as_op, gradients_like, like, ssd_chunk_scan_fake
 from .chunk import ssd_chunk_scan_bwd, ssd_chunk_scan_fwd
 from .inputs import check_offset_values, check_scan_inputs, check_step_inputs
@@ -102,6 +103,12 @@ def _ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor 
                         dy, dfinal: torch.Tensor | None, cu_seqlens: torch.Tensor | None):
     """`ssd_chunk_scan_bwd` (chunk.py), once, or once per packed sequence: the rows of a sequence get its
     gradients, A, D and dt_bias the sum over the sequences (in fp32), initial_states[n] sequence n's."""
+    Bt, T, H, P, N, _ = check_scan_inputs(x, dt, A, B, C, 64, D, z, dt_bias, dt_softplus, initial_states,
+                                          dfinal is not None, cu_seqlens)
+    check_gradient("dy", dy, x.shape, x.dtype, x.device)
+    if dfinal is not None:
+        states = Bt if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        check_gradient("dfinal", dfinal, (states, H, P, N), torch.float32, x.device)
     if cu_seqlens is None:
         return ssd_chunk_scan_bwd(x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, dy, dfinal)
     inputs = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,

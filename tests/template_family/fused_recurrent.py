@@ -25,7 +25,7 @@ def _fused_recurrent_linear_kernel(
     for t in range(0, T):
         b_q, b_k, b_v, p_tk, p_tv = token_inputs(q, k, v, t, base_k, base_v, o_k, o_v, m_k, m_v, scale, H, K, V)
         # no decay: S = S + k v^T, o = S^T (q · scale)
-        b_h, b_o = recurrent_token(b_h, 1.0, b_q, b_k, b_v)
+        b_h, b_o = recurrent_token(b_h, 1.0, b_q, b_k, b_v, m_k, K)
         tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_v)
     store_state(ht, p_h, m_h, b_h, STORE_HT)
 
