@@ -2,7 +2,8 @@
 state against autograd through the fp64 loop (naive_recurrent_kda), with a loss through o and through
 the final state (random upstream gradients for both); lengths 1, 37 and 70 (not chunk multiples), K != V,
 with and without an initial state, the L2 norm in the kernel on and off (off: the keys come normalised,
-as the delta rule needs); gates near 0, the paper's, and strong; beta near 0, uniform, near 1.
+as the delta rule needs); gates near 0, the paper's, strong, and -inf (a reset, gradient 0); beta near 0,
+uniform, near 1.
 fused_recurrent_kda has no backward and refuses an input that requires grad.
 
 CPU (interpreter): fp32, within 1e-5 of the fp64 loop (the backward is fp32 PyTorch ops; the forward's
@@ -43,6 +44,7 @@ KDA_CASES = [  # (B, T, H, K, V), gate, beta, initial state, L2 norm in the kern
     ((1, 70, 2, 32, 16), "near0", "near1", True, True),
     ((1, 70, 2, 16, 48), "strong", "near0", True, False),
     ((1, 70, 2, 16, 32), "paper", "near1", False, False),
+    ((2, 70, 2, 32, 16), "reset", "uniform", True, True),
 ]
 
 
@@ -55,6 +57,9 @@ def test_kda_gradients(shape, gate, beta, with_h0, l2norm):
     ref = grads(naive_recurrent_kda, fp64(tensors), *fp64([h0]), do, dht, use_qk_l2norm_in_kernel=l2norm)
     assert_grads_close(out, ref, NAMES + (["dh0"] if with_h0 else []))
     assert [g.dtype for g in out[2]] == [torch.float32] * len(out[2])
+    if gate == "reset":                       # a gate of -inf: no gradient at all, as in the fp64 loop
+        reset = tensors[3] == float("-inf")
+        assert reset.any() and (out[2][3][reset] == 0).all()
 
 
 def test_kda_loss_through_the_final_state_only():

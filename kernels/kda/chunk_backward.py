@@ -15,7 +15,8 @@ The reverse state pass carries dS from the last chunk to the first (the delta ru
 dS = scale (Q ⊙ e^b)ᵀ dO + e^{b_last} ⊙ dS_next - Wᵀ dU, with dU = A_qkᵀ dO + K_g dS_next). The solve's
 gradient is one more triangular solve with the transpose, dR = (I + A)⁻ᵀ dW, and dA = -dR_k Wᵀ - dR_v W'ᵀ
 below the diagonal. The scores' gradients use the exponent b_t - b_j of every pair (j <= t) per channel:
-a [C, C, K] tensor per chunk, exact for any gate above -inf, and the memory cost of this path.
+a [C, C, K] tensor per chunk (the memory cost of this path). A gate below GATE_FLOOR (-inf: a reset)
+counts as the floor, as in the forward, and gets gradient 0.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..launch import cdiv
-from ..linear.chunk import CHUNK
+from ..linear.chunk import CHUNK, GATE_FLOOR
 from .reference import L2NORM_EPS
 
 
@@ -67,7 +68,8 @@ def chunk_kda_bwd_torch(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2no
         qn, kn = qf, kf
     qc, kc, vc, doc = (_to_chunks(x, NT) for x in (qn, kn, v, do))
     betac = _to_chunks(beta.unsqueeze(-1), NT)                    # [B, H, NT, C, 1]
-    b = _to_chunks(g, NT).cumsum(-2)                             # the padded rows repeat the last b
+    # gates below GATE_FLOOR (-inf) count as the floor, as in the forward's gate pass, and get gradient 0
+    b = _to_chunks(g.float().clamp(min=GATE_FLOOR), NT).cumsum(-2)   # the padded rows repeat the last b
     b_last = b[..., -1, :]                                       # [B, H, NT, K]
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     strict = causal.tril(-1)
@@ -135,7 +137,8 @@ def chunk_kda_bwd_torch(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2no
     dq, dk = _from_chunks(dq, T, qf), _from_chunks(dk, T, kf)
     if use_qk_l2norm_in_kernel:
         dq, dk = _l2_normalize_bwd(qf, qn, rq, dq), _l2_normalize_bwd(kf, kn, rk, dk)
-    return (dq.to(q.dtype), dk.to(k.dtype), _from_chunks(dv, T, v), _from_chunks(dg, T, g),
+    dg = torch.where(g < GATE_FLOOR, 0.0, _from_chunks(dg, T, g))
+    return (dq.to(q.dtype), dk.to(k.dtype), _from_chunks(dv, T, v), dg,
             _from_chunks(dbeta, T, beta).squeeze(-1), dh0)
 
 

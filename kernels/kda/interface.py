@@ -142,7 +142,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     Differentiable in q, k, v, g, beta and initial_state, through o and the final state (and the L2
     norm when it is on). The backward saves only the inputs and recomputes the rest in fp32 with PyTorch
     ops, batched over chunks (kernels/kda/chunk_backward.py; Triton kernels for it are still to come);
-    it holds a [64, 64, K] fp32 tensor per chunk and head. A gate of -inf is not supported there.
+    it holds a [64, 64, K] fp32 tensor per chunk and head. A gate below GATE_FLOOR (-inf) gets gradient 0.
 
         >>> q, k, v, g = torch.randn(4, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
         >>> g = (torch.nn.functional.logsigmoid(g.float()) / 16).requires_grad_()
