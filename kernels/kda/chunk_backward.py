@@ -1,22 +1,23 @@
-"""chunk_kda's backward, in PyTorch ops over all chunks at once (batched matmuls; the two walks over
-chunks are loops of one matmul pair per chunk). No Triton kernel yet: this is the correct reference
-the kernels will be checked against, and it runs wherever the forward runs.
-
-It saves nothing from the forward. From the inputs it recomputes, per chunk of C = 64 tokens and in
-fp32: the in-chunk cumulative gates b, the two score matrices, the solve's W and W' (as products with
-the chunk's own (I + A)⁻¹, a unit lower-triangular solve, never an explicit inverse) and the state S at
-every chunk start. The forward of one chunk (kernels/kda/chunk.py has the derivation):
+"""chunk_kda's backward. It saves nothing from the forward: the forward's kernels recompute the
+in-chunk cumulative gates b, the two score matrices, the solve's W and W' and the keys decayed to their
+chunk's end K_g, and the state S at every chunk start (fp32). The forward of one chunk (kernels/kda/chunk.py
+has the derivation):
 
     U = W' - W S,                         W = (I + A)⁻¹ diag(β) (K ⊙ e^b),  W' = (I + A)⁻¹ diag(β) V
     S_next = e^{b_last} ⊙ S + K_gᵀ U,     K_g = K ⊙ e^{b_last - b}
     O = scale (Q ⊙ e^b) S + A_qk U
 
-The reverse state pass carries dS from the last chunk to the first (the delta rule's transition:
-dS = scale (Q ⊙ e^b)ᵀ dO + e^{b_last} ⊙ dS_next - Wᵀ dU, with dU = A_qkᵀ dO + K_g dS_next). The solve's
-gradient is one more triangular solve with the transpose, dR = (I + A)⁻ᵀ dW, and dA = -dR_k Wᵀ - dR_v W'ᵀ
-below the diagonal. The scores' gradients use the exponent b_t - b_j of every pair (j <= t) per channel:
-a [C, C, K] tensor per chunk (the memory cost of this path). A gate below GATE_FLOOR (-inf: a reset)
-counts as the floor, as in the forward, and gets gradient 0.
+The reverse state pass is the shared one with its delta-rule switch (kernels/linear/chunk_backward.py,
+Triton): from the last chunk to the first, dU = A_qkᵀ dO + K_g dS_next and
+dS = scale (Q ⊙ e^b)ᵀ dO + e^{b_last} ⊙ dS_next - Wᵀ dU.
+
+The rest is PyTorch ops, batched over all chunks (no Triton kernel for it yet), in fp32: the read-out's
+and the state update's gradients; the solve's, as one more triangular solve with each chunk's own
+(I + A)ᵀ (dR = (I + A)⁻ᵀ dW, never an explicit inverse), dA = -dR_k Wᵀ - dR_v W'ᵀ below the diagonal;
+the scores', from the exponent b_t - b_j of every pair (j <= t) per channel: a [C, C, K] fp32 tensor per
+chunk and head (the memory cost of this path); then the in-chunk reverse cumulative sum for g, and the
+L2 norm's gradient. A gate below GATE_FLOOR (-inf: a reset) counts as the floor, as in the forward,
+and gets gradient 0.
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from ..launch import cdiv
-from ..linear.chunk import CHUNK, GATE_FLOOR
+from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_local_cumsum, chunk_state_pass
+from ..linear.chunk_backward import chunk_state_grad_pass
+from .chunk import kda_scores, kda_wy
 from .reference import L2NORM_EPS
 
 
@@ -46,19 +49,21 @@ def _l2_normalize_bwd(x: torch.Tensor, x_normed: torch.Tensor, rnorm: torch.Tens
     return (dx_normed - x_normed * (x_normed * dx_normed).sum(-1, keepdim=True)) * rnorm
 
 
-def chunk_kda_bwd_torch(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_kernel: bool):
-    """The gradients of chunk_kda, computed with PyTorch ops on the recomputed per-chunk tensors.
+def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_kernel: bool):
+    """The gradients of chunk_kda (see the module docstring): Triton for the recomputed forward and the
+    reverse state pass, PyTorch ops on the per-chunk tensors for the rest.
 
-    q, k, g: [B, T, H, K]; v, do: [B, T, H, V]; beta: [B, T, H]; h0, dht: fp32 [B, H, K, V] or None
-    (zeros). do and dht are the gradients of o and of the final state. Math in fp32.
+    q, k, g: [B, T, H, K]; v, do: [B, T, H, V] (do in v's dtype); beta: [B, T, H]; h0, dht: fp32
+    [B, H, K, V] or None (zeros); all contiguous. do and dht are the gradients of o and of the final state.
     Returns (dq, dk, dv, dg, dbeta, dh0 or None), each in its input's dtype (dh0 fp32).
 
-        >>> q, k, v, g = torch.randn(4, 1, 70, 2, 32).unbind(0); beta = torch.rand(1, 70, 2)
-        >>> dq, dk, dv, dg, dbeta, _ = chunk_kda_bwd_torch(q, k, v, -g.abs(), beta, 32 ** -0.5, None,
-        ...                                                torch.randn_like(v), None, True)
+        >>> q, k, v, g = torch.randn(4, 1, 70, 2, 32, device="cuda").unbind(0)
+        >>> beta = torch.rand(1, 70, 2, device="cuda")
+        >>> dq, dk, dv, dg, dbeta, _ = chunk_kda_bwd(q, k, v, -g.abs(), beta, 32 ** -0.5, None,
+        ...                                          torch.randn_like(v), None, True)
     """
     B, T, H, K = q.shape
-    NT, C = cdiv(T, CHUNK), CHUNK
+    V, NT, C = v.shape[-1], cdiv(T, CHUNK), CHUNK
     qf, kf = q.float(), k.float()
     if use_qk_l2norm_in_kernel:
         rq = torch.rsqrt(qf.pow(2).sum(-1, keepdim=True) + L2NORM_EPS)
@@ -66,43 +71,45 @@ def chunk_kda_bwd_torch(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2no
         qn, kn = qf * rq, kf * rk
     else:
         qn, kn = qf, kf
+    # ---- the forward's intermediates, by the forward's kernels (states in fp32)
+    dev = q.device
+    b_seq = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
+    if use_qk_l2norm_in_kernel:
+        q_in, k_in = torch.empty_like(q), torch.empty_like(k)
+        chunk_local_cumsum(g, b_seq, q=q, k=k, q_normed=q_in, k_normed=k_in, eps=L2NORM_EPS)
+    else:
+        q_in, k_in = q, k
+        chunk_local_cumsum(g, b_seq)
+    Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)
+    Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)
+    kda_scores(q_in, k_in, b_seq, Aqk, Akk, scale)
+    w, kg_seq, u = torch.empty_like(k), torch.empty_like(k), torch.empty_like(v)
+    kda_wy(k_in, v, b_seq, beta, Akk, w, u, kg_seq)
+    states = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=dev)
+    v_new = torch.empty_like(v)
+    chunk_state_pass(kg_seq, u, b_seq, states, h0, w=w, v_new=v_new, decayed_keys=True)
+    # ---- the reverse state pass (the delta rule's): dS' at every chunk's end, dS at the start, and dU
+    dstates = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=dev)
+    dU = torch.empty(B, T, H, V, dtype=torch.float32, device=dev)
+    dh0 = None if h0 is None else torch.empty_like(h0)
+    chunk_state_grad_pass(q_in, do, b_seq, dstates, scale, dht, dh0, Aqk=Aqk, kg=kg_seq, w=w, du=dU)
+
+    # ---- the rest per chunk in PyTorch: [B, H, NT, C, ...] fp32
     qc, kc, vc, doc = (_to_chunks(x, NT) for x in (qn, kn, v, do))
     betac = _to_chunks(beta.unsqueeze(-1), NT)                    # [B, H, NT, C, 1]
     # gates below GATE_FLOOR (-inf) count as the floor, as in the forward's gate pass, and get gradient 0
     b = _to_chunks(g.float().clamp(min=GATE_FLOOR), NT).cumsum(-2)   # the padded rows repeat the last b
     b_last = b[..., -1, :]                                       # [B, H, NT, K]
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    causal = torch.ones(C, C, dtype=torch.bool, device=dev).tril()
     strict = causal.tril(-1)
     # e^{b_t - b_j} for j <= t, per channel: [B, H, NT, C(t), C(j), K]
     decay = torch.exp(torch.where(causal[:, :, None], b[..., :, None, :] - b[..., None, :, :], float("-inf")))
-
-    # ---- the forward's intermediates
-    Akk = torch.einsum("...tc,...jc,...tjc->...tj", kc, kc, decay) * strict
-    Aqk = torch.einsum("...tc,...jc,...tjc->...tj", qc, kc, decay) * scale
-    solve = torch.eye(C, device=q.device) + betac * Akk           # I + A, unit lower triangular
+    Akk = torch.where(strict, _to_chunks(Akk, NT), 0.0)          # the entries above were never written
+    solve = torch.eye(C, device=dev) + betac * Akk                # I + A, unit lower triangular
     kb = kc * b.exp()
-    W = torch.linalg.solve_triangular(solve, betac * kb, upper=False, unitriangular=True)
-    Wv = torch.linalg.solve_triangular(solve, betac * vc, upper=False, unitriangular=True)
-    kg = kc * torch.exp(b_last[..., None, :] - b)
-    S = h0.float() if h0 is not None else q.new_zeros(B, H, K, v.shape[-1], dtype=torch.float32)
-    states, U = [], []
-    for n in range(NT):                                          # the forward state pass
-        states.append(S)
-        U.append(Wv[:, :, n] - W[:, :, n] @ S)
-        S = b_last[:, :, n, :, None].exp() * S + kg[:, :, n].transpose(-1, -2) @ U[n]
-    states, U = torch.stack(states, 2), torch.stack(U, 2)
-
-    # ---- the reverse state pass: dS at every chunk's end, and dU
+    W, Wv, kg, U, dU = (_to_chunks(x, NT) for x in (w, u, kg_seq, v_new, dU))
+    states, dstates = states.transpose(1, 2), dstates.transpose(1, 2)   # [B, H, NT, K, V]
     qb = qc * b.exp()
-    dS = dht.float() if dht is not None else torch.zeros_like(S)
-    dstates, dU = [None] * NT, [None] * NT
-    for n in reversed(range(NT)):
-        dstates[n] = dS
-        dU[n] = Aqk[:, :, n].transpose(-1, -2) @ doc[:, :, n] + kg[:, :, n] @ dS
-        dS = (scale * qb[:, :, n].transpose(-1, -2) @ doc[:, :, n] + b_last[:, :, n, :, None].exp() * dS
-              - W[:, :, n].transpose(-1, -2) @ dU[n])
-    dh0 = dS if h0 is not None else None
-    dstates, dU = torch.stack(dstates, 2), torch.stack(dU, 2)
 
     # ---- per chunk: the read-out, the state update, the solve, the scores
     dqb = scale * doc @ states.transpose(-1, -2)                  # through (Q ⊙ e^b) S
@@ -142,4 +149,4 @@ def chunk_kda_bwd_torch(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2no
             _from_chunks(dbeta, T, beta).squeeze(-1), dh0)
 
 
-__all__ = ["chunk_kda_bwd_torch"]
+__all__ = ["chunk_kda_bwd"]

@@ -26,7 +26,7 @@ from ..launch import cdiv
 from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_pass
 from ..linear.inputs import check_linear_inputs
 from .chunk import kda_scores, kda_wy
-from .chunk_backward import chunk_kda_bwd_torch
+from .chunk_backward import chunk_kda_bwd
 from .fused_recurrent import fused_recurrent_fwd
 from .reference import L2NORM_EPS
 
@@ -99,10 +99,10 @@ def _chunk_kda_fwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, output_fina
 @compiled_as_op("kernels::chunk_kda_bwd", fake=gradients_like("q", "k", "v", "g", "beta", "h0"), tuple_size=6)
 def _chunk_kda_bwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None,
                    use_qk_l2norm_in_kernel: bool):
-    """The backward (PyTorch ops for now, kernels/kda/chunk_backward.py): recompute the gates, the
-    solve and the chunk-start states, then the reverse state pass and every gradient. do: o's gradient,
+    """The backward (kernels/kda/chunk_backward.py): recompute the gates, the scores, the solve and the
+    chunk-start states, the delta rule's reverse state pass, then every gradient. do: o's gradient,
     dht: the final state's (or None). Returns (dq, dk, dv, dg, dbeta, dh0 or None)."""
-    return chunk_kda_bwd_torch(q, k, v, g, beta, scale, h0, do, dht, use_qk_l2norm_in_kernel)
+    return chunk_kda_bwd(q, k, v, g, beta, scale, h0, do, dht, use_qk_l2norm_in_kernel)
 
 
 class ChunkKDAFunction(torch.autograd.Function):
@@ -140,9 +140,10 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     pseudo-values and query-key scores are in the input dtype (they feed tensor-core products).
 
     Differentiable in q, k, v, g, beta and initial_state, through o and the final state (and the L2
-    norm when it is on). The backward saves only the inputs and recomputes the rest in fp32 with PyTorch
-    ops, batched over chunks (kernels/kda/chunk_backward.py; Triton kernels for it are still to come);
-    it holds a [64, 64, K] fp32 tensor per chunk and head. A gate below GATE_FLOOR (-inf) gets gradient 0.
+    norm when it is on). The backward saves only the inputs: the forward's kernels recompute the rest,
+    the shared reverse state pass runs with its delta-rule switch, and the gradients of the solve and the
+    scores are PyTorch ops batched over chunks (kernels/kda/chunk_backward.py), which hold a [64, 64, K]
+    fp32 tensor per chunk and head. A gate below GATE_FLOOR (-inf) gets gradient 0.
 
         >>> q, k, v, g = torch.randn(4, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
         >>> g = (torch.nn.functional.logsigmoid(g.float()) / 16).requires_grad_()
