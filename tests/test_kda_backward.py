@@ -6,8 +6,8 @@ as the delta rule needs); gates near 0, the paper's, strong, and -inf (a reset, 
 uniform, near 1.
 fused_recurrent_kda has no backward and refuses an input that requires grad.
 
-CPU (interpreter): fp32, within 1e-5 of the fp64 loop (the backward is fp32 PyTorch ops; the forward's
-kernels multiply fp32 in IEEE fp32). GPU: bf16 against the same function in fp32, within 5e-3.
+CPU (interpreter): fp32, within 1e-5 of the fp64 loop (the kernels multiply fp32 in IEEE fp32, the
+PyTorch part of the backward is fp32). GPU: bf16 against the same function in fp32, within 5e-3.
 """
 import pytest
 import torch
