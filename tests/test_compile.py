@@ -23,6 +23,7 @@ from kernels.custom_ops import compiled_as_op, like
 from kernels.flash_attn import flash_attn_func, flash_attn_varlen_func
 from kernels.flash_attn import interface as flash_interface
 from kernels.gla import interface as gla_interface
+from kernels.kda import interface as kda_interface
 from kernels.lightning import interface as lightning_interface
 from kernels.gla import chunk_gla, fused_recurrent_gla, sequential_chunk_gla
 from kernels.kda import chunk_kda, fused_recurrent_kda
@@ -133,6 +134,13 @@ def _chunk_launch_args(gamma_from_slopes):
     return launcher_args
 
 
+def _kda_launch_args(args, kwargs):
+    """chunk_kda's arguments as its forward launcher takes them (the default scale filled in)."""
+    q, k, v, g, beta = args
+    return (q, k, v, g, beta, kwargs.get("scale", q.shape[-1] ** -0.5), kwargs.get("initial_state"),
+            kwargs.get("output_final_state", False), kwargs.get("use_qk_l2norm_in_kernel", False)), {}
+
+
 CASES = [
     OpCase("vector_add", vector_add, _primer_add),
     OpCase("softmax_rows", softmax_rows, _primer_softmax),
@@ -145,7 +153,8 @@ CASES = [
     OpCase("chunk_lightning", chunk_lightning, _linear("slopes"), launcher=lightning_interface._chunk_lightning_fwd,
            launcher_args=_chunk_launch_args(True)),
     OpCase("fused_recurrent_kda", fused_recurrent_kda, _linear("kda")),
-    OpCase("chunk_kda", chunk_kda, _linear("kda")),
+    OpCase("chunk_kda", chunk_kda, _linear("kda"), launcher=kda_interface._chunk_kda_fwd,
+           launcher_args=_kda_launch_args),
     OpCase("selective_state_update", selective_state_update, _mamba2_step, mutated=("state",)),
     OpCase("ssd_chunk_scan", ssd_chunk_scan, _mamba2_scan),
 ]
@@ -534,6 +543,36 @@ def test_linear_forms_train_compiled_as_eager(family):
     _assert_same(_linear_training_run(compiled, *inputs, trained), _linear_training_run(fn, *inputs, trained))
     assert sum(f"kernels.chunk_{family}_fwd.default" in n for n in nodes) == 1, nodes
     assert sum(f"kernels.chunk_{family}_bwd.default" in n for n in nodes) == 1, nodes
+
+
+def test_kda_trains_compiled_as_eager():
+    """chunk_kda under torch.compile(fullgraph=True), with the L2 norm in the kernel: one forward op, one
+    backward op, and every gradient (through o and the final state) equal to the eager call's, bit for bit."""
+    q, k, v, g, h0 = _linear_training_inputs("gla", torch.float32)
+    beta = torch.rand(*q.shape[:3], device=DEVICE)
+
+    def run(fn):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, g, beta, h0)]
+        o, ht = fn(*leaves[:5], initial_state=leaves[5], output_final_state=True, use_qk_l2norm_in_kernel=True)
+        torch.manual_seed(1)
+        (o * torch.randn_like(o)).sum().add((ht * torch.randn_like(ht)).sum()).backward()
+        return (o.detach(), ht.detach(), *(t.grad for t in leaves))
+
+    backend, nodes = _recording_backend()
+    _assert_same(run(torch.compile(chunk_kda, fullgraph=True, backend=backend)), run(chunk_kda))
+    assert sum("kernels.chunk_kda_fwd.default" in n for n in nodes) == 1, nodes
+    assert sum("kernels.chunk_kda_bwd.default" in n for n in nodes) == 1, nodes
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["no-state", "state"])
+def test_kda_backward_opcheck(with_state):
+    """chunk_kda's backward launcher as an op: its fake gives the real gradients' shapes, dtypes and
+    strides (none for an absent initial state)."""
+    q, k, v, g, h0 = _linear_training_inputs("gla", torch.float32)
+    beta = torch.rand(*q.shape[:3], device=DEVICE)
+    h0, dht = (h0, torch.randn_like(h0)) if with_state else (None, None)
+    torch.library.opcheck(kda_interface._chunk_kda_bwd.op,
+                          (q, k, v, g, beta, 0.25, h0, torch.randn_like(v), dht, with_state))
 
 
 def _mamba2_training_run(fn, inputs, trained, cu_seqlens=None):

@@ -9,6 +9,9 @@ of them; K, V <= 256, any T >= 1. scale defaults to K ** -0.5. initial_state: fp
 None (zeros). use_qk_l2norm_in_kernel: divide q and k by their L2 norm first (the model's keys must
 be normalised for the delta rule to stay a contraction; pass False if they already are).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
+chunk_kda trains (gradients to q, k, v, g, beta and initial_state, through o and the final state, and
+through the L2 norm when it is on); fused_recurrent_kda has no backward and refuses an input that
+requires grad.
 A NaN or inf in an input never reaches an earlier token's output; where the loop of the reference
 gives ±inf (an inf in v with K = 1), the recurrent form gives the same and the chunk form NaN, at and
 after that token (telling the signs apart inside its products would cost registers it does not have).
@@ -17,12 +20,13 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_bool
-from ..custom_ops import compiled_as_op, linear_attention_fake
+from ..checks import check_bool, check_no_grad
+from ..custom_ops import compiled_as_op, gradients_like, linear_attention_fake
 from ..launch import cdiv
 from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_pass
 from ..linear.inputs import check_linear_inputs
 from .chunk import kda_scores, kda_wy
+from .chunk_backward import chunk_kda_bwd
 from .fused_recurrent import fused_recurrent_fwd
 from .reference import L2NORM_EPS
 
@@ -56,34 +60,21 @@ def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output
     """
     (B, T, H, K, V), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, initial_state,
                                                               output_final_state, use_qk_l2norm_in_kernel)
+    check_no_grad("fused_recurrent_kda", q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
     o = torch.empty_like(v)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
     fused_recurrent_fwd(q, k, v, g, beta, o, scale, h0, ht, l2norm=use_qk_l2norm_in_kernel)
     return o, ht
 
 
-@compiled_as_op("kernels::chunk_kda", fake=linear_attention_fake, tuple_size=2)
-def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False):
-    """Chunk-parallel KDA forward (Triton, chunks of 64 tokens): the prefill.
-
-    Shapes and dtypes as in this module's docstring. Six launches: one pass over the inputs (the shared
-    gate pass: the in-chunk cumulative gates, q and k normalised when asked); the two score matrices of
-    every chunk, query-key and key-key together (the blocks below the diagonal, then the diagonal blocks
-    token by token); the triangular solve for the pseudo-values, which also decays each chunk's keys to
-    its end; the shared state pass with the delta rule (sequential over chunks); the output (GLA's, with
-    the corrected values for v).
-    The gates, the key-key scores, the solve and the carried state are fp32; the per-chunk states,
-    pseudo-values and query-key scores are in the input dtype (they feed tensor-core products).
-
-        >>> q, k, v, g = torch.randn(4, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
-        >>> g = torch.nn.functional.logsigmoid(g.float()) / 16
-        >>> beta = torch.rand(1, 4096, 32, device="cuda")
-        >>> o, _ = chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
-    """
-    (B, T, H, K, V), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, initial_state,
-                                                              output_final_state, use_qk_l2norm_in_kernel)
-    dev, NT = q.device, cdiv(T, CHUNK)
+# The forward and backward launchers are ops (as chunk_gla's are): torch.compile traces ChunkKDAFunction
+# itself, so a compiled graph's forward and backward are eager's, each launcher one node.
+@compiled_as_op("kernels::chunk_kda_fwd", fake=linear_attention_fake, tuple_size=2)
+def _chunk_kda_fwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, output_final_state: bool,
+                   use_qk_l2norm_in_kernel: bool):
+    """The forward's six launches on contiguous, checked inputs; returns (o, final_state or None)."""
+    B, T, H, K = q.shape
+    V, dev, NT = v.shape[-1], q.device, cdiv(T, CHUNK)
     b = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
     if use_qk_l2norm_in_kernel:
         qn, kn = torch.empty_like(q), torch.empty_like(k)
@@ -103,3 +94,64 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     o = torch.empty_like(v)
     chunk_output(q, v_new, b, states, Aqk, o, scale)
     return o, ht
+
+
+@compiled_as_op("kernels::chunk_kda_bwd", fake=gradients_like("q", "k", "v", "g", "beta", "h0"), tuple_size=6)
+def _chunk_kda_bwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None,
+                   use_qk_l2norm_in_kernel: bool):
+    """The backward (kernels/kda/chunk_backward.py): recompute the gates, the scores, the solve and the
+    chunk-start states, the delta rule's reverse state pass, then every gradient. do: o's gradient,
+    dht: the final state's (or None). Returns (dq, dk, dv, dg, dbeta, dh0 or None)."""
+    return chunk_kda_bwd(q, k, v, g, beta, scale, h0, do, dht, use_qk_l2norm_in_kernel)
+
+
+class ChunkKDAFunction(torch.autograd.Function):
+    """Forward: `_chunk_kda_fwd`, saving the inputs only. Backward: `_chunk_kda_bwd`, which recomputes
+    the rest."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel):
+        o, ht = _chunk_kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel)
+        ctx.save_for_backward(q, k, v, g, beta, h0)
+        ctx.scale, ctx.l2norm = scale, use_qk_l2norm_in_kernel
+        ctx.set_materialize_grads(False)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, h0 = ctx.saved_tensors
+        do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
+        dht = None if dht is None else dht.to(torch.float32).contiguous()
+        dq, dk, dv, dg, dbeta, dh0 = _chunk_kda_bwd(q, k, v, g, beta, ctx.scale, h0, do, dht, ctx.l2norm)
+        return dq, dk, dv, dg, dbeta, None, dh0, None, None
+
+
+def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+              use_qk_l2norm_in_kernel=False):
+    """Chunk-parallel KDA (Triton, chunks of 64 tokens): the prefill, and training.
+
+    Shapes and dtypes as in this module's docstring. Six launches: one pass over the inputs (the shared
+    gate pass: the in-chunk cumulative gates, q and k normalised when asked); the two score matrices of
+    every chunk, query-key and key-key together (the blocks below the diagonal, then the diagonal blocks
+    token by token); the triangular solve for the pseudo-values, which also decays each chunk's keys to
+    its end; the shared state pass with the delta rule (sequential over chunks); the output (GLA's, with
+    the corrected values for v).
+    The gates, the key-key scores, the solve and the carried state are fp32; the per-chunk states,
+    pseudo-values and query-key scores are in the input dtype (they feed tensor-core products).
+
+    Differentiable in q, k, v, g, beta and initial_state, through o and the final state (and the L2
+    norm when it is on). The backward saves only the inputs: the forward's kernels recompute the rest,
+    the shared reverse state pass runs with its delta-rule switch, and the gradients of the solve and the
+    scores are PyTorch ops batched over chunks (kernels/kda/chunk_backward.py), which hold a [64, 64, K]
+    fp32 tensor per chunk and head. A gate below GATE_FLOOR (-inf) gets gradient 0.
+
+        >>> q, k, v, g = torch.randn(4, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
+        >>> g = (torch.nn.functional.logsigmoid(g.float()) / 16).requires_grad_()
+        >>> beta = torch.rand(1, 4096, 32, device="cuda")
+        >>> o, _ = chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True); o.sum().backward()
+    """
+    _, scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                use_qk_l2norm_in_kernel)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, h0)):
+        return ChunkKDAFunction.apply(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel)
+    return _chunk_kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel)

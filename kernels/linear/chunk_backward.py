@@ -38,6 +38,7 @@ Three launchable pieces, after the forward's chunk_local_cumsum and chunk_state_
 the chunk-start states (the backward saves only the inputs):
 
     chunk_state_grad_pass(q, do, b, dstates, scale, dht, dh0)   dS' at every chunk end, and dS at the start (dh0)
+        with Aqk, kg, w, du: the delta rule's (KDA), which also writes U's gradient du
     chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale)         dv and dA
     chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, ...)     dq, dk and the gate's gradient
 """
@@ -71,6 +72,7 @@ def _chunk_state_grad_kernel(
     K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
     gamma=None, GAMMA: tl.constexpr = False,
+    Aqk=None, kg=None, w=None, du=None, DELTA: tl.constexpr = False,
 ):
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -97,6 +99,21 @@ def _chunk_state_grad_kernel(
         b_qt = tl.load(q + ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None], mask=m_kt, other=0.0)
         b_do = tl.load(do + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
                        mask=m_t[:, None] & m_v[None, :], other=0.0)
+        if DELTA:
+            # the delta rule (KDA): the chunk added K_gᵀ U with U = W' - W S, so U's gradient is
+            # dU = A_qkᵀ dO + K_g dS' (dS' the gradient at the chunk's end, b_dh here), written for the
+            # rest of the backward, and the state's loses Wᵀ dU below. Sums over every key channel: one
+            # K-tile (BK >= K). A_qk's entries above the diagonal were never written: masked.
+            o_c = tl.arange(0, BT)
+            p_row = (i_b * T + o_t) * H + i_h
+            m_tk = m_t[:, None] & m_k[None, :]
+            b_at = tl.load(Aqk + p_row[None, :] * BT + o_c[:, None],
+                           mask=m_t[None, :] & (o_c[None, :] >= o_c[:, None]), other=0.0)   # [j, t] = A_qk[t, j]
+            b_kg = tl.load(kg + p_row[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+            b_du = tl.dot(b_at.to(b_do.dtype), b_do, input_precision=DOT_PREC) \
+                + tl.dot(b_kg, b_dh.to(b_kg.dtype), input_precision=DOT_PREC)
+            tl.store(du + p_row[:, None] * V + o_v[None, :], b_du.to(du.dtype.element_ty),
+                     mask=m_t[:, None] & m_v[None, :])
         if GAMMA:
             # from the chunk start to token t the decay is gamma·(c + 1), c = t's place in the chunk
             b_gam = tl.load(gamma + i_h)
@@ -108,12 +125,24 @@ def _chunk_state_grad_kernel(
             b_qt = b_qt * tl.exp(b_gt)              # every exponent b_t <= 0
             b_dh = b_dh * tl.exp(b_gl)[:, None]
         b_dh += tl.dot((b_qt * scale).to(b_do.dtype), b_do, input_precision=DOT_PREC)
+        if DELTA:
+            b_wt = tl.load(w + p_row[None, :] * K + o_k[:, None], mask=m_kt, other=0.0)
+            b_dh -= tl.dot(b_wt, b_du.to(b_wt.dtype), input_precision=DOT_PREC)
 
     if STORE_DH0:
         tl.store(dh0 + i_bh * K * V + p_h, b_dh, mask=m_h)
 
 
-def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *, gamma=None) -> None:
+# The delta rule's pass: one K-tile (BK = K padded) and BV value columns a program, as the forward's
+# (chunk.py). BV, num_warps, num_stages: the forward's space, not yet measured here.
+_DELTA_STATE_GRAD_CONFIGS = autotune_configs([({"BV": 32}, 8, 3), ({"BV": 32}, 8, 2), ({"BV": 16}, 4, 2)],
+                                             interpreter={"BV": 32})
+_delta_state_grad_kernel = triton.autotune(configs=_DELTA_STATE_GRAD_CONFIGS, key=["K", "V", "NBH"],
+                                           prune_configs_by={"early_config_prune": _fits})(_chunk_state_grad_kernel.fn)
+
+
+def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *, gamma=None,
+                          Aqk=None, kg=None, w=None, du=None) -> None:
     """The gradient of the state at the end of every chunk, walking the chunks backward from dht (the
     final state's gradient), and at the start of the first (dh0): the backward's only sequential pass.
 
@@ -126,6 +155,11 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
         >>> dstates = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, device=q.device)
         >>> chunk_state_grad_pass(q, do, b, dstates, K ** -0.5, dht, dh0)
         >>> dstates[:, -1]          # dht itself
+
+    The delta rule (KDA), with Aqk [B, T, H, CHUNK] (the forward's query-key scores with scale, read on
+    and below the diagonal), kg and w [B, T, H, K] (the keys decayed to their chunk's end, and W) and
+    du [B, T, H, V] given: each chunk added K_gᵀ U, U = W' - W S, and du receives U's gradient
+    A_qkᵀ dO + K_g dS' (in its dtype); q and b are then the normalised queries and KDA's gates.
     """
     if (b is None) == (gamma is None):
         raise ValueError("chunk_state_grad_pass takes exactly one of b (cumulative gates) and gamma")
@@ -133,10 +167,17 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
     V = do.shape[-1]
     G = 1 if b is None else b.shape[-1]
     NT = triton.cdiv(T, CHUNK)
-    _chunk_state_grad_kernel[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), B * H)](
-        q, do, b, dstates, dht, dh0, scale, T, H, NT, B * H, K, V, G, BT=CHUNK,
-        USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
-        gamma=gamma, GAMMA=gamma is not None)
+    delta = (Aqk, kg, w, du)
+    if any(t is None for t in delta) != all(t is None for t in delta):
+        raise ValueError("chunk_state_grad_pass takes Aqk, kg, w and du together (the delta rule) or none")
+    args = (q, do, b, dstates, dht, dh0, scale, T, H, NT, B * H, K, V, G)
+    flags = dict(BT=CHUNK, USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
+                 gamma=gamma, GAMMA=gamma is not None)
+    if Aqk is None:
+        _chunk_state_grad_kernel[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), B * H)](*args, **flags)
+    else:
+        _delta_state_grad_kernel[lambda m: (1, triton.cdiv(V, m["BV"]), B * H)](
+            *args, **flags, BK=pow2_at_least_16(K), Aqk=Aqk, kg=kg, w=w, du=du, DELTA=True)
 
 
 # ------------------------------------------------------------------ 2. dv and the scores' gradient

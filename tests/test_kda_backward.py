@@ -1,0 +1,120 @@
+"""Training chunk_kda (kernels/kda/chunk_backward.py): its gradients to q, k, v, g, beta and the initial
+state against autograd through the fp64 loop (naive_recurrent_kda), with a loss through o and through
+the final state (random upstream gradients for both); lengths 1, 37 and 70 (not chunk multiples), K != V,
+with and without an initial state, the L2 norm in the kernel on and off (off: the keys come normalised,
+as the delta rule needs); gates near 0, the paper's, strong, and -inf (a reset, gradient 0); beta near 0,
+uniform, near 1.
+fused_recurrent_kda has no backward and refuses an input that requires grad.
+
+CPU (interpreter): fp32, within 1e-5 of the fp64 loop (the kernels multiply fp32 in IEEE fp32, the
+PyTorch part of the backward is fp32). GPU: bf16 against the same function in fp32, within 5e-3.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.common import DEVICE, assert_close, tolerance
+from kernels.kda import chunk_kda, fused_recurrent_kda, naive_recurrent_kda
+from test_linear_backward import BF16_GRAD, FP32, assert_grads_close, fp64, gates, grads, shape_id
+
+NAMES = ["dq", "dk", "dv", "dg", "dbeta"]
+
+
+def betas(kind, shape, device=DEVICE):
+    """'near0' (below 1e-3), 'uniform' ([0, 1)), 'near1' (above 1 - 1e-3)."""
+    r = torch.rand(shape, device=device)
+    return {"near0": 1e-3 * r, "uniform": r, "near1": 1 - 1e-3 * r}[kind]
+
+
+def kda_inputs(B, T, H, K, V, gate, beta, with_h0, l2norm, device=DEVICE):
+    """[q, k, v, g, beta], h0 or None, do, dht: fresh random fp32; without the in-kernel L2 norm the keys
+    are given normalised."""
+    q, k = (torch.randn(B, T, H, K, device=device) for _ in "qk")
+    if not l2norm:
+        k = F.normalize(k, dim=-1)
+    v = torch.randn(B, T, H, V, device=device)
+    h0 = torch.randn(B, H, K, V, device=device) if with_h0 else None
+    do, dht = torch.randn(B, T, H, V, device=device), torch.randn(B, H, K, V, device=device)
+    return [q, k, v, gates(gate, (B, T, H, K), device), betas(beta, (B, T, H), device)], h0, do, dht
+
+
+KDA_CASES = [  # (B, T, H, K, V), gate, beta, initial state, L2 norm in the kernel
+    ((1, 1, 2, 32, 16), "paper", "uniform", True, True),
+    ((2, 37, 2, 16, 48), "paper", "uniform", False, False),
+    ((1, 70, 2, 32, 16), "near0", "near1", True, True),
+    ((1, 70, 2, 16, 48), "strong", "near0", True, False),
+    ((1, 70, 2, 16, 32), "paper", "near1", False, False),
+    ((2, 70, 2, 32, 16), "reset", "uniform", True, True),
+]
+
+
+@pytest.mark.parametrize("shape, gate, beta, with_h0, l2norm", KDA_CASES,
+                         ids=[f"{shape_id(*s)}-{g}-beta_{b}-{'h0' if h else 'no-h0'}-{'l2' if n else 'no-l2'}"
+                              for s, g, b, h, n in KDA_CASES])
+def test_kda_gradients(shape, gate, beta, with_h0, l2norm):
+    tensors, h0, do, dht = kda_inputs(*shape, gate, beta, with_h0, l2norm)
+    out = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=l2norm)
+    ref = grads(naive_recurrent_kda, fp64(tensors), *fp64([h0]), do, dht, use_qk_l2norm_in_kernel=l2norm)
+    assert_grads_close(out, ref, NAMES + (["dh0"] if with_h0 else []))
+    assert [g.dtype for g in out[2]] == [torch.float32] * len(out[2])
+    if gate == "reset":                       # a gate of -inf: no gradient at all, as in the fp64 loop
+        reset = tensors[3] == float("-inf")
+        assert reset.any() and (out[2][3][reset] == 0).all()
+
+
+def test_kda_loss_through_the_final_state_only():
+    # o takes no gradient: autograd hands the backward None for it
+    (q, k, v, g, beta), h0, _, dht = kda_inputs(1, 70, 2, 16, 32, "paper", "uniform", True, True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, g, beta, h0)]
+    _, ht = chunk_kda(*leaves[:5], initial_state=leaves[5], output_final_state=True, use_qk_l2norm_in_kernel=True)
+    got = torch.autograd.grad((ht * dht).sum(), leaves)
+    refs = [t.double().requires_grad_() for t in (q, k, v, g, beta, h0)]
+    _, ht_ref = naive_recurrent_kda(*refs[:5], initial_state=refs[5], output_final_state=True,
+                                    use_qk_l2norm_in_kernel=True)
+    want = torch.autograd.grad((ht_ref * dht.double()).sum(), refs, allow_unused=True)
+    assert want[0] is None and (got[0] == 0).all()      # q reaches only o
+    for name, a, b in zip(NAMES[1:] + ["dh0"], got[1:], want[1:]):
+        assert_close(a, b, FP32, name)
+
+
+def test_kda_loss_through_o_only():
+    # no final state asked for: the backward gets no dht
+    tensors, _, do, _ = kda_inputs(1, 37, 2, 16, 16, "paper", "uniform", False, True)
+    leaves = [t.clone().requires_grad_() for t in tensors]
+    o, ht = chunk_kda(*leaves, use_qk_l2norm_in_kernel=True)
+    assert ht is None
+    got = torch.autograd.grad((o * do).sum(), leaves)
+    refs = [t.double().requires_grad_() for t in tensors]
+    want = torch.autograd.grad((naive_recurrent_kda(*refs, use_qk_l2norm_in_kernel=True)[0] * do.double()).sum(), refs)
+    for name, a, b in zip(NAMES, got, want):
+        assert_close(a, b, FP32, name)
+
+
+@pytest.mark.parametrize("name", ["q", "g", "beta", "initial_state"])
+def test_fused_recurrent_kda_refuses_grad(name):
+    args = {x: torch.randn(1, 8, 2, 16, device=DEVICE) for x in "qkv"}
+    args["g"] = -torch.rand(1, 8, 2, 16, device=DEVICE)
+    args["beta"] = torch.rand(1, 8, 2, device=DEVICE)
+    args["initial_state"] = torch.randn(1, 2, 16, 16, device=DEVICE)
+    args[name] = args[name].requires_grad_()
+    with pytest.raises(ValueError, match=f"{name} requires grad.*fused_recurrent_kda.*no backward"):
+        fused_recurrent_kda(**args)
+    with torch.no_grad():                     # no graph is recorded: nothing to refuse
+        fused_recurrent_kda(**args)
+
+
+# ------------------------------------------------------------------ GPU: bf16 against the same function in fp32
+@pytest.mark.gpu
+def test_kda_bf16_gradients_gpu():
+    # q, k, v rounded to bf16 first (g and beta stay fp32), so the comparison measures bf16 arithmetic
+    B, T, H, K, V = 2, 300, 4, 64, 64
+    tensors, h0, _, _ = kda_inputs(B, T, H, K, V, "paper", "uniform", True, True, device="cuda")
+    low = [t.bfloat16() for t in tensors[:3]] + tensors[3:]
+    do, dht = torch.randn_like(low[2]), torch.randn_like(h0)
+    ref = grads(chunk_kda, [t.float() for t in low], h0, do.float(), dht, use_qk_l2norm_in_kernel=True)
+    out = grads(chunk_kda, low, h0, do, dht, use_qk_l2norm_in_kernel=True)
+    assert_close(out[0], ref[0], tolerance(torch.bfloat16), "o")
+    assert_close(out[1], ref[1], tolerance(torch.bfloat16), "final_state")
+    for name, a, b in zip(NAMES + ["dh0"], out[2], ref[2], strict=True):
+        assert not a.isnan().any(), name
+        assert_close(a, b, BF16_GRAD, name)
