@@ -21,12 +21,16 @@ o = (Q ⊙ e^b) S · scale + A_qk U, A_qk being GLA's intra-chunk scores.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import torch
 import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, cdiv, pow2_at_least_16
-from ..linear.chunk import CHUNK, SUB_CHUNK, dot_precision
+from ..linear.chunk import CHUNK, SUB_CHUNK, chunk_local_cumsum, chunk_state_pass, dot_precision
 from ..tl_helpers import dot_causal
+from .reference import L2NORM_EPS
 
 
 # ------------------------------------------------------------------ 1. the scores inside a chunk
@@ -230,4 +234,48 @@ def kda_wy(k, v, b, beta, Akk, w, u, kg) -> None:
         SOLVE_PREC=dot_precision(k.dtype))
 
 
-__all__ = ["kda_scores", "kda_wy"]
+# ------------------------------------------------------------------ 3. the forward up to its output
+class ChunkIntermediates(NamedTuple):
+    """What the forward computes before its output, and the backward recomputes: the (normalised) q and k,
+    the in-chunk cumulative gates b (fp32), the two score matrices, the solve's W, W' and K_g, the
+    chunk-start states, the corrected values U = W' - W S, and the final state (or None)."""
+    q: torch.Tensor
+    k: torch.Tensor
+    b: torch.Tensor
+    Aqk: torch.Tensor
+    Akk: torch.Tensor
+    w: torch.Tensor
+    u: torch.Tensor
+    kg: torch.Tensor
+    states: torch.Tensor
+    v_new: torch.Tensor
+    final_state: torch.Tensor | None
+
+
+def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool, state_dtype: torch.dtype,
+                            output_final_state: bool = False) -> ChunkIntermediates:
+    """The forward's first five launches on contiguous, checked inputs: the gate pass (q and k normalised
+    when l2norm), the scores, the solve, the state pass with the delta rule. The chunk-start states are kept
+    in state_dtype: the input dtype for the forward's output product, fp32 for the backward's gate gradient."""
+    B, T, H, K = q.shape
+    V, dev = v.shape[-1], q.device
+    b = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
+    if l2norm:
+        qn, kn = torch.empty_like(q), torch.empty_like(k)
+        chunk_local_cumsum(g, b, q=q, k=k, q_normed=qn, k_normed=kn, eps=L2NORM_EPS)
+        q, k = qn, kn
+    else:
+        chunk_local_cumsum(g, b)
+    Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)         # blocks above the diagonal stay unwritten
+    Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)
+    kda_scores(q, k, b, Aqk, Akk, scale)
+    w, kg, u = torch.empty_like(k), torch.empty_like(k), torch.empty_like(v)
+    kda_wy(k, v, b, beta, Akk, w, u, kg)
+    states = torch.empty(B, cdiv(T, CHUNK), H, K, V, dtype=state_dtype, device=dev)
+    v_new = torch.empty_like(v)
+    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    chunk_state_pass(kg, u, b, states, h0, ht, w=w, v_new=v_new, decayed_keys=True)
+    return ChunkIntermediates(q, k, b, Aqk, Akk, w, u, kg, states, v_new, ht)
+
+
+__all__ = ["kda_scores", "kda_wy", "ChunkIntermediates", "chunk_kda_intermediates"]

@@ -1,6 +1,7 @@
-"""chunk_kda's backward. It saves nothing from the forward: the forward's kernels recompute the
-in-chunk cumulative gates b, the two score matrices, the solve's W and W' and the keys decayed to their
-chunk's end K_g, and the state S at every chunk start (fp32). The forward of one chunk (kernels/kda/chunk.py
+"""chunk_kda's backward. It saves nothing from the forward: the forward's own launches
+(`chunk_kda_intermediates`, kernels/kda/chunk.py) recompute the in-chunk cumulative gates b, the two score
+matrices, the solve's W and W' and the keys decayed to their chunk's end K_g, and the state S at every chunk
+start (fp32 here). The forward of one chunk (kernels/kda/chunk.py
 has the derivation):
 
     U = W' - W S,                         W = (I + A)⁻¹ diag(β) (K ⊙ e^b),  W' = (I + A)⁻¹ diag(β) V
@@ -25,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from ..launch import cdiv
-from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_local_cumsum, chunk_state_pass
+from ..linear.chunk import CHUNK, GATE_FLOOR
 from ..linear.chunk_backward import chunk_state_grad_pass
-from .chunk import kda_scores, kda_wy
+from .chunk import chunk_kda_intermediates
 from .reference import L2NORM_EPS
 
 
@@ -73,29 +74,16 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
         qn, kn = qf, kf
     # ---- the forward's intermediates, by the forward's kernels (states in fp32)
     dev = q.device
-    b_seq = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
-    if use_qk_l2norm_in_kernel:
-        q_in, k_in = torch.empty_like(q), torch.empty_like(k)
-        chunk_local_cumsum(g, b_seq, q=q, k=k, q_normed=q_in, k_normed=k_in, eps=L2NORM_EPS)
-    else:
-        q_in, k_in = q, k
-        chunk_local_cumsum(g, b_seq)
-    Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)
-    Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)
-    kda_scores(q_in, k_in, b_seq, Aqk, Akk, scale)
-    w, kg_seq, u = torch.empty_like(k), torch.empty_like(k), torch.empty_like(v)
-    kda_wy(k_in, v, b_seq, beta, Akk, w, u, kg_seq)
-    states = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=dev)
-    v_new = torch.empty_like(v)
-    chunk_state_pass(kg_seq, u, b_seq, states, h0, w=w, v_new=v_new, decayed_keys=True)
+    x = chunk_kda_intermediates(q, k, v, g, beta, scale, h0, l2norm=use_qk_l2norm_in_kernel,
+                                state_dtype=torch.float32)
     # ---- the reverse state pass (the delta rule's): dS' at every chunk's end, dS at the start, and dU
     dstates = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=dev)
     dU = torch.empty(B, T, H, V, dtype=torch.float32, device=dev)
     dh0 = None if h0 is None else torch.empty_like(h0)
-    chunk_state_grad_pass(q_in, do, b_seq, dstates, scale, dht, dh0, Aqk=Aqk, kg=kg_seq, w=w, du=dU)
+    chunk_state_grad_pass(x.q, do, x.b, dstates, scale, dht, dh0, Aqk=x.Aqk, kg=x.kg, w=x.w, du=dU)
 
     # ---- the rest per chunk in PyTorch: [B, H, NT, C, ...] fp32
-    qc, kc, vc, doc = (_to_chunks(x, NT) for x in (qn, kn, v, do))
+    qc, kc, vc, doc = (_to_chunks(t, NT) for t in (qn, kn, v, do))
     betac = _to_chunks(beta.unsqueeze(-1), NT)                    # [B, H, NT, C, 1]
     # gates below GATE_FLOOR (-inf) count as the floor, as in the forward's gate pass, and get gradient 0
     b = _to_chunks(g.float().clamp(min=GATE_FLOOR), NT).cumsum(-2)   # the padded rows repeat the last b
@@ -104,11 +92,11 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
     strict = causal.tril(-1)
     # e^{b_t - b_j} for j <= t, per channel: [B, H, NT, C(t), C(j), K]
     decay = torch.exp(torch.where(causal[:, :, None], b[..., :, None, :] - b[..., None, :, :], float("-inf")))
-    Akk = torch.where(strict, _to_chunks(Akk, NT), 0.0)          # the entries above were never written
+    Akk = torch.where(strict, _to_chunks(x.Akk, NT), 0.0)          # the entries above were never written
     solve = torch.eye(C, device=dev) + betac * Akk                # I + A, unit lower triangular
     kb = kc * b.exp()
-    W, Wv, kg, U, dU = (_to_chunks(x, NT) for x in (w, u, kg_seq, v_new, dU))
-    states, dstates = states.transpose(1, 2), dstates.transpose(1, 2)   # [B, H, NT, K, V]
+    W, Wv, kg, U, dU = (_to_chunks(t, NT) for t in (x.w, x.u, x.kg, x.v_new, dU))
+    states, dstates = x.states.transpose(1, 2), dstates.transpose(1, 2)   # [B, H, NT, K, V]
     qb = qc * b.exp()
 
     # ---- per chunk: the read-out, the state update, the solve, the scores

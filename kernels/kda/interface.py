@@ -22,13 +22,11 @@ import torch
 
 from ..checks import check_bool, check_no_grad
 from ..custom_ops import compiled_as_op, gradients_like, linear_attention_fake
-from ..launch import cdiv
-from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_pass
+from ..linear.chunk import chunk_output
 from ..linear.inputs import check_linear_inputs
-from .chunk import kda_scores, kda_wy
+from .chunk import chunk_kda_intermediates
 from .chunk_backward import chunk_kda_bwd
 from .fused_recurrent import fused_recurrent_fwd
-from .reference import L2NORM_EPS
 
 
 def _checked(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel):
@@ -73,27 +71,11 @@ def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output
 def _chunk_kda_fwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, output_final_state: bool,
                    use_qk_l2norm_in_kernel: bool):
     """The forward's six launches on contiguous, checked inputs; returns (o, final_state or None)."""
-    B, T, H, K = q.shape
-    V, dev, NT = v.shape[-1], q.device, cdiv(T, CHUNK)
-    b = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
-    if use_qk_l2norm_in_kernel:
-        qn, kn = torch.empty_like(q), torch.empty_like(k)
-        chunk_local_cumsum(g, b, q=q, k=k, q_normed=qn, k_normed=kn, eps=L2NORM_EPS)
-        q, k = qn, kn
-    else:
-        chunk_local_cumsum(g, b)
-    Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)         # blocks above the diagonal stay unwritten
-    Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)
-    kda_scores(q, k, b, Aqk, Akk, scale)
-    w, kg, u = torch.empty_like(k), torch.empty_like(k), torch.empty_like(v)
-    kda_wy(k, v, b, beta, Akk, w, u, kg)
-    states = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=dev)
-    v_new = torch.empty_like(v)
-    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
-    chunk_state_pass(kg, u, b, states, h0, ht, w=w, v_new=v_new, decayed_keys=True)
+    x = chunk_kda_intermediates(q, k, v, g, beta, scale, h0, l2norm=use_qk_l2norm_in_kernel, state_dtype=q.dtype,
+                                output_final_state=output_final_state)
     o = torch.empty_like(v)
-    chunk_output(q, v_new, b, states, Aqk, o, scale)
-    return o, ht
+    chunk_output(x.q, x.v_new, x.b, x.states, x.Aqk, o, scale)
+    return o, x.final_state
 
 
 @compiled_as_op("kernels::chunk_kda_bwd", fake=gradients_like("q", "k", "v", "g", "beta", "h0"), tuple_size=6)
