@@ -3,6 +3,7 @@
 #               it offers for download, in _build/html/downloads)
 #   make listings  refresh the code the chapters show from the package's source (no GPU, no other cell run)
 #   make tables    list the declared benchmark tables that have no committed results yet
+#   make readme    rewrite README.md's results table from the committed tables in results/
 #   make test   set up, then run the kernel tests, the notebooks (strict nbval) and the site checks
 #               with the pinned Triton (requirements.txt), then the kernel tests and the notebooks
 #               again with the newest Triton (TRITON_NEXT; `make test-triton-next` runs that part alone)
@@ -30,7 +31,7 @@ TRITON_NEXT ?= 3.9.0
 NEXT        := .triton-next
 MATHJAX := _vendor/mathjax/tex-chtml.js
 
-.PHONY: setup book listings tables chromium test test-kernels test-notebooks test-triton-next clean
+.PHONY: setup book listings tables readme chromium test test-kernels test-notebooks test-triton-next clean
 
 setup: $(VENV)/.installed $(MATHJAX)
 
@@ -59,6 +60,9 @@ listings: setup
 
 tables: setup
 	$(PY) scripts/unmeasured_tables.py
+
+readme: setup
+	$(PY) scripts/readme_results.py
 
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
