@@ -88,7 +88,9 @@ def _chunk_state_grad_kernel(
         b_dh = tl.zeros([BK, BV], dtype=tl.float32)
 
     for i_s in range(NT):
-        i_t = NT - 1 - i_s
+        # chunk NT - 1 - i_s; the maximum keeps the addresses a pipelined prefetch computes for the steps
+        # past the last (predicated off, at negative chunks) inside the tensors
+        i_t = tl.maximum(NT - 1 - i_s, 0)
         # the gradient at the end of chunk i_t (from every later chunk and the final state)
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_h, b_dh.to(dh.dtype.element_ty), mask=m_h)
         o_t = i_t * BT + tl.arange(0, BT)
@@ -103,14 +105,15 @@ def _chunk_state_grad_kernel(
             # the delta rule (KDA): the chunk added K_gᵀ U with U = W' - W S, so U's gradient is
             # dU = A_qkᵀ dO + K_g dS' (dS' the gradient at the chunk's end, b_dh here), written for the
             # rest of the backward, and the state's loses Wᵀ dU below. Sums over every key channel: one
-            # K-tile (BK >= K). A_qk's entries above the diagonal were never written: masked.
+            # K-tile (BK >= K). A_qk's entries above the diagonal were never written: masked. A_qk is read
+            # as stored and transposed in the product (its shared-memory tile then has the keys' layout).
             o_c = tl.arange(0, BT)
             p_row = (i_b * T + o_t) * H + i_h
             m_tk = m_t[:, None] & m_k[None, :]
-            b_at = tl.load(Aqk + p_row[None, :] * BT + o_c[:, None],
-                           mask=m_t[None, :] & (o_c[None, :] >= o_c[:, None]), other=0.0)   # [j, t] = A_qk[t, j]
+            b_a = tl.load(Aqk + p_row[:, None] * BT + o_c[None, :],
+                          mask=m_t[:, None] & (o_c[:, None] >= o_c[None, :]), other=0.0)    # [t, j], as stored
             b_kg = tl.load(kg + p_row[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
-            b_du = tl.dot(b_at.to(b_do.dtype), b_do, input_precision=DOT_PREC) \
+            b_du = tl.dot(tl.trans(b_a.to(b_do.dtype)), b_do, input_precision=DOT_PREC) \
                 + tl.dot(b_kg, b_dh.to(b_kg.dtype), input_precision=DOT_PREC)
             tl.store(du + p_row[:, None] * V + o_v[None, :], b_du.to(du.dtype.element_ty),
                      mask=m_t[:, None] & m_v[None, :])
@@ -134,8 +137,11 @@ def _chunk_state_grad_kernel(
 
 
 # The delta rule's pass: one K-tile (BK = K padded) and BV value columns a program, as the forward's
-# (chunk.py). BV, num_warps, num_stages: the forward's space, not yet measured here.
-_DELTA_STATE_GRAD_CONFIGS = autotune_configs([({"BV": 32}, 8, 3), ({"BV": 32}, 8, 2), ({"BV": 16}, 4, 2)],
+# (chunk.py). BV, num_warps: not yet timed. num_stages = 1: the forward's pipelined configs (3 and 2) ended
+# this kernel in an illegal memory access on an H100 in bf16, cause not isolated (notes/TUNING.md): no
+# software pipelining until a GPU run clears it. ptxas (sm_90, bf16, K = 128): 191 / 201 / 226 registers for
+# the three below, no spills.
+_DELTA_STATE_GRAD_CONFIGS = autotune_configs([({"BV": 32}, 8, 1), ({"BV": 16}, 4, 1), ({"BV": 64}, 8, 1)],
                                              interpreter={"BV": 32})
 _delta_state_grad_kernel = triton.autotune(configs=_DELTA_STATE_GRAD_CONFIGS, key=["K", "V", "NBH"],
                                            prune_configs_by={"early_config_prune": _fits})(_chunk_state_grad_kernel.fn)
