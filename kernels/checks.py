@@ -165,6 +165,33 @@ def softmax_scale_or_default(scale, head_dim: int | None, name: str = "softmax_s
     return float(scale)
 
 
+def check_packed_layout(cu_seqlens, *, name: str, batch: int, device) -> int:
+    """Packed sequences' offsets, their layout only (nothing read from the GPU): int32 [N + 1] on the
+    inputs' device, with the sequences concatenated in one batch row (batch 1). Returns N. ValueError or
+    TypeError naming cu_seqlens; `name` is the first input's, for the batch and device messages."""
+    check_tensor("cu_seqlens", cu_seqlens, ndim=1, dtypes=(torch.int32,))
+    if cu_seqlens.device != device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device}, {name} on {device}: they must share a device")
+    if cu_seqlens.shape[0] < 2:
+        raise ValueError(f"cu_seqlens must hold N + 1 >= 2 offsets (N sequences), got {cu_seqlens.shape[0]}")
+    if batch != 1:
+        raise ValueError(f"with cu_seqlens the sequences are packed along seqlen in one batch row: {name} must "
+                         f"have batch 1, got {batch}")
+    return cu_seqlens.shape[0] - 1
+
+
+def check_offset_values(offsets: list[int], T: int, name: str = "x") -> None:
+    """The values of packed sequences' offsets, read on the host: 0 first, the packed length T last,
+    non-decreasing (a sequence may be empty). ValueError naming cu_seqlens; `name` is the input whose
+    seqlen T is."""
+    if offsets[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {offsets[0]}")
+    if offsets[-1] != T:
+        raise ValueError(f"cu_seqlens must end at the packed length {T} ({name}'s seqlen), got {offsets[-1]}")
+    if any(b < a for a, b in zip(offsets[:-1], offsets[1:])):
+        raise ValueError("cu_seqlens must be non-decreasing (every sequence's length >= 0)")
+
+
 class _Unusual(Exception):
     """An argument the signature does not describe (a tensor subclass, an object of another type)."""
 
@@ -248,6 +275,6 @@ def check_once_per_signature(check=None, *, strides: bool = False, most: int = 5
 _UNSEEN = object()
 
 
-__all__ = ["FLOATS", "REFERENCE_FLOATS", "check_tensor", "check_not_empty", "check_same_device_and_dtype",
+__all__ = ["FLOATS", "REFERENCE_FLOATS", "check_tensor", "check_packed_layout", "check_offset_values", "check_not_empty", "check_same_device_and_dtype",
            "check_same_device", "check_has_values", "check_kernel_device", "check_bool", "check_int", "check_choice",
            "check_no_grad", "check_gradient", "softmax_scale_or_default", "check_once_per_signature"]

@@ -202,9 +202,11 @@ def like(name: str) -> Callable:
     return fake
 
 
-def linear_attention_fake(q, v, output_final_state, **_):
-    """(o like v, fp32 final state [B, H, K, V] or None): every GLA, Lightning and KDA form."""
-    B, H, K, V = q.shape[0], q.shape[2], q.shape[3], v.shape[3]
+def linear_attention_fake(q, v, output_final_state, cu_seqlens=None, **_):
+    """(o like v, fp32 final state [B, H, K, V] ([N, H, K, V] for N packed sequences) or None): every GLA,
+    Lightning and KDA form."""
+    B = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    H, K, V = q.shape[2], q.shape[3], v.shape[3]
     state = v.new_empty((B, H, K, V), dtype=torch.float32) if output_final_state else None
     return v.new_empty(v.shape), state
 

@@ -7,6 +7,9 @@ per-channel decay, <= 0, and -inf resets a channel (its value is not checked: th
 the GPU); q, k, v one dtype (fp16, bf16 on a GPU, fp32), gk any of them; K, V <= 256.
 scale defaults to K ** -0.5. initial_state: fp32 [B, H, K, V] or None (zeros).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
+Packed sequences (chunk_gla and fused_recurrent_gla): cu_seqlens, int32 [N + 1] offsets of N sequences
+concatenated along T in one batch row (B = 1); the states are then [N, H, K, V], one per sequence
+(kernels/linear/packed.py).
 chunk_gla trains (gradients to q, k, v, gk and initial_state, through o and the final state); the other
 forms have no backward and refuse an input that requires grad.
 """
@@ -20,22 +23,23 @@ from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 from ..checks import check_gradient, check_no_grad
 from ..linear.inputs import check_linear_inputs
+from ..linear.packed import backward_per_sequence, forward_per_sequence
 from .chunk import chunk_gla_scores
 from .fused_recurrent import fused_recurrent_fwd
 from .sequential_chunk import sequential_chunk_fwd
 
 
-def _checked(q, k, v, gk, scale, initial_state, output_final_state):
+def _checked(q, k, v, gk, scale, initial_state, output_final_state, cu_seqlens=None):
     """Validate (the shared checks, the machine rule included); return the sizes, the scale, and
     the tensors made contiguous (a copy only where one is not)."""
     B, T, H, K, V, scale = check_linear_inputs(q, k, v, {"gk": (gk, "B T H K")}, scale, initial_state,
-                                               output_final_state)
+                                               output_final_state, cu_seqlens=cu_seqlens)
     h0 = None if initial_state is None else initial_state.contiguous()
     return (B, T, H, K, V), scale, (q.contiguous(), k.contiguous(), v.contiguous(), gk.contiguous(), h0)
 
 
 @compiled_as_op("kernels::fused_recurrent_gla", fake=linear_attention_fake, tuple_size=2)
-def fused_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False):
+def fused_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
     """Fused recurrent GLA forward (Triton): one kernel walks the tokens with the state in
     registers; with T = 1 it is the decode step (one read and one write of the state).
 
@@ -46,10 +50,18 @@ def fused_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_fina
         >>> S = torch.zeros(1, 32, 128, 128, device="cuda")
         >>> o, S = fused_recurrent_gla(q, k, v, -gk.abs(), initial_state=S, output_final_state=True)
     """
-    (B, T, H, K, V), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, initial_state, output_final_state)
+    _, scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, initial_state, output_final_state, cu_seqlens)
     check_no_grad("fused_recurrent_gla", q=q, k=k, v=v, gk=gk, initial_state=h0)
+    if cu_seqlens is None:
+        return _fused_recurrent(q, k, v, gk, scale, h0, output_final_state)
+    return forward_per_sequence(lambda rows, h0_n, final: _fused_recurrent(*rows, scale, h0_n, final),
+                                (q, k, v, gk), v, h0, output_final_state, cu_seqlens)
+
+
+def _fused_recurrent(q, k, v, gk, scale, h0, output_final_state):
+    B, _, H, K = q.shape
     o = torch.empty_like(v)
-    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    ht = torch.empty(B, H, K, v.shape[-1], dtype=torch.float32, device=q.device) if output_final_state else None
     fused_recurrent_fwd(q, k, v, gk, o, scale, h0, ht)
     return o, ht
 
@@ -78,8 +90,18 @@ def sequential_chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_fin
 # The forward and backward launchers are ops (as FlashAttention's are): torch.compile traces
 # ChunkGLAFunction itself, so a compiled graph's forward and backward are eager's, each launcher one node.
 @compiled_as_op("kernels::chunk_gla_fwd", fake=linear_attention_fake, tuple_size=2)
-def _chunk_gla_fwd(q, k, v, gk, scale, h0: torch.Tensor | None, output_final_state: bool):
-    """The forward's four launches on contiguous, checked inputs; returns (o, final_state or None)."""
+def _chunk_gla_fwd(q, k, v, gk, scale, h0: torch.Tensor | None, output_final_state: bool,
+                   cu_seqlens: torch.Tensor | None):
+    """The forward on contiguous, checked inputs, once or once per packed sequence; returns (o, final_state
+    or None)."""
+    if cu_seqlens is None:
+        return _forward(q, k, v, gk, scale, h0, output_final_state)
+    return forward_per_sequence(lambda rows, h0_n, final: _forward(*rows, scale, h0_n, final),
+                                (q, k, v, gk), v, h0, output_final_state, cu_seqlens)
+
+
+def _forward(q, k, v, gk, scale, h0, output_final_state):
+    """The forward's four launches."""
     B, T, H, K = q.shape
     V, dev = v.shape[-1], q.device
     g = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
@@ -95,15 +117,26 @@ def _chunk_gla_fwd(q, k, v, gk, scale, h0: torch.Tensor | None, output_final_sta
 
 
 @compiled_as_op("kernels::chunk_gla_bwd", fake=gradients_like("q", "k", "v", "gk", "h0"), tuple_size=5)
-def _chunk_gla_bwd(q, k, v, gk, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None):
-    """The backward's launches: recompute the cumulative gates, the chunk-start states (fp32, for the
-    gate's gradient) and the scores, then the reverse state pass, dv, and dq, dk, dgk. do: o's gradient,
-    dht: the final state's (or None). Returns (dq, dk, dv, dgk, dh0 or None)."""
-    (B, T, H, K, V), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, h0, False)
+def _chunk_gla_bwd(q, k, v, gk, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None,
+                   cu_seqlens: torch.Tensor | None):
+    """The backward, once or once per packed sequence. do: o's gradient, dht: the final state's (or
+    None). Returns (dq, dk, dv, dgk, dh0 or None)."""
+    (B, T, H, K, V), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, h0, False, cu_seqlens)
     check_gradient("do", do, v.shape, v.dtype, v.device)
     if dht is not None:
-        check_gradient("dht", dht, (B, H, K, V), torch.float32, v.device)
-    dev = q.device
+        states = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        check_gradient("dht", dht, (states, H, K, V), torch.float32, v.device)
+    if cu_seqlens is None:
+        return _backward(q, k, v, gk, scale, h0, do, dht)
+    return backward_per_sequence(lambda rows, h0_n, do_n, dht_n: _backward(*rows, scale, h0_n, do_n, dht_n),
+                                 (q, k, v, gk), h0, do, dht, cu_seqlens)
+
+
+def _backward(q, k, v, gk, scale, h0, do, dht):
+    """The backward's launches: recompute the cumulative gates, the chunk-start states (fp32, for the
+    gate's gradient) and the scores, then the reverse state pass, dv, and dq, dk, dgk."""
+    B, T, H, K = q.shape
+    V, dev = v.shape[-1], q.device
     NT = triton.cdiv(T, CHUNK)
     g = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
     chunk_local_cumsum(gk, g)
@@ -126,23 +159,23 @@ class ChunkGLAFunction(torch.autograd.Function):
     the cumulative gates, the chunk-start states and the scores (Triton kernels throughout)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, gk, scale, h0, output_final_state):
-        o, ht = _chunk_gla_fwd(q, k, v, gk, scale, h0, output_final_state)
-        ctx.save_for_backward(q, k, v, gk, h0)
+    def forward(ctx, q, k, v, gk, scale, h0, output_final_state, cu_seqlens):
+        o, ht = _chunk_gla_fwd(q, k, v, gk, scale, h0, output_final_state, cu_seqlens)
+        ctx.save_for_backward(q, k, v, gk, h0, cu_seqlens)
         ctx.scale = scale
         ctx.set_materialize_grads(False)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, gk, h0 = ctx.saved_tensors
+        q, k, v, gk, h0, cu_seqlens = ctx.saved_tensors
         do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
         dht = None if dht is None else dht.to(torch.float32).contiguous()
-        dq, dk, dv, dgk, dh0 = _chunk_gla_bwd(q, k, v, gk, ctx.scale, h0, do, dht)
-        return dq, dk, dv, dgk, None, dh0, None
+        dq, dk, dv, dgk, dh0 = _chunk_gla_bwd(q, k, v, gk, ctx.scale, h0, do, dht, cu_seqlens)
+        return dq, dk, dv, dgk, None, dh0, None, None
 
 
-def chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False):
+def chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
     """Chunk-parallel GLA (Triton, chunks of 64 tokens, sub-chunks of 16): the prefill, and training.
 
     Shapes and dtypes as in this module's docstring. Four launches: the in-chunk cumulative gates,
@@ -159,7 +192,7 @@ def chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=Fa
         >>> gk = (torch.nn.functional.logsigmoid(gk.float()) / 16).requires_grad_()
         >>> o, _ = chunk_gla(q, k, v, gk); o.sum().backward()       # gk.grad: [1, 4096, 32, 128]
     """
-    _, scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, initial_state, output_final_state)
+    _, scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, initial_state, output_final_state, cu_seqlens)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, gk, h0)):
-        return ChunkGLAFunction.apply(q, k, v, gk, scale, h0, output_final_state)
-    return _chunk_gla_fwd(q, k, v, gk, scale, h0, output_final_state)
+        return ChunkGLAFunction.apply(q, k, v, gk, scale, h0, output_final_state, cu_seqlens)
+    return _chunk_gla_fwd(q, k, v, gk, scale, h0, output_final_state, cu_seqlens)

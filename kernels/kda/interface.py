@@ -9,6 +9,8 @@ of them; K, V <= 256, any T >= 1. scale defaults to K ** -0.5. initial_state: fp
 None (zeros). use_qk_l2norm_in_kernel: divide q and k by their L2 norm first (the model's keys must
 be normalised for the delta rule to stay a contraction; pass False if they already are).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
+Packed sequences (both forms): cu_seqlens, int32 [N + 1] offsets of N sequences concatenated along T in one
+batch row (B = 1); the states are then [N, H, K, V], one per sequence (kernels/linear/packed.py).
 chunk_kda trains (gradients to q, k, v, g, beta and initial_state, through o and the final state, and
 through the L2 norm when it is on); fused_recurrent_kda has no backward and refuses an input that
 requires grad.
@@ -20,20 +22,22 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_bool, check_no_grad
+from ..checks import check_bool, check_gradient, check_no_grad
 from ..custom_ops import compiled_as_op, gradients_like, linear_attention_fake
 from ..linear.chunk import chunk_output
 from ..linear.inputs import check_linear_inputs
+from ..linear.packed import backward_per_sequence, forward_per_sequence
 from .chunk import chunk_kda_intermediates
 from .chunk_backward import chunk_kda_bwd
 from .fused_recurrent import fused_recurrent_fwd
 
 
-def _checked(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel):
+def _checked(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+             cu_seqlens=None):
     """Validate (the shared checks, the machine rule included); return the sizes, the scale, and the
     tensors made contiguous (a copy only where one is not)."""
     B, T, H, K, V, scale = check_linear_inputs(q, k, v, {"g": (g, "B T H K"), "beta": (beta, "B T H")}, scale,
-                                               initial_state, output_final_state)
+                                               initial_state, output_final_state, cu_seqlens=cu_seqlens)
     check_bool("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
     h0 = None if initial_state is None else initial_state.contiguous()
     return (B, T, H, K, V), scale, (q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(),
@@ -42,7 +46,7 @@ def _checked(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
 
 @compiled_as_op("kernels::fused_recurrent_kda", fake=linear_attention_fake, tuple_size=2)
 def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                        use_qk_l2norm_in_kernel=False):
+                        use_qk_l2norm_in_kernel=False, cu_seqlens=None):
     """Fused recurrent KDA forward (Triton): one kernel walks the tokens with the state in registers;
     with T = 1 it is the decode step (one read and one write of the state, q and k normalised in
     registers when asked).
@@ -56,21 +60,40 @@ def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output
         >>> o, S = fused_recurrent_kda(q, k, v, -g.abs(), beta, initial_state=S, output_final_state=True,
         ...                            use_qk_l2norm_in_kernel=True)
     """
-    (B, T, H, K, V), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, initial_state,
-                                                              output_final_state, use_qk_l2norm_in_kernel)
+    _, scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                use_qk_l2norm_in_kernel, cu_seqlens)
     check_no_grad("fused_recurrent_kda", q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
-    o = torch.empty_like(v)
-    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
-    fused_recurrent_fwd(q, k, v, g, beta, o, scale, h0, ht, l2norm=use_qk_l2norm_in_kernel)
-    return o, ht
+
+    def run(rows, h0_n, final):
+        q, k, v, g, beta = rows
+        B, _, H, K = q.shape
+        o = torch.empty_like(v)
+        ht = torch.empty(B, H, K, v.shape[-1], dtype=torch.float32, device=q.device) if final else None
+        fused_recurrent_fwd(q, k, v, g, beta, o, scale, h0_n, ht, l2norm=use_qk_l2norm_in_kernel)
+        return o, ht
+
+    if cu_seqlens is None:
+        return run((q, k, v, g, beta), h0, output_final_state)
+    return forward_per_sequence(run, (q, k, v, g, beta), v, h0, output_final_state, cu_seqlens)
 
 
 # The forward and backward launchers are ops (as chunk_gla's are): torch.compile traces ChunkKDAFunction
 # itself, so a compiled graph's forward and backward are eager's, each launcher one node.
 @compiled_as_op("kernels::chunk_kda_fwd", fake=linear_attention_fake, tuple_size=2)
 def _chunk_kda_fwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, output_final_state: bool,
-                   use_qk_l2norm_in_kernel: bool):
-    """The forward's six launches on contiguous, checked inputs; returns (o, final_state or None)."""
+                   use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None):
+    """The forward on contiguous, checked inputs, once or once per packed sequence; returns (o, final_state
+    or None)."""
+    def run(rows, h0_n, final):
+        return _forward(*rows, scale, h0_n, final, use_qk_l2norm_in_kernel)
+
+    if cu_seqlens is None:
+        return run((q, k, v, g, beta), h0, output_final_state)
+    return forward_per_sequence(run, (q, k, v, g, beta), v, h0, output_final_state, cu_seqlens)
+
+
+def _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel):
+    """The forward's six launches."""
     x = chunk_kda_intermediates(q, k, v, g, beta, scale, h0, l2norm=use_qk_l2norm_in_kernel, state_dtype=q.dtype,
                                 output_final_state=output_final_state)
     o = torch.empty_like(v)
@@ -80,11 +103,24 @@ def _chunk_kda_fwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, output_fina
 
 @compiled_as_op("kernels::chunk_kda_bwd", fake=gradients_like("q", "k", "v", "g", "beta", "h0"), tuple_size=6)
 def _chunk_kda_bwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None,
-                   use_qk_l2norm_in_kernel: bool):
-    """The backward (kernels/kda/chunk_backward.py): recompute the gates, the scores, the solve and the
-    chunk-start states, the delta rule's reverse state pass, then every gradient. do: o's gradient,
-    dht: the final state's (or None). Returns (dq, dk, dv, dg, dbeta, dh0 or None)."""
-    return chunk_kda_bwd(q, k, v, g, beta, scale, h0, do, dht, use_qk_l2norm_in_kernel)
+                   use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None):
+    """The backward (kernels/kda/chunk_backward.py), once or once per packed sequence: recompute the gates,
+    the scores, the solve and the chunk-start states, the delta rule's reverse state pass, then every
+    gradient. do: o's gradient, dht: the final state's (or None). Returns (dq, dk, dv, dg, dbeta, dh0 or
+    None)."""
+    (B, T, H, K, V), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, False,
+                                                              use_qk_l2norm_in_kernel, cu_seqlens)
+    check_gradient("do", do, v.shape, v.dtype, v.device)
+    if dht is not None:
+        states = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        check_gradient("dht", dht, (states, H, K, V), torch.float32, v.device)
+
+    def run(rows, h0_n, do_n, dht_n):
+        return chunk_kda_bwd(*rows, scale, h0_n, do_n, dht_n, use_qk_l2norm_in_kernel)
+
+    if cu_seqlens is None:
+        return run((q, k, v, g, beta), h0, do, dht)
+    return backward_per_sequence(run, (q, k, v, g, beta), h0, do, dht, cu_seqlens)
 
 
 class ChunkKDAFunction(torch.autograd.Function):
@@ -92,24 +128,26 @@ class ChunkKDAFunction(torch.autograd.Function):
     the rest."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel):
-        o, ht = _chunk_kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel)
-        ctx.save_for_backward(q, k, v, g, beta, h0)
+    def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens):
+        o, ht = _chunk_kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
+                               cu_seqlens)
+        ctx.save_for_backward(q, k, v, g, beta, h0, cu_seqlens)
         ctx.scale, ctx.l2norm = scale, use_qk_l2norm_in_kernel
         ctx.set_materialize_grads(False)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, h0 = ctx.saved_tensors
+        q, k, v, g, beta, h0, cu_seqlens = ctx.saved_tensors
         do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
         dht = None if dht is None else dht.to(torch.float32).contiguous()
-        dq, dk, dv, dg, dbeta, dh0 = _chunk_kda_bwd(q, k, v, g, beta, ctx.scale, h0, do, dht, ctx.l2norm)
-        return dq, dk, dv, dg, dbeta, None, dh0, None, None
+        dq, dk, dv, dg, dbeta, dh0 = _chunk_kda_bwd(q, k, v, g, beta, ctx.scale, h0, do, dht, ctx.l2norm,
+                                                    cu_seqlens)
+        return dq, dk, dv, dg, dbeta, None, dh0, None, None, None
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False):
+              use_qk_l2norm_in_kernel=False, cu_seqlens=None):
     """Chunk-parallel KDA (Triton, chunks of 64 tokens): the prefill, and training.
 
     Shapes and dtypes as in this module's docstring. Six launches: one pass over the inputs (the shared
@@ -133,7 +171,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         >>> o, _ = chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True); o.sum().backward()
     """
     _, scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                                use_qk_l2norm_in_kernel)
+                                                use_qk_l2norm_in_kernel, cu_seqlens)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, h0)):
-        return ChunkKDAFunction.apply(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel)
-    return _chunk_kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel)
+        return ChunkKDAFunction.apply(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
+                                      cu_seqlens)
+    return _chunk_kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens)

@@ -8,6 +8,8 @@ step; the values are not checked, which would wait for the GPU); q, k, v one dty
 GPU, fp32), slopes any of them (used in fp32); K, V <= 256, any T >= 1. scale defaults to 1.0 (Lightning has no 1/√d;
 None also means 1.0). initial_state: fp32 [B, H, K, V] or None (zeros).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
+Packed sequences (both forms): cu_seqlens, int32 [N + 1] offsets of N sequences concatenated along T in one
+batch row (B = 1); the states are then [N, H, K, V], one per sequence (kernels/linear/packed.py).
 chunk_lightning trains (gradients to q, k, v and initial_state, through o and the final state; the slopes
 are fixed per head and take none); the recurrent form has no backward and refuses an input that requires grad.
 A NaN or inf in an input never reaches an earlier token's output; an inf that the math carries on as
@@ -24,22 +26,24 @@ from ..linear.chunk import CHUNK, chunk_state_pass
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 from ..checks import check_gradient, check_no_grad
 from ..linear.inputs import check_linear_inputs
+from ..linear.packed import backward_per_sequence, forward_per_sequence
 from .chunk import chunk_lightning_output
 from .fused_recurrent import fused_recurrent_fwd
 
 
-def _checked(q, k, v, slopes, scale, initial_state, output_final_state):
+def _checked(q, k, v, slopes, scale, initial_state, output_final_state, cu_seqlens=None):
     """Validate (the shared checks, the machine rule included); return the sizes, the scale, and the
     tensors made contiguous, slopes in fp32 (a copy only where one is needed)."""
     B, T, H, K, V, scale = check_linear_inputs(q, k, v, {"slopes": (slopes, "H")}, 1.0 if scale is None else scale,
-                                               initial_state, output_final_state)
+                                               initial_state, output_final_state, cu_seqlens=cu_seqlens)
     h0 = None if initial_state is None else initial_state.contiguous()
     s = slopes.to(torch.float32).contiguous()
     return (B, T, H, K, V), scale, (q.contiguous(), k.contiguous(), v.contiguous(), s, h0)
 
 
 @compiled_as_op("kernels::fused_recurrent_lightning", fake=linear_attention_fake, tuple_size=2)
-def fused_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False):
+def fused_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False,
+                              cu_seqlens=None):
     """Fused recurrent Lightning Attention forward (Triton): one kernel walks the tokens with the
     state in registers; with T = 1 it is the decode step (one read and one write of the state).
 
@@ -50,10 +54,18 @@ def fused_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, ou
         >>> S, s = torch.zeros(1, 32, 128, 128, device="cuda"), lightning_slopes(32).cuda()
         >>> o, S = fused_recurrent_lightning(q, k, v, s, initial_state=S, output_final_state=True)
     """
-    (B, T, H, K, V), scale, (q, k, v, s, h0) = _checked(q, k, v, slopes, scale, initial_state, output_final_state)
+    _, scale, (q, k, v, s, h0) = _checked(q, k, v, slopes, scale, initial_state, output_final_state, cu_seqlens)
     check_no_grad("fused_recurrent_lightning", q=q, k=k, v=v, slopes=slopes, initial_state=h0)
+    if cu_seqlens is None:
+        return _fused_recurrent(q, k, v, s, scale, h0, output_final_state)
+    return forward_per_sequence(lambda rows, h0_n, final: _fused_recurrent(*rows, s, scale, h0_n, final),
+                                (q, k, v), v, h0, output_final_state, cu_seqlens)
+
+
+def _fused_recurrent(q, k, v, s, scale, h0, output_final_state):
+    B, _, H, K = q.shape
     o = torch.empty_like(v)
-    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    ht = torch.empty(B, H, K, v.shape[-1], dtype=torch.float32, device=q.device) if output_final_state else None
     fused_recurrent_fwd(q, k, v, s, o, scale, h0, ht)
     return o, ht
 
@@ -61,8 +73,18 @@ def fused_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, ou
 # The forward and backward launchers are ops (as FlashAttention's are): torch.compile traces
 # ChunkLightningFunction itself, so a compiled graph's forward and backward are eager's.
 @compiled_as_op("kernels::chunk_lightning_fwd", fake=linear_attention_fake, tuple_size=2)
-def _chunk_lightning_fwd(q, k, v, gamma, scale, h0: torch.Tensor | None, output_final_state: bool):
-    """The forward's two launches on contiguous, checked inputs; returns (o, final_state or None)."""
+def _chunk_lightning_fwd(q, k, v, gamma, scale, h0: torch.Tensor | None, output_final_state: bool,
+                         cu_seqlens: torch.Tensor | None):
+    """The forward on contiguous, checked inputs, once or once per packed sequence; returns (o, final_state
+    or None)."""
+    if cu_seqlens is None:
+        return _forward(q, k, v, gamma, scale, h0, output_final_state)
+    return forward_per_sequence(lambda rows, h0_n, final: _forward(*rows, gamma, scale, h0_n, final),
+                                (q, k, v), v, h0, output_final_state, cu_seqlens)
+
+
+def _forward(q, k, v, gamma, scale, h0, output_final_state):
+    """The forward's two launches."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     states = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, dtype=q.dtype, device=q.device)
@@ -74,14 +96,26 @@ def _chunk_lightning_fwd(q, k, v, gamma, scale, h0: torch.Tensor | None, output_
 
 
 @compiled_as_op("kernels::chunk_lightning_bwd", fake=gradients_like("q", "k", "v", "h0"), tuple_size=4)
-def _chunk_lightning_bwd(q, k, v, gamma, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None):
+def _chunk_lightning_bwd(q, k, v, gamma, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None,
+                         cu_seqlens: torch.Tensor | None):
     """The backward's launches, the shared ones with the fixed decay gamma: recompute the chunk-start
     states, then the reverse state pass, dv (the scores recomputed inside), dq and dk. do: o's gradient,
     dht: the final state's (or None). Returns (dq, dk, dv, dh0 or None)."""
-    (B, T, H, K, V), scale, (q, k, v, _, h0) = _checked(q, k, v, gamma, scale, h0, False)
+    (B, T, H, K, V), scale, (q, k, v, _, h0) = _checked(q, k, v, gamma, scale, h0, False, cu_seqlens)
     check_gradient("do", do, v.shape, v.dtype, v.device)
     if dht is not None:
-        check_gradient("dht", dht, (B, H, K, V), torch.float32, v.device)
+        states = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        check_gradient("dht", dht, (states, H, K, V), torch.float32, v.device)
+    if cu_seqlens is None:
+        return _backward(q, k, v, gamma, scale, h0, do, dht)
+    return backward_per_sequence(lambda rows, h0_n, do_n, dht_n: _backward(*rows, gamma, scale, h0_n, do_n, dht_n),
+                                 (q, k, v), h0, do, dht, cu_seqlens)
+
+
+def _backward(q, k, v, gamma, scale, h0, do, dht):
+    """The backward's launches."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     states = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=q.device)
     chunk_state_pass(k, v, None, states, h0, gamma=gamma)
@@ -100,23 +134,23 @@ class ChunkLightningFunction(torch.autograd.Function):
     recomputes the chunk-start states (Triton kernels throughout). The decay is fixed: no slopes gradient."""
 
     @staticmethod
-    def forward(ctx, q, k, v, gamma, scale, h0, output_final_state):
-        o, ht = _chunk_lightning_fwd(q, k, v, gamma, scale, h0, output_final_state)
-        ctx.save_for_backward(q, k, v, gamma, h0)
+    def forward(ctx, q, k, v, gamma, scale, h0, output_final_state, cu_seqlens):
+        o, ht = _chunk_lightning_fwd(q, k, v, gamma, scale, h0, output_final_state, cu_seqlens)
+        ctx.save_for_backward(q, k, v, gamma, h0, cu_seqlens)
         ctx.scale = scale
         ctx.set_materialize_grads(False)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, gamma, h0 = ctx.saved_tensors
+        q, k, v, gamma, h0, cu_seqlens = ctx.saved_tensors
         do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
         dht = None if dht is None else dht.to(torch.float32).contiguous()
-        dq, dk, dv, dh0 = _chunk_lightning_bwd(q, k, v, gamma, ctx.scale, h0, do, dht)
-        return dq, dk, dv, None, None, dh0, None
+        dq, dk, dv, dh0 = _chunk_lightning_bwd(q, k, v, gamma, ctx.scale, h0, do, dht, cu_seqlens)
+        return dq, dk, dv, None, None, dh0, None, None
 
 
-def chunk_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False):
+def chunk_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False, cu_seqlens=None):
     """Chunk-parallel Lightning Attention-2 (Triton, blocks of 64 tokens): the prefill, and training.
 
     Shapes and dtypes as in this module's docstring. Two launches: the shared state pass (the state
@@ -134,11 +168,11 @@ def chunk_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final
         >>> o, _ = chunk_lightning(q, k, v, lightning_slopes(32, layer_idx=0, num_layers=80).cuda())
         >>> o.shape              # torch.Size([1, 4096, 32, 128])
     """
-    (B, T, H, K, V), scale, (q, k, v, s, h0) = _checked(q, k, v, slopes, scale, initial_state, output_final_state)
+    _, scale, (q, k, v, s, h0) = _checked(q, k, v, slopes, scale, initial_state, output_final_state, cu_seqlens)
     if torch.is_grad_enabled() and slopes.requires_grad:
         raise ValueError("slopes requires grad, but chunk_lightning's decay is fixed per head: it has no "
                          "gradient (pass slopes.detach())")
     gamma = -s                                   # the log decay per step, the same for every token
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, h0)):
-        return ChunkLightningFunction.apply(q, k, v, gamma, scale, h0, output_final_state)
-    return _chunk_lightning_fwd(q, k, v, gamma, scale, h0, output_final_state)
+        return ChunkLightningFunction.apply(q, k, v, gamma, scale, h0, output_final_state, cu_seqlens)
+    return _chunk_lightning_fwd(q, k, v, gamma, scale, h0, output_final_state, cu_seqlens)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 
 from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_dims, check_has_values, check_kernel_device,
-                      check_not_empty, check_once_per_signature, check_same_device, check_same_device_and_dtype,
-                      check_tensor, softmax_scale_or_default)
+                      check_not_empty, check_once_per_signature, check_packed_layout, check_same_device,
+                      check_same_device_and_dtype, check_tensor, softmax_scale_or_default)
 
 MAX_HEAD_DIM = 256  # the kernels hold a whole key row (padded to a power of two) in registers
 
@@ -29,7 +29,8 @@ def _check_dims(name: str, t: torch.Tensor, letters: str, sizes: dict) -> None:
 
 @check_once_per_signature
 def check_linear_inputs(q, k, v, gates, scale=None, initial_state=None, output_final_state=False, *,
-                        kernel: bool = True, step: bool = False, state_name: str = "initial_state"):
+                        kernel: bool = True, step: bool = False, state_name: str = "initial_state",
+                        cu_seqlens=None):
     """Validate a linear-attention call; return (B, T, H, K, V, scale).
 
     q, k: [B, T, H, K]; v: [B, T, H, V], one dtype (fp16, bf16, fp32; fp64 too when kernel=False).
@@ -41,6 +42,9 @@ def check_linear_inputs(q, k, v, gates, scale=None, initial_state=None, output_f
     kernel: the call launches a Triton kernel: K, V <= 256, and the machine rule (CPU tensors and no
         bf16 under the interpreter, CUDA tensors on a GPU). Otherwise (a PyTorch reference) any
         device but meta. step: one decode step, no T axis (q, k [B, H, K], v [B, H, V]; T is 1).
+    cu_seqlens: packed sequences' offsets (int32 [N + 1], batch 1), their layout only; the states are then
+        [N, H, K, V], one per sequence. Their values are checked where they are read
+        (`kernels.linear.packed.sequences`).
     """
     dtypes = FLOATS if kernel else REFERENCE_FLOATS
     layout = "B H" if step else "B T H"
@@ -63,8 +67,10 @@ def check_linear_inputs(q, k, v, gates, scale=None, initial_state=None, output_f
     _check_dims("v", v, f"{layout} V", sizes)
     for name, (g, letters) in gates.items():
         _check_dims(name, g, letters, sizes)
+    if cu_seqlens is not None:
+        sizes["N"] = check_packed_layout(cu_seqlens, name="q", batch=sizes["B"], device=q.device)
     if state_name in tensors:
-        _check_dims(state_name, initial_state, "B H K V", sizes)
+        _check_dims(state_name, initial_state, "B H K V" if cu_seqlens is None else "N H K V", sizes)
     if kernel and not (sizes["K"] <= MAX_HEAD_DIM and sizes["V"] <= MAX_HEAD_DIM):
         raise ValueError(f"head dims K={sizes['K']}, V={sizes['V']} must be at most {MAX_HEAD_DIM}")
 

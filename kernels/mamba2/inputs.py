@@ -21,7 +21,7 @@ import torch
 
 from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_dims, check_has_values, check_kernel_device,
                       check_no_grad, check_not_empty, check_once_per_signature, check_same_device,
-                      check_same_device_and_dtype, check_tensor)
+                      check_packed_layout, check_same_device_and_dtype, check_tensor)
 
 MAX_DSTATE = 256    # the decode kernel holds a whole state row (padded to a power of two) in registers
 CHUNK_SIZES = (16, 32, 64, 128, 256)    # the scan's chunk lengths: mamba_ssm's models use 256
@@ -150,17 +150,6 @@ def check_scan_inputs(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=Non
                               return_final_states, cu_seqlens, kernel)
 
 
-def check_offset_values(offsets: list[int], T: int) -> None:
-    """The values of packed sequences' offsets, read on the host: 0 first, the packed length T last,
-    non-decreasing (a sequence may be empty). ValueError naming cu_seqlens."""
-    if offsets[0] != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got {offsets[0]}")
-    if offsets[-1] != T:
-        raise ValueError(f"cu_seqlens must end at the packed length {T} (x's seqlen), got {offsets[-1]}")
-    if any(b < a for a, b in zip(offsets[:-1], offsets[1:])):
-        raise ValueError("cu_seqlens must be non-decreasing (every sequence's length >= 0)")
-
-
 @check_once_per_signature(strides=True)
 def _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
                        return_final_states, cu_seqlens, kernel):
@@ -212,15 +201,7 @@ def _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, i
         check_dims("dt_bias", dt_bias, (H,), "nheads")
     n_states = Bt
     if cu_seqlens is not None:
-        check_tensor("cu_seqlens", cu_seqlens, ndim=1, dtypes=(torch.int32,))
-        if cu_seqlens.device != x.device:
-            raise ValueError(f"cu_seqlens is on {cu_seqlens.device}, x on {x.device}: they must share a device")
-        if cu_seqlens.shape[0] < 2:
-            raise ValueError(f"cu_seqlens must hold N + 1 >= 2 offsets (N sequences), got {cu_seqlens.shape[0]}")
-        if Bt != 1:
-            raise ValueError(f"with cu_seqlens the sequences are packed along seqlen in one batch row: x must have "
-                             f"batch 1, got {Bt}")
-        n_states = cu_seqlens.shape[0] - 1
+        n_states = check_packed_layout(cu_seqlens, name="x", batch=Bt, device=x.device)
     if initial_states is not None:
         check_dims("initial_states", initial_states, (n_states, H, P, N),
                    "batch, nheads, headdim, dstate" if cu_seqlens is None else "sequences, nheads, headdim, dstate")
@@ -229,5 +210,5 @@ def _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, i
     return Bt, T, H, P, N, G
 
 
-__all__ = ["check_step_inputs", "check_scan_inputs", "check_offset_values", "MAX_DSTATE", "CHUNK_SIZES",
+__all__ = ["check_step_inputs", "check_scan_inputs", "MAX_DSTATE", "CHUNK_SIZES",
            "SIGNATURES_REMEMBERED"]

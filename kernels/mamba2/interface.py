@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_gradient
+from ..checks import check_gradient, check_offset_values
 from ..custom_ops import compiled_as_op, gradients_like, like, ssd_chunk_scan_fake
 from .chunk import ssd_chunk_scan_bwd, ssd_chunk_scan_fwd
-from .inputs import check_offset_values, check_scan_inputs, check_step_inputs
+from .inputs import check_scan_inputs, check_step_inputs
 from .decode import selective_state_update_fwd
 
 

@@ -1,0 +1,82 @@
+"""Packed sequences for the linear families (GLA, Lightning, KDA): several sequences concatenated along T in
+one batch row, their offsets in `cu_seqlens` (int32 [N + 1], as flash-attn's and fla's packed calls take them),
+one initial and one final state per sequence ([N, H, K, V]).
+
+Each sequence is a recurrence of its own: no state crosses from one sequence into the next, and each one's
+chunks start at its first token, wherever that falls in the packed row. The forms here do the simplest exact
+thing: read the offsets on the host once per call and run the unpacked launches on each sequence's rows
+(views: the rows of one sequence in a batch-1 tensor are contiguous), forward and backward alike. That costs a
+wait for the GPU before the first launch (so a packed call cannot be captured in a CUDA graph) and one set of
+launches per sequence, which many short sequences feel; a kernel that reads the offsets itself, starting a
+new state at each sequence's first token, would remove both.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..checks import check_offset_values
+
+
+def sequences(cu_seqlens: torch.Tensor, T: int) -> list[tuple[int, int]]:
+    """The packed sequences' (first row, end row), from one host read of the offsets, their values checked."""
+    offsets = cu_seqlens.tolist()
+    check_offset_values(offsets, T, name="q")
+    return list(zip(offsets[:-1], offsets[1:]))
+
+
+def _rows(tensors, start: int, end: int) -> tuple:
+    return tuple(t[:, start:end] for t in tensors)
+
+
+def forward_per_sequence(forward: Callable, rows: tuple, v: torch.Tensor, h0, output_final_state: bool,
+                         cu_seqlens: torch.Tensor):
+    """Run `forward(rows_n, h0_n, output_final_state) -> (o_n, ht_n)` on each packed sequence.
+
+    rows: the per-token tensors (q, k, v and the gates, [1, T, ...]), cut to each sequence's rows; v gives
+    o's shape and dtype; h0: fp32 [N, H, K, V] or None. Returns (o [1, T, H, V], final states fp32
+    [N, H, K, V] or None). An empty sequence ends in the state it starts from.
+    """
+    H, K, V = rows[0].shape[2], rows[0].shape[3], v.shape[3]
+    spans = sequences(cu_seqlens, v.shape[1])
+    o = torch.empty_like(v)
+    ht = torch.empty(len(spans), H, K, V, dtype=torch.float32, device=v.device) if output_final_state else None
+    for n, (start, end) in enumerate(spans):
+        h0_n = None if h0 is None else h0[n:n + 1]
+        if start == end:
+            if ht is not None:
+                ht[n] = 0.0 if h0_n is None else h0_n[0]
+            continue
+        o_n, ht_n = forward(_rows(rows, start, end), h0_n, output_final_state)
+        o[:, start:end] = o_n
+        if ht is not None:
+            ht[n] = ht_n[0]
+    return o, ht
+
+
+def backward_per_sequence(backward: Callable, rows: tuple, h0, do: torch.Tensor, dht, cu_seqlens: torch.Tensor):
+    """Run `backward(rows_n, h0_n, do_n, dht_n) -> (*row_grads, dh0_n)` on each packed sequence.
+
+    rows as `forward_per_sequence` takes them; do [1, T, H, V]; dht fp32 [N, H, K, V] or None. Returns the
+    gradients of rows, each shaped and typed like its row tensor, then dh0 (fp32 [N, H, K, V]) or None. An
+    empty sequence passes dht through to its dh0.
+    """
+    grads = [torch.zeros_like(t) for t in rows]
+    dh0 = None if h0 is None else torch.zeros_like(h0)
+    for n, (start, end) in enumerate(sequences(cu_seqlens, do.shape[1])):
+        h0_n = None if h0 is None else h0[n:n + 1]
+        dht_n = None if dht is None else dht[n:n + 1]
+        if start == end:
+            if dh0 is not None and dht_n is not None:
+                dh0[n] = dht_n[0]
+            continue
+        *row_grads, dh0_n = backward(_rows(rows, start, end), h0_n, do[:, start:end], dht_n)
+        for g, g_n in zip(grads, row_grads, strict=True):
+            g[:, start:end] = g_n
+        if dh0 is not None:
+            dh0[n] = dh0_n[0]
+    return (*grads, dh0)
+
+
+__all__ = ["sequences", "forward_per_sequence", "backward_per_sequence"]

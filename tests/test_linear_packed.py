@@ -1,0 +1,109 @@
+"""Packed sequences (cu_seqlens) through GLA, Lightning and KDA, chunk and fused recurrent forms: a packed call
+equals each sequence run alone (outputs, final states, and for the chunk forms every gradient), including
+empty sequences, one-token ones and ones that straddle a chunk boundary of the packed row; bad offsets are
+refused by name before any launch."""
+import pytest
+import torch
+
+from kernels.gla import chunk_gla, fused_recurrent_gla
+from kernels.kda import chunk_kda, fused_recurrent_kda
+from kernels.lightning import chunk_lightning, fused_recurrent_lightning, lightning_slopes
+
+H, K, V = 2, 16, 32
+LENGTHS = [0, 5, 70, 1, 64, 0]          # 140 tokens: sequences start mid-chunk, one is empty at either end
+SLOPES = lightning_slopes(H)
+
+
+def _forms():
+    """name -> (call(rows, **kw), how many row tensors, trains)."""
+    return {
+        "chunk_gla": (lambda r, **kw: chunk_gla(*r, **kw), 4, True),
+        "fused_recurrent_gla": (lambda r, **kw: fused_recurrent_gla(*r, **kw), 4, False),
+        "chunk_lightning": (lambda r, **kw: chunk_lightning(*r[:3], SLOPES, **kw), 3, True),
+        "fused_recurrent_lightning": (lambda r, **kw: fused_recurrent_lightning(*r[:3], SLOPES, **kw), 3, False),
+        "chunk_kda": (lambda r, **kw: chunk_kda(*r, use_qk_l2norm_in_kernel=True, **kw), 5, True),
+        "fused_recurrent_kda": (lambda r, **kw: fused_recurrent_kda(*r, use_qk_l2norm_in_kernel=True, **kw), 5, False),
+    }
+
+
+FORMS = _forms()
+
+
+def _inputs(lengths, dtype=torch.float32):
+    T = sum(lengths)
+    q, k = torch.randn(2, 1, T, H, K, dtype=dtype)
+    v = torch.randn(1, T, H, V, dtype=dtype)
+    g = -torch.rand(1, T, H, K) * 0.2
+    beta = torch.rand(1, T, H)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    h0 = torch.randn(len(lengths), H, K, V)
+    return [q, k, v, g, beta], cu, h0
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_packed_equals_each_sequence_alone(form):
+    call, n_rows, trains = FORMS[form]
+    rows, cu, h0 = _inputs(LENGTHS)
+    rows = rows[:n_rows]
+    leaves = [t.clone().requires_grad_(trains) for t in rows]
+    h0_leaf = h0.clone().requires_grad_(trains)
+    o, ht = call(leaves, initial_state=h0_leaf, output_final_state=True, cu_seqlens=cu)
+    assert o.shape == rows[2].shape and ht.shape == h0.shape
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    offsets = cu.tolist()
+    for n, (s, e) in enumerate(zip(offsets[:-1], offsets[1:])):
+        if s == e:                          # an empty sequence: its final state is its initial one
+            assert torch.equal(ht[n], h0[n])
+            continue
+        o_n, ht_n = call([t[:, s:e] for t in rows], initial_state=h0[n:n + 1], output_final_state=True)
+        assert torch.equal(o[:, s:e].detach(), o_n) and torch.equal(ht[n].detach(), ht_n[0])
+    if not trains:
+        return
+    grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), leaves + [h0_leaf])
+    for n, (s, e) in enumerate(zip(offsets[:-1], offsets[1:])):
+        if s == e:
+            assert torch.equal(grads[-1][n], dht[n])
+            continue
+        alone = [t[:, s:e].clone().requires_grad_() for t in rows]
+        h0_n = h0[n:n + 1].clone().requires_grad_()
+        o_n, ht_n = call(alone, initial_state=h0_n, output_final_state=True)
+        expected = torch.autograd.grad((o_n * do[:, s:e]).sum() + (ht_n * dht[n:n + 1]).sum(), alone + [h0_n])
+        for g, g_n in zip(grads[:-1], expected[:-1]):
+            torch.testing.assert_close(g[:, s:e], g_n, rtol=0, atol=0)
+        torch.testing.assert_close(grads[-1][n], expected[-1][0], rtol=0, atol=0)
+        assert all(torch.isfinite(g).all() for g in expected)
+
+
+@pytest.mark.parametrize("form", ["chunk_gla", "fused_recurrent_kda"])
+def test_packed_without_states(form):
+    call, n_rows, _ = FORMS[form]
+    rows, cu, _ = _inputs([3, 65])
+    o, ht = call(rows[:n_rows], cu_seqlens=cu)
+    assert ht is None
+    o_1, _ = call([t[:, 3:] for t in rows[:n_rows]])
+    assert torch.equal(o[:, 3:], o_1)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("offsets, T, message", [
+    ([1, 5, 10], 10, "cu_seqlens must start at 0"),
+    ([0, 5, 9], 10, "cu_seqlens must end at the packed length 10"),
+    ([0, 6, 5, 10], 10, "cu_seqlens must be non-decreasing"),
+])
+def test_bad_offsets_refused(form, offsets, T, message):
+    call, n_rows, _ = FORMS[form]
+    rows, _, _ = _inputs([T])
+    with pytest.raises(ValueError, match=message):
+        call(rows[:n_rows], cu_seqlens=torch.tensor(offsets, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_bad_layout_refused(form):
+    call, n_rows, _ = FORMS[form]
+    rows, cu, h0 = _inputs([4, 6])
+    with pytest.raises(TypeError, match="cu_seqlens"):
+        call(rows[:n_rows], cu_seqlens=cu.long())
+    with pytest.raises(ValueError, match="batch 1"):
+        call([torch.cat([t, t]) for t in rows[:n_rows]], cu_seqlens=cu)
+    with pytest.raises(ValueError, match="initial_state"):
+        call(rows[:n_rows], initial_state=h0[:1], cu_seqlens=cu)   # one state, two sequences
