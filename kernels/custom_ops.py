@@ -9,9 +9,9 @@ node; its fake implementation gives the shapes and dtypes of the outputs without
 Capturing an eager call in a `torch.cuda.graph` needs nothing more: the checks run on the host and the
 kernels are captured as they launch.
 
-    >>> @compiled_as_op("kernels::chunk_gla", fake=linear_attention_fake, tuple_size=2)
-    ... def chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False): ...
-    >>> o, _ = torch.compile(chunk_gla, fullgraph=True)(q, k, v, gk)
+    >>> @compiled_as_op("kernels::fused_recurrent_gla", fake=linear_attention_fake, tuple_size=2)
+    ... def fused_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False): ...
+    >>> o, _ = torch.compile(fused_recurrent_gla, fullgraph=True)(q, k, v, gk)
 
 The op's schema comes from the function's signature: an argument without a default is a Tensor;
 one whose default is None is an optional Tensor; a bool, int, float or str default gives that type;
@@ -22,12 +22,13 @@ rebuilds the function's result from it (`tuple_size`). An op that writes an argu
 one `Tensor` instead: functionalization (how torch.compile handles mutation) takes no list from an
 op that mutates.
 
-Training. The compiled backward must be the eager one, so the ops sit one level down, for every
-family that trains (as in flash-attn): the family's `torch.autograd.Function` calls its forward and backward launchers, and those
-are the registered ops (`attention_fwd = compiled_as_op("kernels::attention_fwd", fake=...)(attention_fwd)`).
-torch.compile traces the Function itself, so its forward and backward are the eager code, each op one
-node, and every kernel the backward launches is inside an op; the public function is left undecorated.
-(An op's own autograd registration would not do: its backward is traced outside Dynamo, where
+Training. The compiled backward must be the eager one, so for every family that trains the ops sit
+one level down (as in flash-attn): the family's `torch.autograd.Function` calls its forward and
+backward launchers, and those are the registered ops
+(`attention_fwd = compiled_as_op("kernels::attention_fwd", fake=...)(attention_fwd)`). torch.compile
+traces the Function itself, so its forward and backward are the eager code, each op one node, and
+every kernel the backward launches is inside an op; the public function is left undecorated. (An op's
+own autograd registration would not do: AOT autograd traces that backward outside Dynamo, where
 `torch.compiler.is_compiling()` may be False, so a launcher it calls would run on fake tensors.)
 """
 from __future__ import annotations

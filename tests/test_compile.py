@@ -190,10 +190,10 @@ def _clone(args, kwargs):
 def _recording_backend():
     """aot_eager that also records every call node of the forward and backward graphs (as text).
 
-    AOT autograd runs with `torch.compiler.is_compiling()` False, as it does under the torch of the GPU
-    runs (from 2.13 the flag holds for the whole compile): Python code that AOT autograd traces and Dynamo
-    did not (an op's registered backward) then calls the launchers directly, and a Triton kernel launched
-    on fake tensors fails here as it does under Inductor on a GPU."""
+    AOT autograd runs with `torch.compiler.is_compiling()` False, as under torch 2.11 (newer releases hold
+    it True for the whole compile): Python code that AOT autograd traces and Dynamo did not (an op's
+    registered backward) then calls the launchers directly, and a Triton kernel launched on fake tensors
+    fails here as it does under Inductor on a GPU."""
     nodes = []
 
     def record(gm, example_inputs):
