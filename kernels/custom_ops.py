@@ -9,9 +9,9 @@ node; its fake implementation gives the shapes and dtypes of the outputs without
 Capturing an eager call in a `torch.cuda.graph` needs nothing more: the checks run on the host and the
 kernels are captured as they launch.
 
-    >>> @compiled_as_op("kernels::chunk_gla", fake=linear_attention_fake, tuple_size=2)
-    ... def chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False): ...
-    >>> o, _ = torch.compile(chunk_gla, fullgraph=True)(q, k, v, gk)
+    >>> @compiled_as_op("kernels::fused_recurrent_gla", fake=linear_attention_fake, tuple_size=2)
+    ... def fused_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False): ...
+    >>> o, _ = torch.compile(fused_recurrent_gla, fullgraph=True)(q, k, v, gk)
 
 The op's schema comes from the function's signature: an argument without a default is a Tensor;
 one whose default is None is an optional Tensor; a bool, int, float or str default gives that type;
@@ -22,17 +22,14 @@ rebuilds the function's result from it (`tuple_size`). An op that writes an argu
 one `Tensor` instead: functionalization (how torch.compile handles mutation) takes no list from an
 op that mutates.
 
-Training. The compiled backward must be the eager one. Two routes:
-- One level down, as FlashAttention, GLA and Lightning do (and flash-attn): the family's
-  `torch.autograd.Function` calls its forward and backward launchers, and those are the registered ops
-  (`attention_fwd = compiled_as_op("kernels::attention_fwd", fake=...)(attention_fwd)`). torch.compile
-  traces the Function itself, so its forward and backward are the eager code, each op one node. The
-  public function is then left undecorated.
-- At the public function: write the Function with a separate `setup_context(ctx, inputs, output)` (no
-  ctx in `forward`) and pass it as `autograd=`; the op then registers the Function's own
-  `setup_context` and `backward`. Only for a function whose optional tensors are never None: the
-  backward must return a gradient for every input, and PyTorch counts a None input as none
-  (it refuses the backward's structure then).
+Training. The compiled backward must be the eager one, so for every family that trains the ops sit
+one level down (as in flash-attn): the family's `torch.autograd.Function` calls its forward and
+backward launchers, and those are the registered ops
+(`attention_fwd = compiled_as_op("kernels::attention_fwd", fake=...)(attention_fwd)`). torch.compile
+traces the Function itself, so its forward and backward are the eager code, each op one node, and
+every kernel the backward launches is inside an op; the public function is left undecorated. (An op's
+own autograd registration would not do: AOT autograd traces that backward outside Dynamo, where
+`torch.compiler.is_compiling()` may be False, so a launcher it calls would run on fake tensors.)
 """
 from __future__ import annotations
 
@@ -84,8 +81,7 @@ def _rebuild(tensors, tuple_size: int | None):
     return tuple(tensors) + (None,) * (tuple_size - len(tensors))
 
 
-def compiled_as_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] = (), tuple_size: int | None = None,
-                   autograd: type[torch.autograd.Function] | None = None):
+def compiled_as_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] = (), tuple_size: int | None = None):
     """Register the decorated function as the custom op `name` ("namespace::op") for torch.compile.
 
     fake(**arguments): the outputs' shapes and dtypes, called with the op's arguments by name, returning
@@ -93,8 +89,6 @@ def compiled_as_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] =
     mutates_args: the names of the tensor arguments the function writes in place (a decode step's
     state). tuple_size: the function returns a tuple of this many entries, trailing ones possibly None
     (e.g. 2 for (o, final_state)); None (the default) for one tensor, or a tuple with no None.
-    autograd: a `torch.autograd.Function` with `setup_context` and `backward` (see the module docstring);
-    its backward receives one gradient per entry of the function's result.
     Returns a decorator; the decorated function keeps its name, docstring and signature, and its op is
     its `op` attribute.
 
@@ -135,22 +129,6 @@ def compiled_as_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] =
             return result if one_tensor else _tensors(result)
         op.register_fake(fake_tensors)
 
-        if autograd is not None:
-            def setup_context(ctx, inputs, output):
-                # the dispatcher leaves out the trailing arguments equal to their defaults, and the backward
-                # must give one gradient per argument passed; setup_context sees them all, defaults filled
-                passed = len(inputs)
-                while passed and _is_default(inputs[passed - 1], defaults[passed - 1]):
-                    passed -= 1
-                ctx.op_arguments_passed = passed
-                autograd.setup_context(ctx, inputs, _rebuild(output, tuple_size))
-
-            def backward(ctx, grads):   # one list: the gradients of the op's Tensor[]
-                grads = _rebuild(grads, tuple_size)
-                result = autograd.backward(ctx, *(grads if isinstance(grads, tuple) else (grads,)))
-                return result[:ctx.op_arguments_passed]
-            op.register_autograd(backward, setup_context=setup_context)
-
         @functools.wraps(fn)
         def call(*args, **kwargs):
             if not torch.compiler.is_compiling():
@@ -170,13 +148,6 @@ def compiled_as_op(name: str, *, fake: Callable, mutates_args: tuple[str, ...] =
         call.op = op
         return call
     return register
-
-
-def _is_default(value, default) -> bool:
-    """Whether the dispatcher counts an argument as left at its default (and leaves it out of the call)."""
-    if default is _REQUIRED or isinstance(value, torch.Tensor):
-        return False
-    return type(value) is type(default) and value == default
 
 
 def _check_schema(op, fn: Callable, parameters: list[inspect.Parameter]) -> None:
@@ -212,11 +183,11 @@ def linear_attention_fake(q, v, output_final_state, cu_seqlens=None, **_):
 
 
 def ssd_chunk_scan_fake(x, B, return_final_states, cu_seqlens=None, **_):
-    """y like x, and with return_final_states the fp32 final states [batch, nheads, headdim, dstate]
-    ([N, ...] for N packed sequences, cu_seqlens [N + 1])."""
+    """Mamba-2's scan launch: (y like x, with return_final_states the fp32 final states [batch, nheads,
+    headdim, dstate] ([N, ...] for N packed sequences, cu_seqlens [N + 1]), else None)."""
     y = x.new_empty(x.shape)
     if not return_final_states:
-        return y
+        return y, None
     states = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     return y, x.new_empty((states, x.shape[2], x.shape[3], B.shape[-1]), dtype=torch.float32)
 

@@ -65,14 +65,19 @@ def _rows(t, start: int, end: int):
     return None if t is None else t[:, start:end]
 
 
-def _scan_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, return_final_states,
-                  cu_seqlens):
+# The forward and backward launchers are ops (as GLA's and FlashAttention's are): torch.compile traces
+# SSDChunkScanFunction itself, so a compiled graph's forward and backward are eager's, each launcher one node.
+@compiled_as_op("kernels::ssd_chunk_scan_fwd", fake=ssd_chunk_scan_fake, tuple_size=2)
+def _ssd_chunk_scan_fwd(x, dt, A, B, C, chunk_size: int, D: torch.Tensor | None, z: torch.Tensor | None,
+                        dt_bias: torch.Tensor | None, dt_softplus: bool, initial_states: torch.Tensor | None,
+                        return_final_states: bool, cu_seqlens: torch.Tensor | None):
+    """The scan's launches (checked here), once, or once per packed sequence; returns (y, final states or
+    None)."""
     dims = check_scan_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
                              return_final_states, cu_seqlens)
     if cu_seqlens is None:
-        y, final = ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus,
-                                      initial_states, return_final_states)
-        return (y, final) if return_final_states else y
+        return ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                                  return_final_states)
     # packed: each sequence is a scan of its own, cut into chunks from its first row (the launches per
     # sequence, on views of its rows)
     _, T, H, P, N, G = dims
@@ -92,10 +97,9 @@ def _scan_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initia
         y[:, start:end] = y_n
         if final is not None:
             final[n] = final_n[0]
-    return (y, final) if return_final_states else y
+    return y, final
 
 
-# an op of its own, so that a compiled graph's backward calls it whole (SSDChunkScanFunction below)
 @compiled_as_op("kernels::ssd_chunk_scan_bwd",
                 fake=gradients_like("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states"))
 def _ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor | None,
@@ -137,37 +141,34 @@ def _ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor 
 
 
 class SSDChunkScanFunction(torch.autograd.Function):
-    """ssd_chunk_scan's arguments in, y or (y, final_states) out. Forward: the scan at the caller's chunk
-    size, saving the inputs only. Backward: `ssd_chunk_scan_bwd`, which recomputes the gates and the
-    chunk-start states in chunks of 64 (Triton kernels, and the elementwise parts in PyTorch). The
-    eager call and the compiled op share it (`compiled_as_op`'s autograd=)."""
+    """ssd_chunk_scan's arguments in, (y, final states or None) out. Forward: `_ssd_chunk_scan_fwd` at the
+    caller's chunk size, saving the inputs only. Backward: `_ssd_chunk_scan_bwd`, which recomputes the gates
+    and the chunk-start states in chunks of 64 (Triton kernels, and the elementwise parts in PyTorch)."""
 
     @staticmethod
-    def forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, return_final_states,
+    def forward(ctx, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, return_final_states,
                 cu_seqlens):
-        return _scan_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
-                             return_final_states, cu_seqlens)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, dt, A, B, C, _, D, z, dt_bias, ctx.dt_softplus, initial_states, _, cu_seqlens = inputs
+        y, final = _ssd_chunk_scan_fwd(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                                       return_final_states, cu_seqlens)
         ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, cu_seqlens)
+        ctx.dt_softplus = dt_softplus
         ctx.set_materialize_grads(False)
+        return y, final
 
     @staticmethod
     @torch.autograd.function.once_differentiable     # the kernels' gradients carry no graph of their own
-    def backward(ctx, dy, dfinal=None):
+    def backward(ctx, dy, dfinal):
         *saved, cu_seqlens = ctx.saved_tensors
         x, dt, A, B, C, D, z, dt_bias, h0 = saved
         dy = torch.zeros_like(x) if dy is None else dy.contiguous()
         dfinal = None if dfinal is None else dfinal.contiguous()
+        # one gradient per given input, in order: spread over the inputs, None for an absent one
         grads = iter(_ssd_chunk_scan_bwd(x, dt, A, B, C, D, z, dt_bias, ctx.dt_softplus, h0, dy, dfinal,
                                          cu_seqlens))
-        dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dh0 = (None if t is None else next(grads) for t in saved)
+        dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dh0 = [None if t is None else next(grads) for t in saved]
         return dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, None, dh0, None, None
 
 
-@compiled_as_op("kernels::ssd_chunk_scan", fake=ssd_chunk_scan_fake, autograd=SSDChunkScanFunction)
 def ssd_chunk_scan(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, dt_softplus=False,
                    initial_states=None, return_final_states=False, cu_seqlens=None):
     """The SSD chunk scan (Triton): Mamba-2's prefill, in chunks of chunk_size tokens, and training.
@@ -212,8 +213,10 @@ def ssd_chunk_scan(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, 
             cu_seqlens)
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad    # else: the checks name it
                                        for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
-        return SSDChunkScanFunction.apply(*args)
-    return _scan_forward(*args)
+        y, final = SSDChunkScanFunction.apply(*args)
+    else:
+        y, final = _ssd_chunk_scan_fwd(*args)
+    return (y, final) if return_final_states else y
 
 
 __all__ = ["selective_state_update", "ssd_chunk_scan", "a_is_scalar_per_head"]
