@@ -418,9 +418,6 @@ def _chunk_dqk_kernel(
             b_k_decay = tl.exp(tl.where(m_t, b_gl - b_gc, 0.0))
         b_dq_inter = b_dos * b_q_decay[:, None]
         b_dk_inter = b_vdh * b_k_decay[:, None]
-        b_dAc = b_dA.to(b_k.dtype)
-        b_dq = b_dq_inter + tl.dot(b_dAc, b_k, input_precision=DOT_PREC)
-        b_dk = b_dk_inter + tl.dot(tl.trans(b_dAc), b_q, input_precision=DOT_PREC)
         if GATE_GRAD and not GAMMA:
             # the docstring's dgk summed over this tile's key channels: with R_tj = (dA ⊙ M)_tj q_t · k_j
             # (this tile's share of the scores), q_t · dq_t^off = Σ_{j<t} R_tj and k_t · dk_t^off = Σ_{i>t} R_it;
@@ -436,6 +433,11 @@ def _chunk_dqk_kernel(
             b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
             # this key tile's share, summed over the tiles by the caller
             tl.store(dg + i_k * T * tl.num_programs(2) + (i_b * T + o_t) * H + i_h, b_dg, mask=m_t)
+        # after the gate's sums, which end in vectors: the products then have the registers to themselves
+        # (in the other order, ptxas spills at 4 warps)
+        b_dAc = b_dA.to(b_k.dtype)
+        b_dq = b_dq_inter + tl.dot(b_dAc, b_k, input_precision=DOT_PREC)
+        b_dk = b_dk_inter + tl.dot(tl.trans(b_dAc), b_q, input_precision=DOT_PREC)
     else:
         # a gate per key channel (G = K): the intra-chunk pairs j < t from _chunk_dqk_intra_kernel
         b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
