@@ -34,13 +34,22 @@ rowsum(S' ⊙ dS') - Σ_{j ≥ s} k_j ⊙ dk_j^inter = e^{b_L} ⊙ rowsum(S ⊙ 
 A gate below GATE_FLOOR (-inf: a full reset) has gradient exactly 0: the forward raises it to the floor,
 and e^{gk} = 0 multiplies its gradient in the recurrence.
 
+A gate per head (G = 1, Mamba-2) or a fixed decay (Lightning) factors out of the key sum: with M_tj =
+e^{b_t - b_j} (or λ^(t-j)) for j <= t, at most 1, the intra-chunk terms are whole-chunk tensor-core products,
+dq^intra = (dA ⊙ M) K and dk^intra = (dA ⊙ M)^T Q, and the gate's gradient is dgk above summed over the key
+channels, where q_t · dq_t^off = Σ_{j<t} R_tj and k_t · dk_t^off = Σ_{i>t} R_it are the row and column sums of
+R = dA ⊙ M ⊙ Q K^T below the diagonal. A gate per key channel (G = K, GLA) does not factor out: its pairs
+j < t are summed in sub-chunks of 16 rows, each re-based so that no exponent is positive (in a launch of
+their own, inside chunk_dqk).
+
 Three launchable pieces, after the forward's chunk_local_cumsum and chunk_state_pass have recomputed b and
 the chunk-start states (the backward saves only the inputs):
 
     chunk_state_grad_pass(q, do, b, dstates, scale, dht, dh0)   dS' at every chunk end, and dS at the start (dh0)
         with Aqk, kg, w, du: the delta rule's (KDA), which also writes U's gradient du
     chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale)         dv and dA
-    chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, ...)     dq, dk and the gate's gradient
+    chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, ...)     dq, dk and the gate's gradient (with the
+        intra-chunk pairs of a gate per key channel first, in sub-chunks)
 """
 from __future__ import annotations
 
@@ -394,20 +403,51 @@ def _chunk_dqk_kernel(
         if GATE_GRAD:
             b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
 
-    if GAMMA:
-        # a fixed decay per head factors out of the key sum: the intra-chunk part is (dA ⊙ M) K and
-        # (dA ⊙ M)^T Q over the whole chunk, M_tj = λ^(t-j) (dA is zero above the diagonal)
-        b_gam = tl.load(gamma + i_h)
+    if GAMMA or G == 1:
+        # one decay per head factors out of the key sum: the intra-chunk part is (dA ⊙ M) K and
+        # (dA ⊙ M)^T Q over the whole chunk, M_tj the decay from j to t (dA is zero above the diagonal)
         b_dA = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
-        b_dA = (b_dA * tl.exp(decay_exponent(b_gam, o_c[:, None] - o_c[None, :]))).to(b_k.dtype)
-        b_dq = b_dos * (tl.exp(decay_exponent(b_gam, o_c + 1)) * scale)[:, None] \
-            + tl.dot(b_dA, b_k, input_precision=DOT_PREC)
-        b_dk = b_vdh * tl.exp(decay_exponent(b_gam, t_last - o_t))[:, None] \
-            + tl.dot(tl.trans(b_dA), b_q, input_precision=DOT_PREC)
+        if GAMMA:
+            # M_tj = λ^(t-j), a fixed decay
+            b_gam = tl.load(gamma + i_h)
+            b_dA = b_dA * tl.exp(decay_exponent(b_gam, o_c[:, None] - o_c[None, :]))
+            b_q_decay = tl.exp(decay_exponent(b_gam, o_c + 1)) * scale
+            b_k_decay = tl.exp(decay_exponent(b_gam, t_last - o_t))
+        else:
+            # M_tj = e^{b_t - b_j} <= 1 for j <= t (every log gate <= 0), so no re-basing: the exponent is
+            # taken on the real pairs on and below the diagonal only (elsewhere it may be positive, dA is 0)
+            b_gc = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+            b_gl = tl.load(b + (i_b * T + t_last) * H + i_h)
+            m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
+            b_dA = b_dA * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
+            b_q_decay = tl.exp(b_gc) * scale
+            b_k_decay = tl.exp(tl.where(m_t, b_gl - b_gc, 0.0))
+        b_dq_inter = b_dos * b_q_decay[:, None]
+        b_dk_inter = b_vdh * b_k_decay[:, None]
+        if GATE_GRAD and not GAMMA:
+            # the docstring's dgk summed over this tile's key channels: with R_tj = (dA ⊙ M)_tj q_t · k_j
+            # (this tile's share of the scores), q_t · dq_t^off = Σ_{j<t} R_tj and k_t · dk_t^off = Σ_{i>t} R_it;
+            # the pairs j = t cancel exactly, so R is kept strictly below the diagonal
+            b_R = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * b_dA
+            b_R = tl.where(o_c[:, None] > o_c[None, :], b_R, 0.0)
+            b_r = tl.sum(b_q.to(tl.float32) * b_dq_inter, axis=1) + tl.sum(b_R, axis=1) - tl.sum(b_R, axis=0)
+            b_p = tl.sum(b_k.to(tl.float32) * b_dk_inter, axis=1)
+            # dg_s = Σ_{t >= s} r_t + Σ_{j < s} p_j + e^{b_L} Σ(S ⊙ dS'), one masked fp32 sum per row s
+            b_dg = tl.sum(tl.where(o_c[None, :] >= o_c[:, None], b_r[None, :], b_p[None, :]), axis=1) \
+                + tl.sum(b_hdh) * tl.exp(b_gl)
+            b_gk = tl.load(gk + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+            b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
+            # this key tile's share, summed over the tiles by the caller
+            tl.store(dg + i_k * T * tl.num_programs(2) + (i_b * T + o_t) * H + i_h, b_dg, mask=m_t)
+        # after the gate's sums, which end in vectors: the products then have the registers to themselves
+        # (in the other order, ptxas spills at 4 warps)
+        b_dAc = b_dA.to(b_k.dtype)
+        b_dq = b_dq_inter + tl.dot(b_dAc, b_k, input_precision=DOT_PREC)
+        b_dk = b_dk_inter + tl.dot(tl.trans(b_dAc), b_q, input_precision=DOT_PREC)
     else:
-        o_gk = o_k if G == K else o_k * 0
-        b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_tk, other=0.0)
-        b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+        # a gate per key channel (G = K): the intra-chunk pairs j < t from _chunk_dqk_intra_kernel
+        b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+        b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
         b_dq_inter = b_dos * tl.exp(b_g) * scale
         b_dk_inter = b_vdh * tl.exp(tl.where(m_tk, b_gl[None, :] - b_g, 0.0))
         b_dq_off = tl.load(dq_intra + p_x, mask=m_tk, other=0.0)
@@ -424,14 +464,9 @@ def _chunk_dqk_kernel(
             b_ge = tl.where(o_c[None, :] >= o_c[:, None], 1.0, 0.0)
             b_dg = tl.dot(b_ge, b_r, input_precision="ieee") \
                 + tl.dot(1.0 - b_ge, b_p, input_precision="ieee") + (b_hdh * tl.exp(b_gl))[None, :]
-            b_gk = tl.load(gk + ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_tk, other=0.0)
+            b_gk = tl.load(gk + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
             b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
-            if G == K:
-                tl.store(dg + p_x, b_dg.to(dg.dtype.element_ty), mask=m_tk)
-            else:
-                # a gate per head: this key tile's share, summed over the tiles by the caller
-                p_dg = dg + i_k * T * tl.num_programs(2) + (i_b * T + o_t) * H + i_h
-                tl.store(p_dg, tl.sum(b_dg, axis=1), mask=m_t)
+            tl.store(dg + p_x, b_dg.to(dg.dtype.element_ty), mask=m_tk)
     tl.store(dq + p_x, b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + p_x, b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
@@ -445,6 +480,8 @@ def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float,
     and dstates (`chunk_state_grad_pass`), fp32 for an accurate gate gradient; dA: fp32 [B, T, H, CHUNK]
     (`chunk_dv`). Or gk = b = None and gamma: fp32 [H], a fixed log decay per step (no gate gradient).
     Written: dq, dk [B, T, H, K]; dg [B, T, H, G] in any float dtype unless None. All contiguous.
+    A gate per head (G = 1) or gamma: one launch of whole-chunk products (the decay factors out of the key
+    sum); a gate per key channel (G = K): a first launch sums the pairs j < t in sub-chunks of 16 rows.
 
         >>> dq, dk, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(gk)
         >>> chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale=K ** -0.5)
@@ -455,7 +492,7 @@ def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float,
     NT, BK = triton.cdiv(T, CHUNK), _tile(K)
     NK = triton.cdiv(K, BK)
     dq_intra = dk_intra = dg_tiles = None
-    if gamma is None:
+    if gamma is None and G != 1:      # a gate per key channel: the intra-chunk pairs in sub-chunks first
         dq_intra = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
         dk_intra = torch.empty_like(dq_intra)
         _chunk_dqk_intra_kernel[(CHUNK // SUB_CHUNK, NT, B * H)](
