@@ -257,7 +257,7 @@ def test_arguments_by_position_and_keyword():
     """The compiled wrapper binds arguments as Python does: positionally, by keyword, defaults filled."""
     (q, k, v, gk), kwargs = _linear("gk")(DEVICE, torch.float32, True)
     compiled = torch.compile(fused_recurrent_gla, fullgraph=True, backend="aot_eager")
-    positional = compiled(q, k, v, gk, kwargs["scale"], kwargs["initial_state"], True)
+    positional = compiled(q, k, v, gk, None, kwargs["scale"], kwargs["initial_state"], True)   # fla's: gv fifth
     keywords = compiled(q=q, k=k, v=v, gk=gk, output_final_state=True, initial_state=kwargs["initial_state"],
                         scale=kwargs["scale"])
     _assert_same(positional, fused_recurrent_gla(q, k, v, gk, **kwargs))

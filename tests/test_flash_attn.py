@@ -99,8 +99,70 @@ def test_return_lse_is_a_keyword_bool():
     q, k, v = _inputs(1, 8, 8, 2, 2, 32, torch.float32)
     with pytest.raises(TypeError, match="return_lse must be a bool"):
         flash_attn_func(q, k, v, return_lse=1)
-    with pytest.raises(TypeError, match="positional"):
-        flash_attn_func(q, k, v, False, None, True)
+    with pytest.raises(TypeError, match="positional"):   # return_attn_probs is the last positional one
+        flash_attn_func(q, k, v, 0.0, None, True, (-1, -1), 0.0, None, False, False, True)
+
+
+# ------------------------------------------------------------------ flash-attn's call, as its callers make it
+def test_takes_flash_attn_positional_order():
+    """flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, ...) in flash-attn's positions, and every
+    flash-attn keyword at its default: the same tensors as the book's keyword call, gradients included."""
+    q, k, v = _inputs(2, 37, 45, 4, 2, 32, torch.float32)
+    g = torch.randn(2, 37, 4, 32, device=DEVICE)
+    ours = flash_attn_func(q, k, v, causal=True, softmax_scale=0.3)
+    theirs = flash_attn_func(q, k, v, 0.0, 0.3, True, (-1, -1), 0.0, None, False, False)
+    keywords = flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=0.3, causal=True, window_size=[-1, -1],
+                               softcap=0.0, alibi_slopes=None, deterministic=True, return_attn_probs=False)
+    assert torch.equal(ours, theirs) and torch.equal(ours, keywords)
+    for a, b in zip(torch.autograd.grad(ours, (q, k, v), g), torch.autograd.grad(keywords, (q, k, v), g)):
+        assert torch.equal(a, b)   # deterministic=True changes nothing: the backward uses no atomics
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_window_minus_one_zero_is_the_causal_mask(causal):
+    """flash-attn's window (-1, 0), keys up to i + S - T and none after, is the bottom-right causal mask."""
+    q, k, v = _inputs(1, 20, 33, 2, 2, 32, torch.float32)
+    assert torch.equal(flash_attn_func(q, k, v, causal=causal, window_size=(-1, 0)),
+                       flash_attn_func(q, k, v, causal=True))
+    assert not torch.equal(flash_attn_func(q, k, v), flash_attn_func(q, k, v, causal=True))   # the test can fail
+
+
+def test_return_attn_probs_is_out_lse_none():
+    q, k, v = _inputs(1, 30, 30, 4, 2, 32, torch.float32)
+    o, lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
+    o2, lse2, probs = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2) and probs is None and lse2.shape == (1, 4, 30)
+
+
+PEER_OPTION_CASES = {  # id: (flash-attn keywords, exception, words of its message)
+    "dropout": ({"dropout_p": 0.1}, ValueError, "dropout_p must be 0.0"),
+    "dropout-bool": ({"dropout_p": False}, TypeError, "dropout_p must be a float"),
+    "window-left": ({"window_size": (16, 0)}, ValueError, "window_size must be .* no sliding window"),
+    "window-right": ({"window_size": (-1, 4)}, ValueError, "window_size must be"),
+    "window-both": ({"window_size": (8, 8)}, ValueError, "window_size must be"),
+    "window-int": ({"window_size": -1}, TypeError, "window_size must be a pair"),
+    "window-three": ({"window_size": (-1, -1, -1)}, TypeError, "window_size must be a pair"),
+    "window-float": ({"window_size": (-1.0, -1)}, TypeError, "window_size\\[0\\] must be an int"),
+    "softcap": ({"softcap": 30.0}, ValueError, "softcap must be 0.0"),
+    "softcap-str": ({"softcap": "0"}, TypeError, "softcap must be a float"),
+    "alibi": ({"alibi_slopes": torch.ones(4)}, ValueError, "alibi_slopes must be None"),
+    "deterministic-int": ({"deterministic": 1}, TypeError, "deterministic must be a bool"),
+    "probs-int": ({"return_attn_probs": 1}, TypeError, "return_attn_probs must be a bool"),
+    "probs-and-lse": ({"return_attn_probs": True, "return_lse": True}, ValueError, "return_attn_probs and return_lse"),
+}
+
+
+@pytest.mark.parametrize("case", list(PEER_OPTION_CASES))
+def test_refuses_what_flash_attn_offers_and_these_kernels_lack(case):
+    options, exc, words = PEER_OPTION_CASES[case]
+    with pytest.raises(exc, match=words):
+        flash_attn_func(**_good_args(), **options)
+
+
+def test_softcap_zero_or_below_is_off():
+    """flash-attn caps only for softcap > 0; 0 and below are the plain scores."""
+    args = _good_args()
+    assert torch.equal(flash_attn_func(**args, softcap=-1.0), flash_attn_func(**args))
 
 
 @pytest.fixture(params=[1, 2], ids=["1launch", "2launches"])

@@ -221,7 +221,29 @@ BAD = {  # id: (change to the good arguments, exception, words of its message)
     "causal-int": (lambda a: a.update(causal=1), TypeError, "causal must be a bool"),
     "scale-zero": (lambda a: a.update(softmax_scale=0.0), ValueError, "softmax_scale must be finite and > 0"),
     "return-lse-int": (lambda a: a.update(return_lse=1), TypeError, "return_lse must be a bool"),
+    "window": (lambda a: a.update(window_size=(4, 4)), ValueError, "window_size must be"),
+    "softcap": (lambda a: a.update(softcap=50.0), ValueError, "softcap must be 0.0"),
+    "alibi": (lambda a: a.update(alibi_slopes=torch.ones(4)), ValueError, "alibi_slopes must be None"),
+    "block-table": (lambda a: a.update(block_table=torch.zeros(2, 1, dtype=torch.int32)), ValueError,
+                    "block_table must be None"),
+    "deterministic-none": (lambda a: a.update(deterministic=None), TypeError, "deterministic must be a bool"),
+    "probs-and-lse": (lambda a: a.update(return_attn_probs=True, return_lse=True), ValueError,
+                      "return_attn_probs and return_lse"),
 }
+
+
+def test_takes_flash_attn_positional_order():
+    """flash-attn's positions (dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+    deterministic, return_attn_probs, block_table after the offsets and longest lengths): the book's keyword
+    call's tensors; return_attn_probs=True gives (o, lse, None); window (-1, 0) is the causal mask."""
+    q, k, v, cu_q, cu_k = _packed([5, 9, 2], [7, 9, 4], 4, 2, 32, torch.float32)
+    o, lse = _call(q, k, v, cu_q, cu_k, True, softmax_scale=0.2, return_lse=True)
+    o2, lse2, probs = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 9, 9, 0.0, 0.2, True, (-1, -1), 0.0, None,
+                                             True, True, None)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2) and probs is None
+    o3 = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 9, 9, softmax_scale=0.2, window_size=(-1, 0))
+    assert torch.equal(o, o3)
+    assert not torch.equal(o, _call(q, k, v, cu_q, cu_k, False, softmax_scale=0.2))   # the test can fail
 
 
 @pytest.mark.parametrize("case", list(BAD))

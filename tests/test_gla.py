@@ -375,3 +375,76 @@ def test_decode_step_gpu(B):
     o_t, S_t = torch_gla_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0], h0)
     assert_close(o_t, o_ref[:, 0], tolerance(torch.bfloat16), "PyTorch step o")
     assert_close(S_t, S_ref, FP32, "PyTorch step state")
+
+
+# ------------------------------------------------------------------ fla's call, as its model code makes it
+def test_chunk_gla_takes_fla_gate_name_and_positions():
+    """fla's chunk_gla(q, k, v, g, scale, initial_state, output_final_state): the same tensors as the gk
+    spelling, gradients included."""
+    q, k, v, gk, h0 = make(1, 70, 2, 16, 8, "paper", torch.float32)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, gk, h0)]
+    o, ht = chunk_gla(*leaves[:4], 0.3, leaves[4], True)
+    o2, ht2 = chunk_gla(q, k, v, gk=gk, scale=0.3, initial_state=h0, output_final_state=True)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+    (o.sum() + ht.sum()).backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves)
+
+
+@pytest.mark.parametrize("form", ["chunk", "fused_recurrent"])
+def test_state_v_first_is_the_transposed_state(form):
+    """state_v_first=True: initial_state [B, H, V, K] in, final state [B, H, V, K] out, the default layout's
+    tensors transposed; V != K, so a layout mix-up cannot pass."""
+    fn = KERNELS[form]
+    q, k, v, gk, h0 = make(2, 37, 2, 16, 8, "paper", torch.float32)
+    o, ht = fn(q, k, v, gk, scale=0.4, initial_state=h0, output_final_state=True)
+    o_vk, ht_vk = fn(q, k, v, gk, scale=0.4, initial_state=h0.transpose(-1, -2).contiguous(),
+                     output_final_state=True, state_v_first=True)
+    assert ht_vk.shape == (2, 2, 8, 16) and torch.equal(o_vk, o) and torch.equal(ht_vk, ht.transpose(-1, -2))
+    with pytest.raises(ValueError, match=r"initial_state \(state_v_first=True\) must be \[B, H, V, K\]"):
+        fn(q, k, v, gk, initial_state=h0, state_v_first=True)
+
+
+def test_chunk_gla_state_v_first_gradients():
+    q, k, v, gk, h0 = make(1, 40, 2, 16, 8, "paper", torch.float32)
+    grads = []
+    for v_first in (False, True):
+        h = (h0.transpose(-1, -2) if v_first else h0).detach().clone().requires_grad_()
+        o, ht = chunk_gla(q, k, v, gk, initial_state=h, output_final_state=True, state_v_first=v_first)
+        (o.square().sum() + (ht if not v_first else ht.transpose(-1, -2)).mul(torch.arange(8.)).sum()).backward()
+        grads.append(h.grad if not v_first else h.grad.transpose(-1, -2))
+    assert_close(grads[1], grads[0], FP32)
+    assert grads[0].abs().max() > 0
+
+
+def test_fused_recurrent_gla_without_gate_is_no_decay():
+    q, k, v, _, h0 = make(1, 9, 2, 16, 8, "none", torch.float32)
+    o, ht = fused_recurrent_gla(q, k, v, initial_state=h0, output_final_state=True)
+    o_ref, ht_ref = ref_gla(q, k, v, torch.zeros_like(q), h0=h0)
+    assert_close(o, o_ref, FP32)
+    assert_close(ht, ht_ref, FP32)
+
+
+FLA_REFUSED = [  # (form, keywords, exception, words)
+    ("chunk", {"cu_seqlens_cpu": torch.tensor([0, 9])}, ValueError, "cu_seqlens_cpu must be None"),
+    ("chunk", {"state_v_first": 1}, TypeError, "state_v_first must be a bool"),
+    ("fused_recurrent", {"gv": torch.zeros(1, 9, 2, 8)}, ValueError, "gv must be None"),
+    ("fused_recurrent", {"reverse": True}, ValueError, "reverse must be False"),
+    ("fused_recurrent", {"reverse": None}, TypeError, "reverse must be a bool"),
+]
+
+
+@pytest.mark.parametrize("form, keywords, exc, words", FLA_REFUSED, ids=lambda x: x if isinstance(x, str) else None)
+def test_refuses_fla_options_these_kernels_lack(form, keywords, exc, words):
+    q, k, v, gk, _ = make(1, 9, 2, 16, 8, "paper", torch.float32)
+    with pytest.raises(exc, match=words):
+        KERNELS[form](q, k, v, gk, **keywords)
+
+
+def test_chunk_gla_gate_by_one_name():
+    q, k, v, gk, _ = make(1, 9, 2, 16, 8, "paper", torch.float32)
+    with pytest.raises(ValueError, match="g and gk"):
+        chunk_gla(q, k, v, gk, gk=gk)
+    with pytest.raises(TypeError, match="needs its gate"):
+        chunk_gla(q, k, v)
+    with pytest.raises(ValueError, match=r"g must be \[B, T, H, K\]"):
+        chunk_gla(q, k, v, g=gk[..., :4])

@@ -107,3 +107,12 @@ def test_bad_layout_refused(form):
         call([torch.cat([t, t]) for t in rows[:n_rows]], cu_seqlens=cu)
     with pytest.raises(ValueError, match="initial_state"):
         call(rows[:n_rows], initial_state=h0[:1], cu_seqlens=cu)   # one state, two sequences
+
+
+def test_packed_with_fla_state_layout():
+    # fla's layers keep the state as [N, H, V, K] (state_v_first=True) and pass cu_seqlens: the same call
+    rows, cu, h0 = _inputs([5, 70])
+    o, ht = chunk_gla(*rows[:4], initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    o_t, ht_t = chunk_gla(*rows[:4], initial_state=h0.transpose(-1, -2), output_final_state=True,
+                          state_v_first=True, cu_seqlens=cu)
+    assert torch.equal(o, o_t) and torch.equal(ht, ht_t.transpose(-1, -2))

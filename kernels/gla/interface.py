@@ -12,6 +12,10 @@ concatenated along T in one batch row (B = 1); the states are then [N, H, K, V],
 (kernels/linear/packed.py).
 chunk_gla trains (gradients to q, k, v, gk and initial_state, through o and the final state); the other
 forms have no backward and refuse an input that requires grad.
+
+chunk_gla and fused_recurrent_gla also take fla's call (fla.ops.gla) as its model code makes it: its
+names and positions (chunk_gla's gate is `g` there), state_v_first (the state kept as [B, H, V, K]), and
+its options for what these kernels lack (gv, reverse, cu_seqlens_cpu) at their defaults only.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import triton
 from ..custom_ops import compiled_as_op, gradients_like, linear_attention_fake
 from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_pass
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
-from ..checks import check_gradient, check_no_grad
+from ..checks import check_bool, check_dims, check_gradient, check_no_grad
 from ..linear.inputs import check_linear_inputs
 from ..linear.packed import backward_per_sequence, forward_per_sequence
 from .chunk import chunk_gla_scores
@@ -29,27 +33,46 @@ from .fused_recurrent import fused_recurrent_fwd
 from .sequential_chunk import sequential_chunk_fwd
 
 
-def _checked(q, k, v, gk, scale, initial_state, output_final_state, cu_seqlens=None):
+def _checked(q, k, v, gk, scale, initial_state, output_final_state, cu_seqlens=None, gate_name="gk"):
     """Validate (the shared checks, the machine rule included); return the sizes, the scale, and
-    the tensors made contiguous (a copy only where one is not)."""
-    B, T, H, K, V, scale = check_linear_inputs(q, k, v, {"gk": (gk, "B T H K")}, scale, initial_state,
+    the tensors made contiguous (a copy only where one is not). gate_name: the gate's name in messages."""
+    B, T, H, K, V, scale = check_linear_inputs(q, k, v, {gate_name: (gk, "B T H K")}, scale, initial_state,
                                                output_final_state, cu_seqlens=cu_seqlens)
     h0 = None if initial_state is None else initial_state.contiguous()
     return (B, T, H, K, V), scale, (q.contiguous(), k.contiguous(), v.contiguous(), gk.contiguous(), h0)
 
 
+def _refuse_fla_options(form: str, gv=None, reverse=False, cu_seqlens_cpu=None) -> None:
+    """fla's options for what these kernels do not do: accepted at their defaults, refused naming them."""
+    if gv is not None:
+        raise ValueError(f"gv must be None: {form} decays the state per key channel (gk) only, not per value")
+    if check_bool("reverse", reverse):
+        raise ValueError(f"reverse must be False: {form} walks the tokens forward only")
+    if cu_seqlens_cpu is not None:
+        raise ValueError(f"cu_seqlens_cpu must be None: {form} reads the offsets from cu_seqlens alone")
+
+
+def _state_in(initial_state, state_v_first, q, v, cu_seqlens=None):
+    """fla's state_v_first=True: initial_state comes as [B, H, V, K] ([N, H, V, K] for N packed sequences);
+    the kernels read [B, H, K, V]."""
+    if not check_bool("state_v_first", state_v_first) or not isinstance(initial_state, torch.Tensor):
+        return initial_state
+    if isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == v.dim() == 4:
+        (B, _, H, K), V = q.shape, v.shape[-1]
+        if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1:
+            B = cu_seqlens.shape[0] - 1
+        check_dims("initial_state (state_v_first=True)", initial_state, (B, H, V, K), "B, H, V, K")
+    return initial_state.transpose(-1, -2)
+
+
+def _state_out(final_state, state_v_first: bool):
+    """The final state in the caller's layout: with state_v_first, a [B, H, V, K] view of the kernels' one."""
+    return final_state.transpose(-1, -2) if state_v_first and final_state is not None else final_state
+
+
 @compiled_as_op("kernels::fused_recurrent_gla", fake=linear_attention_fake, tuple_size=2)
-def fused_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
-    """Fused recurrent GLA forward (Triton): one kernel walks the tokens with the state in
-    registers; with T = 1 it is the decode step (one read and one write of the state).
-
-    Shapes and dtypes as in this module's docstring; math and state in fp32 (no `tl.dot`: fp32
-    inputs are fp32-accurate on every machine).
-
-        >>> q, k, v, gk = torch.randn(4, 1, 1, 32, 128, device="cuda").unbind(0)
-        >>> S = torch.zeros(1, 32, 128, 128, device="cuda")
-        >>> o, S = fused_recurrent_gla(q, k, v, -gk.abs(), initial_state=S, output_final_state=True)
-    """
+def _fused_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """`fused_recurrent_gla` in the kernels' own terms (the op torch.compile sees)."""
     _, scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, initial_state, output_final_state, cu_seqlens)
     check_no_grad("fused_recurrent_gla", q=q, k=k, v=v, gk=gk, initial_state=h0)
     if cu_seqlens is None:
@@ -64,6 +87,32 @@ def _fused_recurrent(q, k, v, gk, scale, h0, output_final_state):
     ht = torch.empty(B, H, K, v.shape[-1], dtype=torch.float32, device=q.device) if output_final_state else None
     fused_recurrent_fwd(q, k, v, gk, o, scale, h0, ht)
     return o, ht
+
+
+def fused_recurrent_gla(q, k, v, gk=None, gv=None, scale=None, initial_state=None, output_final_state=False,
+                        reverse=False, state_v_first=False, cu_seqlens=None):
+    """Fused recurrent GLA forward (Triton): one kernel walks the tokens with the state in
+    registers; with T = 1 it is the decode step (one read and one write of the state).
+
+    Shapes and dtypes as in this module's docstring; math and state in fp32 (no `tl.dot`: fp32
+    inputs are fp32-accurate on every machine). fla's arguments in fla's order: gk=None is no decay
+    (a gate of zeros); state_v_first=True takes initial_state as [B, H, V, K] and returns the final state
+    so (a transposed view of the kernel's [B, H, K, V] one). Refused unless at their defaults (ValueError
+    naming them): gv (a decay per value channel), reverse=True. cu_seqlens: packed sequences.
+
+        >>> q, k, v, gk = torch.randn(4, 1, 1, 32, 128, device="cuda").unbind(0)
+        >>> S = torch.zeros(1, 32, 128, 128, device="cuda")
+        >>> o, S = fused_recurrent_gla(q, k, v, -gk.abs(), initial_state=S, output_final_state=True)
+    """
+    _refuse_fla_options("fused_recurrent_gla", gv=gv, reverse=reverse)
+    if gk is None and isinstance(k, torch.Tensor):
+        gk = torch.zeros_like(k)   # log decay 0: the state is kept as it is
+    initial_state = _state_in(initial_state, state_v_first, q, v, cu_seqlens)
+    o, ht = _fused_recurrent_gla(q, k, v, gk, scale, initial_state, output_final_state, cu_seqlens)
+    return o, _state_out(ht, state_v_first)
+
+
+fused_recurrent_gla.op = _fused_recurrent_gla.op   # its op, as every other public function's
 
 
 @compiled_as_op("kernels::sequential_chunk_gla", fake=linear_attention_fake, tuple_size=2)
@@ -175,7 +224,8 @@ class ChunkGLAFunction(torch.autograd.Function):
         return dq, dk, dv, dgk, None, dh0, None, None
 
 
-def chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+def chunk_gla(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, state_v_first=False,
+              cu_seqlens=None, cu_seqlens_cpu=None, *, gk=None):
     """Chunk-parallel GLA (Triton, chunks of 64 tokens, sub-chunks of 16): the prefill, and training.
 
     Shapes and dtypes as in this module's docstring. Four launches: the in-chunk cumulative gates,
@@ -188,11 +238,26 @@ def chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=Fa
     (kernels/linear/chunk_backward.py) saves only the inputs and recomputes the rest. A gate below
     GATE_FLOOR (-inf) gets gradient 0.
 
+    fla's arguments in fla's order: the gate is `g` (fla's name, fourth) or `gk` (keyword, the name the
+    other forms use), one of them; state_v_first=True takes initial_state as [B, H, V, K] and returns the
+    final state so (a transposed view; gradients flow through it). cu_seqlens: packed sequences (the module
+    docstring); cu_seqlens_cpu, fla's host copy of them, must be None (ValueError naming it).
+
         >>> q, k, v, gk = torch.randn(4, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
         >>> gk = (torch.nn.functional.logsigmoid(gk.float()) / 16).requires_grad_()
         >>> o, _ = chunk_gla(q, k, v, gk); o.sum().backward()       # gk.grad: [1, 4096, 32, 128]
     """
-    _, scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, initial_state, output_final_state, cu_seqlens)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, gk, h0)):
-        return ChunkGLAFunction.apply(q, k, v, gk, scale, h0, output_final_state, cu_seqlens)
-    return _chunk_gla_fwd(q, k, v, gk, scale, h0, output_final_state, cu_seqlens)
+    if g is not None and gk is not None:
+        raise ValueError("g and gk are two names of chunk_gla's gate (fla's and this module's): pass one")
+    if g is None and gk is None:
+        raise TypeError("chunk_gla needs its gate: g (or gk), [B, T, H, K], log of the decay")
+    gate_name, gate = ("g", g) if g is not None else ("gk", gk)
+    _refuse_fla_options("chunk_gla", cu_seqlens_cpu=cu_seqlens_cpu)
+    initial_state = _state_in(initial_state, state_v_first, q, v, cu_seqlens)
+    _, scale, (q, k, v, gate, h0) = _checked(q, k, v, gate, scale, initial_state, output_final_state, cu_seqlens,
+                                             gate_name)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, gate, h0)):
+        o, ht = ChunkGLAFunction.apply(q, k, v, gate, scale, h0, output_final_state, cu_seqlens)
+    else:
+        o, ht = _chunk_gla_fwd(q, k, v, gate, scale, h0, output_final_state, cu_seqlens)
+    return o, _state_out(ht, state_v_first)
