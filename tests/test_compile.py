@@ -132,7 +132,7 @@ def _chunk_launch_args(gamma_from_slopes):
         q, k, v, gate = args
         default = q.shape[-1] ** -0.5 if not gamma_from_slopes else 1.0
         return (q, k, v, -gate if gamma_from_slopes else gate, kwargs.get("scale", default),
-                kwargs.get("initial_state"), kwargs.get("output_final_state", False)), {}
+                kwargs.get("initial_state"), kwargs.get("output_final_state", False), kwargs.get("cu_seqlens")), {}
     return launcher_args
 
 
@@ -140,7 +140,8 @@ def _kda_launch_args(args, kwargs):
     """chunk_kda's arguments as its forward launcher takes them (the default scale filled in)."""
     q, k, v, g, beta = args
     return (q, k, v, g, beta, kwargs.get("scale", q.shape[-1] ** -0.5), kwargs.get("initial_state"),
-            kwargs.get("output_final_state", False), kwargs.get("use_qk_l2norm_in_kernel", False)), {}
+            kwargs.get("output_final_state", False), kwargs.get("use_qk_l2norm_in_kernel", False),
+            kwargs.get("cu_seqlens")), {}
 
 
 def _mamba2_scan_launch_args(args, kwargs):
@@ -351,12 +352,12 @@ def test_schema_from_the_signature():
     """The schema every op registers (the report's table), so that a change to it is seen."""
     assert str(fused_recurrent_gla.op._opoverload._schema) == (
         "kernels::fused_recurrent_gla(Tensor q, Tensor k, Tensor v, Tensor gk, float? scale=None, "
-        "Tensor? initial_state=None, bool output_final_state=False) -> Tensor[]")
+        "Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None) -> Tensor[]")
     assert str(fused_recurrent_lightning.op._opoverload._schema).startswith(
         "kernels::fused_recurrent_lightning(Tensor q, Tensor k, Tensor v, Tensor slopes, float? scale=1., ")
     assert str(gla_interface._chunk_gla_bwd.op._opoverload._schema) == (
         "kernels::chunk_gla_bwd(Tensor q, Tensor k, Tensor v, Tensor gk, float scale, Tensor? h0, Tensor do, "
-        "Tensor? dht) -> Tensor[]")
+        "Tensor? dht, Tensor? cu_seqlens) -> Tensor[]")
     assert str(selective_state_update.op._opoverload._schema) == (
         "kernels::selective_state_update(Tensor(a0!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
         "Tensor? D=None, Tensor? z=None, Tensor? dt_bias=None, bool dt_softplus=False, "
