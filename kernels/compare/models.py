@@ -52,7 +52,7 @@ def mamba2_state_bytes(heads: int, head_dim: int, dstate: int, groups: int, conv
 class Layer:
     """One attention layer's shape.
 
-    kind: "GQA" (softmax over a KV cache), "MLA", "Lightning", "KDA" or "Mamba-2".
+    kind: "GQA" (softmax over a KV cache), "MLA", "GLA", "Lightning", "KDA" or "Mamba-2".
     heads, head_dim: query heads and their width (K = V = head_dim for the linear layers; headdim for
         Mamba-2). kv_heads: softmax layers' KV heads. latent: MLA's cached values per token.
     dstate, groups: Mamba-2's state size and B/C groups. conv_width: a short convolution's width before
@@ -81,7 +81,7 @@ class Layer:
 
     def state_bytes(self) -> int:
         """Bytes of fixed state per sequence (0 for a cache layer)."""
-        if self.kind in ("Lightning", "KDA"):
+        if self.kind in ("GLA", "Lightning", "KDA"):
             state = linear_state_bytes(self.heads, self.head_dim, self.head_dim)
             # KDA's short convolutions on q, k and v keep their last inputs
             conv = max(self.conv_width - 1, 0) * 3 * self.heads * self.head_dim * CACHE_BYTES
@@ -95,7 +95,7 @@ class Layer:
         return T * self.cache_bytes_per_token() + self.state_bytes()
 
 
-KINDS = ("GQA", "MLA", "Lightning", "KDA", "Mamba-2")
+KINDS = ("GQA", "MLA", "GLA", "Lightning", "KDA", "Mamba-2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,10 +163,11 @@ MINIMAX_GQA = Layer("GQA", heads=64, head_dim=128, kv_heads=8)
 MAMBA2_27B = Layer("Mamba-2", heads=80, head_dim=64, dstate=128, groups=1, conv_width=4)
 NEMOTRON_MAMBA2 = Layer("Mamba-2", heads=128, head_dim=64, dstate=128, groups=8, conv_width=4)
 NEMOTRON_GQA = Layer("GQA", heads=32, head_dim=128, kv_heads=8)
+BOOK_GLA = Layer("GLA", heads=32, head_dim=128)  # the GLA chapter's shape (no published model here)
 
 # The layer of each kind the benchmarks time (kernels.compare.bench), by its model.
-LAYERS = {"GQA": LLAMA3_GQA, "MLA": DEEPSEEK_MLA, "Lightning": MINIMAX_LIGHTNING, "KDA": KIMI_KDA,
-          "Mamba-2": MAMBA2_27B}
+LAYERS = {"GQA": LLAMA3_GQA, "MLA": DEEPSEEK_MLA, "GLA": BOOK_GLA, "Lightning": MINIMAX_LIGHTNING,
+          "KDA": KIMI_KDA, "Mamba-2": MAMBA2_27B}
 
 MODELS = {m.name: m for m in [
     Model("LLaMA-3-8B", ((LLAMA3_GQA, 32),),
