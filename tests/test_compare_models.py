@@ -69,3 +69,34 @@ def test_ratio_stack_rebuilds_the_published_mixes():
 def test_a_layer_of_an_unknown_kind_is_refused():
     with pytest.raises(ValueError, match="kind"):
         Layer("softmax", heads=8, head_dim=64)
+
+
+def _decode_table():
+    import pandas as pd
+    rows = [("GQA", 64, 16384, 0.30), ("GQA", 64, 16384, 0.20), ("MLA", 64, 16384, 0.50), ("KDA", 64, 4096, 0.04),
+            ("Lightning", 64, 4096, 0.05), ("Mamba-2", 64, 4096, float("nan"))]
+    return pd.DataFrame(rows, columns=["layer", "B", "T", "ms"])
+
+
+def test_the_hybrid_model_takes_the_fastest_step_of_each_layer():
+    from kernels.compare.hybrid import hybrid_case, layer_times
+
+    times = layer_times(_decode_table(), 64, 16384)
+    assert times == {"GQA": 0.20, "MLA": 0.50, "KDA": 0.04, "Lightning": 0.05}   # Mamba-2 unmeasured: left out
+    kimi = hybrid_case(_decode_table(), "Kimi Linear", 3, 16384, 64)
+    assert kimi["stack"] == "20 KDA + 7 MLA"
+    assert kimi["step ms"] == pytest.approx(20 * 0.04 + 7 * 0.50)
+    assert kimi["GiB"] * 2 ** 30 == 64 * MODELS["Kimi Linear 48B"].bytes_per_sequence(16384)
+    nemotron = hybrid_case(_decode_table(), "Nemotron-H 8B", 6, 16384, 64)
+    assert nemotron["stack"] == "24 Mamba-2 + 4 GQA" and nemotron["step ms"] != nemotron["step ms"]  # NaN
+
+
+def test_the_hybrid_table_on_an_unmeasured_decode_table():
+    from kernels.bench import not_measured
+    from kernels.compare import bench as compare_bench
+    from kernels.compare.hybrid import hybrid_table
+
+    table = hybrid_table(not_measured(compare_bench.DECODE))
+    assert table["step ms"].isna().all() and (table["GiB"] > 0).all()
+    minimax = table.loc[("MiniMax-01", "7 : 1", 16384, 1), "GiB"]
+    assert minimax * 2 ** 30 == MODELS["MiniMax-01"].bytes_per_sequence(16384)
