@@ -1,0 +1,102 @@
+"""The model-shapes module: bytes of cache and state per token and per sequence, pinned by hand
+arithmetic for every published configuration, and the hybrid-stack model."""
+import pytest
+
+from kernels.compare import models
+from kernels.compare.models import (MODELS, Layer, kv_cache_bytes_per_token, linear_state_bytes,
+                                    mamba2_state_bytes, mla_cache_bytes_per_token, ratio_stack, shapes_table,
+                                    stack_bytes, stack_time)
+
+
+def test_the_per_layer_formulas():
+    assert kv_cache_bytes_per_token(8, 128) == 2 * 8 * 128 * 2 == 4096
+    assert mla_cache_bytes_per_token() == 576 * 2 == 1152
+    assert linear_state_bytes(64, 128, 128) == 64 * 128 * 128 * 4 == 4 * 2 ** 20
+    # Mamba-2 2.7B: 80 x 64 x 128 fp32, plus 3 past inputs of 5120 + 2 x 128 channels in bf16
+    assert mamba2_state_bytes(80, 64, 128, 1, 4) == 2_621_440 + 3 * 5376 * 2 == 2_653_696
+
+
+@pytest.mark.parametrize("name, per_token, state, layers", [
+    ("LLaMA-3-8B", 32 * 4096, 0, 32),                                       # 128 KiB a token
+    ("DeepSeek-V3", 61 * 1152, 0, 61),                                      # 70,272 bytes
+    ("Kimi Linear 48B", 7 * 1152, 20 * (2 * 2 ** 20 + 3 * 3 * 4096 * 2), 27),  # KDA state + q, k, v conv
+    ("MiniMax-01", 10 * 4096, 70 * 4 * 2 ** 20, 80),                         # 280 MiB of Lightning state
+    ("Mamba-2 2.7B", 0, 64 * 2_653_696, 64),
+    ("Nemotron-H 8B", 4 * 4096, 24 * (128 * 64 * 128 * 4 + 3 * (8192 + 2 * 8 * 128) * 2), 52),
+])
+def test_each_model_by_hand(name, per_token, state, layers):
+    m = MODELS[name]
+    assert m.cache_bytes_per_token() == per_token
+    assert m.state_bytes() == state
+    assert m.layers == layers
+    assert m.bytes_per_sequence(131072) == 131072 * per_token + state
+    assert m.source.startswith("https://")
+
+
+def test_a_fixed_state_does_not_grow_with_the_context():
+    m = MODELS["Mamba-2 2.7B"]
+    assert m.bytes_per_sequence(1024) == m.bytes_per_sequence(1 << 20) == m.state_bytes()
+    assert MODELS["LLaMA-3-8B"].bytes_per_sequence(0) == 0
+
+
+def test_the_table_holds_the_same_numbers():
+    table = shapes_table(contexts=(131072,))
+    assert table.loc["LLaMA-3-8B", "KiB / token"] == 128
+    assert table.loc["LLaMA-3-8B", "GiB at 128K"] == 16
+    assert table.loc["MiniMax-01", "state MiB"] == 280
+    assert table.loc["Kimi Linear 48B", "attention layers"] == "20 KDA + 7 MLA"
+    assert list(table.index) == list(MODELS)
+
+
+def test_stack_time_sums_count_times_layer_time():
+    kimi = MODELS["Kimi Linear 48B"].stack
+    assert stack_time(kimi, {"KDA": 0.01, "MLA": 0.05}) == pytest.approx(20 * 0.01 + 7 * 0.05)
+    with pytest.raises(ValueError, match="MLA"):
+        stack_time(kimi, {"KDA": 0.01})
+
+
+def test_ratio_stack_rebuilds_the_published_mixes():
+    lin, soft = models.MINIMAX_LIGHTNING, models.MINIMAX_GQA
+    assert ratio_stack(lin, soft, 7, 80) == ((lin, 70), (soft, 10))
+    assert ratio_stack(models.KIMI_KDA, models.KIMI_MLA, 3, 27) == ((models.KIMI_KDA, 20), (models.KIMI_MLA, 7))
+    assert ratio_stack(lin, soft, 0, 80) == ((soft, 80),)
+    assert ratio_stack(lin, soft, None, 80) == ((lin, 80),)
+    assert stack_bytes(ratio_stack(lin, soft, 7, 80), 1024, batch=2) == 2 * MODELS["MiniMax-01"].bytes_per_sequence(1024)
+    with pytest.raises(ValueError, match="linear_per_softmax"):
+        ratio_stack(lin, soft, -1, 80)
+
+
+def test_a_layer_of_an_unknown_kind_is_refused():
+    with pytest.raises(ValueError, match="kind"):
+        Layer("softmax", heads=8, head_dim=64)
+
+
+def _decode_table():
+    import pandas as pd
+    rows = [("GQA", 64, 16384, 0.30), ("GQA", 64, 16384, 0.20), ("MLA", 64, 16384, 0.50), ("KDA", 64, 4096, 0.04),
+            ("Lightning", 64, 4096, 0.05), ("Mamba-2", 64, 4096, float("nan"))]
+    return pd.DataFrame(rows, columns=["layer", "B", "T", "ms"])
+
+
+def test_the_hybrid_model_takes_the_fastest_step_of_each_layer():
+    from kernels.compare.hybrid import hybrid_case, layer_times
+
+    times = layer_times(_decode_table(), 64, 16384)
+    assert times == {"GQA": 0.20, "MLA": 0.50, "KDA": 0.04, "Lightning": 0.05}   # Mamba-2 unmeasured: left out
+    kimi = hybrid_case(_decode_table(), "Kimi Linear", 3, 16384, 64)
+    assert kimi["stack"] == "20 KDA + 7 MLA"
+    assert kimi["step ms"] == pytest.approx(20 * 0.04 + 7 * 0.50)
+    assert kimi["GiB"] * 2 ** 30 == 64 * MODELS["Kimi Linear 48B"].bytes_per_sequence(16384)
+    nemotron = hybrid_case(_decode_table(), "Nemotron-H 8B", 6, 16384, 64)
+    assert nemotron["stack"] == "24 Mamba-2 + 4 GQA" and nemotron["step ms"] != nemotron["step ms"]  # NaN
+
+
+def test_the_hybrid_table_on_an_unmeasured_decode_table():
+    from kernels.bench import not_measured
+    from kernels.compare import bench as compare_bench
+    from kernels.compare.hybrid import hybrid_table
+
+    table = hybrid_table(not_measured(compare_bench.DECODE))
+    assert table["step ms"].isna().all() and (table["GiB"] > 0).all()
+    minimax = table.loc[("MiniMax-01", "7 : 1", 16384, 1), "GiB"]
+    assert minimax * 2 ** 30 == MODELS["MiniMax-01"].bytes_per_sequence(16384)
