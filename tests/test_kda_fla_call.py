@@ -152,7 +152,9 @@ def test_gradients_reach_A_log_dt_bias_raw_gate_and_beta_logits(lower_bound):
     names = ["dq", "dk", "dv", "dg_raw", "dbeta_logits", "dA_log", "ddt_bias", "dh0"]
     for name, a, b in zip(names, got, want, strict=True):
         assert a.shape == b.shape and a.abs().sum() > 0, name
-        assert_close(a, b, FP32, name)
+        # A_log's and dt_bias's gradients sum fp32 terms of both signs over every token (and channel): their
+        # rounding, relative to the sum, grows with the cancellation (2.5e-5 seen for A_log at T = 70)
+        assert_close(a, b, 1e-4 if name in ("dA_log", "ddt_bias") else FP32, name)
 
 
 REFUSED = [  # (form, keyword arguments, the message)
