@@ -25,8 +25,9 @@ import triton
 from ..custom_ops import compiled_as_op, gradients_like, linear_attention_fake
 from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_pass
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
-from ..checks import check_bool, check_dims, check_gradient, check_no_grad
+from ..checks import check_bool, check_gradient, check_no_grad
 from ..linear.inputs import check_linear_inputs
+from ..linear.inputs import state_v_first_in as _state_in, state_v_first_out as _state_out
 from ..linear.packed import backward_per_sequence, forward_per_sequence
 from .chunk import chunk_gla_scores
 from .fused_recurrent import fused_recurrent_fwd
@@ -50,24 +51,6 @@ def _refuse_fla_options(form: str, gv=None, reverse=False, cu_seqlens_cpu=None) 
         raise ValueError(f"reverse must be False: {form} walks the tokens forward only")
     if cu_seqlens_cpu is not None:
         raise ValueError(f"cu_seqlens_cpu must be None: {form} reads the offsets from cu_seqlens alone")
-
-
-def _state_in(initial_state, state_v_first, q, v, cu_seqlens=None):
-    """fla's state_v_first=True: initial_state comes as [B, H, V, K] ([N, H, V, K] for N packed sequences);
-    the kernels read [B, H, K, V]."""
-    if not check_bool("state_v_first", state_v_first) or not isinstance(initial_state, torch.Tensor):
-        return initial_state
-    if isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == v.dim() == 4:
-        (B, _, H, K), V = q.shape, v.shape[-1]
-        if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1:
-            B = cu_seqlens.shape[0] - 1
-        check_dims("initial_state (state_v_first=True)", initial_state, (B, H, V, K), "B, H, V, K")
-    return initial_state.transpose(-1, -2)
-
-
-def _state_out(final_state, state_v_first: bool):
-    """The final state in the caller's layout: with state_v_first, a [B, H, V, K] view of the kernels' one."""
-    return final_state.transpose(-1, -2) if state_v_first and final_state is not None else final_state
 
 
 @compiled_as_op("kernels::fused_recurrent_gla", fake=linear_attention_fake, tuple_size=2)

@@ -3,6 +3,7 @@
     DECODE_PLAIN, DECODE_GRAPH   one KDA step at B = 1, 8, 64: plain calls back to back, CUDA-graph replay
     PREFILL                      a whole prompt, T = 1K, 4K, 16K: the book's chunked prefill, fla's
                                  chunk_kda, and causal softmax (SDPA flash)
+    TRAIN                        a training step (forward and backward) of chunk_kda, fla's, and SDPA's
 
     >>> from kernels.bench import run
     >>> df = run(PREFILL)          # times on a GPU, loads results/kda_prefill.csv elsewhere
@@ -117,11 +118,41 @@ PREFILL = Benchmark(
     {"book: chunk": _book_chunk, "fla chunk_kda": _fla_chunk, "SDPA flash": costs.sdpa_causal},
     prefill_flops, prefill_bytes, timer="flushed", module=__name__)
 
-BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL]
+
+# ---------------------------------------------------------------- training
+def train_flops(c):
+    """A training step's work, forward and backward: 3 · prefill_flops (the backward's matmuls are twice
+    the forward's, as in GLA's costs.train_flops; the solve's gradient is one more triangular product)."""
+    return 3 * prefill_flops(c)
+
+
+def _train(fn):
+    """fn(q, k, v, g, beta, use_qk_l2norm_in_kernel=True) forward and backward to all five, on the case's
+    inputs."""
+    def factory(c):
+        inputs = [x.requires_grad_() for x in _inputs(c["B"], c["T"], c["H"], c["D"])]
+        return costs.train_step(lambda *x: fn(*x, use_qk_l2norm_in_kernel=True), inputs, inputs)
+    return factory
+
+
+def _fla_train(c):
+    chunk = fla("kda", "chunk_kda")
+    return None if chunk is None else _train(chunk)(c)
+
+
+# B = 1 and 8, H = 32, D = 128, T = 4K and 16K: forward + backward, plain calls. Four vectors in and four
+# gradients out per token (q, k, v, g; beta is one number per head).
+TRAIN = Benchmark(
+    "kda_train",
+    [{"B": b, "T": t, "H": 32, "D": 128} for b in (1, 8) for t in (4096, 16384)],
+    {"book: chunk": _train(chunk_kda), "fla chunk_kda": _fla_train, "SDPA flash": costs.sdpa_causal_train},
+    train_flops, costs.train_bytes(inputs_per_token=4), timer="flushed", module=__name__)
+
+BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL, TRAIN]
 
 HEADLINE = Panel("kda_prefill", {"B": 1}, "T", "ms", ("book: chunk", "fla chunk_kda", "SDPA flash"),
                  "KDA prefill (SDPA: causal softmax)\nB=1, H=32, D=128")
 
 
-__all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "BENCHMARKS", "HEADLINE", "STEP_BYTES", "decode_flops",
-           "prefill_flops", "prefill_bytes"]
+__all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "TRAIN", "BENCHMARKS", "HEADLINE", "STEP_BYTES",
+           "decode_flops", "prefill_flops", "prefill_bytes", "train_flops"]

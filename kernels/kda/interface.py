@@ -14,6 +14,14 @@ batch row (B = 1); the states are then [N, H, K, V], one per sequence (kernels/l
 chunk_kda trains (gradients to q, k, v, g, beta and initial_state, through o and the final state, and
 through the L2 norm when it is on); fused_recurrent_kda has no backward and refuses an input that
 requires grad.
+Both also take fla's call (fla.ops.kda) as Kimi Linear's layer makes it: fla's names, positions and
+defaults; the gate options use_gate_in_kernel (g the raw gate projection, with A_log [H] and dt_bias
+[H * K]; lower_bound for the bounded gate), use_beta_sigmoid_in_kernel (beta the logits) and
+allow_neg_eigval (beta in [0, 2)), done in PyTorch before the kernels (kernels/kda/gate.py);
+state_v_first (the state kept as [B, H, V, K]); safe_gate, fla's promise that the gate stays in
+[lower_bound, 0) (these kernels are exact without it, so it changes nothing here); and fla's options
+for what these kernels do not do (disable_recompute, return_intermediate_states, cu_seqlens_cpu,
+cp_context, a chunk_size other than 64) at their defaults only (ValueError naming them).
 A NaN or inf in an input never reaches an earlier token's output; where the loop of the reference
 gives ±inf (an inf in v with K = 1), the recurrent form gives the same and the chunk form NaN, at and
 after that token (telling the signs apart inside its products would cost registers it does not have).
@@ -25,11 +33,12 @@ import torch
 from ..checks import check_bool, check_gradient, check_no_grad
 from ..custom_ops import compiled_as_op, gradients_like, linear_attention_fake
 from ..linear.chunk import chunk_output
-from ..linear.inputs import check_linear_inputs
+from ..linear.inputs import check_linear_inputs, state_v_first_in, state_v_first_out
 from ..linear.packed import backward_per_sequence, forward_per_sequence
 from .chunk import chunk_kda_intermediates
 from .chunk_backward import chunk_kda_bwd
 from .fused_recurrent import fused_recurrent_fwd
+from .gate import check_gate_options, kda_beta, kda_gate
 
 
 def _checked(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
@@ -44,22 +53,26 @@ def _checked(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
                                     beta.contiguous(), h0)
 
 
+def _gate_and_beta(form, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                   allow_neg_eigval, lower_bound, safe_gate=False, no_grad_form=False):
+    """fla's gate options checked and applied (kernels/kda/gate.py): the log decay and the write strength
+    the kernels take, autograd ops of g, beta, A_log and dt_bias where the options ask for them. With
+    no_grad_form (a form without backward), any of these four that requires grad is refused."""
+    check_gate_options(form, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                       allow_neg_eigval, lower_bound, safe_gate)
+    if no_grad_form:
+        check_no_grad(form, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
+    if use_gate_in_kernel:
+        g = kda_gate(g, A_log, dt_bias, lower_bound)
+    if use_beta_sigmoid_in_kernel:
+        beta = kda_beta(beta, allow_neg_eigval)
+    return g, beta
+
+
 @compiled_as_op("kernels::fused_recurrent_kda", fake=linear_attention_fake, tuple_size=2)
-def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                        use_qk_l2norm_in_kernel=False, cu_seqlens=None):
-    """Fused recurrent KDA forward (Triton): one kernel walks the tokens with the state in registers;
-    with T = 1 it is the decode step (one read and one write of the state, q and k normalised in
-    registers when asked).
-
-    Shapes and dtypes as in this module's docstring; math and state in fp32 (no `tl.dot`: fp32
-    inputs are fp32-accurate on every machine).
-
-        >>> q, k, v, g = torch.randn(4, 1, 1, 32, 128, device="cuda").unbind(0)
-        >>> beta = torch.rand(1, 1, 32, device="cuda")
-        >>> S = torch.zeros(1, 32, 128, 128, device="cuda")
-        >>> o, S = fused_recurrent_kda(q, k, v, -g.abs(), beta, initial_state=S, output_final_state=True,
-        ...                            use_qk_l2norm_in_kernel=True)
-    """
+def _fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                         use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+    """`fused_recurrent_kda` in the kernels' own terms (the op torch.compile sees)."""
     _, scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, initial_state, output_final_state,
                                                 use_qk_l2norm_in_kernel, cu_seqlens)
     check_no_grad("fused_recurrent_kda", q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
@@ -75,6 +88,40 @@ def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output
     if cu_seqlens is None:
         return run((q, k, v, g, beta), h0, output_final_state)
     return forward_per_sequence(run, (q, k, v, g, beta), v, h0, output_final_state, cu_seqlens)
+
+
+def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
+                        output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                        use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
+                        state_v_first=False, cu_seqlens=None):
+    """Fused recurrent KDA forward (Triton): one kernel walks the tokens with the state in registers;
+    with T = 1 it is the decode step (one read and one write of the state, q and k normalised in
+    registers when asked).
+
+    Shapes and dtypes as in this module's docstring; math and state in fp32 (no `tl.dot`: fp32
+    inputs are fp32-accurate on every machine). fla's arguments in fla's order (A_log and dt_bias sixth
+    and seventh, as there): with use_gate_in_kernel, g is the raw gate and the log decay
+    -exp(A_log) * softplus(g + dt_bias) (lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) with
+    lower_bound set); with use_beta_sigmoid_in_kernel, beta is the logits (sigmoid, times 2 with
+    allow_neg_eigval). Both are computed in PyTorch before the launch (kernels/kda/gate.py): fusing them
+    into the kernel is a later speed step. state_v_first=True takes initial_state as [B, H, V, K] and
+    returns the final state so (a transposed view of the kernel's [B, H, K, V] one).
+
+        >>> q, k, v, g = torch.randn(4, 1, 1, 32, 128, device="cuda").unbind(0)
+        >>> beta = torch.rand(1, 1, 32, device="cuda")
+        >>> S = torch.zeros(1, 32, 128, 128, device="cuda")
+        >>> o, S = fused_recurrent_kda(q, k, v, -g.abs(), beta, initial_state=S, output_final_state=True,
+        ...                            use_qk_l2norm_in_kernel=True)
+    """
+    g, beta = _gate_and_beta("fused_recurrent_kda", g, beta, A_log, dt_bias, use_gate_in_kernel,
+                             use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, no_grad_form=True)
+    initial_state = state_v_first_in(initial_state, state_v_first, q, v, cu_seqlens)
+    o, ht = _fused_recurrent_kda(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                 use_qk_l2norm_in_kernel, cu_seqlens)
+    return o, state_v_first_out(ht, state_v_first)
+
+
+fused_recurrent_kda.op = _fused_recurrent_kda.op   # its op, as every other public function's
 
 
 # The forward and backward launchers are ops (as chunk_gla's are): torch.compile traces ChunkKDAFunction
@@ -146,8 +193,27 @@ class ChunkKDAFunction(torch.autograd.Function):
         return dq, dk, dv, dg, dbeta, None, dh0, None, None, None
 
 
+def _refuse_fla_options(disable_recompute, return_intermediate_states, cu_seqlens_cpu, cp_context,
+                        chunk_size) -> None:
+    """fla's chunk_kda options for what these kernels do not do: accepted at their defaults, refused naming
+    them."""
+    if check_bool("disable_recompute", disable_recompute):
+        raise ValueError("disable_recompute must be False: chunk_kda's backward always recomputes from the inputs")
+    if check_bool("return_intermediate_states", return_intermediate_states):
+        raise ValueError("return_intermediate_states must be False: chunk_kda returns (o, final_state) only")
+    if cu_seqlens_cpu is not None:
+        raise ValueError("cu_seqlens_cpu must be None: chunk_kda reads the offsets from cu_seqlens alone")
+    if cp_context is not None:
+        raise ValueError("cp_context must be None: chunk_kda runs on one device (no context parallelism)")
+    if chunk_size != 64:
+        raise ValueError(f"chunk_size must be 64, the chunk these kernels are written for, got {chunk_size!r}")
+
+
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+              allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
+              return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+              cp_context=None, *, A_log=None, dt_bias=None, chunk_size=64):
     """Chunk-parallel KDA (Triton, chunks of 64 tokens): the prefill, and training.
 
     Shapes and dtypes as in this module's docstring. Six launches: one pass over the inputs (the shared
@@ -165,14 +231,31 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     scores are PyTorch ops batched over chunks (kernels/kda/chunk_backward.py), which hold a [64, 64, K]
     fp32 tensor per chunk and head. A gate below GATE_FLOOR (-inf) gets gradient 0.
 
+    fla's arguments in fla's order, A_log and dt_bias by keyword (fla reads them from its **kwargs). With
+    use_gate_in_kernel, g is the raw gate projection and the log decay -exp(A_log) * softplus(g + dt_bias)
+    (A_log [H], dt_bias [H * K]; lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) with lower_bound set);
+    with use_beta_sigmoid_in_kernel, beta is the logits (sigmoid, times 2 with allow_neg_eigval). Both are
+    PyTorch ops before the kernels (kernels/kda/gate.py), so the backward reaches A_log, dt_bias, the raw
+    gate and the logits through autograd; fusing them into the first kernel is a later speed step.
+    safe_gate is fla's promise that the gate stays in [lower_bound, 0), for a faster kernel of its own:
+    checked as fla checks it, and changing nothing here. state_v_first=True takes initial_state as
+    [B, H, V, K] and returns the final state so (a transposed view; gradients flow through it).
+
         >>> q, k, v, g = torch.randn(4, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
         >>> g = (torch.nn.functional.logsigmoid(g.float()) / 16).requires_grad_()
         >>> beta = torch.rand(1, 4096, 32, device="cuda")
         >>> o, _ = chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True); o.sum().backward()
     """
+    _refuse_fla_options(disable_recompute, return_intermediate_states, cu_seqlens_cpu, cp_context, chunk_size)
+    g, beta = _gate_and_beta("chunk_kda", g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                             allow_neg_eigval, lower_bound, safe_gate)
+    initial_state = state_v_first_in(initial_state, state_v_first, q, v, cu_seqlens)
     _, scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, initial_state, output_final_state,
                                                 use_qk_l2norm_in_kernel, cu_seqlens)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, h0)):
-        return ChunkKDAFunction.apply(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
-                                      cu_seqlens)
-    return _chunk_kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens)
+        o, ht = ChunkKDAFunction.apply(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
+                                       cu_seqlens)
+    else:
+        o, ht = _chunk_kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
+                               cu_seqlens)
+    return o, state_v_first_out(ht, state_v_first)

@@ -84,4 +84,22 @@ def check_linear_inputs(q, k, v, gates, scale=None, initial_state=None, output_f
     return sizes["B"], sizes["T"], sizes["H"], sizes["K"], sizes["V"], scale
 
 
-__all__ = ["MAX_HEAD_DIM", "check_linear_inputs"]
+def state_v_first_in(initial_state, state_v_first, q, v, cu_seqlens=None):
+    """fla's state_v_first=True: initial_state comes as [B, H, V, K] ([N, H, V, K] for N packed sequences);
+    the kernels read [B, H, K, V]."""
+    if not check_bool("state_v_first", state_v_first) or not isinstance(initial_state, torch.Tensor):
+        return initial_state
+    if isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == v.dim() == 4:
+        (B, _, H, K), V = q.shape, v.shape[-1]
+        if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1:
+            B = cu_seqlens.shape[0] - 1
+        check_dims("initial_state (state_v_first=True)", initial_state, (B, H, V, K), "B, H, V, K")
+    return initial_state.transpose(-1, -2)
+
+
+def state_v_first_out(final_state, state_v_first: bool):
+    """The final state in the caller's layout: with state_v_first, a [B, H, V, K] view of the kernels' one."""
+    return final_state.transpose(-1, -2) if state_v_first and final_state is not None else final_state
+
+
+__all__ = ["MAX_HEAD_DIM", "check_linear_inputs", "state_v_first_in", "state_v_first_out"]
