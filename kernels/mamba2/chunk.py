@@ -312,8 +312,10 @@ def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softp
 # ------------------------------------------------------------------ 4. the backward
 # The elementwise steps around the shared backward, each one pass over its tensors: the gate's and the
 # skip's gradients (before and after chunk_dv), q and k expanded to every head, and the group sums after
-# chunk_dqk. A tile of 4K elements per program on the GPU; the interpreter takes the same.
-_TAIL_ROWS, _TAIL_COLS = 32, 128          # tokens × (head, headdim) columns of the elementwise passes
+# chunk_dqk. 8 warps on tiles of 2K elements (1K for the group sums, which hold three): ptxas (sm_90a,
+# bf16, dstate 128) gives them 48, 48, 62 and 80 registers, no spills; 4K-element tiles on 4 warps spill.
+_TAIL_ROWS, _TAIL_COLS = 16, 128          # tokens × (head, headdim) columns of the elementwise passes
+_TAIL_WARPS = 8
 
 
 @triton.jit(do_not_specialize=["T", "HP", "P", "NTB"])
@@ -325,10 +327,12 @@ def _ssd_gate_grad_kernel(
     # y = (o + D ⊙ x) ⊙ silu(z): dz = dy ⊙ (o + D ⊙ x) ⊙ σ(z)(1 + z(1 - σ(z))), o's gradient do = dy ⊙ silu(z)
     # (in x's dtype, as the shared backward reads it), and this tile's share of dD = Σ_t do ⊙ x
     i_c, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_t = i_t * BT + tl.arange(0, BT)
+    o_r = tl.arange(0, BT)
     o_c = i_c * BC + tl.arange(0, BC)
-    m = (o_t < T)[:, None] & (o_c < HP)[None, :]
-    p = (i_b * T + o_t.to(tl.int64))[:, None] * HP + o_c[None, :]
+    m = (i_t * BT + o_r < T)[:, None] & (o_c < HP)[None, :]
+    # a 64-bit offset for the tile, 32-bit ones inside it (64-bit ones per element cost registers)
+    base = (i_b * T + i_t * BT).to(tl.int64) * HP
+    p = base + (o_r[:, None] * HP + o_c[None, :])
     b_do = tl.load(dy + p, mask=m, other=0.0).to(tl.float32)
     if HAS_Z:
         b_z = tl.load(z + p, mask=m, other=0.0).to(tl.float32)
@@ -350,10 +354,11 @@ def _ssd_skip_grad_kernel(
     # one program: the tile of _ssd_gate_grad_kernel. dx = dv + do ⊙ D, with do = dy ⊙ silu(z) recomputed in
     # fp32 (reading dy and z costs less than writing do in fp32 and reading it back)
     i_c, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_t = i_t * BT + tl.arange(0, BT)
+    o_r = tl.arange(0, BT)
     o_c = i_c * BC + tl.arange(0, BC)
-    m = (o_t < T)[:, None] & (o_c < HP)[None, :]
-    p = (i_b * T + o_t.to(tl.int64))[:, None] * HP + o_c[None, :]
+    m = (i_t * BT + o_r < T)[:, None] & (o_c < HP)[None, :]
+    base = (i_b * T + i_t * BT).to(tl.int64) * HP
+    p = base + (o_r[:, None] * HP + o_c[None, :])
     b_do = tl.load(dy + p, mask=m, other=0.0).to(tl.float32)
     if HAS_Z:
         b_z = tl.load(z + p, mask=m, other=0.0).to(tl.float32)
@@ -372,14 +377,17 @@ def _ssd_expand_kernel(
     # once to the inputs' dtype after the fp32 product
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    o_t = i_t * BT + tl.arange(0, BT)
+    o_r = tl.arange(0, BT)
+    o_t = i_t * BT + o_r
     m_t = o_t < T
     b_dt = tl.load(dt + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+    base_g = ((i_b * T + i_t * BT).to(tl.int64) * G + i_h // HPG) * N     # the tile's first row, 64-bit
+    base_h = ((i_b * T + i_t * BT).to(tl.int64) * H + i_h) * N
     for i_n in range(tl.cdiv(N, BN)):
         o_n = i_n * BN + tl.arange(0, BN)
         m = m_t[:, None] & (o_n < N)[None, :]
-        p_g = ((i_b * T + o_t.to(tl.int64)[:, None]) * G + i_h // HPG) * N + o_n[None, :]
-        p_h = ((i_b * T + o_t.to(tl.int64)[:, None]) * H + i_h) * N + o_n[None, :]
+        p_g = base_g + (o_r[:, None] * G * N + o_n[None, :])
+        p_h = base_h + (o_r[:, None] * H * N + o_n[None, :])
         tl.store(q + p_h, tl.load(C + p_g, mask=m, other=0.0), mask=m)
         b_k = tl.load(B + p_g, mask=m, other=0.0).to(tl.float32) * b_dt[:, None]
         tl.store(k + p_h, b_k.to(k.dtype.element_ty), mask=m)
@@ -394,17 +402,18 @@ def _ssd_group_grad_kernel(
     # heads: dC = Σ_heads dq, dB = Σ_heads dt ⊙ dk, and each head's dt gets dk · B (k = B·dt)
     i_t, i_bg = tl.program_id(0), tl.program_id(1)
     i_b, i_g = i_bg // G, i_bg % G
-    o_t = i_t * BT + tl.arange(0, BT)
+    o_r = tl.arange(0, BT)
+    o_t = i_t * BT + o_r
     o_n = tl.arange(0, BN)
     m_t = o_t < T
     m = m_t[:, None] & (o_n < N)[None, :]
-    p_g = ((i_b * T + o_t.to(tl.int64)[:, None]) * G + i_g) * N + o_n[None, :]
+    p_g = ((i_b * T + i_t * BT).to(tl.int64) * G + i_g) * N + (o_r[:, None] * G * N + o_n[None, :])
     b_B = tl.load(B + p_g, mask=m, other=0.0).to(tl.float32)
     b_dB = tl.zeros([BT, BN], dtype=tl.float32)
     b_dC = tl.zeros([BT, BN], dtype=tl.float32)
     for i_r in range(HPG):
         i_h = i_g * HPG + i_r
-        p_h = ((i_b * T + o_t.to(tl.int64)[:, None]) * H + i_h) * N + o_n[None, :]
+        p_h = ((i_b * T + i_t * BT).to(tl.int64) * H + i_h) * N + (o_r[:, None] * H * N + o_n[None, :])
         b_dk = tl.load(dk + p_h, mask=m, other=0.0)
         b_dt = tl.load(dt + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
         tl.store(ddt + (i_b * T + o_t) * H + i_h, tl.sum(b_dk * b_B, axis=1), mask=m_t)
@@ -470,7 +479,7 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
         dD_part = None if D is None else torch.empty(Bt * NTB, HP, dtype=f32, device=dev)
         _ssd_gate_grad_kernel[_elementwise_grid(Bt, T, HP)](
             dy, z, y_ungated, x, D, do, dz, dD_part, T, HP, P, NTB, *s_D,
-            HAS_Z=z is not None, HAS_D=D is not None, BT=_TAIL_ROWS, BC=_TAIL_COLS)
+            HAS_Z=z is not None, HAS_D=D is not None, BT=_TAIL_ROWS, BC=_TAIL_COLS, num_warps=_TAIL_WARPS)
         if D is not None:
             dD = dD_part.sum(0).view(H, P)
             dD = (dD if D.dim() == 2 else dD.sum(-1)).to(D.dtype)
@@ -478,7 +487,9 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     # the chunk recurrence: q = C, k = B·dt per head, v = x, the gate dt·A per head
     q, k = torch.empty(Bt, T, H, N, dtype=C.dtype, device=dev), torch.empty(Bt, T, H, N, dtype=x.dtype, device=dev)
     BN = min(128, pow2_at_least_16(N))
-    _ssd_expand_kernel[(triton.cdiv(T, 4096 // BN), Bt * H)](B, C, dtf, q, k, T, H, H // G, G, N, 4096 // BN, BN)
+    BT = 2048 // BN
+    _ssd_expand_kernel[(triton.cdiv(T, BT), Bt * H)](B, C, dtf, q, k, T, H, H // G, G, N, BT, BN,
+                                                     num_warps=_TAIL_WARPS)
     Af = A.to(f32)
     g = (dtf * Af)[..., None]             # as given: a gate below the floor gets gradient 0 (chunk_dqk)
     dstates = torch.empty(Bt, NT, H, N, P, dtype=f32, device=dev)
@@ -495,14 +506,16 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     if D is not None:
         dx = torch.empty_like(x)
         _ssd_skip_grad_kernel[_elementwise_grid(Bt, T, HP)](
-            dv, dy, z, D, dx, T, HP, P, *s_D, HAS_Z=z is not None, BT=_TAIL_ROWS, BC=_TAIL_COLS)
+            dv, dy, z, D, dx, T, HP, P, *s_D, HAS_Z=z is not None, BT=_TAIL_ROWS, BC=_TAIL_COLS,
+            num_warps=_TAIL_WARPS)
 
     # back through k = B·dt (the group sums), g = dt·A, dt = softplus(dt + dt_bias)
     ddt = torch.empty(Bt, T, H, dtype=f32, device=dev)
     dB, dC = torch.empty_like(B), torch.empty_like(C)
     BN = pow2_at_least_16(N)
-    BT = max(16, 4096 // BN)
-    _ssd_group_grad_kernel[(triton.cdiv(T, BT), Bt * G)](dq, dk, B, dtf, ddt, dB, dC, T, H, H // G, G, N, BT, BN)
+    BT = max(1, 1024 // BN)
+    _ssd_group_grad_kernel[(triton.cdiv(T, BT), Bt * G)](dq, dk, B, dtf, ddt, dB, dC, T, H, H // G, G, N, BT, BN,
+                                                         num_warps=_TAIL_WARPS)
     dg = dg[..., 0]
     ddt += dg * Af
     dA = (dg * dtf).sum((0, 1)).to(A.dtype)
