@@ -28,8 +28,8 @@ and written in mamba_ssm's [headdim, dstate] layout by the state pass itself.
 
 The backward (`ssd_chunk_scan_bwd`) is the shared one of kernels/linear/chunk_backward.py on that same
 mapping, with k = B·dt (dt folded into the keys there) and v = x, recomputed in chunks of 64 from the
-inputs, and the elementwise chain rule (softplus, dt_bias, A, D, silu(z), the group sums of B and C)
-in PyTorch around it.
+inputs, and the elementwise chain rule around it: silu(z), D, the group sums of B and C and dt's share
+through the keys in one-pass Triton kernels, the softplus, dt_bias and A on [Bt, T, H] in PyTorch.
 """
 from __future__ import annotations
 
@@ -318,9 +318,9 @@ _TAIL_ROWS, _TAIL_COLS = 16, 128          # tokens × (head, headdim) columns of
 _TAIL_WARPS = 8
 
 
-@triton.jit(do_not_specialize=["T", "HP", "P", "NTB"])
+@triton.jit(do_not_specialize=["T", "HP", "NTB"])
 def _ssd_gate_grad_kernel(
-    dy, z, y_ungated, x, D, do, dz, dD_part, T, HP, P, NTB, s_Dh, s_Dp,
+    dy, z, y_ungated, x, do, dz, dD_part, T, HP, NTB,
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
 ):
     # one program: tokens [i_t·BT, ..) × columns [i_c·BC, ..) of the [T, H·P] rows of batch row i_b. From
@@ -464,7 +464,6 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     ssd_state_pass(B, x, dtf, b, states, h0, None, CHUNK)
 
     # the tail: y = (o + D ⊙ x) ⊙ silu(z); do is o's gradient, in x's dtype
-    s_D = (0, 0) if D is None else (D.stride(0), D.stride(1) if D.dim() == 2 else 0)   # [H]: one D per head
     dz = dD = None
     if z is None and D is None:
         do = dy.to(x.dtype)
@@ -478,7 +477,7 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
         NTB = triton.cdiv(T, _TAIL_ROWS)
         dD_part = None if D is None else torch.empty(Bt * NTB, HP, dtype=f32, device=dev)
         _ssd_gate_grad_kernel[_elementwise_grid(Bt, T, HP)](
-            dy, z, y_ungated, x, D, do, dz, dD_part, T, HP, P, NTB, *s_D,
+            dy, z, y_ungated, x, do, dz, dD_part, T, HP, NTB,
             HAS_Z=z is not None, HAS_D=D is not None, BT=_TAIL_ROWS, BC=_TAIL_COLS, num_warps=_TAIL_WARPS)
         if D is not None:
             dD = dD_part.sum(0).view(H, P)
@@ -505,6 +504,7 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     dx = dv
     if D is not None:
         dx = torch.empty_like(x)
+        s_D = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)      # [H]: one D per head
         _ssd_skip_grad_kernel[_elementwise_grid(Bt, T, HP)](
             dv, dy, z, D, dx, T, HP, P, *s_D, HAS_Z=z is not None, BT=_TAIL_ROWS, BC=_TAIL_COLS,
             num_warps=_TAIL_WARPS)
