@@ -326,7 +326,7 @@ def _ssd_gate_grad_kernel(
     # one program: tokens [i_t·BT, ..) × columns [i_c·BC, ..) of the [T, H·P] rows of batch row i_b. From
     # y = (o + D ⊙ x) ⊙ silu(z): dz = dy ⊙ (o + D ⊙ x) ⊙ σ(z)(1 + z(1 - σ(z))), o's gradient do = dy ⊙ silu(z)
     # (in x's dtype, as the shared backward reads it), and this tile's share of dD = Σ_t do ⊙ x
-    i_c, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_r = tl.arange(0, BT)
     o_c = i_c * BC + tl.arange(0, BC)
     m = (i_t * BT + o_r < T)[:, None] & (o_c < HP)[None, :]
@@ -353,7 +353,7 @@ def _ssd_skip_grad_kernel(
 ):
     # one program: the tile of _ssd_gate_grad_kernel. dx = dv + do ⊙ D, with do = dy ⊙ silu(z) recomputed in
     # fp32 (reading dy and z costs less than writing do in fp32 and reading it back)
-    i_c, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_r = tl.arange(0, BT)
     o_c = i_c * BC + tl.arange(0, BC)
     m = (i_t * BT + o_r < T)[:, None] & (o_c < HP)[None, :]
@@ -424,7 +424,8 @@ def _ssd_group_grad_kernel(
 
 
 def _elementwise_grid(Bt, T, HP):
-    return triton.cdiv(HP, _TAIL_COLS), triton.cdiv(T, _TAIL_ROWS), Bt
+    """The grid of the gate's and the skip's passes: token tiles first (a grid's first side has no 65535 limit)."""
+    return triton.cdiv(T, _TAIL_ROWS), triton.cdiv(HP, _TAIL_COLS), Bt
 
 
 def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor | None,
