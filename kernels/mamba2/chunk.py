@@ -28,8 +28,8 @@ and written in mamba_ssm's [headdim, dstate] layout by the state pass itself.
 
 The backward (`ssd_chunk_scan_bwd`) is the shared one of kernels/linear/chunk_backward.py on that same
 mapping, with k = B·dt (dt folded into the keys there) and v = x, recomputed in chunks of 64 from the
-inputs, and the elementwise chain rule (softplus, dt_bias, A, D, silu(z), the group sums of B and C)
-in PyTorch around it.
+inputs, and the elementwise chain rule around it: silu(z), D, the group sums of B and C and dt's share
+through the keys in one-pass Triton kernels, the softplus, dt_bias and A on [Bt, T, H] in PyTorch.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import autotune_configs
+from ..launch import autotune_configs, pow2_at_least_16
 from ..linear.chunk import CHUNK, GATE_FLOOR, dot_precision, tiles_that_fit
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 from ..tl_helpers import dot_causal
@@ -310,9 +310,122 @@ def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softp
 
 
 # ------------------------------------------------------------------ 4. the backward
-def _by_group(t, G):
-    """[Bt, T, H, ...] -> [Bt, T, G, H/G, ...]: heads g·H/G .. (g+1)·H/G - 1 read group g's B and C (a view)."""
-    return t.view(t.shape[0], t.shape[1], G, t.shape[2] // G, *t.shape[3:])
+# The elementwise steps around the shared backward, each one pass over its tensors: the gate's and the
+# skip's gradients (before and after chunk_dv), q and k expanded to every head, and the group sums after
+# chunk_dqk. 8 warps on tiles of 2K elements (1K for the group sums, which hold three): ptxas (sm_90a,
+# bf16, dstate 128) gives them 48, 48, 62 and 80 registers, no spills; 4K-element tiles on 4 warps spill.
+_TAIL_ROWS, _TAIL_COLS = 16, 128          # tokens × (head, headdim) columns of the elementwise passes
+_TAIL_WARPS = 8
+
+
+@triton.jit(do_not_specialize=["T", "HP", "NTB"])
+def _ssd_gate_grad_kernel(
+    dy, z, y_ungated, x, do, dz, dD_part, T, HP, NTB,
+    HAS_Z: tl.constexpr, HAS_D: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+):
+    # one program: tokens [i_t·BT, ..) × columns [i_c·BC, ..) of the [T, H·P] rows of batch row i_b. From
+    # y = (o + D ⊙ x) ⊙ silu(z): dz = dy ⊙ (o + D ⊙ x) ⊙ σ(z)(1 + z(1 - σ(z))), o's gradient do = dy ⊙ silu(z)
+    # (in x's dtype, as the shared backward reads it), and this tile's share of dD = Σ_t do ⊙ x
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_r = tl.arange(0, BT)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m = (i_t * BT + o_r < T)[:, None] & (o_c < HP)[None, :]
+    # a 64-bit offset for the tile, 32-bit ones inside it (64-bit ones per element cost registers)
+    base = (i_b * T + i_t * BT).to(tl.int64) * HP
+    p = base + (o_r[:, None] * HP + o_c[None, :])
+    b_do = tl.load(dy + p, mask=m, other=0.0).to(tl.float32)
+    if HAS_Z:
+        b_z = tl.load(z + p, mask=m, other=0.0).to(tl.float32)
+        b_sig = tl.sigmoid(b_z)
+        b_y = tl.load(y_ungated + p, mask=m, other=0.0).to(tl.float32)
+        tl.store(dz + p, (b_do * b_y * b_sig * (1 + b_z * (1 - b_sig))).to(dz.dtype.element_ty), mask=m)
+        b_do = b_do * b_z * b_sig
+    tl.store(do + p, b_do.to(do.dtype.element_ty), mask=m)
+    if HAS_D:
+        b_x = tl.load(x + p, mask=m, other=0.0).to(tl.float32)
+        tl.store(dD_part + (i_b * NTB + i_t) * HP + o_c, tl.sum(b_do * b_x, axis=0), mask=o_c < HP)
+
+
+@triton.jit(do_not_specialize=["T", "HP", "P"])
+def _ssd_skip_grad_kernel(
+    dv, dy, z, D, dx, T, HP, P, s_Dh, s_Dp,
+    HAS_Z: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+):
+    # one program: the tile of _ssd_gate_grad_kernel. dx = dv + do ⊙ D, with do = dy ⊙ silu(z) recomputed in
+    # fp32 (reading dy and z costs less than writing do in fp32 and reading it back)
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_r = tl.arange(0, BT)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m = (i_t * BT + o_r < T)[:, None] & (o_c < HP)[None, :]
+    base = (i_b * T + i_t * BT).to(tl.int64) * HP
+    p = base + (o_r[:, None] * HP + o_c[None, :])
+    b_do = tl.load(dy + p, mask=m, other=0.0).to(tl.float32)
+    if HAS_Z:
+        b_z = tl.load(z + p, mask=m, other=0.0).to(tl.float32)
+        b_do = b_do * b_z * tl.sigmoid(b_z)
+    b_D = tl.load(D + (o_c // P) * s_Dh + (o_c % P) * s_Dp, mask=o_c < HP, other=0.0).to(tl.float32)
+    b_dx = tl.load(dv + p, mask=m, other=0.0) + b_do * b_D[None, :]
+    tl.store(dx + p, b_dx.to(dx.dtype.element_ty), mask=m)
+
+
+@triton.jit(do_not_specialize=["T", "H", "HPG", "G"])
+def _ssd_expand_kernel(
+    B, C, dt, q, k, T, H, HPG, G,
+    N: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+):
+    # one program: tokens [i_t·BT, ..) of one (batch, head): q = C and k = B·dt of the head's group, rounded
+    # once to the inputs' dtype after the fp32 product
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_r = tl.arange(0, BT)
+    o_t = i_t * BT + o_r
+    m_t = o_t < T
+    b_dt = tl.load(dt + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+    base_g = ((i_b * T + i_t * BT).to(tl.int64) * G + i_h // HPG) * N     # the tile's first row, 64-bit
+    base_h = ((i_b * T + i_t * BT).to(tl.int64) * H + i_h) * N
+    for i_n in range(tl.cdiv(N, BN)):
+        o_n = i_n * BN + tl.arange(0, BN)
+        m = m_t[:, None] & (o_n < N)[None, :]
+        p_g = base_g + (o_r[:, None] * G * N + o_n[None, :])
+        p_h = base_h + (o_r[:, None] * H * N + o_n[None, :])
+        tl.store(q + p_h, tl.load(C + p_g, mask=m, other=0.0), mask=m)
+        b_k = tl.load(B + p_g, mask=m, other=0.0).to(tl.float32) * b_dt[:, None]
+        tl.store(k + p_h, b_k.to(k.dtype.element_ty), mask=m)
+
+
+@triton.jit(do_not_specialize=["T", "H", "HPG", "G"])
+def _ssd_group_grad_kernel(
+    dq, dk, B, dt, ddt, dB, dC, T, H, HPG, G,
+    N: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+):
+    # one program: tokens [i_t·BT, ..) of one (batch, group), all of dstate (BN >= N), walking the group's
+    # heads: dC = Σ_heads dq, dB = Σ_heads dt ⊙ dk, and each head's dt gets dk · B (k = B·dt)
+    i_t, i_bg = tl.program_id(0), tl.program_id(1)
+    i_b, i_g = i_bg // G, i_bg % G
+    o_r = tl.arange(0, BT)
+    o_t = i_t * BT + o_r
+    o_n = tl.arange(0, BN)
+    m_t = o_t < T
+    m = m_t[:, None] & (o_n < N)[None, :]
+    p_g = ((i_b * T + i_t * BT).to(tl.int64) * G + i_g) * N + (o_r[:, None] * G * N + o_n[None, :])
+    b_B = tl.load(B + p_g, mask=m, other=0.0).to(tl.float32)
+    b_dB = tl.zeros([BT, BN], dtype=tl.float32)
+    b_dC = tl.zeros([BT, BN], dtype=tl.float32)
+    for i_r in range(HPG):
+        i_h = i_g * HPG + i_r
+        p_h = ((i_b * T + i_t * BT).to(tl.int64) * H + i_h) * N + (o_r[:, None] * H * N + o_n[None, :])
+        b_dk = tl.load(dk + p_h, mask=m, other=0.0)
+        b_dt = tl.load(dt + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+        tl.store(ddt + (i_b * T + o_t) * H + i_h, tl.sum(b_dk * b_B, axis=1), mask=m_t)
+        b_dB += b_dk * b_dt[:, None]
+        b_dC += tl.load(dq + p_h, mask=m, other=0.0)
+    tl.store(dB + p_g, b_dB.to(dB.dtype.element_ty), mask=m)
+    tl.store(dC + p_g, b_dC.to(dC.dtype.element_ty), mask=m)
+
+
+def _elementwise_grid(Bt, T, HP):
+    """The grid of the gate's and the skip's passes: token tiles first (a grid's first side has no 65535 limit)."""
+    return triton.cdiv(T, _TAIL_ROWS), triton.cdiv(HP, _TAIL_COLS), Bt
 
 
 def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor | None,
@@ -324,10 +437,14 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
 
     SSD is linear attention with one log gate per head and token (chunk.py's docstring), so the chunk
     recurrence's gradient is the shared backward's (kernels/linear/chunk_backward.py) with q = C and
-    k = B·dt, both expanded to every head, v = x, scale 1, the gate g = dt·A as [Bt, T, H, 1] and the
-    states transposed ([dstate, headdim] = [K, V]). Around it, in PyTorch (fp32): the tail
-    y = (o + D ⊙ x) ⊙ silu(z), whose o is recomputed by the output kernel when z is given; dt's three
-    paths (the keys, the gate, and the bias and softplus before them); the group sums of B and C.
+    k = B·dt, both expanded to every head (one launch writes both, in the inputs' dtype), v = x, scale 1,
+    the gate g = dt·A as [Bt, T, H, 1] and the states transposed ([dstate, headdim] = [K, V]). Around it,
+    one elementwise launch each (fp32 inside, every tensor of [Bt, T, H, P] read or written once):
+    the tail y = (o + D ⊙ x) ⊙ silu(z) before (dz, o's gradient in x's dtype and dD's per-tile sums;
+    its o + D ⊙ x recomputed by the output kernel when z is given), dx = dv + do ⊙ D after (dv is dx
+    itself, in x's dtype, without D), and the group sums of B's and C's gradients with dt's share
+    through the keys (dk · B), reading dq and dk once. dt's gate and softplus paths, on [Bt, T, H],
+    stay in PyTorch.
 
     Returns the gradients of x, dt, A, B, C, then of D, z, dt_bias and initial_states where those are
     given (an absent argument has no entry, so the tuple is the same eagerly and as a compiled op's
@@ -335,8 +452,10 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     """
     Bt, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
+    HP = H * P
     dev, f32 = x.device, torch.float32
-    x, B, C = x.contiguous(), B.contiguous(), C.contiguous()
+    x, B, C, dy = x.contiguous(), B.contiguous(), C.contiguous(), dy.contiguous()
+    z = None if z is None else z.contiguous()
     NT = triton.cdiv(T, CHUNK)
     dtf = torch.empty(Bt, T, H, dtype=f32, device=dev)
     b = torch.empty(Bt, T, H, 1, dtype=f32, device=dev)
@@ -345,55 +464,68 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     h0 = None if initial_states is None else initial_states.contiguous()
     ssd_state_pass(B, x, dtf, b, states, h0, None, CHUNK)
 
-    # the tail: y = (o + D ⊙ x) ⊙ silu(z); do is o's gradient
-    do = dy.to(f32)
-    dz = None
-    if z is not None:
-        y_ungated = torch.empty_like(x)
-        ssd_output(C, B, x, dtf, b, states, D, None, y_ungated, CHUNK)
-        zf = z.to(f32)
-        sig = torch.sigmoid(zf)
-        dz = (do * y_ungated.to(f32) * sig * (1 + zf * (1 - sig))).to(z.dtype)
-        do = do * zf * sig
-    dD = None
-    if D is not None:
-        xf = x.to(f32)
-        Dhp = D.to(f32) if D.dim() == 2 else D.to(f32)[:, None]
-        dD = (do * xf).sum((0, 1))
-        dD = (dD if D.dim() == 2 else dD.sum(-1)).to(D.dtype)
+    # the tail: y = (o + D ⊙ x) ⊙ silu(z); do is o's gradient, in x's dtype
+    dz = dD = None
+    if z is None and D is None:
+        do = dy.to(x.dtype)
+    else:
+        y_ungated = None
+        if z is not None:
+            y_ungated = torch.empty_like(x)
+            ssd_output(C, B, x, dtf, b, states, D, None, y_ungated, CHUNK)
+            dz = torch.empty_like(z)
+        do = torch.empty_like(x)
+        NTB = triton.cdiv(T, _TAIL_ROWS)
+        dD_part = None if D is None else torch.empty(Bt * NTB, HP, dtype=f32, device=dev)
+        _ssd_gate_grad_kernel[_elementwise_grid(Bt, T, HP)](
+            dy, z, y_ungated, x, do, dz, dD_part, T, HP, NTB,
+            HAS_Z=z is not None, HAS_D=D is not None, BT=_TAIL_ROWS, BC=_TAIL_COLS, num_warps=_TAIL_WARPS)
+        if D is not None:
+            dD = dD_part.sum(0).view(H, P)
+            dD = (dD if D.dim() == 2 else dD.sum(-1)).to(D.dtype)
 
     # the chunk recurrence: q = C, k = B·dt per head, v = x, the gate dt·A per head
-    q = C.repeat_interleave(H // G, dim=2)
-    k = (B.repeat_interleave(H // G, dim=2) * dtf[..., None]).to(x.dtype)
+    q, k = torch.empty(Bt, T, H, N, dtype=C.dtype, device=dev), torch.empty(Bt, T, H, N, dtype=x.dtype, device=dev)
+    BN = min(128, pow2_at_least_16(N))
+    BT = 2048 // BN
+    _ssd_expand_kernel[(triton.cdiv(T, BT), Bt * H)](B, C, dtf, q, k, T, H, H // G, G, N, BT, BN,
+                                                     num_warps=_TAIL_WARPS)
     Af = A.to(f32)
     g = (dtf * Af)[..., None]             # as given: a gate below the floor gets gradient 0 (chunk_dqk)
-    do_k = do.to(x.dtype)
     dstates = torch.empty(Bt, NT, H, N, P, dtype=f32, device=dev)
     dht = None if dfinal is None else dfinal.to(f32).transpose(-1, -2).contiguous()
     dh0 = None if h0 is None else torch.empty(Bt, H, N, P, dtype=f32, device=dev)
-    chunk_state_grad_pass(q, do_k, b, dstates, 1.0, dht, dh0)
-    dv = torch.empty(Bt, T, H, P, dtype=f32, device=dev)
+    chunk_state_grad_pass(q, do, b, dstates, 1.0, dht, dh0)
+    dv = torch.empty(Bt, T, H, P, dtype=x.dtype if D is None else f32, device=dev)
     dscores = torch.empty(Bt, T, H, CHUNK, dtype=f32, device=dev)
-    chunk_dv(q, k, x, b, None, dstates, do_k, dv, dscores, 1.0)
+    chunk_dv(q, k, x, b, None, dstates, do, dv, dscores, 1.0)
     dq, dk = torch.empty(Bt, T, H, N, dtype=f32, device=dev), torch.empty(Bt, T, H, N, dtype=f32, device=dev)
     dg = torch.empty(Bt, T, H, 1, dtype=f32, device=dev)
-    chunk_dqk(q, k, x, g, b, states, dstates, do_k, dscores, dq, dk, dg, 1.0)
+    chunk_dqk(q, k, x, g, b, states, dstates, do, dscores, dq, dk, dg, 1.0)
+    dx = dv
+    if D is not None:
+        dx = torch.empty_like(x)
+        s_D = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)      # [H]: one D per head
+        _ssd_skip_grad_kernel[_elementwise_grid(Bt, T, HP)](
+            dv, dy, z, D, dx, T, HP, P, *s_D, HAS_Z=z is not None, BT=_TAIL_ROWS, BC=_TAIL_COLS,
+            num_warps=_TAIL_WARPS)
 
-    # back through k = B·dt, g = dt·A, dt = softplus(dt + dt_bias)
-    # per group, as batched products (no [Bt, T, H, N] temporary): ddt += dk·B per head, dB = Σ_heads dt·dk
+    # back through k = B·dt (the group sums), g = dt·A, dt = softplus(dt + dt_bias)
+    ddt = torch.empty(Bt, T, H, dtype=f32, device=dev)
+    dB, dC = torch.empty_like(B), torch.empty_like(C)
+    BN = pow2_at_least_16(N)
+    BT = max(1, 1024 // BN)
+    _ssd_group_grad_kernel[(triton.cdiv(T, BT), Bt * G)](dq, dk, B, dtf, ddt, dB, dC, T, H, H // G, G, N, BT, BN,
+                                                         num_warps=_TAIL_WARPS)
     dg = dg[..., 0]
-    dk_g, dtf_g = _by_group(dk, G), _by_group(dtf, G)                          # [Bt, T, G, H/G, N], [.., H/G]
-    ddt = torch.einsum("btgrn,btgn->btgr", dk_g, B.to(f32)).reshape(Bt, T, H) + dg * Af
+    ddt += dg * Af
     dA = (dg * dtf).sum((0, 1)).to(A.dtype)
-    dB = torch.einsum("btgrn,btgr->btgn", dk_g, dtf_g).to(B.dtype)
-    dC = _by_group(dq, G).sum(3).to(C.dtype)
-    dx = dv if D is None else dv + do * Dhp
     if dt_softplus:
         raw = dt.to(f32) + (0 if dt_bias is None else dt_bias.to(f32))
         ddt = ddt * torch.where(raw <= 20.0, torch.sigmoid(raw), 1.0)     # the forward's softplus cut-off
     ddt_bias = None if dt_bias is None else ddt.sum((0, 1)).to(dt_bias.dtype)
     dh0 = None if dh0 is None else dh0.transpose(-1, -2).contiguous()
-    grads = (dx.to(x.dtype), ddt.to(dt.dtype), dA, dB, dC, dD, dz, ddt_bias, dh0)
+    grads = (dx, ddt.to(dt.dtype), dA, dB, dC, dD, dz, ddt_bias, dh0)
     return tuple(t for t in grads if t is not None)
 
 
