@@ -18,6 +18,7 @@ from IPython.display import Code, display
 
 from .flash_attn.diagram import (ONLINE_SOFTMAX_BLOCK, online_softmax_blocks, online_softmax_example,
                                  online_softmax_table)
+from .compare import hybrid
 from .plot import natural_order, plot_results
 
 
@@ -285,3 +286,29 @@ def online_softmax_explorer(x: torch.Tensor | None = None, block: int = ONLINE_S
     slider.observe(on_change, names="value")
     return WithStaticFallback(w.VBox([slider, out]), online_softmax_text(x, block),
                               figure=online_softmax_blocks(x, block) if figure else None)
+
+
+def hybrid_explorer(decode: pd.DataFrame):
+    """Dropdowns for the pair, the ratio, the context and the batch; the modelled case printed below them.
+    Without a kernel (the rendered book) the page shows `hybrid_table`'s main cases as text instead."""
+    import ipywidgets as w
+
+    controls = {"pair": w.Dropdown(options=list(hybrid.PAIRS), description="model"),
+                "ratio": w.Dropdown(options=list(hybrid.RATIOS), value="3 : 1", description="linear : softmax"),
+                "T": w.Dropdown(options=[4096, 16384, 65536, 262144, 1048576], value=16384, description="context"),
+                "B": w.Dropdown(options=list(hybrid.BATCHES), description="batch")}
+    out = w.Output()
+
+    def show(_change=None):
+        c = {k: v.value for k, v in controls.items()}
+        out.clear_output()
+        case = hybrid.hybrid_case(decode, c["pair"], hybrid.RATIOS[c["ratio"]], c["T"], c["B"])
+        out.append_stdout(hybrid.describe(case) + "\n")
+
+    for control in controls.values():
+        control.observe(show, names="value")
+    show()
+    static = hybrid.hybrid_table(decode, contexts=(16384,), batches=(64,))
+    text = "\n".join(f"{m}, {r}: {hybrid.describe(row)}" for (m, r, _, _), row in static.iterrows())
+    return WithStaticFallback(w.VBox([w.HBox(list(controls.values())[:2]), w.HBox(list(controls.values())[2:]), out]),
+                              "Run the notebook to choose a case. At T = 16K, B = 64:\n" + text)

@@ -357,7 +357,7 @@ def test_schema_from_the_signature():
         "kernels::fused_recurrent_lightning(Tensor q, Tensor k, Tensor v, Tensor slopes, float? scale=1., ")
     assert str(gla_interface._chunk_gla_bwd.op._opoverload._schema) == (
         "kernels::chunk_gla_bwd(Tensor q, Tensor k, Tensor v, Tensor gk, float scale, Tensor? h0, Tensor do, "
-        "Tensor? dht, Tensor? cu_seqlens) -> Tensor[]")
+        "Tensor? dht, Tensor? cu_seqlens=None) -> Tensor[]")
     assert str(selective_state_update.op._opoverload._schema) == (
         "kernels::selective_state_update(Tensor(a0!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
         "Tensor? D=None, Tensor? z=None, Tensor? dt_bias=None, bool dt_softplus=False, "

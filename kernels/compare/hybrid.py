@@ -1,9 +1,9 @@
 """A hybrid stack's decode step, modelled from the per-layer times of the DECODE table, and the memory
-its sequences hold: as a table of the main cases, and as an interactive control in a notebook.
+its sequences hold, as a table of the main cases (the notebook's control: `kernels.notebook.hybrid_explorer`).
 
     >>> decode = run(bench.DECODE)
     >>> hybrid_table(decode)                   # every pair, ratio, context and batch below
-    >>> hybrid_explorer(decode)                # the same, one case at a time (ipywidgets)
+    >>> kernels.notebook.hybrid_explorer(decode)   # the same, one case at a time (ipywidgets)
 
 The time model is `models.stack_time`: count x the fastest measured step of each layer kind at that
 batch and context (the fixed-state steps measured once, at any context). Every layer is timed at the
@@ -68,33 +68,6 @@ def hybrid_table(decode: pd.DataFrame, pairs=tuple(PAIRS), ratios=("all softmax"
 def describe(case: dict) -> str:
     step = "not measured" if math.isnan(case["step ms"]) else f"{case['step ms'] * 1000:.0f} µs"
     return f"{case['stack']}: {case['GiB']:.1f} GiB, step {step}"
-
-
-def hybrid_explorer(decode: pd.DataFrame):
-    """Dropdowns for the pair, the ratio, the context and the batch; the modelled case printed below them.
-    Without a kernel (the rendered book) the page shows `hybrid_table`'s main cases as text instead."""
-    import ipywidgets as w
-
-    from ..notebook import WithStaticFallback
-
-    controls = {"pair": w.Dropdown(options=list(PAIRS), description="model"),
-                "ratio": w.Dropdown(options=list(RATIOS), value="3 : 1", description="linear : softmax"),
-                "T": w.Dropdown(options=[4096, 16384, 65536, 262144, 1048576], value=16384, description="context"),
-                "B": w.Dropdown(options=list(BATCHES), description="batch")}
-    out = w.Output()
-
-    def show(_change=None):
-        c = {k: v.value for k, v in controls.items()}
-        out.clear_output()
-        out.append_stdout(describe(hybrid_case(decode, c["pair"], RATIOS[c["ratio"]], c["T"], c["B"])) + "\n")
-
-    for control in controls.values():
-        control.observe(show, names="value")
-    show()
-    static = hybrid_table(decode, contexts=(16384,), batches=(64,))
-    text = "\n".join(f"{m}, {r}: {describe(row)}" for (m, r, _, _), row in static.iterrows())
-    return WithStaticFallback(w.VBox([w.HBox(list(controls.values())[:2]), w.HBox(list(controls.values())[2:]), out]),
-                              "Run the notebook to choose a case. At T = 16K, B = 64:\n" + text)
 
 
 def plot_memory(contexts=(4096, 16384, 65536, 262144, 1048576), model_names=tuple(models.MODELS)):

@@ -123,7 +123,7 @@ def sequential_chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_fin
 # ChunkGLAFunction itself, so a compiled graph's forward and backward are eager's, each launcher one node.
 @compiled_as_op("kernels::chunk_gla_fwd", fake=linear_attention_fake, tuple_size=2)
 def _chunk_gla_fwd(q, k, v, gk, scale, h0: torch.Tensor | None, output_final_state: bool,
-                   cu_seqlens: torch.Tensor | None):
+                   cu_seqlens: torch.Tensor | None = None):
     """The forward on contiguous, checked inputs, once or once per packed sequence; returns (o, final_state
     or None)."""
     if cu_seqlens is None:
@@ -150,7 +150,7 @@ def _forward(q, k, v, gk, scale, h0, output_final_state):
 
 @compiled_as_op("kernels::chunk_gla_bwd", fake=gradients_like("q", "k", "v", "gk", "h0"), tuple_size=5)
 def _chunk_gla_bwd(q, k, v, gk, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None,
-                   cu_seqlens: torch.Tensor | None):
+                   cu_seqlens: torch.Tensor | None = None):
     """The backward, once or once per packed sequence. do: o's gradient, dht: the final state's (or
     None). Returns (dq, dk, dv, dgk, dh0 or None)."""
     (B, T, H, K, V), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, h0, False, cu_seqlens)

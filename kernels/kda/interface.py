@@ -128,7 +128,7 @@ fused_recurrent_kda.op = _fused_recurrent_kda.op   # its op, as every other publ
 # itself, so a compiled graph's forward and backward are eager's, each launcher one node.
 @compiled_as_op("kernels::chunk_kda_fwd", fake=linear_attention_fake, tuple_size=2)
 def _chunk_kda_fwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, output_final_state: bool,
-                   use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None):
+                   use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None = None):
     """The forward on contiguous, checked inputs, once or once per packed sequence; returns (o, final_state
     or None)."""
     def run(rows, h0_n, final):
@@ -150,7 +150,7 @@ def _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_k
 
 @compiled_as_op("kernels::chunk_kda_bwd", fake=gradients_like("q", "k", "v", "g", "beta", "h0"), tuple_size=6)
 def _chunk_kda_bwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None,
-                   use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None):
+                   use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None = None):
     """The backward (kernels/kda/chunk_backward.py), once or once per packed sequence: recompute the gates,
     the scores, the solve and the chunk-start states, the delta rule's reverse state pass, then every
     gradient. do: o's gradient, dht: the final state's (or None). Returns (dq, dk, dv, dg, dbeta, dh0 or

@@ -74,7 +74,7 @@ def _fused_recurrent(q, k, v, s, scale, h0, output_final_state):
 # ChunkLightningFunction itself, so a compiled graph's forward and backward are eager's.
 @compiled_as_op("kernels::chunk_lightning_fwd", fake=linear_attention_fake, tuple_size=2)
 def _chunk_lightning_fwd(q, k, v, gamma, scale, h0: torch.Tensor | None, output_final_state: bool,
-                         cu_seqlens: torch.Tensor | None):
+                         cu_seqlens: torch.Tensor | None = None):
     """The forward on contiguous, checked inputs, once or once per packed sequence; returns (o, final_state
     or None)."""
     if cu_seqlens is None:
@@ -97,7 +97,7 @@ def _forward(q, k, v, gamma, scale, h0, output_final_state):
 
 @compiled_as_op("kernels::chunk_lightning_bwd", fake=gradients_like("q", "k", "v", "h0"), tuple_size=4)
 def _chunk_lightning_bwd(q, k, v, gamma, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None,
-                         cu_seqlens: torch.Tensor | None):
+                         cu_seqlens: torch.Tensor | None = None):
     """The backward's launches, the shared ones with the fixed decay gamma: recompute the chunk-start
     states, then the reverse state pass, dv (the scores recomputed inside), dq and dk. do: o's gradient,
     dht: the final state's (or None). Returns (dq, dk, dv, dh0 or None)."""
