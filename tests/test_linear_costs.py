@@ -34,3 +34,30 @@ def test_arithmetic_intensity_matches_the_docstring():
     assert f"{per_token:,.0f} FLOP a token against {bytes_4:,.0f} bytes" in doc
     assert f"{round(per_token / bytes_4)} FLOP per byte ({round(per_token / bytes_5)} with a gate" in doc
     assert f"{costs.chunk_flops(c) / 1e6:.1f} MFLOP per chunk" in doc
+
+
+def test_softmax_decode_counts_the_kv_heads_read():
+    """The cache read counts the KV heads the case names (HKV), each once, not the query heads; the
+    work stays one query per query head. Without HKV every query head has its own KV head."""
+    grouped = {"B": 2, "H": 32, "HKV": 8, "T": 1000, "D": 128}
+    per_head = {k: v for k, v in grouped.items() if k != "HKV"}
+    assert costs.softmax_decode_bytes(grouped) == 2 * 2 * 8 * 1000 * 128 * 2
+    assert costs.softmax_decode_bytes(per_head) == 4 * costs.softmax_decode_bytes(grouped)
+    assert costs.softmax_decode_flops(grouped) == costs.softmax_decode_flops(per_head) == 4 * 2 * 32 * 1000 * 128
+
+
+@pytest.mark.parametrize("hkv", [0, 5, 64])
+def test_kv_heads_must_divide_the_query_heads(hkv):
+    with pytest.raises(ValueError, match="HKV"):
+        costs.kv_heads({"B": 1, "H": 32, "HKV": hkv, "T": 8, "D": 128})
+
+
+def test_declared_softmax_baselines_state_their_kv_heads():
+    """The decode-against-context tables compare against grouped softmax: Lightning's at MiniMax-01's
+    8:1 (4 KV heads for 32 query heads), GLA's at LLaMA-3 8B's 4:1 (8 for 32)."""
+    from kernels.gla import bench as gla_bench
+    from kernels.lightning import bench as lightning_bench
+
+    for bench, hkv in ((lightning_bench, 4), (gla_bench, 8)):
+        cases = bench.CONTEXT_SOFTMAX.cases
+        assert cases and all(costs.kv_heads(c) == hkv and c["H"] == 32 for c in cases)

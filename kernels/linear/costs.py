@@ -1,7 +1,7 @@
 """What the linear families' benchmarks count and feed alike: the work and the least traffic of one
 decode step and of a chunked prefill, a random fp32 state, and softmax decode over a KV cache (the
 yardstick a fixed-size state is measured against). Cases hold B, H, D (K = V = D) and, for prefill
-and context sweeps, T.
+and context sweeps, T; a softmax baseline's case may hold HKV, its KV heads (H when it does not).
 
     >>> step_bytes = decode_bytes(vectors_per_token=4)     # q, k, v in, o out
     >>> Benchmark("x_decode_graph", cases, providers, decode_flops, step_bytes, module=__name__)
@@ -79,40 +79,59 @@ def train_step(forward, inputs, trained):
     return lambda: torch.autograd.grad(first(forward(*inputs)), trained, do)
 
 
+def kv_heads(c):
+    """The softmax baseline's KV heads: the case's "HKV" (grouped-query attention, H // HKV query heads
+    sharing each KV head), else H, one per query head. A count that does not divide H is refused."""
+    hkv = c.get("HKV", c["H"])
+    if hkv < 1 or c["H"] % hkv:
+        raise ValueError(f"HKV must divide H = {c['H']}, got HKV = {hkv}")
+    return hkv
+
+
 def softmax_decode_flops(c):
-    """One query over a T-long KV cache: 4·B·H·T·D."""
+    """One query per query head over a T-long KV cache: 4·B·H·T·D (fewer KV heads do not change the work)."""
     return 4 * c["B"] * c["H"] * c["T"] * c["D"]
 
 
 def softmax_decode_bytes(c):
-    """The bf16 KV cache read once: 2·B·H·T·D values."""
-    return 2 * c["B"] * c["H"] * c["T"] * c["D"] * 2
+    """The bf16 KV cache read once, each of its HKV heads once (`kv_heads`): 2·B·HKV·T·D values."""
+    return 2 * c["B"] * kv_heads(c) * c["T"] * c["D"] * 2
+
+
+def _softmax_inputs(c, T_q, requires_grad=False):
+    """q [B, H, T_q, D] and k, v [B, HKV, T, D] in bf16, and whether SDPA must group the query heads."""
+    B, H, T, D, hkv = c["B"], c["H"], c["T"], c["D"], kv_heads(c)
+    make = lambda heads, length: torch.randn(B, heads, length, D, device="cuda", dtype=DT,   # noqa: E731
+                                             requires_grad=requires_grad)
+    return make(H, T_q), make(hkv, T), make(hkv, T), hkv != H
 
 
 def sdpa_decode(c):
-    """A provider: SDPA's flash kernel, one query against a T-long bf16 KV cache ([B, H, T, D])."""
+    """A provider: SDPA's flash kernel, one query per head against a T-long bf16 KV cache of HKV heads
+    ([B, HKV, T, D]; `kv_heads`). With fewer KV heads than query heads SDPA's flash backend takes the
+    smaller cache as it is (enable_gqa) and reads it once, as a grouped-query model's decode does."""
     from ..peers import sdpa
 
     attend = sdpa("flash")
-    q = torch.randn(c["B"], c["H"], 1, c["D"], device="cuda", dtype=DT)
-    kc, vc = (torch.randn(c["B"], c["H"], c["T"], c["D"], device="cuda", dtype=DT) for _ in range(2))
-    return lambda: attend(q, kc, vc)
+    q, kc, vc, grouped = _softmax_inputs(c, 1)
+    return lambda: attend(q, kc, vc, enable_gqa=grouped)
 
 
 def sdpa_causal_train(c):
-    """A provider: SDPA's flash kernel, forward and backward of causal softmax attention ([B, H, T, D])."""
+    """A provider: SDPA's flash kernel, forward and backward of causal softmax attention (q [B, H, T, D],
+    k and v with the case's KV heads, `kv_heads`)."""
     from ..peers import sdpa
 
     attend = sdpa("flash")
-    q, k, v = (torch.randn(c["B"], c["H"], c["T"], c["D"], device="cuda", dtype=DT, requires_grad=True)
-               for _ in range(3))
-    return train_step(lambda *x: attend(*x, causal=True), (q, k, v), (q, k, v))
+    q, k, v, grouped = _softmax_inputs(c, c["T"], requires_grad=True)
+    return train_step(lambda *x: attend(*x, causal=True, enable_gqa=grouped), (q, k, v), (q, k, v))
 
 
 def sdpa_causal(c):
-    """A provider: SDPA's flash kernel, causal softmax attention over the whole prompt ([B, H, T, D])."""
+    """A provider: SDPA's flash kernel, causal softmax attention over the whole prompt (q [B, H, T, D],
+    k and v with the case's KV heads, `kv_heads`)."""
     from ..peers import sdpa
 
     attend = sdpa("flash")
-    q, k, v = (torch.randn(c["B"], c["H"], c["T"], c["D"], device="cuda", dtype=DT) for _ in range(3))
-    return lambda: attend(q, k, v, causal=True)
+    q, k, v, grouped = _softmax_inputs(c, c["T"])
+    return lambda: attend(q, k, v, causal=True, enable_gqa=grouped)
