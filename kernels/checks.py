@@ -116,13 +116,14 @@ def check_kernel_device(**tensors: torch.Tensor) -> None:
 
 def check_no_grad(form: str, **tensors: torch.Tensor | None) -> None:
     """ValueError naming the first tensor that requires grad while grad mode is on: `form` (a public
-    function's name) has no backward, so its output could not carry the gradient. None entries are skipped.
+    function's name) has no backward, so its output could not carry the gradient. Entries that are not
+    tensors (None, or a wrong type that the form's own checks then name) are skipped.
 
         >>> check_no_grad("fused_recurrent_gla", q=q, k=k, v=v, gk=gk, initial_state=h0)
     """
     if torch.is_grad_enabled():
         for name, t in tensors.items():
-            if t is not None and t.requires_grad:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
                 raise ValueError(f"{name} requires grad, and {form} has no backward: pass {name}.detach() "
                                  "or call it under torch.no_grad()")
 
