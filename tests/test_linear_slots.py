@@ -164,6 +164,8 @@ def test_fused_recurrent_slots_refuse(family):
             call(initial_state=pool, inplace_final_state=True, ssm_state_indices=slots, state_v_first=True)
 
 
+OUT_OF_PLACE_OPS = {"gla": gla_interface._fused_recurrent_gla, "lightning": lightning_interface._fused_recurrent_lightning,
+                    "kda": kda_interface._fused_recurrent_kda}
 INPLACE_OPS = {"gla": gla_interface._fused_recurrent_gla_inplace,
                "lightning": lightning_interface._fused_recurrent_lightning_inplace,
                "kda": kda_interface._fused_recurrent_kda_inplace}
@@ -172,7 +174,8 @@ INPLACE_OPS = {"gla": gla_interface._fused_recurrent_gla_inplace,
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fused_recurrent_inplace_compiled_equals_eager(family):
     """torch.compile (aot_eager, fullgraph) through the in-place op (declared as mutating initial_state):
-    the same o and the same pool as eager; opcheck passes (schema, fake tensors, mutation)."""
+    the same o and the same pool as eager; opcheck passes (schema, fake tensors, mutation) for it and for the
+    out-of-place op reading slots."""
     slots = torch.tensor([4, 1], device=DEVICE)
     call = _call(family, *_inputs(2, 1))
     pool_e, pool_c = _pool(), _pool()
@@ -187,3 +190,5 @@ def test_fused_recurrent_inplace_compiled_equals_eager(family):
              "lightning": (torch.rand(H, device=DEVICE),),
              "kda": (torch.nn.functional.logsigmoid(torch.randn_like(q)), torch.rand(2, 1, H, device=DEVICE))}[family]
     torch.library.opcheck(INPLACE_OPS[family].op, (q, k, v, *gates, _pool()), {"ssm_state_indices": slots})
+    torch.library.opcheck(OUT_OF_PLACE_OPS[family].op, (q, k, v, *gates),
+                          {"initial_state": _pool(), "output_final_state": True, "ssm_state_indices": slots})
