@@ -16,7 +16,9 @@ would write one state); reading one slot from several rows is allowed. The slot 
 where the table is on the CPU: on the GPU the check would wait for the device on every step (as Mamba-2's
 state_batch_indices, kernels/mamba2/interface.py); there an index outside [0, S) or a slot named twice is
 the caller's error, as in fla and mamba_ssm. Packed sequences (cu_seqlens) are refused with either option:
-a decode batch is one token a row, which the batch rows already hold.
+a decode batch is one token a row, which the batch rows already hold. The pool is read where it lies when
+it is contiguous (as a serving engine's is); a call that only reads slots of a pool that is not copies it
+whole first, and an in-place call refuses it.
 """
 from __future__ import annotations
 
