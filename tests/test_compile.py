@@ -352,7 +352,11 @@ def test_schema_from_the_signature():
     """The schema every op registers (the report's table), so that a change to it is seen."""
     assert str(fused_recurrent_gla.op._opoverload._schema) == (
         "kernels::fused_recurrent_gla(Tensor q, Tensor k, Tensor v, Tensor gk, float? scale=None, "
-        "Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None) -> Tensor[]")
+        "Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None, "
+        "Tensor? ssm_state_indices=None) -> Tensor[]")
+    assert str(gla_interface._fused_recurrent_gla_inplace.op._opoverload._schema) == (
+        "kernels::fused_recurrent_gla_inplace(Tensor q, Tensor k, Tensor v, Tensor gk, Tensor(a4!) initial_state, "
+        "float? scale=None, Tensor? ssm_state_indices=None) -> Tensor")
     assert str(fused_recurrent_lightning.op._opoverload._schema).startswith(
         "kernels::fused_recurrent_lightning(Tensor q, Tensor k, Tensor v, Tensor slopes, float? scale=1., ")
     assert str(gla_interface._chunk_gla_bwd.op._opoverload._schema) == (

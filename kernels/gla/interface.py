@@ -10,6 +10,8 @@ o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_s
 Packed sequences (chunk_gla and fused_recurrent_gla): cu_seqlens, int32 [N + 1] offsets of N sequences
 concatenated along T in one batch row (B = 1); the states are then [N, H, K, V], one per sequence
 (kernels/linear/packed.py).
+fused_recurrent_gla also serves: a pool of states, each batch row's slot, the state updated in place
+(inplace_final_state, ssm_state_indices: kernels/linear/slots.py).
 chunk_gla trains (gradients to q, k, v, gk and initial_state, through o and the final state); the other
 forms have no backward and refuse an input that requires grad.
 
@@ -22,13 +24,14 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..custom_ops import compiled_as_op, gradients_like, linear_attention_fake
+from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_fake
 from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_pass
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 from ..checks import check_bool, check_gradient, check_no_grad
 from ..linear.inputs import check_linear_inputs
 from ..linear.inputs import state_v_first_in as _state_in, state_v_first_out as _state_out
 from ..linear.packed import backward_per_sequence, forward_per_sequence
+from ..linear.slots import check_pool, check_serving_options, check_state_slots
 from .chunk import chunk_gla_scores
 from .fused_recurrent import fused_recurrent_fwd
 from .sequential_chunk import sequential_chunk_fwd
@@ -54,26 +57,52 @@ def _refuse_fla_options(form: str, gv=None, reverse=False, cu_seqlens_cpu=None) 
 
 
 @compiled_as_op("kernels::fused_recurrent_gla", fake=linear_attention_fake, tuple_size=2)
-def _fused_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+def _fused_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+                         ssm_state_indices=None):
     """`fused_recurrent_gla` in the kernels' own terms (the op torch.compile sees)."""
-    _, scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, initial_state, output_final_state, cu_seqlens)
+    return _fused_recurrent_checked(q, k, v, gk, scale, initial_state, output_final_state, cu_seqlens,
+                                    ssm_state_indices, inplace=False)
+
+
+@compiled_as_op("kernels::fused_recurrent_gla_inplace", fake=like("v"), mutates_args=("initial_state",))
+def _fused_recurrent_gla_inplace(q, k, v, gk, initial_state, scale=None, ssm_state_indices=None):
+    """`fused_recurrent_gla` with inplace_final_state: returns o, initial_state holds the final states (the
+    op torch.compile sees: one that mutates returns one tensor)."""
+    o, _ = _fused_recurrent_checked(q, k, v, gk, scale, initial_state, False, None, ssm_state_indices, inplace=True)
+    return o
+
+
+def _fused_recurrent_checked(q, k, v, gk, scale, initial_state, output_final_state, cu_seqlens, ssm_state_indices,
+                             inplace):
+    # a pool of states is checked apart: its first dim is the number of slots, not B
+    pool = ssm_state_indices is not None
+    (_, _, H, K, V), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, None if pool else initial_state,
+                                                         output_final_state, cu_seqlens)
+    check_state_slots("fused_recurrent_gla", q, initial_state, inplace, ssm_state_indices)
+    check_pool(initial_state, ssm_state_indices, H, K, V)
+    if pool:
+        h0, ssm_state_indices = initial_state.contiguous(), ssm_state_indices.contiguous()
     check_no_grad("fused_recurrent_gla", q=q, k=k, v=v, gk=gk, initial_state=h0)
     if cu_seqlens is None:
-        return _fused_recurrent(q, k, v, gk, scale, h0, output_final_state)
+        return _fused_recurrent(q, k, v, gk, scale, h0, output_final_state, ssm_state_indices, inplace)
     return forward_per_sequence(lambda rows, h0_n, final: _fused_recurrent(*rows, scale, h0_n, final),
                                 (q, k, v, gk), v, h0, output_final_state, cu_seqlens)
 
 
-def _fused_recurrent(q, k, v, gk, scale, h0, output_final_state):
+def _fused_recurrent(q, k, v, gk, scale, h0, output_final_state, slots=None, inplace=False):
     B, _, H, K = q.shape
     o = torch.empty_like(v)
-    ht = torch.empty(B, H, K, v.shape[-1], dtype=torch.float32, device=q.device) if output_final_state else None
-    fused_recurrent_fwd(q, k, v, gk, o, scale, h0, ht)
+    if inplace:   # the final states go where the initial ones were read
+        ht = h0
+    else:
+        ht = torch.empty(B, H, K, v.shape[-1], dtype=torch.float32, device=q.device) if output_final_state else None
+    fused_recurrent_fwd(q, k, v, gk, o, scale, h0, ht, slots, final_at_slots=inplace)
     return o, ht
 
 
 def fused_recurrent_gla(q, k, v, gk=None, gv=None, scale=None, initial_state=None, output_final_state=False,
-                        reverse=False, state_v_first=False, cu_seqlens=None):
+                        reverse=False, state_v_first=False, cu_seqlens=None, *, inplace_final_state=False,
+                        ssm_state_indices=None):
     """Fused recurrent GLA forward (Triton): one kernel walks the tokens with the state in
     registers; with T = 1 it is the decode step (one read and one write of the state).
 
@@ -82,16 +111,26 @@ def fused_recurrent_gla(q, k, v, gk=None, gv=None, scale=None, initial_state=Non
     (a gate of zeros); state_v_first=True takes initial_state as [B, H, V, K] and returns the final state
     so (a transposed view of the kernel's [B, H, K, V] one). Refused unless at their defaults (ValueError
     naming them): gv (a decay per value channel), reverse=True. cu_seqlens: packed sequences.
+    Serving (kernels/linear/slots.py, fla's names): ssm_state_indices (int [B]) reads each row's initial
+    state from its slot of initial_state, a pool [S, H, K, V]; inplace_final_state=True writes the final
+    states back where they were read and returns initial_state as the final state.
 
         >>> q, k, v, gk = torch.randn(4, 1, 1, 32, 128, device="cuda").unbind(0)
         >>> S = torch.zeros(1, 32, 128, 128, device="cuda")
         >>> o, S = fused_recurrent_gla(q, k, v, -gk.abs(), initial_state=S, output_final_state=True)
+        >>> pool, slots = torch.zeros(64, 32, 128, 128, device="cuda"), torch.tensor([7], device="cuda")
+        >>> o, _ = fused_recurrent_gla(q, k, v, -gk.abs(), initial_state=pool, inplace_final_state=True,
+        ...                            ssm_state_indices=slots)             # pool[7] holds the new state
     """
     _refuse_fla_options("fused_recurrent_gla", gv=gv, reverse=reverse)
+    inplace = check_serving_options("fused_recurrent_gla", inplace_final_state, ssm_state_indices, cu_seqlens,
+                                    state_v_first)
     if gk is None and isinstance(k, torch.Tensor):
         gk = torch.zeros_like(k)   # log decay 0: the state is kept as it is
+    if inplace:
+        return _fused_recurrent_gla_inplace(q, k, v, gk, initial_state, scale, ssm_state_indices), initial_state
     initial_state = _state_in(initial_state, state_v_first, q, v, cu_seqlens)
-    o, ht = _fused_recurrent_gla(q, k, v, gk, scale, initial_state, output_final_state, cu_seqlens)
+    o, ht = _fused_recurrent_gla(q, k, v, gk, scale, initial_state, output_final_state, cu_seqlens, ssm_state_indices)
     return o, _state_out(ht, state_v_first)
 
 

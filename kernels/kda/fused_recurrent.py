@@ -50,8 +50,9 @@ def _kda_token(b_h, q, k, v, g, beta, o, t, base_k, base_v, base_b, o_k, o_v, m_
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _fused_recurrent_kda_kernel(
-    q, k, v, g, beta, o, h0, ht, scale, T, H,
+    q, k, v, g, beta, o, h0, ht, slots, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    H0_AT_SLOTS: tl.constexpr, HT_AT_SLOTS: tl.constexpr,
     L2NORM: tl.constexpr, EPS: tl.constexpr, EVEN: tl.constexpr, STEP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr,
 ):
@@ -62,7 +63,7 @@ def _fused_recurrent_kda_kernel(
         m_v = tl.full([BN], 1, tl.int1)
     m_h = m_k[:, None] & m_v[None, :]
     base_b = base_k // K                      # (b·T + 0)·H + h: token 0's β in [B, T, H]
-    b_h = state_tile(h0, p_h, m_h, USE_H0, BM, BN)
+    b_h = state_tile(h0, slots, p_h, m_h, H, K, V, USE_H0, H0_AT_SLOTS, BM, BN)
     if STEP:  # one token (decode): straight-line code, every load issued before the state is needed
         b_h = _kda_token(b_h, q, k, v, g, beta, o, 0, base_k, base_v, base_b, o_k, o_v, m_k, m_v, scale, H,
                          K, V, L2NORM, EPS)
@@ -70,7 +71,7 @@ def _fused_recurrent_kda_kernel(
         for t in range(0, T):
             b_h = _kda_token(b_h, q, k, v, g, beta, o, t, base_k, base_v, base_b, o_k, o_v, m_k, m_v, scale, H,
                              K, V, L2NORM, EPS)
-    store_state(ht, p_h, m_h, b_h, STORE_HT)
+    store_state(ht, slots, p_h, m_h, b_h, H, K, V, STORE_HT, HT_AT_SLOTS)
 
 
 def kda_step_tiles(K: int, V: int, NBH: int):
@@ -85,12 +86,14 @@ def kda_step_tiles(K: int, V: int, NBH: int):
 
 
 def fused_recurrent_fwd(q, k, v, g, beta, o, scale: float, initial_state=None, final_state=None,
+                        ssm_state_indices=None, final_at_slots: bool = False,
                         l2norm: bool = False) -> None:
     """Launch the fused recurrent kernel: one program per (V-tile, batch·head).
 
     q, k, g: [B, T, H, K]; v, o: [B, T, H, V] (o written); beta: [B, T, H]; initial_state (read)
     and final_state (written): fp32 [B, H, K, V] or None. All contiguous. After the first call with a
     given (device, dtype, K, V, tile), the compiled kernel is launched directly (`kernels.launch`).
+    ssm_state_indices (int [B], contiguous) and final_at_slots: the pool's rows, as `launch_step` takes them.
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -98,7 +101,8 @@ def fused_recurrent_fwd(q, k, v, g, beta, o, scale: float, initial_state=None, f
     BM, BN = tiles[0][:2]
     even, step = K == BM and V % BN == 0, T == 1
     launch_step(_fused_recurrent_kda_kernel, "kda step", (q, k, v, g, beta), o, scale, initial_state, final_state,
-                key=(g.dtype, beta.dtype, l2norm, step), tiles=tiles, L2NORM=l2norm, EPS=L2NORM_EPS,
+                key=(g.dtype, beta.dtype, l2norm, step), tiles=tiles, ssm_state_indices=ssm_state_indices,
+                final_at_slots=final_at_slots, L2NORM=l2norm, EPS=L2NORM_EPS,
                 EVEN=even, STEP=step)
 
 

@@ -11,6 +11,8 @@ be normalised for the delta rule to stay a contraction; pass False if they alrea
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
 Packed sequences (both forms): cu_seqlens, int32 [N + 1] offsets of N sequences concatenated along T in one
 batch row (B = 1); the states are then [N, H, K, V], one per sequence (kernels/linear/packed.py).
+fused_recurrent_kda also serves: a pool of states, each batch row's slot, the state updated in place
+(inplace_final_state, ssm_state_indices: kernels/linear/slots.py).
 chunk_kda trains (gradients to q, k, v, g, beta and initial_state, through o and the final state, and
 through the L2 norm when it is on); fused_recurrent_kda has no backward and refuses an input that
 requires grad.
@@ -31,10 +33,11 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_bool, check_gradient, check_no_grad
-from ..custom_ops import compiled_as_op, gradients_like, linear_attention_fake
+from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_fake
 from ..linear.chunk import chunk_output
 from ..linear.inputs import check_linear_inputs, state_v_first_in, state_v_first_out
 from ..linear.packed import backward_per_sequence, forward_per_sequence
+from ..linear.slots import check_pool, check_serving_options, check_state_slots
 from .chunk import chunk_kda_intermediates
 from .chunk_backward import chunk_kda_bwd
 from .fused_recurrent import fused_recurrent_fwd
@@ -71,29 +74,56 @@ def _gate_and_beta(form, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_s
 
 @compiled_as_op("kernels::fused_recurrent_kda", fake=linear_attention_fake, tuple_size=2)
 def _fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                         use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+                         use_qk_l2norm_in_kernel=False, cu_seqlens=None, ssm_state_indices=None):
     """`fused_recurrent_kda` in the kernels' own terms (the op torch.compile sees)."""
-    _, scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                                use_qk_l2norm_in_kernel, cu_seqlens)
+    return _fused_recurrent_checked(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                    use_qk_l2norm_in_kernel, cu_seqlens, ssm_state_indices, inplace=False)
+
+
+@compiled_as_op("kernels::fused_recurrent_kda_inplace", fake=like("v"), mutates_args=("initial_state",))
+def _fused_recurrent_kda_inplace(q, k, v, g, beta, initial_state, scale=None, use_qk_l2norm_in_kernel=False,
+                                 ssm_state_indices=None):
+    """`fused_recurrent_kda` with inplace_final_state: returns o, initial_state holds the final states (the
+    op torch.compile sees: one that mutates returns one tensor)."""
+    o, _ = _fused_recurrent_checked(q, k, v, g, beta, scale, initial_state, False, use_qk_l2norm_in_kernel, None,
+                                    ssm_state_indices, inplace=True)
+    return o
+
+
+def _fused_recurrent_checked(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                             cu_seqlens, ssm_state_indices, inplace):
+    # a pool of states is checked apart: its first dim is the number of slots, not B
+    pool = ssm_state_indices is not None
+    (_, _, H, K, V), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale,
+                                                              None if pool else initial_state, output_final_state,
+                                                              use_qk_l2norm_in_kernel, cu_seqlens)
+    check_state_slots("fused_recurrent_kda", q, initial_state, inplace, ssm_state_indices)
+    check_pool(initial_state, ssm_state_indices, H, K, V)
+    if pool:
+        h0, ssm_state_indices = initial_state.contiguous(), ssm_state_indices.contiguous()
     check_no_grad("fused_recurrent_kda", q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
 
-    def run(rows, h0_n, final):
+    def run(rows, h0_n, final, slots=None):
         q, k, v, g, beta = rows
         B, _, H, K = q.shape
         o = torch.empty_like(v)
-        ht = torch.empty(B, H, K, v.shape[-1], dtype=torch.float32, device=q.device) if final else None
-        fused_recurrent_fwd(q, k, v, g, beta, o, scale, h0_n, ht, l2norm=use_qk_l2norm_in_kernel)
+        if inplace:   # the final states go where the initial ones were read
+            ht = h0_n
+        else:
+            ht = torch.empty(B, H, K, v.shape[-1], dtype=torch.float32, device=q.device) if final else None
+        fused_recurrent_fwd(q, k, v, g, beta, o, scale, h0_n, ht, slots, final_at_slots=inplace,
+                            l2norm=use_qk_l2norm_in_kernel)
         return o, ht
 
     if cu_seqlens is None:
-        return run((q, k, v, g, beta), h0, output_final_state)
+        return run((q, k, v, g, beta), h0, output_final_state, ssm_state_indices)
     return forward_per_sequence(run, (q, k, v, g, beta), v, h0, output_final_state, cu_seqlens)
 
 
 def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
                         output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
                         use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
-                        state_v_first=False, cu_seqlens=None):
+                        state_v_first=False, cu_seqlens=None, *, inplace_final_state=False, ssm_state_indices=None):
     """Fused recurrent KDA forward (Triton): one kernel walks the tokens with the state in registers;
     with T = 1 it is the decode step (one read and one write of the state, q and k normalised in
     registers when asked).
@@ -106,6 +136,10 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
     allow_neg_eigval). Both are computed in PyTorch before the launch (kernels/kda/gate.py): fusing them
     into the kernel is a later speed step. state_v_first=True takes initial_state as [B, H, V, K] and
     returns the final state so (a transposed view of the kernel's [B, H, K, V] one).
+    Serving (kernels/linear/slots.py, the names of fla's fused_recurrent_kda_fwd): ssm_state_indices (int [B])
+    reads each row's initial state from its slot of initial_state, a pool [S, H, K, V];
+    inplace_final_state=True writes the final states back where they were read and returns initial_state as
+    the final state (fla's own default there is True; here, as in fla's fused_recurrent_kda, False).
 
         >>> q, k, v, g = torch.randn(4, 1, 1, 32, 128, device="cuda").unbind(0)
         >>> beta = torch.rand(1, 1, 32, device="cuda")
@@ -115,9 +149,13 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
     """
     g, beta = _gate_and_beta("fused_recurrent_kda", g, beta, A_log, dt_bias, use_gate_in_kernel,
                              use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, no_grad_form=True)
+    if check_serving_options("fused_recurrent_kda", inplace_final_state, ssm_state_indices, cu_seqlens,
+                             state_v_first):
+        return _fused_recurrent_kda_inplace(q, k, v, g, beta, initial_state, scale, use_qk_l2norm_in_kernel,
+                                            ssm_state_indices), initial_state
     initial_state = state_v_first_in(initial_state, state_v_first, q, v, cu_seqlens)
     o, ht = _fused_recurrent_kda(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                 use_qk_l2norm_in_kernel, cu_seqlens)
+                                 use_qk_l2norm_in_kernel, cu_seqlens, ssm_state_indices)
     return o, state_v_first_out(ht, state_v_first)
 
 

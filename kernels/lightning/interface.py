@@ -10,6 +10,8 @@ None also means 1.0). initial_state: fp32 [B, H, K, V] or None (zeros).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
 Packed sequences (both forms): cu_seqlens, int32 [N + 1] offsets of N sequences concatenated along T in one
 batch row (B = 1); the states are then [N, H, K, V], one per sequence (kernels/linear/packed.py).
+fused_recurrent_lightning also serves: a pool of states, each batch row's slot, the state updated in place
+(inplace_final_state, ssm_state_indices: kernels/linear/slots.py).
 chunk_lightning trains (gradients to q, k, v and initial_state, through o and the final state; the slopes
 are fixed per head and take none); the recurrent form has no backward and refuses an input that requires grad.
 A NaN or inf in an input never reaches an earlier token's output; an inf that the math carries on as
@@ -21,12 +23,13 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..custom_ops import compiled_as_op, gradients_like, linear_attention_fake
+from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_fake
 from ..linear.chunk import CHUNK, chunk_state_pass
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 from ..checks import check_gradient, check_no_grad
 from ..linear.inputs import check_linear_inputs
 from ..linear.packed import backward_per_sequence, forward_per_sequence
+from ..linear.slots import check_pool, check_serving_options, check_state_slots
 from .chunk import chunk_lightning_output
 from .fused_recurrent import fused_recurrent_fwd
 
@@ -42,32 +45,74 @@ def _checked(q, k, v, slopes, scale, initial_state, output_final_state, cu_seqle
 
 
 @compiled_as_op("kernels::fused_recurrent_lightning", fake=linear_attention_fake, tuple_size=2)
-def fused_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False,
-                              cu_seqlens=None):
-    """Fused recurrent Lightning Attention forward (Triton): one kernel walks the tokens with the
-    state in registers; with T = 1 it is the decode step (one read and one write of the state).
+def _fused_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False,
+                               cu_seqlens=None, ssm_state_indices=None):
+    """`fused_recurrent_lightning` in the kernels' own terms (the op torch.compile sees)."""
+    return _fused_recurrent_checked(q, k, v, slopes, scale, initial_state, output_final_state, cu_seqlens,
+                                    ssm_state_indices, inplace=False)
 
-    Shapes and dtypes as in this module's docstring; math and state in fp32 (no `tl.dot`: fp32
-    inputs are fp32-accurate on every machine).
 
-        >>> q, k, v = torch.randn(3, 1, 1, 32, 128, device="cuda").unbind(0)
-        >>> S, s = torch.zeros(1, 32, 128, 128, device="cuda"), lightning_slopes(32).cuda()
-        >>> o, S = fused_recurrent_lightning(q, k, v, s, initial_state=S, output_final_state=True)
-    """
-    _, scale, (q, k, v, s, h0) = _checked(q, k, v, slopes, scale, initial_state, output_final_state, cu_seqlens)
+@compiled_as_op("kernels::fused_recurrent_lightning_inplace", fake=like("v"), mutates_args=("initial_state",))
+def _fused_recurrent_lightning_inplace(q, k, v, slopes, initial_state, scale=1.0, ssm_state_indices=None):
+    """`fused_recurrent_lightning` with inplace_final_state: returns o, initial_state holds the final states
+    (the op torch.compile sees: one that mutates returns one tensor)."""
+    o, _ = _fused_recurrent_checked(q, k, v, slopes, scale, initial_state, False, None, ssm_state_indices,
+                                    inplace=True)
+    return o
+
+
+def _fused_recurrent_checked(q, k, v, slopes, scale, initial_state, output_final_state, cu_seqlens,
+                             ssm_state_indices, inplace):
+    # a pool of states is checked apart: its first dim is the number of slots, not B
+    pool = ssm_state_indices is not None
+    (_, _, H, K, V), scale, (q, k, v, s, h0) = _checked(q, k, v, slopes, scale, None if pool else initial_state,
+                                                        output_final_state, cu_seqlens)
+    check_state_slots("fused_recurrent_lightning", q, initial_state, inplace, ssm_state_indices)
+    check_pool(initial_state, ssm_state_indices, H, K, V)
+    if pool:
+        h0, ssm_state_indices = initial_state.contiguous(), ssm_state_indices.contiguous()
     check_no_grad("fused_recurrent_lightning", q=q, k=k, v=v, slopes=slopes, initial_state=h0)
     if cu_seqlens is None:
-        return _fused_recurrent(q, k, v, s, scale, h0, output_final_state)
+        return _fused_recurrent(q, k, v, s, scale, h0, output_final_state, ssm_state_indices, inplace)
     return forward_per_sequence(lambda rows, h0_n, final: _fused_recurrent(*rows, s, scale, h0_n, final),
                                 (q, k, v), v, h0, output_final_state, cu_seqlens)
 
 
-def _fused_recurrent(q, k, v, s, scale, h0, output_final_state):
+def _fused_recurrent(q, k, v, s, scale, h0, output_final_state, slots=None, inplace=False):
     B, _, H, K = q.shape
     o = torch.empty_like(v)
-    ht = torch.empty(B, H, K, v.shape[-1], dtype=torch.float32, device=q.device) if output_final_state else None
-    fused_recurrent_fwd(q, k, v, s, o, scale, h0, ht)
+    if inplace:   # the final states go where the initial ones were read
+        ht = h0
+    else:
+        ht = torch.empty(B, H, K, v.shape[-1], dtype=torch.float32, device=q.device) if output_final_state else None
+    fused_recurrent_fwd(q, k, v, s, o, scale, h0, ht, slots, final_at_slots=inplace)
     return o, ht
+
+
+def fused_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False,
+                              cu_seqlens=None, *, inplace_final_state=False, ssm_state_indices=None):
+    """Fused recurrent Lightning Attention forward (Triton): one kernel walks the tokens with the
+    state in registers; with T = 1 it is the decode step (one read and one write of the state).
+
+    Shapes and dtypes as in this module's docstring; math and state in fp32 (no `tl.dot`: fp32
+    inputs are fp32-accurate on every machine). Serving (kernels/linear/slots.py, fla's names):
+    ssm_state_indices (int [B]) reads each row's initial state from its slot of initial_state, a pool
+    [S, H, K, V]; inplace_final_state=True writes the final states back where they were read and returns
+    initial_state as the final state.
+
+        >>> q, k, v = torch.randn(3, 1, 1, 32, 128, device="cuda").unbind(0)
+        >>> S, s = torch.zeros(1, 32, 128, 128, device="cuda"), lightning_slopes(32).cuda()
+        >>> o, S = fused_recurrent_lightning(q, k, v, s, initial_state=S, output_final_state=True)
+        >>> o, S = fused_recurrent_lightning(q, k, v, s, initial_state=S, inplace_final_state=True)  # S updated
+    """
+    if check_serving_options("fused_recurrent_lightning", inplace_final_state, ssm_state_indices, cu_seqlens):
+        return (_fused_recurrent_lightning_inplace(q, k, v, slopes, initial_state, scale, ssm_state_indices),
+                initial_state)
+    return _fused_recurrent_lightning(q, k, v, slopes, scale, initial_state, output_final_state, cu_seqlens,
+                                      ssm_state_indices)
+
+
+fused_recurrent_lightning.op = _fused_recurrent_lightning.op   # its op, as every other public function's
 
 
 # The forward and backward launchers are ops (as FlashAttention's are): torch.compile traces

@@ -29,32 +29,57 @@ def decode_tiles(K: int, V: int, NBH: int):
 
 
 def launch_step(kernel, name: str, inputs, o, scale: float, initial_state=None, final_state=None, key=(),
-                tiles=None, **constexprs) -> None:
+                tiles=None, ssm_state_indices=None, final_at_slots: bool = False, **constexprs) -> None:
     """Launch a family's fused recurrent kernel, one program per (V-tile, batch·head), with the tiles
     of `decode_tiles` (or the given `tiles`, a list of (BM, BN, num_warps, num_stages)) and, after the
     first call, directly (`kernels.launch`). The kernel's arguments:
-    *inputs (q [B, T, H, K] and v [B, T, H, V] first and third), o, h0, ht, scale, T, H, then the
-    constexprs K, V, USE_H0, STORE_HT, BM, BN and `constexprs`. `key` adds what else selects the
-    compiled variant beyond q's dtype, the sizes and the state flags (other inputs' dtypes, a flag)."""
+    *inputs (q [B, T, H, K] and v [B, T, H, V] first and third), o, h0, ht, slots, scale, T, H, then the
+    constexprs K, V, USE_H0, STORE_HT, H0_AT_SLOTS, HT_AT_SLOTS, BM, BN and `constexprs`. `key` adds what
+    else selects the compiled variant beyond q's dtype, the sizes and the state flags (other inputs'
+    dtypes, a flag).
+
+    ssm_state_indices (int32/int64 [B], contiguous): batch row b reads its initial state from row
+    ssm_state_indices[b] of initial_state (a pool of states) and, with final_at_slots, writes its final
+    state into that row of final_state (the pool again, for an in-place step); without, final_state is
+    [B, H, K, V]. final_state may be initial_state itself: each program reads its tile once, before it
+    writes it, and no other program touches that tile (slots must be distinct for an in-place step)."""
     q, v = inputs[0], inputs[2]
     B, T, H, K = q.shape
     V = v.shape[-1]
     tiles = tiles or decode_tiles(K, V, B * H)
     use_h0, store_ht = initial_state is not None, final_state is not None
-    # an unused state pointer gets a stand-in tensor (never read nor written: USE_H0 / STORE_HT are
-    # False), so every argument is a tensor and the direct launch path applies
+    h0_at_slots = ssm_state_indices is not None
+    ht_at_slots = h0_at_slots and final_at_slots
+    # an unused pointer gets a stand-in tensor (never read nor written: its flag is False), so every
+    # argument is a tensor and the direct launch path applies
     h0 = initial_state if use_h0 else o
     ht = final_state if store_ht else o
+    slots = ssm_state_indices if h0_at_slots else o
     launch(kernel, lambda BM, BN: (cdiv(V, BN), B * H), tiles,
-           (name, q.device, q.dtype, K, V, use_h0, store_ht, *key, tiles[0]),
-           *inputs, o, h0, ht, float(scale), T, H, K=K, V=V, USE_H0=use_h0, STORE_HT=store_ht, **constexprs)
+           (name, q.device, q.dtype, K, V, use_h0, store_ht, h0_at_slots, ht_at_slots, slots.dtype, *key, tiles[0]),
+           *inputs, o, h0, ht, slots, float(scale), T, H, K=K, V=V, USE_H0=use_h0, STORE_HT=store_ht,
+           H0_AT_SLOTS=h0_at_slots, HT_AT_SLOTS=ht_at_slots, **constexprs)
 
 
 @triton.jit
-def state_tile(h0, p_h, m_h, USE_H0: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """A program's [BK, BV] slice of the state, fp32: read from h0 at p_h, or zeros."""
+def slot_row(p_h, slots, H, K: tl.constexpr, V: tl.constexpr, AT_SLOTS: tl.constexpr):
+    """The state offsets p_h (the program's batch row b of a [B, H, K, V] state) moved to row slots[b]
+    of a pool of states [S, H, K, V], when AT_SLOTS; else p_h as it is. int64: a pool may pass 2^31
+    elements."""
+    if AT_SLOTS:
+        i_b = tl.program_id(1) // H
+        slot = tl.load(slots + i_b).to(tl.int64)
+        p_h = p_h + (slot - i_b) * H * K * V
+    return p_h
+
+
+@triton.jit
+def state_tile(h0, slots, p_h, m_h, H, K: tl.constexpr, V: tl.constexpr, USE_H0: tl.constexpr,
+               AT_SLOTS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """A program's [BK, BV] slice of the state, fp32: read from h0 at p_h (at its slot's row, when
+    AT_SLOTS: `slot_row`), or zeros."""
     if USE_H0:
-        b_h = tl.load(h0 + p_h, mask=m_h, other=0.0)
+        b_h = tl.load(h0 + slot_row(p_h, slots, H, K, V, AT_SLOTS), mask=m_h, other=0.0)
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
     return b_h
@@ -103,7 +128,8 @@ def token_inputs(q, k, v, t, base_k, base_v, o_k, o_v, m_k, m_v, scale, H, K: tl
 
 
 @triton.jit
-def store_state(ht, p_h, m_h, b_h, STORE_HT: tl.constexpr):
-    """Write the final state tile, if asked for."""
+def store_state(ht, slots, p_h, m_h, b_h, H, K: tl.constexpr, V: tl.constexpr, STORE_HT: tl.constexpr,
+                AT_SLOTS: tl.constexpr):
+    """Write the final state tile, if asked for (at its slot's row, when AT_SLOTS: `slot_row`)."""
     if STORE_HT:
-        tl.store(ht + p_h, b_h, mask=m_h)
+        tl.store(ht + slot_row(p_h, slots, H, K, V, AT_SLOTS), b_h, mask=m_h)
