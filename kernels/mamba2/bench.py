@@ -7,6 +7,9 @@
                                  causal softmax (SDPA flash) at the same heads
     PREFILL_CHUNKS               the chunk length: the book's scan at 64, 128, 256 and mamba_ssm's at
                                  256 and 64, B = 1, T = 4K and 16K
+    LAYER                        the scan as a Mamba-2 layer calls it: z=None, then the gated RMSNorm,
+                                 the book's (chunk 64, PyTorch norm) against mamba_ssm's (chunk 256,
+                                 RMSNormGated's rmsnorm_fn), and each scan alone; B = 1 and 8, T = 4K, 16K
     TRAIN                        a training step (forward + backward), the book's scan and mamba_ssm's
                                  at chunks 256 and 64, B = 1, T = 4K and 16K
 
@@ -25,6 +28,7 @@ can (installed, or a source checkout named by MAMBA_SSM_PATH) and gives None (an
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..bench import Benchmark, Panel
 from ..linear.chunk import CHUNK
@@ -167,6 +171,68 @@ PREFILL_CHUNKS = Benchmark(
     prefill_flops, prefill_bytes, timer="flushed", module=__name__)
 
 
+
+# ---------------------------------------------------------------- the layer's call
+NORM_EPS = 1e-5                                      # RMSNormGated's default in a Mamba-2 layer
+
+
+def gated_rmsnorm(y, z, weight, group_size: int, eps: float = NORM_EPS):
+    """A Mamba-2 layer's output norm (mamba_ssm's RMSNormGated with norm_before_gate=False), in PyTorch:
+    g = y · silu(z), each group of group_size channels divided by its root mean square, times weight.
+    y, z: [..., d_inner]; weight: [d_inner]. The math in fp32, the result in y's dtype."""
+    gated = y.float() * F.silu(z.float())
+    groups = gated.unflatten(-1, (-1, group_size))
+    normed = groups * torch.rsqrt(groups.square().mean(-1, keepdim=True) + eps)
+    return (normed.flatten(-2) * weight.float()).to(y.dtype)
+
+
+def _layer_inputs(c):
+    """The scan's arguments with z taken out (the layer gates in the norm), z and the norm's weight
+    flattened to the layer's [B, T, d_inner], and the norm's group: d_inner / ngroups channels."""
+    scan = _scan_inputs(c)
+    z = scan.pop("z").flatten(-2)
+    weight = torch.ones(z.shape[-1], device=z.device, dtype=DT)    # a bf16 model's parameter
+    return scan, z, weight, z.shape[-1] // c["G"]
+
+
+def _book_layer(norm: bool):
+    """The book's scan at chunk 64 with z=None, then (norm=True) the PyTorch gated RMSNorm."""
+    def make(c):
+        scan, z, weight, group = _layer_inputs(c)
+        if not norm:
+            return lambda: ssd_chunk_scan(**scan, chunk_size=CHUNK)
+        return lambda: gated_rmsnorm(ssd_chunk_scan(**scan, chunk_size=CHUNK).flatten(-2), z, weight, group)
+    return make
+
+
+def _mamba_ssm_layer(norm: bool):
+    """mamba_chunk_scan_combined at chunk 256 with z=None, then (norm=True) mamba_ssm's rmsnorm_fn as its
+    RMSNormGated calls it; None where either is not importable."""
+    def make(c):
+        op = mamba_ssm("ssd_combined", "mamba_chunk_scan_combined")
+        rmsnorm = mamba_ssm("layernorm_gated", "rmsnorm_fn") if norm else None
+        if op is None or (norm and rmsnorm is None):
+            return None
+        scan, z, weight, group = _layer_inputs(c)
+        if not norm:
+            return lambda: op(chunk_size=256, **scan)
+        return lambda: rmsnorm(op(chunk_size=256, **scan).flatten(-2), weight, None, z=z, eps=NORM_EPS,
+                               group_size=group, norm_before_gate=False)
+    return make
+
+
+# The scan as a Mamba-2 layer calls it: z=None (given z, mamba_ssm's scan also writes the ungated output),
+# then y = rmsnorm(y · silu(z)) · weight over groups of d_inner / ngroups channels. Each side at its own
+# chunk (the book 64, mamba_ssm its models' 256), the norm shown by the scan-alone rows. The work and bytes
+# are PREFILL's (z read once, y written once): the norm's second pass over y is not counted.
+LAYER_CASES = [{"B": b, "T": t, "H": 80, "D": HEADDIM, "dstate": DSTATE, "G": 1} for b in (1, 8) for t in (4096, 16384)]
+LAYER = Benchmark(
+    "mamba2_layer", LAYER_CASES,
+    {"book: scan + norm": _book_layer(norm=True), "book: scan": _book_layer(norm=False),
+     "mamba_ssm: scan + RMSNormGated": _mamba_ssm_layer(norm=True), "mamba_ssm: scan": _mamba_ssm_layer(norm=False)},
+    prefill_flops, prefill_bytes, timer="flushed", module=__name__)
+
+
 # ---------------------------------------------------------------- training
 TRAINED = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")
 
@@ -214,11 +280,12 @@ TRAIN = Benchmark(
      **{f"mamba_ssm chunk {L}": _mamba_ssm_train(L) for L in (256, 64)}},
     train_flops, train_bytes, timer="flushed", module=__name__)
 
-BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL, PREFILL_CHUNKS, TRAIN]
+BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL, PREFILL_CHUNKS, LAYER, TRAIN]
 
 HEADLINE = Panel("mamba2_prefill", {"B": 1}, "T", "ms",
                  ("book: SSD chunk scan", "mamba_ssm", "SDPA flash"),
                  "Mamba-2 prefill (SDPA: causal softmax)\nB=1, 80 heads x 64, dstate 128")
 
-__all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "PREFILL_CHUNKS", "TRAIN", "BENCHMARKS", "HEADLINE",
-           "step_bytes", "step_flops", "prefill_flops", "prefill_bytes", "train_flops", "train_bytes"]
+__all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "PREFILL_CHUNKS", "LAYER", "TRAIN", "BENCHMARKS", "HEADLINE",
+           "gated_rmsnorm", "step_bytes", "step_flops", "prefill_flops", "prefill_bytes", "train_flops",
+           "train_bytes"]
