@@ -31,7 +31,7 @@ from ..checks import check_bool, check_gradient, check_no_grad
 from ..linear.inputs import check_linear_inputs
 from ..linear.inputs import state_v_first_in as _state_in, state_v_first_out as _state_out
 from ..linear.packed import backward_per_sequence, forward_per_sequence
-from ..linear.slots import check_pool, check_serving_options, check_state_slots
+from ..linear.slots import check_serving_options, pooled_state, step_outputs
 from .chunk import chunk_gla_scores
 from .fused_recurrent import fused_recurrent_fwd
 from .sequential_chunk import sequential_chunk_fwd
@@ -78,10 +78,7 @@ def _fused_recurrent_checked(q, k, v, gk, scale, initial_state, output_final_sta
     pool = ssm_state_indices is not None
     (_, _, H, K, V), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, None if pool else initial_state,
                                                          output_final_state, cu_seqlens)
-    check_state_slots("fused_recurrent_gla", q, initial_state, inplace, ssm_state_indices)
-    check_pool(initial_state, ssm_state_indices, H, K, V)
-    if pool:
-        h0, ssm_state_indices = initial_state.contiguous(), ssm_state_indices.contiguous()
+    h0, ssm_state_indices = pooled_state("fused_recurrent_gla", q, initial_state, inplace, ssm_state_indices, h0, H, K, V)
     check_no_grad("fused_recurrent_gla", q=q, k=k, v=v, gk=gk, initial_state=h0)
     if cu_seqlens is None:
         return _fused_recurrent(q, k, v, gk, scale, h0, output_final_state, ssm_state_indices, inplace)
@@ -90,12 +87,7 @@ def _fused_recurrent_checked(q, k, v, gk, scale, initial_state, output_final_sta
 
 
 def _fused_recurrent(q, k, v, gk, scale, h0, output_final_state, slots=None, inplace=False):
-    B, _, H, K = q.shape
-    o = torch.empty_like(v)
-    if inplace:   # the final states go where the initial ones were read
-        ht = h0
-    else:
-        ht = torch.empty(B, H, K, v.shape[-1], dtype=torch.float32, device=q.device) if output_final_state else None
+    o, ht = step_outputs(q, v, h0, output_final_state, inplace)
     fused_recurrent_fwd(q, k, v, gk, o, scale, h0, ht, slots, final_at_slots=inplace)
     return o, ht
 

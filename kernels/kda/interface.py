@@ -37,7 +37,7 @@ from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_
 from ..linear.chunk import chunk_output
 from ..linear.inputs import check_linear_inputs, state_v_first_in, state_v_first_out
 from ..linear.packed import backward_per_sequence, forward_per_sequence
-from ..linear.slots import check_pool, check_serving_options, check_state_slots
+from ..linear.slots import check_serving_options, pooled_state, step_outputs
 from .chunk import chunk_kda_intermediates
 from .chunk_backward import chunk_kda_bwd
 from .fused_recurrent import fused_recurrent_fwd
@@ -97,20 +97,12 @@ def _fused_recurrent_checked(q, k, v, g, beta, scale, initial_state, output_fina
     (_, _, H, K, V), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale,
                                                               None if pool else initial_state, output_final_state,
                                                               use_qk_l2norm_in_kernel, cu_seqlens)
-    check_state_slots("fused_recurrent_kda", q, initial_state, inplace, ssm_state_indices)
-    check_pool(initial_state, ssm_state_indices, H, K, V)
-    if pool:
-        h0, ssm_state_indices = initial_state.contiguous(), ssm_state_indices.contiguous()
+    h0, ssm_state_indices = pooled_state("fused_recurrent_kda", q, initial_state, inplace, ssm_state_indices, h0, H, K, V)
     check_no_grad("fused_recurrent_kda", q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
 
     def run(rows, h0_n, final, slots=None):
         q, k, v, g, beta = rows
-        B, _, H, K = q.shape
-        o = torch.empty_like(v)
-        if inplace:   # the final states go where the initial ones were read
-            ht = h0_n
-        else:
-            ht = torch.empty(B, H, K, v.shape[-1], dtype=torch.float32, device=q.device) if final else None
+        o, ht = step_outputs(q, v, h0_n, final, inplace)
         fused_recurrent_fwd(q, k, v, g, beta, o, scale, h0_n, ht, slots, final_at_slots=inplace,
                             l2norm=use_qk_l2norm_in_kernel)
         return o, ht

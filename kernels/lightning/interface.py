@@ -29,7 +29,7 @@ from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 from ..checks import check_gradient, check_no_grad
 from ..linear.inputs import check_linear_inputs
 from ..linear.packed import backward_per_sequence, forward_per_sequence
-from ..linear.slots import check_pool, check_serving_options, check_state_slots
+from ..linear.slots import check_serving_options, pooled_state, step_outputs
 from .chunk import chunk_lightning_output
 from .fused_recurrent import fused_recurrent_fwd
 
@@ -67,10 +67,7 @@ def _fused_recurrent_checked(q, k, v, slopes, scale, initial_state, output_final
     pool = ssm_state_indices is not None
     (_, _, H, K, V), scale, (q, k, v, s, h0) = _checked(q, k, v, slopes, scale, None if pool else initial_state,
                                                         output_final_state, cu_seqlens)
-    check_state_slots("fused_recurrent_lightning", q, initial_state, inplace, ssm_state_indices)
-    check_pool(initial_state, ssm_state_indices, H, K, V)
-    if pool:
-        h0, ssm_state_indices = initial_state.contiguous(), ssm_state_indices.contiguous()
+    h0, ssm_state_indices = pooled_state("fused_recurrent_lightning", q, initial_state, inplace, ssm_state_indices, h0, H, K, V)
     check_no_grad("fused_recurrent_lightning", q=q, k=k, v=v, slopes=slopes, initial_state=h0)
     if cu_seqlens is None:
         return _fused_recurrent(q, k, v, s, scale, h0, output_final_state, ssm_state_indices, inplace)
@@ -79,12 +76,7 @@ def _fused_recurrent_checked(q, k, v, slopes, scale, initial_state, output_final
 
 
 def _fused_recurrent(q, k, v, s, scale, h0, output_final_state, slots=None, inplace=False):
-    B, _, H, K = q.shape
-    o = torch.empty_like(v)
-    if inplace:   # the final states go where the initial ones were read
-        ht = h0
-    else:
-        ht = torch.empty(B, H, K, v.shape[-1], dtype=torch.float32, device=q.device) if output_final_state else None
+    o, ht = step_outputs(q, v, h0, output_final_state, inplace)
     fused_recurrent_fwd(q, k, v, s, o, scale, h0, ht, slots, final_at_slots=inplace)
     return o, ht
 

@@ -84,4 +84,26 @@ def _check_slot_values(indices: torch.Tensor, slots: int, written: bool) -> None
                              "inplace_final_state two batch rows would write one state")
 
 
-__all__ = ["check_serving_options", "check_state_slots", "check_pool", "INDEX_DTYPES"]
+def pooled_state(form: str, q, initial_state, inplace: bool, ssm_state_indices, h0, H: int, K: int, V: int):
+    """The state a step reads and its slot table, checked (`check_state_slots`, `check_pool`): (h0, None)
+    without slots, h0 being the checked initial state; (the pool, the slot table) with them, both contiguous."""
+    check_state_slots(form, q, initial_state, inplace, ssm_state_indices)
+    check_pool(initial_state, ssm_state_indices, H, K, V)
+    if ssm_state_indices is None:
+        return h0, None
+    return initial_state.contiguous(), ssm_state_indices.contiguous()
+
+
+def step_outputs(q, v, h0, output_final_state: bool, inplace: bool):
+    """A step's output o (like v) and where its final states go: h0 itself in place (written where they
+    were read), a new fp32 [B, H, K, V] when asked for, else None."""
+    o = torch.empty_like(v)
+    if inplace:
+        return o, h0
+    B, _, H, K = q.shape
+    ht = torch.empty(B, H, K, v.shape[-1], dtype=torch.float32, device=q.device) if output_final_state else None
+    return o, ht
+
+
+__all__ = ["check_serving_options", "check_state_slots", "check_pool", "pooled_state", "step_outputs",
+           "INDEX_DTYPES"]

@@ -318,6 +318,19 @@ _TAIL_ROWS, _TAIL_COLS = 16, 128          # tokens × (head, headdim) columns of
 _TAIL_WARPS = 8
 
 
+@triton.jit
+def _row_tile(T, HP, BT: tl.constexpr, BC: tl.constexpr):
+    """The elementwise passes' tile: tokens [i_t·BT, ..) × columns [i_c·BC, ..) of batch row i_b's [T, H·P]
+    rows, (i_t, i_c, i_b) the program ids. Returns its columns, its mask and its offsets: a 64-bit offset for
+    the tile, 32-bit ones inside it (64-bit ones per element cost registers)."""
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_r = tl.arange(0, BT)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m = (i_t * BT + o_r < T)[:, None] & (o_c < HP)[None, :]
+    base = (i_b * T + i_t * BT).to(tl.int64) * HP
+    return o_c, m, base + (o_r[:, None] * HP + o_c[None, :])
+
+
 @triton.jit(do_not_specialize=["T", "HP", "NTB"])
 def _ssd_gate_grad_kernel(
     dy, z, y_ungated, x, do, dz, dD_part, T, HP, NTB,
@@ -326,13 +339,8 @@ def _ssd_gate_grad_kernel(
     # one program: tokens [i_t·BT, ..) × columns [i_c·BC, ..) of the [T, H·P] rows of batch row i_b. From
     # y = (o + D ⊙ x) ⊙ silu(z): dz = dy ⊙ (o + D ⊙ x) ⊙ σ(z)(1 + z(1 - σ(z))), o's gradient do = dy ⊙ silu(z)
     # (in x's dtype, as the shared backward reads it), and this tile's share of dD = Σ_t do ⊙ x
-    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_r = tl.arange(0, BT)
-    o_c = i_c * BC + tl.arange(0, BC)
-    m = (i_t * BT + o_r < T)[:, None] & (o_c < HP)[None, :]
-    # a 64-bit offset for the tile, 32-bit ones inside it (64-bit ones per element cost registers)
-    base = (i_b * T + i_t * BT).to(tl.int64) * HP
-    p = base + (o_r[:, None] * HP + o_c[None, :])
+    i_t, i_b = tl.program_id(0), tl.program_id(2)
+    o_c, m, p = _row_tile(T, HP, BT, BC)
     b_do = tl.load(dy + p, mask=m, other=0.0).to(tl.float32)
     if HAS_Z:
         b_z = tl.load(z + p, mask=m, other=0.0).to(tl.float32)
@@ -353,12 +361,7 @@ def _ssd_skip_grad_kernel(
 ):
     # one program: the tile of _ssd_gate_grad_kernel. dx = dv + do ⊙ D, with do = dy ⊙ silu(z) recomputed in
     # fp32 (reading dy and z costs less than writing do in fp32 and reading it back)
-    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_r = tl.arange(0, BT)
-    o_c = i_c * BC + tl.arange(0, BC)
-    m = (i_t * BT + o_r < T)[:, None] & (o_c < HP)[None, :]
-    base = (i_b * T + i_t * BT).to(tl.int64) * HP
-    p = base + (o_r[:, None] * HP + o_c[None, :])
+    o_c, m, p = _row_tile(T, HP, BT, BC)
     b_do = tl.load(dy + p, mask=m, other=0.0).to(tl.float32)
     if HAS_Z:
         b_z = tl.load(z + p, mask=m, other=0.0).to(tl.float32)
