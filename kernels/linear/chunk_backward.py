@@ -145,12 +145,11 @@ def _chunk_state_grad_kernel(
         tl.store(dh0 + i_bh * K * V + p_h, b_dh, mask=m_h)
 
 
-# The delta rule's pass: one K-tile (BK = K padded) and BV value columns a program, as the forward's
-# (chunk.py). BV, num_warps: not yet timed. num_stages = 1: the forward's pipelined configs (3 and 2) ended
-# this kernel in an illegal memory access on an H100 in bf16, cause not isolated (notes/TUNING.md): no
-# software pipelining until a GPU run clears it. ptxas (sm_90, bf16, K = 128): 191 / 201 / 226 registers for
-# the three below, no spills.
-_DELTA_STATE_GRAD_CONFIGS = autotune_configs([({"BV": 32}, 8, 1), ({"BV": 16}, 4, 1), ({"BV": 64}, 8, 1)],
+# The delta rule's pass: one K-tile (BK = K padded) and 64 value columns a program, unpipelined. On an H100 in
+# bf16 (K = 128) every config with BV = 32 or 16 (4 or 8 warps, 1 or 2 stages) read shared memory out of bounds
+# in K_g dS' (compute-sanitizer: a 512-byte read past the tile), an illegal address under the autotuner; BV = 64
+# with 8 warps passed (notes/TUNING.md). ptxas (sm_90, bf16, K = 128): 226 registers, no spills.
+_DELTA_STATE_GRAD_CONFIGS = autotune_configs([({"BV": 64}, 8, 1)],
                                              interpreter={"BV": 32})
 _delta_state_grad_kernel = triton.autotune(configs=_DELTA_STATE_GRAD_CONFIGS, key=["K", "V", "NBH"],
                                            prune_configs_by={"early_config_prune": _fits})(_chunk_state_grad_kernel.fn)
