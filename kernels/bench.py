@@ -304,7 +304,8 @@ def will_time() -> bool:
 
 def run(*benchmarks: Benchmark) -> pd.DataFrame:
     """Time the benchmarks on a CUDA GPU and save their tables; elsewhere (or with KERNELS_BENCH=load)
-    load the committed ones. Returns the tables concatenated, with the first one's metadata.
+    load the committed ones. Returns the tables concatenated, with the first one's metadata, and every
+    table's in attrs["parts"] (`provenance` names a table measured on another card).
 
     Inside a Jupyter kernel the timing happens in a fresh Python process (its progress bar goes to the
     terminal that started Jupyter), then the tables it saved are loaded. Why: a Jupyter kernel runs seven threads besides
@@ -325,6 +326,8 @@ def run(*benchmarks: Benchmark) -> pd.DataFrame:
         return not_measured(*missing)
     df = pd.concat(measured, ignore_index=True) if len(measured) > 1 else measured[0]
     df.attrs["meta"] = measured[0].attrs["meta"]
+    df.attrs["parts"] = {b.name: part.attrs["meta"] for b, part in
+                         zip((b for b in benchmarks if is_measured(b.name)), measured)}
     if missing:
         df.attrs["unmeasured"] = [b.name for b in missing]
     return df
@@ -524,4 +527,8 @@ def provenance(df: pd.DataFrame) -> str:
     text = (f"{m['gpu']} (driver {m.get('driver', '?')}, CUDA {m.get('cuda', '?')}), torch {m['torch']}, "
             f"triton {m['triton']}{versions}; commit {m['commit']}, {m['date']}{where}.{timed} Ceilings measured in "
             f"the same run: {m['peak_tflops']:.0f} TFLOP/s bf16 matmul, {m['peak_gbps'] / 1000:.2f} TB/s copy.")
-    return "\n".join(textwrap.fill(t, TEXT_WIDTH, break_on_hyphens=False) for t in (text, note) if t)
+    # a table timed on another card: the reader must know which rows are whose before taking a ratio
+    elsewhere = [f"The rows of {name} were measured on another card: {other['gpu']}, commit {other['commit']}, "
+                 f"{other['date']}."
+                 for name, other in df.attrs.get("parts", {}).items() if other["gpu"] != m["gpu"]]
+    return "\n".join(textwrap.fill(t, TEXT_WIDTH, break_on_hyphens=False) for t in (text, *elsewhere, note) if t)

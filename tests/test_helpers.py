@@ -508,6 +508,20 @@ def test_provenance_fits_the_text_column():
     assert max(map(len, text.splitlines())) <= bench.TEXT_WIDTH
 
 
+def test_provenance_names_a_table_from_another_card():
+    """Two tables shown together whose rows come from two cards: the provenance says which rows are whose,
+    so a reader never takes a ratio across cards."""
+    df = _table()
+    h100 = {**GOOD_META, "gpu": "NVIDIA H100 80GB HBM3", "commit": "abc1234"}
+    df.attrs["meta"] = h100
+    df.attrs["parts"] = {"softmax_table": h100, "step_table": GOOD_META}
+    text = bench.provenance(df).replace("\n", " ")
+    assert "The rows of step_table were measured on another card: NVIDIA H200" in text
+    assert "softmax_table" not in text
+    df.attrs["parts"] = {"softmax_table": h100, "step_table": h100}
+    assert "another card" not in bench.provenance(df)
+
+
 def test_summary_speedup_means_the_book_is_faster():
     t = bench.summary(_table(), index="T", over=["peer", "eager", ("peer", "eager")], roofline=True)
     assert t.loc[1024, ("speed-up over", "peer")] == "2.00"        # the peer takes twice as long
