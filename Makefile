@@ -1,5 +1,5 @@
 # Two commands for a fresh Linux machine with Python 3.11+ (see README.md):
-#   make book   set up, then build the site into _build/html (with the kernels wheel and sdist
+#   make book   set up, then build the site into _build/html (with the attention_kernels wheel and sdist
 #               it offers for download, in _build/html/downloads)
 #   make listings  refresh the code the chapters show from the package's source (no GPU, no other cell run)
 #   make tables    list the declared benchmark tables that have no committed results yet

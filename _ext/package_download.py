@@ -1,9 +1,9 @@
-"""Ship the `kernels` package with the site.
+"""Ship the `attention_kernels` package with the site.
 
-Every chapter notebook imports `kernels`, so a reader who downloads a notebook needs the package
+Every chapter notebook imports `attention_kernels`, so a reader who downloads a notebook needs the package
 too. At the start of every HTML build this extension builds a wheel and an sdist of the
 repository's package (setuptools' PEP 517 backend, from a scratch copy of the tree's sources, so the
-working tree gets no build/ or egg-info folders) into `<site>/downloads/`: the wheel holds `kernels`,
+working tree gets no build/ or egg-info folders) into `<site>/downloads/`: the wheel holds `attention_kernels`,
 the sdist the whole book (MANIFEST.in), from which `make book` and `make test` run. It then offers them
 
 * in the download menu of every page, next to the notebook's `.ipynb`, and
@@ -37,9 +37,9 @@ print("KERNELS_DOWNLOADS", wheel, sdist)
 
 
 def _sources(root: Path) -> tuple[list[str], list[str]]:
-    """The files and folders the build needs: the package's own (pyproject.toml, README.md, LICENSE, kernels/)
+    """The files and folders the build needs: the package's own (pyproject.toml, README.md, LICENSE, attention_kernels/)
     and what MANIFEST.in adds to the sdist (its `include` and `graft` lines), so the list lives in one place."""
-    files, folders = ["pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"], ["kernels"]
+    files, folders = ["pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"], ["attention_kernels"]
     for line in (root / "MANIFEST.in").read_text().splitlines():
         command, *names = line.split("#", 1)[0].split() or [""]
         if command == "include":
@@ -68,7 +68,7 @@ def _build_package(app):
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints"))
         proc = subprocess.run([sys.executable, "-c", _BUILD, str(out)], cwd=src, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise ExtensionError(f"building the kernels package for the site failed:\n{proc.stderr[-3000:]}")
+        raise ExtensionError(f"building the attention_kernels package for the site failed:\n{proc.stderr[-3000:]}")
     # setuptools talks on stdout too: the names are on the one line that starts with the marker
     wheel, sdist = next(line.split()[1:3] for line in proc.stdout.splitlines()
                         if line.startswith("KERNELS_DOWNLOADS "))
@@ -77,7 +77,7 @@ def _build_package(app):
     if (root / "results").is_dir():
         archive = shutil.make_archive(str(out / "results"), "zip", root_dir=root, base_dir="results")
         app.kernels_downloads["results"] = f"{FOLDER}/{Path(archive).name}"
-    LOGGER.info(f"kernels package for the site: {wheel}, {sdist}")
+    LOGGER.info(f"attention_kernels package for the site: {wheel}, {sdist}")
 
 
 def _relative(docname, target):
@@ -90,7 +90,7 @@ def package_role(name, rawtext, text, lineno, inliner, options=None, content=Non
     kind = text.strip()
     downloads = getattr(env.app, "kernels_downloads", None)
     if downloads is None:  # a non-HTML builder: name the package instead of linking
-        return [nodes.literal(rawtext, "kernels")], []
+        return [nodes.literal(rawtext, "attention_kernels")], []
     if kind not in downloads:
         msg = inliner.reporter.error(f"{{package}} takes one of {sorted(downloads)}, not {kind!r}", line=lineno)
         return [inliner.problematic(rawtext, rawtext, msg)], [msg]
@@ -115,8 +115,8 @@ def _add_header_button(app, pagename, templatename, context, doctree):
             group["buttons"].insert(after + 1, {
                 "type": "link",
                 "url": context["pathto"](downloads["wheel"], 1),
-                "text": "kernels .whl",
-                "tooltip": "Download the kernels package that the notebooks import (pip install it)",
+                "text": "attention_kernels .whl",
+                "tooltip": "Download the attention_kernels package that the notebooks import (pip install it)",
                 "icon": "fas fa-box",
                 "label": "download-kernels-button",
             })

@@ -1,19 +1,18 @@
 """The book's kernels inside model code people already use: a tiny transformers Llama (GQA, 4 query heads
 on 2 KV heads, 2 layers, random fp32 weights, CPU) whose attention is `flash_attn_func`, registered with
 transformers' AttentionInterface, against the same model on PyTorch's SDPA: logits, every parameter's
-gradient, and greedy generation with a KV cache, token for token. Skipped where transformers is absent.
-
-transformers is not among the requirements: its releases 5.x depend on the PyPI package `kernels`
-(Hugging Face's), which installs a top-level package of the same import name as this book's and hides it.
+gradient, and greedy generation with a KV cache, token for token. transformers is a test requirement
+(requirements.txt); the test is skipped where it is absent. Its releases 5.x bring Hugging Face's `kernels`
+package along: the book's package is `attention_kernels`, so the two live side by side.
 """
 import copy
 
 import pytest
 import torch
 
-import kernels  # noqa: F401  (before transformers, which imports Triton: see conftest)
-from kernels.common import rel_err, tolerance
-from kernels.flash_attn import flash_attn_func
+import attention_kernels  # noqa: F401  (before transformers, which imports Triton: see conftest)
+from attention_kernels.common import rel_err, tolerance
+from attention_kernels.flash_attn import flash_attn_func
 
 transformers = pytest.importorskip("transformers")
 masking_utils = pytest.importorskip("transformers.masking_utils")
