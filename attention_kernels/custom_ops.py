@@ -192,6 +192,12 @@ def ssd_chunk_scan_fake(x, B, return_final_states, cu_seqlens=None, **_):
     return y, x.new_empty((states, x.shape[2], x.shape[3], B.shape[-1]), dtype=torch.float32)
 
 
+def gated_rmsnorm_fake(x, group_size, **_):
+    """Mamba-2's gated norm launch: (out like x, fp32 rstd [rows, N / group_size], rows = x.numel() / N)."""
+    N = x.shape[-1]
+    return x.new_empty(x.shape), x.new_empty((x.numel() // N, N // group_size), dtype=torch.float32)
+
+
 def gradients_like(*names: str) -> Callable:
     """A fake for a backward launcher that returns one gradient shaped like each named argument, in
     order (None where that argument is None)."""
@@ -219,4 +225,4 @@ def attention_bwd_fake(q, k, v, **_):
 
 
 __all__ = ["compiled_as_op", "FLOAT_ARGUMENTS", "like", "linear_attention_fake", "ssd_chunk_scan_fake",
-           "gradients_like", "mla_decode_fake", "attention_fwd_fake", "attention_bwd_fake"]
+           "gated_rmsnorm_fake", "gradients_like", "mla_decode_fake", "attention_fwd_fake", "attention_bwd_fake"]

@@ -997,27 +997,6 @@ def test_scan_poison_reaches_exactly_its_rows(poison, chunk_size, at):
 
 
 # ---------------------------------------------------------------- the layer's benchmark (no GPU)
-@pytest.mark.parametrize("groups", [1, 3])
-def test_bench_gated_rmsnorm_matches_the_formula(groups):
-    """The layer table's PyTorch norm (norm_before_gate=False) against the formula in float64, one group
-    at a time: g = y · silu(z); out = g / sqrt(mean over the group of g² + eps) · weight."""
-    from attention_kernels.mamba2.bench import gated_rmsnorm
-    torch.manual_seed(0)
-    size = 5
-    y, z = torch.randn(2, 7, groups * size), torch.randn(2, 7, groups * size)
-    y[..., :size] *= 10                                        # groups of different scales: each needs its own rms
-    weight, eps = torch.randn(groups * size), 1e-5
-    out = gated_rmsnorm(y, z, weight, size, eps)
-    g = y.double() * z.double() * torch.sigmoid(z.double())
-    expect = torch.empty_like(g)
-    for k in range(groups):
-        part = g[..., k * size:(k + 1) * size]
-        rms = torch.sqrt((part * part).sum(-1, keepdim=True) / size + eps)
-        expect[..., k * size:(k + 1) * size] = part / rms * weight[k * size:(k + 1) * size].double()
-    assert out.dtype == y.dtype and torch.isfinite(out).all()
-    assert_close(out, expect, FP32, "gated RMSNorm")
-
-
 def test_bench_layer_table_declared():
     """mamba2_layer times the scan as a Mamba-2 layer calls it (z=None, then the gated norm), each scan alone."""
     from attention_kernels.mamba2 import bench

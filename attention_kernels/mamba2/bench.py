@@ -8,8 +8,8 @@
     PREFILL_CHUNKS               the chunk length: the book's scan at 64, 128, 256 and mamba_ssm's at
                                  256 and 64, B = 1, T = 4K and 16K
     LAYER                        the scan as a Mamba-2 layer calls it: z=None, then the gated RMSNorm,
-                                 the book's (chunk 64, PyTorch norm) against mamba_ssm's (chunk 256,
-                                 RMSNormGated's rmsnorm_fn), and each scan alone; B = 1 and 8, T = 4K, 16K
+                                 the book's (chunk 64, its Triton rmsnorm_fn) against mamba_ssm's (chunk
+                                 256, RMSNormGated's rmsnorm_fn), and each scan alone; B = 1 and 8, T = 4K, 16K
     TRAIN                        a training step (forward + backward), the book's scan and mamba_ssm's
                                  at chunks 256 and 64, B = 1, T = 4K and 16K
 
@@ -28,13 +28,12 @@ can (installed, or a source checkout named by MAMBA_SSM_PATH) and gives None (an
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..bench import Benchmark, Panel
 from ..linear.chunk import CHUNK
 from ..linear.costs import sdpa_causal, train_step
 from ..peers import mamba_ssm
-from .interface import selective_state_update, ssd_chunk_scan
+from .interface import rmsnorm_fn, selective_state_update, ssd_chunk_scan
 from .reference import mamba2_step, ssd_chunked_torch
 
 DT = torch.bfloat16
@@ -176,16 +175,6 @@ PREFILL_CHUNKS = Benchmark(
 NORM_EPS = 1e-5                                      # RMSNormGated's default in a Mamba-2 layer
 
 
-def gated_rmsnorm(y, z, weight, group_size: int, eps: float = NORM_EPS):
-    """A Mamba-2 layer's output norm (mamba_ssm's RMSNormGated with norm_before_gate=False), in PyTorch:
-    g = y · silu(z), each group of group_size channels divided by its root mean square, times weight.
-    y, z: [..., d_inner]; weight: [d_inner]. The math in fp32, the result in y's dtype."""
-    gated = y.float() * F.silu(z.float())
-    groups = gated.unflatten(-1, (-1, group_size))
-    normed = groups * torch.rsqrt(groups.square().mean(-1, keepdim=True) + eps)
-    return (normed.flatten(-2) * weight.float()).to(y.dtype)
-
-
 def _layer_inputs(c):
     """The scan's arguments with z taken out (the layer gates in the norm), z and the norm's weight
     flattened to the layer's [B, T, d_inner], and the norm's group: d_inner / ngroups channels."""
@@ -196,12 +185,14 @@ def _layer_inputs(c):
 
 
 def _book_layer(norm: bool):
-    """The book's scan at chunk 64 with z=None, then (norm=True) the PyTorch gated RMSNorm."""
+    """The book's scan at chunk 64 with z=None, then (norm=True) the book's gated RMSNorm, one Triton pass
+    (rmsnorm_fn, norm.py), called as mamba_ssm's is below."""
     def make(c):
         scan, z, weight, group = _layer_inputs(c)
         if not norm:
             return lambda: ssd_chunk_scan(**scan, chunk_size=CHUNK)
-        return lambda: gated_rmsnorm(ssd_chunk_scan(**scan, chunk_size=CHUNK).flatten(-2), z, weight, group)
+        return lambda: rmsnorm_fn(ssd_chunk_scan(**scan, chunk_size=CHUNK).flatten(-2), weight, None, z=z,
+                                  eps=NORM_EPS, group_size=group, norm_before_gate=False)
     return make
 
 
@@ -222,9 +213,10 @@ def _mamba_ssm_layer(norm: bool):
 
 
 # The scan as a Mamba-2 layer calls it: z=None (given z, mamba_ssm's scan also writes the ungated output),
-# then y = rmsnorm(y · silu(z)) · weight over groups of d_inner / ngroups channels. Each side at its own
-# chunk (the book 64, mamba_ssm its models' 256), the norm shown by the scan-alone rows. The work and bytes
-# are PREFILL's (z read once, y written once): the norm's second pass over y is not counted.
+# then y = rmsnorm(y · silu(z)) · weight over groups of d_inner / ngroups channels, each side with its own
+# Triton norm (rmsnorm_fn). Each side at its own chunk (the book 64, mamba_ssm its models' 256), the norm shown
+# by the scan-alone rows. The work and bytes are PREFILL's (z read once, y written once): the norm's second
+# pass over y is not counted.
 LAYER_CASES = [{"B": b, "T": t, "H": 80, "D": HEADDIM, "dstate": DSTATE, "G": 1} for b in (1, 8) for t in (4096, 16384)]
 LAYER = Benchmark(
     "mamba2_layer", LAYER_CASES,
@@ -287,5 +279,5 @@ HEADLINE = Panel("mamba2_prefill", {"B": 1}, "T", "ms",
                  "Mamba-2 prefill (SDPA: causal softmax)\nB=1, 80 heads x 64, dstate 128")
 
 __all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "PREFILL_CHUNKS", "LAYER", "TRAIN", "BENCHMARKS", "HEADLINE",
-           "gated_rmsnorm", "step_bytes", "step_flops", "prefill_flops", "prefill_bytes", "train_flops",
+           "step_bytes", "step_flops", "prefill_flops", "prefill_bytes", "train_flops",
            "train_bytes"]

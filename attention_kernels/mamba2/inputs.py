@@ -1,4 +1,4 @@
-"""The input checks of the Mamba-2 entry points (the decode step and the SSD chunk scan), on the
+"""The input checks of the Mamba-2 entry points (the decode step, the SSD chunk scan, the gated norm), on the
 shared checks (attention_kernels/checks.py): TypeError for a wrong type or dtype, ValueError for a wrong value
 or shape, every message naming the argument, all before anything is launched.
 
@@ -9,6 +9,7 @@ Layouts, as mamba_ssm names them:
     scan   x, z [Bt, T, H, P]; dt [Bt, T, H]; A [H]; B, C [Bt, T, G, N]; D [H, P] or [H];
            dt_bias [H]; initial_states [Bt, H, P, N] fp32; or packed: Bt = 1, cu_seqlens int32
            [S + 1] and initial_states [S, H, P, N] for S sequences
+    norm   x, z [..., N]; weight, bias [N]; groups of group_size channels (dividing N)
 
 H heads of P channels (headdim), N the state size (dstate), G groups (G divides H: heads h of one
 group share B and C, as GQA shares keys).
@@ -19,9 +20,10 @@ from collections import Counter
 
 import torch
 
-from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_dims, check_has_values, check_kernel_device,
-                      check_no_grad, check_not_empty, check_once_per_signature, check_same_device,
+from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_dims, check_has_values, check_int,
+                      check_kernel_device, check_no_grad, check_not_empty, check_once_per_signature, check_same_device,
                       check_packed_layout, check_same_device_and_dtype, check_tensor)
+from .norm import MAX_GROUP
 
 MAX_DSTATE = 256    # the decode kernel holds a whole state row (padded to a power of two) in registers
 CHUNK_SIZES = (16, 32, 64, 128, 256)    # the scan's chunk lengths: mamba_ssm's models use 256
@@ -210,5 +212,47 @@ def _check_scan_layout(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, i
     return Bt, T, H, P, N, G
 
 
-__all__ = ["check_step_inputs", "check_scan_inputs", "MAX_DSTATE", "CHUNK_SIZES",
+@check_once_per_signature
+def check_norm_inputs(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_before_gate=True, *,
+                      kernel: bool = True):
+    """Validate an rmsnorm_fn call; return (rows, N, group_size) with rows = x.numel() / N and group_size
+    resolved (None: the whole row). kernel: as check_step_inputs, but inputs that require grad are accepted
+    (the norm trains); the group must fit a program (group_size <= MAX_GROUP). The verdict is remembered per
+    call signature."""
+    floats = FLOATS if kernel else REFERENCE_FLOATS
+    check_tensor("x", x, dtypes=floats)
+    if x.dim() < 1:
+        raise ValueError(f"x must have at least 1 dim ([..., N]), got shape {tuple(x.shape)}")
+    check_tensor("weight", weight, ndim=1, dtypes=floats)
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1, dtypes=floats)
+    if z is not None:
+        check_tensor("z", z, dtypes=floats)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not eps >= 0 or eps == float("inf"):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps}")
+    check_bool("norm_before_gate", norm_before_gate)
+    _devices(kernel, x=x, weight=weight, bias=bias, z=z)
+    if z is not None:
+        check_same_device_and_dtype(x=x, z=z)
+
+    N = x.shape[-1]
+    if N < 1:
+        raise ValueError(f"x must have at least one channel (its last dim, N), got shape {tuple(x.shape)}")
+    check_dims("weight", weight, (N,), "N")
+    if bias is not None:
+        check_dims("bias", bias, (N,), "N")
+    if z is not None and z.shape != x.shape:
+        raise ValueError(f"z must have x's shape {tuple(x.shape)}, got {tuple(z.shape)}")
+    size = N if group_size is None else check_int("group_size", group_size, low=1, allow_none=True)
+    if N % size != 0:
+        raise ValueError(f"group_size = {size} must divide x's last dim N = {N}")
+    if kernel and size > MAX_GROUP:
+        raise ValueError(f"group_size = {size} (N = {N} when None): the kernel holds a group in registers and takes "
+                         f"groups of at most {MAX_GROUP} channels")
+    return x.numel() // N, N, size
+
+
+__all__ = ["check_step_inputs", "check_scan_inputs", "check_norm_inputs", "MAX_DSTATE", "CHUNK_SIZES",
            "SIGNATURES_REMEMBERED"]

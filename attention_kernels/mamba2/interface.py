@@ -1,7 +1,9 @@
 """Mamba-2's public entry points: validate, allocate what is returned, launch. Names, arguments and
 layouts as mamba_ssm's Triton ops (`selective_state_update`, the SSD chunk scan), see inputs.py.
 The scan trains (SSDChunkScanFunction: the backward recomputes from the inputs, chunk.py's
-`ssd_chunk_scan_bwd`) and takes packed sequences (cu_seqlens); the decode step has no backward.
+`ssd_chunk_scan_bwd`) and takes packed sequences (cu_seqlens); the decode step has no backward. The layer's
+output norm, `rmsnorm_fn` and its module `RMSNormGated` (mamba_ssm's gated RMSNorm), trains too
+(GatedRMSNormFunction, norm.py's kernels).
 
 The slot table's values (state_batch_indices) are checked only when it is on the CPU: on the GPU the
 check would read device memory and wait for the GPU on every decode step, which is the cost the step
@@ -13,11 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_gradient, check_offset_values
-from ..custom_ops import compiled_as_op, gradients_like, like, ssd_chunk_scan_fake
+from ..checks import check_gradient, check_offset_values, check_tensor
+from ..custom_ops import compiled_as_op, gated_rmsnorm_fake, gradients_like, like, ssd_chunk_scan_fake
 from .chunk import ssd_chunk_scan_bwd, ssd_chunk_scan_fwd
-from .inputs import check_scan_inputs, check_step_inputs
+from .inputs import check_norm_inputs, check_scan_inputs, check_step_inputs
 from .decode import selective_state_update_fwd
+from .norm import gated_rmsnorm_bwd, gated_rmsnorm_fwd
 
 
 def a_is_scalar_per_head(A: torch.Tensor) -> bool:
@@ -219,4 +222,105 @@ def ssd_chunk_scan(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, 
     return (y, final) if return_final_states else y
 
 
-__all__ = ["selective_state_update", "ssd_chunk_scan", "a_is_scalar_per_head"]
+# ---------------------------------------------------------------- the layer's output norm
+def _as_rows(t, N: int):
+    """t [..., N] as rows [M, N] with unit stride inside a row (a view where it can be)."""
+    t = t.reshape(-1, N)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+@compiled_as_op("attention_kernels::gated_rmsnorm_fwd", fake=gated_rmsnorm_fake, tuple_size=2)
+def _gated_rmsnorm_fwd(x, weight, bias: torch.Tensor | None, z: torch.Tensor | None, eps: float, group_size: int,
+                       norm_before_gate: bool):
+    """The norm's launch (checked here): (out like x, fp32 rstd [rows, N / group_size])."""
+    check_norm_inputs(x, weight, bias, z, eps, group_size, norm_before_gate)
+    N = x.shape[-1]
+    out, rstd = gated_rmsnorm_fwd(_as_rows(x, N), weight.contiguous(), None if bias is None else bias.contiguous(),
+                                  None if z is None else _as_rows(z, N), eps, group_size, norm_before_gate)
+    return out.view(x.shape), rstd
+
+
+@compiled_as_op("attention_kernels::gated_rmsnorm_bwd", fake=gradients_like("x", "weight", "bias", "z"))
+def _gated_rmsnorm_bwd(x, weight, bias: torch.Tensor | None, z: torch.Tensor | None, rstd, dout, group_size: int,
+                       norm_before_gate: bool):
+    """The norm's backward launch: the gradients of x, weight, and of bias and z where given, in that order."""
+    rows, N, _ = check_norm_inputs(x, weight, bias, z, 0.0, group_size, norm_before_gate)
+    check_gradient("dout", dout, x.shape, x.dtype, x.device)
+    check_tensor("rstd", rstd, dtypes=(torch.float32,), shape=(rows, N // group_size))
+    dx, dweight, dbias, dz = gated_rmsnorm_bwd(
+        _as_rows(x, N), weight.contiguous(), None if bias is None else bias.contiguous(),
+        None if z is None else _as_rows(z, N), rstd.contiguous(), _as_rows(dout, N), group_size, norm_before_gate)
+    grads = (dx.view(x.shape), dweight, dbias, None if dz is None else dz.view(x.shape))
+    return tuple(g for g in grads if g is not None)
+
+
+class GatedRMSNormFunction(torch.autograd.Function):
+    """rmsnorm_fn's arguments in (group_size resolved to an int), out out. Forward: `_gated_rmsnorm_fwd`, saving
+    the inputs and rstd per (row, group). Backward: `_gated_rmsnorm_bwd`, one pass over the rows that recomputes
+    the normalised input from x (and z) and rstd."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, z, eps, group_size, norm_before_gate):
+        out, rstd = _gated_rmsnorm_fwd(x, weight, bias, z, eps, group_size, norm_before_gate)
+        ctx.save_for_backward(x, weight, bias, z, rstd)
+        ctx.group_size, ctx.norm_before_gate = group_size, norm_before_gate
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable     # the kernels' gradients carry no graph of their own
+    def backward(ctx, dout):
+        x, weight, bias, z, rstd = ctx.saved_tensors
+        grads = iter(_gated_rmsnorm_bwd(x, weight, bias, z, rstd, dout.contiguous(), ctx.group_size,
+                                        ctx.norm_before_gate))
+        dx, dweight, dbias, dz = [None if t is None else next(grads) for t in (x, weight, bias, z)]
+        return dx, dweight, dbias, dz, None, None, None
+
+
+def rmsnorm_fn(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_before_gate=True):
+    """The gated RMSNorm of a Mamba-2 layer (Triton, one pass each way), mamba_ssm's `rmsnorm_fn`. See norm.py.
+
+    x, z: [..., N], one dtype (fp16, bf16 on a GPU, fp32); weight, bias: [N] (any of those dtypes); bias and z
+    optional. Each row is cut into groups of group_size channels (None, the default: one group, the whole row;
+    else it must divide N, and a group holds at most 8192 channels). Per group, rstd(v) = 1 / sqrt(mean(v²) + eps):
+    norm_before_gate=True (the default): out = (x · rstd(x) · weight + bias) · silu(z); norm_before_gate=False (a
+    Mamba-2 layer's call): g = x · silu(z), out = g · rstd(g) · weight + bias; without z, out = x · rstd(x) ·
+    weight + bias. The math in fp32; returns out in x's shape and dtype. Differentiable in x, weight, bias and z:
+    the forward keeps rstd per (row, group) in fp32, the backward recomputes the rest from the inputs.
+
+        >>> y = ssd_chunk_scan(x, dt, A, B, C, chunk_size=64, D=D, dt_bias=dt_bias, dt_softplus=True)
+        >>> out = rmsnorm_fn(y.flatten(-2), weight, None, z=z, eps=1e-5, group_size=d_inner // ngroups,
+        ...                  norm_before_gate=False)                   # y, z [batch, seqlen, d_inner]
+    """
+    group_size = check_norm_inputs(x, weight, bias, z, eps, group_size, norm_before_gate)[2]
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, z)):
+        return GatedRMSNormFunction.apply(x, weight, bias, z, eps, group_size, norm_before_gate)
+    return _gated_rmsnorm_fwd(x, weight, bias, z, eps, group_size, norm_before_gate)[0]
+
+
+class RMSNormGated(torch.nn.Module):
+    """mamba_ssm's gated RMSNorm module (imported in its Mamba-2 block as `RMSNormGated`): a weight of ones, no
+    bias, and `rmsnorm_fn` in forward. Constructor as mamba_ssm's, so a block's norm swaps in one line.
+
+        >>> norm = RMSNormGated(d_inner, eps=1e-5, norm_before_gate=False, group_size=d_inner // ngroups,
+        ...                     device="cuda", dtype=torch.bfloat16)
+        >>> out = norm(y, z)                                             # y, z [batch, seqlen, d_inner]
+    """
+
+    def __init__(self, hidden_size, eps=1e-5, group_size=None, norm_before_gate=True, device=None, dtype=None):
+        super().__init__()
+        self.eps, self.group_size, self.norm_before_gate = eps, group_size, norm_before_gate
+        self.weight = torch.nn.Parameter(torch.empty(hidden_size, device=device, dtype=dtype))
+        self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        torch.nn.init.ones_(self.weight)
+
+    def forward(self, x, z=None):
+        """out = rmsnorm_fn(x, weight, None, z, eps, group_size, norm_before_gate): x, z [..., hidden_size]."""
+        return rmsnorm_fn(x, self.weight, self.bias, z=z, eps=self.eps, group_size=self.group_size,
+                          norm_before_gate=self.norm_before_gate)
+
+
+__all__ = ["selective_state_update", "ssd_chunk_scan", "a_is_scalar_per_head", "rmsnorm_fn", "RMSNormGated",
+           "GatedRMSNormFunction"]

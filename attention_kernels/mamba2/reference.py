@@ -1,6 +1,6 @@
 """Mamba-2 references in plain PyTorch: the step as published (MATH.md, Mamba-2), the same step in
 the form mamba_ssm calls it (the state updated in place), a step-by-step loop over a whole prompt,
-the chunked (SSD) form in PyTorch, and Mamba-1's step, the predecessor.
+the chunked (SSD) form in PyTorch, the layer's gated RMSNorm, and Mamba-1's step, the predecessor.
 
 Per head h, with A_h < 0 a scalar (the caller's A = -exp(A_log)):
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .inputs import check_scan_inputs, check_step_inputs
+from .inputs import check_norm_inputs, check_scan_inputs, check_step_inputs
 
 
 def _math_dtype(*tensors) -> torch.dtype:
@@ -136,6 +136,29 @@ def ssd_chunked_torch(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=Non
     return (y, final) if return_final_states else y
 
 
+def rmsnorm_ref(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_before_gate=True):
+    """A Mamba-2 layer's output norm in PyTorch, mamba_ssm's gated RMSNorm (`rmsnorm_fn`'s reference): each
+    group of group_size channels (None: the whole row) divided by its root mean square, times weight, plus bias.
+    norm_before_gate=False (a Mamba-2 layer's call): g = x · silu(z) is normalised; True: the normalised x is
+    multiplied by silu(z) after. x, z [..., N]; weight, bias [N]. Returns out in x's shape and dtype.
+
+        >>> out = rmsnorm_ref(y, weight, None, z=z, eps=1e-5, group_size=y.shape[-1], norm_before_gate=False)
+    """
+    _, N, size = check_norm_inputs(x, weight, bias, z, eps, group_size, norm_before_gate, kernel=False)
+    md = _math_dtype(x, weight, bias, z)
+    v = x.to(md)
+    gate = None if z is None else F.silu(z.to(md))
+    if gate is not None and not norm_before_gate:
+        v = v * gate
+    groups = v.unflatten(-1, (N // size, size))
+    out = (groups * torch.rsqrt(groups.square().mean(-1, keepdim=True) + eps)).flatten(-2) * weight.to(md)
+    if bias is not None:
+        out = out + bias.to(md)
+    if gate is not None and norm_before_gate:
+        out = out * gate
+    return out.to(x.dtype)
+
+
 def mamba1_step(state, x, dt, A, B, C):
     """Mamba-1's selective step, the predecessor (Gu & Dao 2023): A is [D, N], one value per
     (channel, state), so the decay exp(dt·A) is a full [D, N] matrix per token and the scan cannot
@@ -147,4 +170,5 @@ def mamba1_step(state, x, dt, A, B, C):
     return (h * C[:, None, :]).sum(-1), h
 
 
-__all__ = ["mamba2_step", "selective_state_update_ref", "ssd_scan_ref", "ssd_chunked_torch", "segsum", "mamba1_step"]
+__all__ = ["mamba2_step", "selective_state_update_ref", "ssd_scan_ref", "ssd_chunked_torch", "segsum", "rmsnorm_ref",
+           "mamba1_step"]
