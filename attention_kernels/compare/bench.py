@@ -110,7 +110,7 @@ DECODE_FLOPS = {"GQA": _gqa_decode_flops, "MLA": mla_bench.decode_flops, "GLA": 
                 "Lightning": costs.decode_flops, "KDA": kda_bench.decode_flops, "Mamba-2": mamba2_bench.step_flops}
 DECODE_BYTES = {"GQA": _gqa_decode_bytes, "MLA": mla_bench.decode_bytes, "GLA": gla_bench.STEP_BYTES,
                 "Lightning": lightning_bench.STEP_BYTES, "KDA": kda_bench.STEP_BYTES, "Mamba-2": mamba2_bench.step_bytes}
-DECODE_BOOK = {"GQA": _gqa_decode_book, "MLA": mla_bench.DECODE_PROVIDERS["book"],
+DECODE_BOOK = {"GQA": _gqa_decode_book, "MLA": mla_bench.PAGED_PROVIDERS["book"],
                "GLA": gla_bench.DECODE_PROVIDERS["book"], "Lightning": lightning_bench.DECODE_PROVIDERS["book"],
                "KDA": kda_bench.DECODE_PROVIDERS["book"], "Mamba-2": mamba2_bench.DECODE_PROVIDERS["book"]}
 DECODE_PEERS = {
@@ -128,6 +128,21 @@ DECODE = Benchmark(
     + [_case(kind, b, STATE_T) for kind in STATE_KINDS for b in (1, 64)],
     {"book": _by_layer(DECODE_BOOK), **{peer: _by_layer(table) for peer, table in DECODE_PEERS.items()}},
     _by_layer(DECODE_FLOPS), _by_layer(DECODE_BYTES), timer="graph", module=__name__)
+
+
+def against_peer(table):
+    """Each family's rows against its one peer: the book's rows as they are, the peer's renamed "peer" with
+    its name in a column `peer` (every layer is run by one peer, the others are n/a), so that a table of all
+    the families has one time column per side instead of one per peer.
+
+    >>> summary(against_peer(run(DECODE)), index=["layer", "peer", "B", "T"], over=["peer"])
+    """
+    timed = table[table["provider"].eq("book") | table["ms"].notna()]
+    peer_of = timed[timed["provider"] != "book"].groupby("layer")["provider"].first()
+    paired = timed.assign(peer=timed["layer"].map(peer_of).fillna("—"),
+                          provider=timed["provider"].where(timed["provider"] == "book", "peer"))
+    paired.attrs = table.attrs
+    return paired
 
 
 # ---------------------------------------------------------------- prefill
@@ -268,4 +283,4 @@ STACK = Benchmark(
 BENCHMARKS = [DECODE, PREFILL, TRAIN, STACK]
 HEADLINE = None  # the comparison is its own chapter's figure, not a panel of the headline
 
-__all__ = ["DECODE", "PREFILL", "TRAIN", "STACK", "BENCHMARKS", "HEADLINE", "STACKS", "family_case"]
+__all__ = ["DECODE", "PREFILL", "TRAIN", "STACK", "BENCHMARKS", "HEADLINE", "STACKS", "family_case", "against_peer"]
