@@ -9,7 +9,7 @@ table then records "n/a" for it).
     >>> chunk_gla = fla("gla", "chunk_gla")         # None without flash-linear-attention
 
 Every peer handed out inside `recording()` is noted with its version, so a results table names the
-peers it ran (fla, FlashMLA, mamba_ssm, TileLang, cuDNN) without importing one that is absent.
+peers it ran (fla, flash-attn, FlashMLA, mamba_ssm, TileLang, cuDNN) without importing one that is absent.
 """
 from __future__ import annotations
 
@@ -118,6 +118,12 @@ def flashmla(name: str = "flash_mla_with_kvcache"):
     return _handed_out("FlashMLA", _from_checkout(where, "flash_mla", name, first=True), "flash_mla", "flash_mla")
 
 
+def flash_attn(name: str):
+    """A function of flash-attn's Python package `flash_attn` (e.g. flash_attn("flash_attn_with_kvcache")),
+    or None where it is not installed."""
+    return _handed_out("flash-attn", _optional("flash_attn", name), "flash_attn", "flash-attn")
+
+
 def mamba_ssm(module: str, name: str):
     """mamba_ssm's Triton op `name` from `mamba_ssm.ops.triton.<module>`, or None. Its package __init__
     pulls in CUDA extensions that a source checkout has not built; the Triton ops alone need triton and
@@ -132,4 +138,4 @@ def tilelang():
     return _handed_out("TileLang", _optional("tilelang"), "tilelang", "tilelang")
 
 
-__all__ = ["sdpa", "fla", "flashmla", "mamba_ssm", "tilelang", "recording"]
+__all__ = ["sdpa", "fla", "flash_attn", "flashmla", "mamba_ssm", "tilelang", "recording"]

@@ -659,6 +659,31 @@ def test_flash_attn_varlen_compiled_forward_and_backward_equal_eager():
     assert sum("attention_kernels.attention_bwd.default" in n for n in nodes) == 1, nodes
 
 
+def test_flash_attn_with_kvcache_compiles_whole():
+    """The decode call with the new tokens appended in place compiles (fullgraph) to one attention_kernels::attention_decode
+    node around the traced append, and gives eager's output, LSE and caches, in one slice and in three; the op
+    passes opcheck."""
+    from attention_kernels.flash_attn import flash_attn_with_kvcache
+
+    q = torch.randn(2, 2, 4, 32, device=DEVICE)
+    k_cache, v_cache = (torch.randn(2, 30, 2, 32, device=DEVICE) for _ in range(2))
+    k, v = (torch.randn(2, 2, 2, 32, device=DEVICE) for _ in range(2))
+    lens = torch.tensor([5, 20], dtype=torch.int32, device=DEVICE)
+
+    def run(fn, num_splits):
+        caches = k_cache.clone(), v_cache.clone()
+        o, lse = fn(q, *caches, k, v, cache_seqlens=lens, causal=True, num_splits=num_splits,
+                    return_softmax_lse=True)
+        return o, lse, *caches
+
+    for num_splits in (1, 3):
+        backend, nodes = _recording_backend()
+        _assert_same(run(torch.compile(flash_attn_with_kvcache, fullgraph=True, backend=backend), num_splits),
+                     run(flash_attn_with_kvcache, num_splits))
+        assert sum("attention_kernels.attention_decode.default" in n for n in nodes) == 1, nodes
+    torch.library.opcheck(flash_interface.decode_fwd.op, (q, k_cache, v_cache, lens + 2, True, 0.3, 3))
+
+
 # ------------------------------------------------------------------ the backward ops check what they are given
 def _backward_op_calls():
     """(op, arguments with a wrong incoming gradient, the name the error must give) per backward launcher."""

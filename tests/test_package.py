@@ -188,6 +188,7 @@ PRIVATE_ACROSS_MODULES = {
     ("attention_kernels/mamba2/chunk.py", "_softplus"): "the step's softplus, shared by the chunk scan",
     ("attention_kernels/ring/interface.py", "_one_launch"): "FlashAttention's backward launch choice, per ring step",
     ("scripts/mla_gluon_compile.py", "_mla_decode_ws_kernel"): "compiles the Gluon MLA kernel alone (ptxas)",
+    ("scripts/flash_attn_decode_compile.py", "_decode_split_kernel"): "compiles the FA decode kernel alone (ptxas)",
     ("scripts/mla_tilelang_compile.py", "_decode_kernel"): "compiles the TileLang MLA kernels alone",
     ("scripts/mla_tilelang_compile.py", "_merge_kernel"): "compiles the TileLang MLA kernels alone",
     ("scripts/mla_replay_check.py", "_paged_case"): "replays the MLA benchmark's own cases",

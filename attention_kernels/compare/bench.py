@@ -71,46 +71,18 @@ def _by_layer(table):
 
 
 # ---------------------------------------------------------------- decode
-def _gqa_decode_flops(c):
-    """One query per head over a T-long cache: 4·B·H·T·D (scores and values)."""
-    return 4 * c["B"] * c["H"] * c["T"] * c["D"]
+# GQA: the FlashAttention chapter's decode table's providers, at LLaMA-3-8B's layer: the book's split-KV
+# kernel (flash_attn_with_kvcache: the group's query heads in one program, the cache cut into slices) and
+# SDPA's flash backend with enable_gqa
+_gqa_decode_book = fa_bench.DECODE.providers["book"]
+_gqa_decode_sdpa = fa_bench.DECODE.providers["SDPA flash"]
 
-
-def _gqa_decode_bytes(c):
-    """The bf16 K and V caches read once, for the KV heads: 2·B·Hkv·T·D values."""
-    return 2 * c["B"] * c["Hkv"] * c["T"] * c["D"] * 2
-
-
-def _gqa_cache(c, layout):
-    """q for one token, K and V caches of T tokens with Hkv heads, bf16, in "bthd" or "bhtd"."""
-    B, T, H, Hkv, D = c["B"], c["T"], c["H"], c["Hkv"], c["D"]
-    shape = (lambda t, h: (B, t, h, D)) if layout == "bthd" else (lambda t, h: (B, h, t, D))
-    q = torch.randn(shape(1, H), device="cuda", dtype=DT)
-    k, v = (torch.randn(shape(T, Hkv), device="cuda", dtype=DT) for _ in range(2))
-    return q, k, v
-
-
-def _gqa_decode_book(c):
-    q, k, v = _gqa_cache(c, "bthd")
-    return lambda: flash_attn_func(q, k, v)
-
-
-def _gqa_decode_sdpa(c):
-    attend = sdpa("flash")
-    q, k, v = _gqa_cache(c, "bhtd")
-    fn = lambda: attend(q, k, v, enable_gqa=True)   # noqa: E731
-    try:  # a torch whose flash backend does not take fewer KV heads: n/a, not an error
-        fn()
-    except RuntimeError:
-        return None
-    return fn
-
-
-DECODE_FLOPS = {"GQA": _gqa_decode_flops, "MLA": mla_bench.decode_flops, "GLA": costs.decode_flops,
+DECODE_FLOPS = {"GQA": fa_bench.decode_flops, "MLA": mla_bench.decode_flops, "GLA": costs.decode_flops,
                 "Lightning": costs.decode_flops, "KDA": kda_bench.decode_flops, "Mamba-2": mamba2_bench.step_flops}
-DECODE_BYTES = {"GQA": _gqa_decode_bytes, "MLA": mla_bench.decode_bytes, "GLA": gla_bench.STEP_BYTES,
+DECODE_BYTES = {"GQA": fa_bench.decode_bytes, "MLA": mla_bench.decode_bytes, "GLA": gla_bench.STEP_BYTES,
                 "Lightning": lightning_bench.STEP_BYTES, "KDA": kda_bench.STEP_BYTES, "Mamba-2": mamba2_bench.step_bytes}
-DECODE_BOOK = {"GQA": _gqa_decode_book, "MLA": mla_bench.PAGED_PROVIDERS["book"],
+# MLA: the book on a contiguous cache, FlashMLA on shuffled pages (the MLA chapter times both on the same pages)
+DECODE_BOOK = {"GQA": _gqa_decode_book, "MLA": mla_bench.DECODE_PROVIDERS["book"],
                "GLA": gla_bench.DECODE_PROVIDERS["book"], "Lightning": lightning_bench.DECODE_PROVIDERS["book"],
                "KDA": kda_bench.DECODE_PROVIDERS["book"], "Mamba-2": mamba2_bench.DECODE_PROVIDERS["book"]}
 DECODE_PEERS = {
@@ -141,6 +113,7 @@ def against_peer(table):
     peer_of = timed[timed["provider"] != "book"].groupby("layer")["provider"].first()
     paired = timed.assign(peer=timed["layer"].map(peer_of).fillna("—"),
                           provider=timed["provider"].where(timed["provider"] == "book", "peer"))
+    paired = paired.sort_values("provider", key=lambda p: p != "book", kind="stable")  # the book's column first
     paired.attrs = table.attrs
     return paired
 

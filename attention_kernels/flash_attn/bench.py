@@ -9,10 +9,13 @@
               the packed call against the same sequences padded to the longest; fwd and fwd+bwd
     GQA       MHA (32 query heads, 32 KV heads) against GQA (32/8) and MQA (32/1), B=1, D=128,
               T = 4K and 16K, fwd and bwd, causal and not: what sharing K and V costs the backward
+    DECODE    one query token against a KV cache (`flash_attn_with_kvcache`), 32 query heads over 8 KV
+              heads of 128, B = 1 and 64, T = 4K, 16K, 64K; CUDA-graph replays, roofline: K and V read once
 
 Providers: "book" (this chapter's Triton kernels), "SDPA flash" and "SDPA cuDNN" (PyTorch's
 scaled_dot_product_attention pinned to one backend, in its own [B, H, T, D] layout) and "eager"
-(einsum + softmax with the full score matrix in memory). Self-attention: S = T in every case.
+(einsum + softmax with the full score matrix in memory). Self-attention: S = T in every case but DECODE,
+whose peers are SDPA flash and flash-attn's own flash_attn_with_kvcache (where it is installed).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import torch
 
 from .. import peers
 from ..bench import Benchmark, Panel
-from .interface import flash_attn_func, flash_attn_varlen_func
+from .interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from .reference import attention_eager, attention_flops
 
 DTYPE = torch.bfloat16
@@ -226,7 +229,62 @@ VARLEN = Benchmark("flash_attn_varlen",
                    {"book": _varlen_book, "book: padded": _padded(lambda: flash_attn_func, "bthd"),
                     "SDPA flash: padded": _padded(lambda: peers.sdpa("flash"), "bhtd")},
                    varlen_flops, varlen_bytes, timer="flushed", module=__name__)
-BENCHMARKS = [FORWARD, BACKWARD, FA3, MEMORY, VARLEN, GQA]
+
+
+# ------------------------------------------------------------------ decoding: one query token against a KV cache
+DECODE_T = [4096, 16384, 65536]
+
+
+def decode_flops(c) -> float:
+    """One query token per head over T keys: 4·B·H·T·D (scores and values)."""
+    return 4.0 * c["B"] * c["H"] * c["T"] * c["D"]
+
+
+def decode_bytes(c) -> float:
+    """The bf16 K and V caches read once, for the KV heads: 2·B·Hkv·T·D values (q and o are
+    H·D per sequence, negligible)."""
+    return 2.0 * c["B"] * c["Hkv"] * c["T"] * c["D"] * 2
+
+
+def _decode_cache(c, layout):
+    """q for one token, K and V caches of T tokens (every one attended to), bf16, in "bthd" (flash-attn's
+    [B, T, H, D]) or "bhtd" (SDPA's)."""
+    B, T, H, Hkv, D = c["B"], c["T"], c["H"], c["Hkv"], c["D"]
+    shape = (lambda t, h: (B, t, h, D)) if layout == "bthd" else (lambda t, h: (B, h, t, D))
+    q = torch.randn(shape(1, H), device="cuda", dtype=DTYPE)
+    k, v = (torch.randn(shape(T, Hkv), device="cuda", dtype=DTYPE) for _ in "kv")
+    return q, k, v
+
+
+def _decode_with(attend):
+    """A provider calling attend(q, k_cache, v_cache, cache_seqlens=...) in flash-attn's layout, or None
+    where attend is (a peer not installed)."""
+    def factory(c):
+        if attend is None:
+            return None
+        q, k, v = _decode_cache(c, "bthd")
+        lengths = torch.full((c["B"],), c["T"], device="cuda", dtype=torch.int32)
+        return lambda: attend(q, k, v, cache_seqlens=lengths)
+    return factory
+
+
+def _decode_sdpa(c):
+    attend = peers.sdpa("flash")
+    q, k, v = _decode_cache(c, "bhtd")
+    fn = lambda: attend(q, k, v, enable_gqa=True)   # noqa: E731
+    try:  # a torch whose flash backend does not take fewer KV heads: n/a, not an error
+        fn()
+    except RuntimeError:
+        return None
+    return fn
+
+
+DECODE = Benchmark("flash_attn_decode",
+                   [{"B": b, "T": t, "H": 32, "Hkv": 8, "D": 128} for b in (1, 64) for t in DECODE_T],
+                   {"book": _decode_with(flash_attn_with_kvcache), "SDPA flash": _decode_sdpa,
+                    "flash-attn": lambda c: _decode_with(peers.flash_attn("flash_attn_with_kvcache"))(c)},
+                   decode_flops, decode_bytes, timer="graph", module=__name__)
+BENCHMARKS = [FORWARD, BACKWARD, FA3, MEMORY, VARLEN, GQA, DECODE]
 
 HEADLINE = Panel("flash_attn_fwd", {"causal": False}, "T", "tflops", ("book", "SDPA cuDNN", "SDPA flash"),
                  "FlashAttention-2 forward, non-causal\nB=1, H=32, D=128")

@@ -6,15 +6,18 @@ import numbers
 
 import torch
 
-from ..checks import FLOATS, check_bool, check_choice, check_gradient, check_int, check_kernel_device
+from ..checks import (FLOATS, check_bool, check_choice, check_gradient, check_int, check_kernel_device, check_no_grad,
+                      check_not_empty, check_same_device_and_dtype, check_tensor, softmax_scale_or_default)
 from ..custom_ops import attention_bwd_fake, attention_fwd_fake, compiled_as_op
 from ..launch import LN2  # the kernels keep the log-sum-exp in base 2; flash-attn returns it in natural log
-from . import backward
+from . import backward, decode
 from .forward import attention_fwd
 from .reference import attention_flops, check_attention_args, check_varlen_args
 
 # registered one level down, so that a compiled backward is FlashAttnFunction.backward, as in eager
 attention_fwd = compiled_as_op("attention_kernels::attention_fwd", fake=attention_fwd_fake)(attention_fwd)
+# the decode launch as an op; the checks and the in-place append around it are traced as they are
+decode_fwd = compiled_as_op("attention_kernels::attention_decode", fake=attention_fwd_fake)(decode.decode_fwd)
 
 
 @compiled_as_op("attention_kernels::attention_bwd", fake=attention_bwd_fake)
@@ -202,3 +205,141 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     result = _attend(q, k, v, causal, scale, return_lse or return_attn_probs, cu_seqlens_q.contiguous(),
                      cu_seqlens_k.contiguous(), max_seqlen_k)
     return _outputs(result, return_attn_probs)
+
+
+def _check_cache_options(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, window_size, softcap,
+                         rotary_interleaved, alibi_slopes, num_splits, causal, return_softmax_lse) -> None:
+    """flash_attn_with_kvcache's options this decode kernel does not have, refused naming the argument
+    where they ask for something (their defaults pass)."""
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
+                        ("cache_leftpad", cache_leftpad), ("block_table", block_table),
+                        ("alibi_slopes", alibi_slopes)):
+        if value is not None:
+            raise ValueError(f"{name} must be None: this decode kernel has no {_MISSING[name]}")
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a pair (left, right) of ints, got {window_size!r}")
+    if any(check_int(f"window_size[{i}]", w) >= 0 for i, w in enumerate(window_size)):
+        raise ValueError(f"window_size must be (-1, -1): this decode kernel has no sliding window, got "
+                         f"{tuple(window_size)}")
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    if softcap != 0:
+        raise ValueError(f"softcap must be 0.0 (off): this decode kernel does not cap the scores, got {softcap}")
+    check_bool("rotary_interleaved", rotary_interleaved)  # read only with rotary_cos, which is refused
+    check_int("num_splits", num_splits, low=0)
+    check_bool("causal", causal)
+    check_bool("return_softmax_lse", return_softmax_lse)
+
+
+_MISSING = {"rotary_cos": "rotary embedding", "rotary_sin": "rotary embedding",
+            "cache_batch_idx": "cache rows chosen per batch element", "cache_leftpad": "left padding",
+            "block_table": "paged cache", "alibi_slopes": "ALiBi bias"}
+
+
+def _check_cache_args(q, k_cache, v_cache, k, v, cache_seqlens):
+    """The tensors of flash_attn_with_kvcache: TypeError/ValueError naming the argument. Returns the
+    number of new tokens (0 without k and v)."""
+    check_no_grad("flash_attn_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, t, ndim=4, dtypes=SUPPORTED_DTYPES)
+    check_same_device_and_dtype(q=q, k_cache=k_cache, v_cache=v_cache)
+    check_kernel_device(q=q, k_cache=k_cache, v_cache=v_cache)
+    check_not_empty("q", q, "B, S_q, Hq, D")
+    check_not_empty("k_cache", k_cache, "B, T_cache, Hkv, D")
+    B, _, HQ, D = q.shape
+    check_tensor("k_cache", k_cache, shape=(B, None, None, D))  # q's batch and head dim
+    check_tensor("v_cache", v_cache, shape=tuple(k_cache.shape))
+    HKV = k_cache.shape[2]
+    if HQ % HKV:
+        raise ValueError(f"q's heads Hq={HQ} must be a multiple of k_cache's and v_cache's heads Hkv={HKV}")
+    check_choice("head dim D of q, k_cache, v_cache", D, SUPPORTED_HEAD_DIMS)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got stride {t.stride(-1)}: "
+                             "the cache is written in place, so it is not copied")
+    new = 0
+    if (k is None) != (v is None):
+        raise ValueError("k and v are the new tokens' keys and values: pass both or neither")
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            check_tensor(name, t, ndim=4, dtypes=SUPPORTED_DTYPES)
+        check_same_device_and_dtype(q=q, k=k, v=v)
+        check_kernel_device(k=k, v=v)
+        check_not_empty("k", k, "B, S_new, Hkv, D")
+        check_tensor("k", k, shape=(B, None, HKV, D))
+        check_tensor("v", v, shape=tuple(k.shape))
+        new = k.shape[1]
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens is required with k and v: it says where the new tokens go")
+    T_cache = k_cache.shape[1]
+    if isinstance(cache_seqlens, torch.Tensor):
+        check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), shape=(B,))
+        if cache_seqlens.device != q.device:
+            raise ValueError(f"cache_seqlens is on {cache_seqlens.device}, q on {q.device}: they must share a device")
+        if cache_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():  # values read on the CPU only
+            low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
+            if low < 0 or high + new > T_cache:
+                raise ValueError(f"cache_seqlens must be in [0, T_cache - S_new] = [0, {T_cache - new}] (the cache "
+                                 f"holds {T_cache} positions, {new} new ones go after each length), got {low}..{high}")
+    elif cache_seqlens is not None:
+        check_int("cache_seqlens", cache_seqlens, low=0, high=T_cache - new)
+    return new
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Attention of a few new query tokens against a KV cache (decoding), GQA-aware, forward only;
+    flash-attn's arguments, in its order. The split-KV kernel of `decode.py`: one program per (batch, KV
+    head, slice of the cache) with the group's query heads as its rows.
+
+    q: [B, S_q, Hq, D]; k_cache, v_cache: [B, T_cache, Hkv, D] with a unit-stride last dim (other strides
+    free: a view into a larger buffer is read in place), Hq a multiple of Hkv; D in (32, 64, 128, 256);
+    fp16 or bf16 on a GPU, fp32 too (TF32 dots on a GPU; exact under the interpreter, which takes CPU tensors
+    and no bf16). cache_seqlens: int32 [B] on q's device, or an int for every sequence, or None for the whole cache:
+    sequence b's cache holds cache_seqlens[b] tokens. k, v: [B, S_new, Hkv, D], the new tokens' keys and
+    values, written into the caches in place at positions cache_seqlens[b] ... + S_new - 1 before the
+    attention, which then covers cache_seqlens[b] + S_new keys (cache_seqlens itself is not changed).
+    causal=True: query i sees key j iff j <= i + S - S_q (bottom-right aligned, S the keys attended to);
+    a row that sees no key outputs 0. softmax_scale defaults to 1/sqrt(D). Lengths on the CPU are checked
+    against T_cache; on a GPU they are not read (that would wait for the device): a length past the cache
+    is the caller's error, as in flash-attn. num_splits: how many slices to cut each sequence into; 0 (the
+    default) chooses from the batch, the heads and the GPU's SM count (`decode.decode_splits`).
+
+    Returns o: [B, S_q, Hq, D] in q's dtype; with return_softmax_lse=True, (o, lse): lse fp32 [B, Hq, S_q],
+    log sum_j exp(s_ij * scale) in natural log, -inf on a row that sees no key (flash-attn returns +inf
+    there). Forward only: an input that requires grad is refused (ValueError naming it) while grad mode is
+    on. rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table and alibi_slopes must be None,
+    window_size (-1, -1) and softcap 0.0 (ValueError naming the argument otherwise): no rotary embedding,
+    cache indirection, paging, bias, window or cap here.
+
+    >>> q = torch.randn(4, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    >>> k_cache, v_cache = (torch.zeros(4, 8192, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+    >>> k_new, v_new = (torch.randn(4, 1, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+    >>> lens = torch.tensor([100, 4000, 1, 8000], device="cuda", dtype=torch.int32)
+    >>> o = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens)   # [4, 1, 32, 128]
+    """
+    _check_cache_options(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, window_size, softcap,
+                         rotary_interleaved, alibi_slopes, num_splits, causal, return_softmax_lse)
+    new = _check_cache_args(q, k_cache, v_cache, k, v, cache_seqlens)
+    scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
+    B, T_cache = k_cache.shape[:2]
+    if cache_seqlens is None:
+        lengths = torch.full((B,), T_cache, device=q.device, dtype=torch.int32)
+    elif isinstance(cache_seqlens, torch.Tensor):
+        lengths = cache_seqlens.contiguous()
+    else:
+        lengths = torch.full((B,), cache_seqlens, device=q.device, dtype=torch.int32)
+    if new:  # the new tokens into the caches, at each sequence's own length: no length is read on the host
+        rows = torch.arange(B, device=q.device)[:, None]
+        positions = lengths[:, None].long() + torch.arange(new, device=q.device)
+        k_cache[rows, positions] = k
+        v_cache[rows, positions] = v
+        lengths = lengths + new
+    if num_splits == 0:
+        longest = T_cache if cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor) else cache_seqlens + new
+        num_splits = decode.decode_splits(B, k_cache.shape[2], q.shape[1], q.shape[2] // k_cache.shape[2], longest,
+                                          q.device)
+    o, lse = decode_fwd(q.contiguous(), k_cache, v_cache, lengths, causal, scale, num_splits)
+    return (o, lse) if return_softmax_lse else o
