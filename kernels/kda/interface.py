@@ -159,8 +159,12 @@ fused_recurrent_kda.op = _fused_recurrent_kda.op   # its op, as every other publ
 @compiled_as_op("kernels::chunk_kda_fwd", fake=linear_attention_fake, tuple_size=2)
 def _chunk_kda_fwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, output_final_state: bool,
                    use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None = None):
-    """The forward on contiguous, checked inputs, once or once per packed sequence; returns (o, final_state
-    or None)."""
+    """The forward, once or once per packed sequence; returns (o, final_state or None). Its inputs are checked
+    again, by the op's names (a lookup for a call the public function has checked): the op is reachable on its
+    own (torch.ops.kernels.chunk_kda_fwd)."""
+    _, scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, output_final_state,
+                                                use_qk_l2norm_in_kernel, cu_seqlens)
+
     def run(rows, h0_n, final):
         return _forward(*rows, scale, h0_n, final, use_qk_l2norm_in_kernel)
 

@@ -113,8 +113,10 @@ fused_recurrent_lightning.op = _fused_recurrent_lightning.op   # its op, as ever
 @compiled_as_op("kernels::chunk_lightning_fwd", fake=linear_attention_fake, tuple_size=2)
 def _chunk_lightning_fwd(q, k, v, gamma, scale, h0: torch.Tensor | None, output_final_state: bool,
                          cu_seqlens: torch.Tensor | None = None):
-    """The forward on contiguous, checked inputs, once or once per packed sequence; returns (o, final_state
-    or None)."""
+    """The forward, once or once per packed sequence; returns (o, final_state or None). Its inputs are checked
+    again (a lookup for a call the public function has checked): the op is reachable on its own
+    (torch.ops.kernels.chunk_lightning_fwd)."""
+    _, scale, (q, k, v, gamma, h0) = _checked(q, k, v, gamma, scale, h0, output_final_state, cu_seqlens)
     if cu_seqlens is None:
         return _forward(q, k, v, gamma, scale, h0, output_final_state)
     return forward_per_sequence(lambda rows, h0_n, final: _forward(*rows, gamma, scale, h0_n, final),
