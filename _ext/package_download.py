@@ -37,9 +37,9 @@ print("KERNELS_DOWNLOADS", wheel, sdist)
 
 
 def _sources(root: Path) -> tuple[list[str], list[str]]:
-    """The files and folders the build needs: the package's own (pyproject.toml, README.md, LICENSE, kernels/)
+    """The files and folders the build needs: the package's own (pyproject.toml, README.md, LICENSE, attention_kernels/)
     and what MANIFEST.in adds to the sdist (its `include` and `graft` lines), so the list lives in one place."""
-    files, folders = ["pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"], ["kernels"]
+    files, folders = ["pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"], ["attention_kernels"]
     for line in (root / "MANIFEST.in").read_text().splitlines():
         command, *names = line.split("#", 1)[0].split() or [""]
         if command == "include":
@@ -90,7 +90,7 @@ def package_role(name, rawtext, text, lineno, inliner, options=None, content=Non
     kind = text.strip()
     downloads = getattr(env.app, "kernels_downloads", None)
     if downloads is None:  # a non-HTML builder: name the package instead of linking
-        return [nodes.literal(rawtext, "kernels")], []
+        return [nodes.literal(rawtext, "attention_kernels")], []
     if kind not in downloads:
         msg = inliner.reporter.error(f"{{package}} takes one of {sorted(downloads)}, not {kind!r}", line=lineno)
         return [inliner.problematic(rawtext, rawtext, msg)], [msg]

@@ -6,7 +6,7 @@
 
 Meant for tuning: the full tables land in results/ as usual; this prints, per table, the time of
 each provider for each case and the % of the roofline. Families are found, not listed: every
-`kernels/<family>/bench.py` with a BENCHMARKS list.
+`attention_kernels/<family>/bench.py` with a BENCHMARKS list.
 """
 import os
 import sys
@@ -14,7 +14,7 @@ import time
 
 import pandas as pd
 
-from kernels.bench import REQUIRED_COLUMNS, discover, families, run
+from attention_kernels.bench import REQUIRED_COLUMNS, discover, families, run
 
 
 def show(df):

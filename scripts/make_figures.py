@@ -1,9 +1,9 @@
 """Draw the book's headline figure (book/images/headline.png) from the committed H200 tables.
 
 Runs anywhere: it reads results/, it times nothing. One panel per family that declares a HEADLINE
-(a `kernels.bench.Panel` in its bench.py), in a grid of two columns at the width of the book's text
+(a `attention_kernels.bench.Panel` in its bench.py), in a grid of two columns at the width of the book's text
 column, so the whole figure fits one screen: the book's kernel against its strongest peers, in the unit
-that chapter reads best, in the style of every other figure of the book (kernels.plot).
+that chapter reads best, in the style of every other figure of the book (attention_kernels.plot).
 """
 import importlib
 import textwrap
@@ -14,15 +14,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from kernels.bench import families, load, select  # noqa: E402
-from kernels.plot import COLUMN_INCHES, DPI, log2_axis, plot_providers, plot_roofline, styled, y_label  # noqa: E402
+from attention_kernels.bench import families, load, select  # noqa: E402
+from attention_kernels.plot import COLUMN_INCHES, DPI, log2_axis, plot_providers, plot_roofline, styled, y_label  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "book" / "images" / "headline.png"
 
 
 def panels():
     """Every family's HEADLINE, in the order of the families' names."""
-    found = [getattr(importlib.import_module(f"kernels.{f}.bench"), "HEADLINE", None) for f in families()]
+    found = [getattr(importlib.import_module(f"attention_kernels.{f}.bench"), "HEADLINE", None) for f in families()]
     return [p for p in found if p is not None]
 
 

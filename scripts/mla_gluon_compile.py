@@ -14,7 +14,7 @@ move to setmaxnreg's values (240 / 240 / 24), which the PTX counts show.
 """
 import os
 
-os.environ["TRITON_INTERPRET"] = "0"  # before triton is imported (kernels/__init__ would pick the interpreter)
+os.environ["TRITON_INTERPRET"] = "0"  # before triton is imported (attention_kernels/__init__ would pick the interpreter)
 
 import re
 import subprocess
@@ -29,7 +29,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from kernels.mla import gluon_decode as gd
+from attention_kernels.mla import gluon_decode as gd
 
 TARGET = GPUTarget("cuda", 90, 32)
 SMEM_LIMIT = 232448  # bytes of shared memory one CTA may use on H100/H200 (227 KB)

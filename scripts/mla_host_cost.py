@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from kernels.mla import decode, gluon_decode, inputs, interface, planning  # noqa: E402  (sets the interpreter)
+from attention_kernels.mla import decode, gluon_decode, inputs, interface, planning  # noqa: E402  (sets the interpreter)
 
 
 def per_call_us(fn, repeat):

@@ -20,9 +20,9 @@ import time
 import torch
 import triton.testing
 
-from kernels.bench import measure_ceilings, time_graph_ms
-from kernels.mla import bench as mla_bench
-from kernels.mla.reference import mla_decode_ref
+from attention_kernels.bench import measure_ceilings, time_graph_ms
+from attention_kernels.mla import bench as mla_bench
+from attention_kernels.mla.reference import mla_decode_ref
 
 CASES = [(8, 8192), (64, 8192), (128, 8192), (128, 16384)]
 PROVIDERS = ["book", "FlashMLA", "book: TileLang"]

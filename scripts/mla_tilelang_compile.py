@@ -19,8 +19,8 @@ os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")
 os.environ["PATH"] = f"{os.environ['CUDA_HOME']}/bin{os.pathsep}{os.environ['PATH']}"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels import peers
-from kernels.mla import tilelang_decode as td
+from attention_kernels import peers
+from attention_kernels.mla import tilelang_decode as td
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 SMEM_LIMIT = 227 * 1024
@@ -92,7 +92,7 @@ def main():
         "merge_H128": td._merge_kernel(T, 128, T.bfloat16),
     }
     ok = True
-    for name, func in kernels.items():
+    for name, func in attention_kernels.items():
         try:
             ok &= check(name, func, keep)
         except Exception as e:  # noqa: BLE001 (report every kernel, then fail)

@@ -14,7 +14,7 @@
 # the commit it was taken from, so the results name it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:${PYTHONPATH:-}"  # `import kernels` from book/ too
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:${PYTHONPATH:-}"  # `import attention_kernels` from book/ too
 export KERNELS_COMMIT="${KERNELS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 out="${OUT:-.}"
 run_tests=1 run_notebooks=1

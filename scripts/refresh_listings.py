@@ -8,8 +8,8 @@ output stays as the GPU run left it. `make listings` runs it; tests/test_listing
 import sys
 from pathlib import Path
 
-import kernels  # noqa: F401  (the interpreter on a CPU, before Triton is imported)
-from kernels.notebook import refresh_listings
+import attention_kernels  # noqa: F401  (the interpreter on a CPU, before Triton is imported)
+from attention_kernels.notebook import refresh_listings
 
 ROOT = Path(__file__).resolve().parent.parent
 

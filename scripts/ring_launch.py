@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import kernels  # noqa: E402,F401  (the interpreter switch, before Triton is imported)
+import attention_kernels  # noqa: E402,F401  (the interpreter switch, before Triton is imported)
 
 
 def main() -> None:
@@ -22,14 +22,14 @@ def main() -> None:
     parser.add_argument("--bench", action="store_true", help="time the benchmark sweep instead (NCCL, GPUs)")
     args = parser.parse_args()
     if args.bench:
-        from kernels import bench
-        from kernels.ring.benchmark import run_sweep
+        from attention_kernels import bench
+        from attention_kernels.ring.benchmark import run_sweep
 
         df = run_sweep(args.world)
         print(df.to_string(index=False))
         bench.save(df, "ring_fwdbwd", {**bench.metadata(), "world": args.world})
         return
-    from kernels.ring.launcher import check_gla_rank, gla_cases, ring_check, small_cases, spawn
+    from attention_kernels.ring.launcher import check_gla_rank, gla_cases, ring_check, small_cases, spawn
 
     for row in ring_check(args.world, small_cases(args.world), backend=args.backend):
         print(f"ring  {row['case']:<36} " + "  ".join(f"{n} {row[n]:.1e}" for n in ("o", "dq", "dk", "dv")))

@@ -14,7 +14,7 @@ mla_ncu [B,T ...]: one plain call each of the book's Gluon MLA decode and FlashM
   and 8, T = 8K, unless shapes are given, e.g. `mla_ncu 128,32768`), after warm-up, between cudaProfilerStart and
   Stop: the target of `ncu --profile-from-start off --clock-control none`, to read both kernels' counters side by
   side.
-mla_variants FILE... [B,T ...] [in_order]: copies of kernels/mla/gluon_decode.py (each a module file), each checked
+mla_variants FILE... [B,T ...] [in_order]: copies of attention_kernels/mla/gluon_decode.py (each a module file), each checked
   against `mla_decode_ref` (dense and paged, lengths that end mid-tile, NaN past them, one and several slices; a
   few long sequences, then 300 short ones) and against the committed kernel, then timed beside it and FlashMLA on
   shuffled pages (graph replays, min of two rounds); with `in_order` also on pages in order, and the committed
@@ -38,13 +38,13 @@ import torch
 import triton
 import triton.testing
 
-from kernels.bench import time_graph_ms, time_ms
-from kernels.common import rel_err
-from kernels.flash_attn import backward as fb
-from kernels.flash_attn import interface
-from kernels.flash_attn.bench import attention_flops
-from kernels.flash_attn.forward import attention_fwd
-from kernels.flash_attn.interface import ONE_LAUNCH_MAX_FLOPS, flash_attn_func
+from attention_kernels.bench import time_graph_ms, time_ms
+from attention_kernels.common import rel_err
+from attention_kernels.flash_attn import backward as fb
+from attention_kernels.flash_attn import interface
+from attention_kernels.flash_attn.bench import attention_flops
+from attention_kernels.flash_attn.forward import attention_fwd
+from attention_kernels.flash_attn.interface import ONE_LAUNCH_MAX_FLOPS, flash_attn_func
 
 
 def _host_us(fn, n=300):
@@ -170,9 +170,9 @@ def load_module(path):
 
 
 def _forward_without_masking_check():
-    """A copy of kernels/flash_attn/forward.py whose causal masked path uses a plain tl.dot for P V."""
-    from kernels.flash_attn import forward
-    src = pathlib.Path(forward.__file__).read_text().replace("from ..", "from kernels.")
+    """A copy of attention_kernels/flash_attn/forward.py whose causal masked path uses a plain tl.dot for P V."""
+    from attention_kernels.flash_attn import forward
+    src = pathlib.Path(forward.__file__).read_text().replace("from ..", "from attention_kernels.")
     checked = 'b_acc = dot_visible(b_p.to(b_v.dtype), b_v, b_acc * b_alpha[:, None], "tf32")'
     assert checked in src, "the forward's masked path changed: update this probe"
     path = pathlib.Path(tempfile.mkdtemp()) / "forward_plain_dot.py"
@@ -182,11 +182,11 @@ def _forward_without_masking_check():
 
 def fa_mask():
     """Causal forward with and without the masking check, twice each, alternating (µs)."""
-    import kernels.launch
-    from kernels.flash_attn import forward
+    import attention_kernels.launch
+    from attention_kernels.flash_attn import forward
     plain = _forward_without_masking_check()
     # the direct-launch cache is keyed by shape, not by module: the copy's launches get keys of their own
-    plain.launch = lambda kernel, grid, candidates, key, *args, **constexprs: kernels.launch.launch(
+    plain.launch = lambda kernel, grid, candidates, key, *args, **constexprs: attention_kernels.launch.launch(
         kernel, grid, candidates, ("plain dot", key), *args, **constexprs)
     for B, H, T in [(32, 16, 512), (1, 32, 1024), (1, 32, 2048), (1, 32, 4096)]:
         q, k, v = (torch.randn(B, T, H, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -218,7 +218,7 @@ def _kernel_times_us(fn, reps=20):
 def kda_prefill():
     """KDA's prefill (B = 1, H = 32, K = V = 128, bf16) at T = 4K and 16K: the book's launches and fla's,
     GPU µs per call, and both whole calls (plain, as the chapter times them)."""
-    from kernels.kda import bench
+    from attention_kernels.kda import bench
     for case in (c for c in bench.PREFILL.cases if c["T"] in (4096, 16384)):
         print(f"--- KDA prefill, T = {case['T']}")
         for name, make in (("book", bench.PREFILL.providers["book: chunk"]),
@@ -239,8 +239,8 @@ def kda_step():
     timed plain calls before), back to back (as the chapters time them now), graph replay and host time."""
     from torch.nn import functional as F
 
-    from kernels.bench import time_loop_ms
-    from kernels.kda import fused_recurrent_kda
+    from attention_kernels.bench import time_loop_ms
+    from attention_kernels.kda import fused_recurrent_kda
 
     def step(B, H=32, D=128):
         torch.manual_seed(0)
@@ -261,8 +261,8 @@ def kda_step():
 
 def _mla_planned_splits(case, device):
     """The slice count `mla_decode` picks for a benchmark case of the MLA decode on this GPU."""
-    from kernels.launch import sm_count
-    from kernels.mla import planning
+    from attention_kernels.launch import sm_count
+    from attention_kernels.mla import planning
     return planning.num_splits(case["B"], case["H"] // planning.PLAN_HEAD_BLOCK, case["T"], sm_count(device))
 
 
@@ -270,7 +270,7 @@ def _mla_paged(B, T, order, seed=0):
     """A case of the MLA paged benchmark (its providers take it: `PAGED_PROVIDERS[label](case)`), and the
     inputs its rows read: q [B, 1, 128, 576], the dense cache [B, T, 576] (None when shuffled), its pages of 64
     in that order, the block table and the lengths (all T)."""
-    from kernels.mla import bench as mla_bench
+    from attention_kernels.mla import bench as mla_bench
     case = {"B": B, "T": T, "H": mla_bench.H, "D": mla_bench.D_QK, "pages": order}
     torch.manual_seed(seed)
     q = torch.randn(B, 1, mla_bench.H, mla_bench.D_QK, device="cuda", dtype=torch.bfloat16)
@@ -285,7 +285,7 @@ def _mla_paged(B, T, order, seed=0):
 
 def _flashmla(case):
     """FlashMLA on the case's pages (the benchmark's own provider), or None where it is not built."""
-    from kernels.mla import bench as mla_bench
+    from attention_kernels.mla import bench as mla_bench
     return mla_bench.DECODE_PAGED.providers["FlashMLA"](case)
 
 
@@ -293,8 +293,8 @@ def mla_splits():
     """The Gluon MLA decode on shuffled pages at B = 8, 32, 64, T = 8K: graph-replayed time and each kernel's
     GPU time (torch.profiler) at every split count worth trying, the cost model's pick marked, and FlashMLA's
     replayed time on the same pages."""
-    from kernels.mla import bench as mla_bench
-    from kernels.mla import interface
+    from attention_kernels.mla import bench as mla_bench
+    from attention_kernels.mla import interface
     for B in (8, 32, 64):
         case, q, _, pages, table, seqlens = _mla_paged(B, 8192, "shuffled")
         picked = _mla_planned_splits(case, q.device)
@@ -316,9 +316,9 @@ def mla_splits():
 def mla_mixed():
     """Lengths that differ: 64 sequences of 1K to 16K positions on shuffled pages. FlashMLA's schedule gives
     every SM an equal share of the tiles whatever the lengths; the book's kernel gives each CTA a sequence."""
-    from kernels import peers
-    from kernels.mla import bench as mla_bench
-    from kernels.mla import interface
+    from attention_kernels import peers
+    from attention_kernels.mla import bench as mla_bench
+    from attention_kernels.mla import interface
     _, q, _, pages, table, _ = _mla_paged(64, 16384, "shuffled")
     torch.manual_seed(3)
     seqlens = torch.randint(1024, 16385, (64,), device="cuda", dtype=torch.int32)
@@ -342,8 +342,8 @@ def mla_mixed():
 def mla_ncu(*shapes):
     """The calls `ncu --profile-from-start off` profiles: the book's and FlashMLA's at each "B,T" of `shapes`
     (B = 64 and 8 at T = 8K if none is given)."""
-    from kernels.mla import bench as mla_bench
-    from kernels.mla import interface
+    from attention_kernels.mla import bench as mla_bench
+    from attention_kernels.mla import interface
     calls = []
     for B, T in [tuple(map(int, shape.split(","))) for shape in shapes] or [(64, 8192), (8, 8192)]:
         case, q, _, pages, table, seqlens = _mla_paged(B, T, "shuffled")
@@ -369,9 +369,9 @@ def mla_variants(*args):
     paths = [a for a in args if a.endswith(".py")]
     orders = ["shuffled"] + (["in order"] if "in_order" in args else [])
     shapes = [tuple(map(int, a.split(","))) for a in args if "," in a]
-    from kernels.mla import bench as mla_bench
-    from kernels.mla import decode, gluon_decode
-    from kernels.mla.reference import mla_decode_ref
+    from attention_kernels.mla import bench as mla_bench
+    from attention_kernels.mla import decode, gluon_decode
+    from attention_kernels.mla.reference import mla_decode_ref
     variants = {"committed": gluon_decode, **{pathlib.Path(p).stem: load_module(p) for p in paths}}
 
     def run(module, q, cache, seqlens, table, splits):

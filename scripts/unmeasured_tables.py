@@ -4,8 +4,8 @@ the same list at its end (it does not fail on it).
 
     python scripts/unmeasured_tables.py
 """
-import kernels  # noqa: F401  (the interpreter on a CPU, before Triton is imported)
-from kernels.bench import measure_command, unmeasured
+import attention_kernels  # noqa: F401  (the interpreter on a CPU, before Triton is imported)
+from attention_kernels.bench import measure_command, unmeasured
 
 if __name__ == "__main__":
     names = unmeasured()

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-import kernels  # noqa: F401  (sets TRITON_INTERPRET=1 on a CPU before Triton is imported)
+import attention_kernels  # noqa: F401  (sets TRITON_INTERPRET=1 on a CPU before Triton is imported)
 
 # A family to copy (tests/test_adding_a_family.py copies it into a copy of the book), not tests to run here:
 # its chapter would otherwise be collected by `pytest --nbval`.
@@ -30,7 +30,7 @@ def _seed():
 def pytest_terminal_summary(terminalreporter):
     """The declared tables no GPU run has measured yet: the chapters show one line for each of them
     until one does. Listed, not failed on."""
-    from kernels.bench import measure_command, unmeasured
+    from attention_kernels.bench import measure_command, unmeasured
 
     names = unmeasured()
     if names:

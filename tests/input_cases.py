@@ -15,7 +15,7 @@ from typing import Callable
 import pytest
 import torch
 
-from kernels.common import INTERPRET
+from attention_kernels.common import INTERPRET
 
 
 @dataclasses.dataclass

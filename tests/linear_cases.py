@@ -12,7 +12,7 @@ import math
 import torch
 
 from input_cases import Case
-from kernels.common import DEVICE, assert_close, tolerance
+from attention_kernels.common import DEVICE, assert_close, tolerance
 
 
 def replace(**changes):

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from kernels.flash_attn import causal_mask
+from attention_kernels.flash_attn import causal_mask
 
 
 def lse_reference(q, k, causal):

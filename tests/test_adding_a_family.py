@@ -55,11 +55,11 @@ def test_the_intro_links_every_chapter(root: Path = ROOT):
 def _family_copy(dest: Path, intro_link: bool = True) -> Path:
     """The repository's package, scripts, book, tests and site files, with the template family added as a new family
     adds itself: its folder, its test file, its chapter, its line in _toc.yml and (if asked) the intro's link."""
-    for name in ("kernels", "scripts", "tests", "book", "results"):
+    for name in ("attention_kernels", "scripts", "tests", "book", "results"):
         shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.png"))
     for name in ("_toc.yml", "pyproject.toml", "_config.yml"):
         shutil.copy(ROOT / name, dest / name)
-    family = dest / "kernels" / FAMILY
+    family = dest / "attention_kernels" / FAMILY
     family.mkdir()
     for source in TEMPLATE.glob("*.py"):
         if source.name != "family_tests.py":
@@ -79,7 +79,7 @@ def _family_copy(dest: Path, intro_link: bool = True) -> Path:
 
 
 def test_a_new_family_passes_the_family_checks(tmp_path):
-    pytest.importorskip("IPython")  # the listings' check needs kernels.notebook, as the chapters do
+    pytest.importorskip("IPython")  # the listings' check needs attention_kernels.notebook, as the chapters do
     copy = _family_copy(tmp_path / "with_link")
     # the listings of the template's chapter only: the book's own are the suite's business
     done = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *FAMILY_CHECKS,

@@ -2,8 +2,8 @@
 arithmetic for every published configuration, and the hybrid-stack model."""
 import pytest
 
-from kernels.compare import models
-from kernels.compare.models import (MODELS, Layer, kv_cache_bytes_per_token, linear_state_bytes,
+from attention_kernels.compare import models
+from attention_kernels.compare.models import (MODELS, Layer, kv_cache_bytes_per_token, linear_state_bytes,
                                     mamba2_state_bytes, mla_cache_bytes_per_token, ratio_stack, shapes_table,
                                     stack_bytes, stack_time)
 
@@ -79,7 +79,7 @@ def _decode_table():
 
 
 def test_the_hybrid_model_takes_the_fastest_step_of_each_layer():
-    from kernels.compare.hybrid import hybrid_case, layer_times
+    from attention_kernels.compare.hybrid import hybrid_case, layer_times
 
     times = layer_times(_decode_table(), 64, 16384)
     assert times == {"GQA": 0.20, "MLA": 0.50, "KDA": 0.04, "Lightning": 0.05}   # Mamba-2 unmeasured: left out
@@ -92,9 +92,9 @@ def test_the_hybrid_model_takes_the_fastest_step_of_each_layer():
 
 
 def test_the_hybrid_table_on_an_unmeasured_decode_table():
-    from kernels.bench import not_measured
-    from kernels.compare import bench as compare_bench
-    from kernels.compare.hybrid import hybrid_table
+    from attention_kernels.bench import not_measured
+    from attention_kernels.compare import bench as compare_bench
+    from attention_kernels.compare.hybrid import hybrid_table
 
     table = hybrid_table(not_measured(compare_bench.DECODE))
     assert table["step ms"].isna().all() and (table["GiB"] > 0).all()

@@ -1,4 +1,4 @@
-"""torch.compile and CUDA graphs through the custom operators (kernels/custom_ops.py).
+"""torch.compile and CUDA graphs through the custom operators (attention_kernels/custom_ops.py).
 
 On the CPU (the interpreter): for every registered op, `torch.compile(fullgraph=True,
 backend="aot_eager")` gives exactly the eager result (fp32 and fp16, defaults and every optional
@@ -19,19 +19,19 @@ from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernels.common import DEVICE
-from kernels.custom_ops import compiled_as_op, like
-from kernels.flash_attn import flash_attn_func, flash_attn_varlen_func
-from kernels.flash_attn import interface as flash_interface
-from kernels.gla import interface as gla_interface
-from kernels.kda import interface as kda_interface
-from kernels.lightning import interface as lightning_interface
-from kernels.mamba2 import interface as mamba2_interface
-from kernels.gla import chunk_gla, fused_recurrent_gla, sequential_chunk_gla
-from kernels.kda import chunk_kda, fused_recurrent_kda
-from kernels.lightning import chunk_lightning, fused_recurrent_lightning, lightning_slopes
-from kernels.mamba2 import selective_state_update, ssd_chunk_scan
-from kernels.primer import attention_tile, softmax_rows, vector_add
+from attention_kernels.common import DEVICE
+from attention_kernels.custom_ops import compiled_as_op, like
+from attention_kernels.flash_attn import flash_attn_func, flash_attn_varlen_func
+from attention_kernels.flash_attn import interface as flash_interface
+from attention_kernels.gla import interface as gla_interface
+from attention_kernels.kda import interface as kda_interface
+from attention_kernels.lightning import interface as lightning_interface
+from attention_kernels.mamba2 import interface as mamba2_interface
+from attention_kernels.gla import chunk_gla, fused_recurrent_gla, sequential_chunk_gla
+from attention_kernels.kda import chunk_kda, fused_recurrent_kda
+from attention_kernels.lightning import chunk_lightning, fused_recurrent_lightning, lightning_slopes
+from attention_kernels.mamba2 import selective_state_update, ssd_chunk_scan
+from attention_kernels.primer import attention_tile, softmax_rows, vector_add
 
 
 @dataclasses.dataclass
@@ -305,8 +305,8 @@ def test_flash_attn_compiled_forward_and_backward_equal_eager(shape, dtype):
     compiled = torch.compile(flash_attn_func, fullgraph=True, backend=backend)
     _assert_same(_flash_run(compiled, q, k, v, causal, scale, g),
                  _flash_run(flash_attn_func, q, k, v, causal, scale, g))
-    assert sum("kernels.attention_fwd.default" in n for n in nodes) == 1, nodes
-    assert sum("kernels.attention_bwd.default" in n for n in nodes) == 1, nodes
+    assert sum("attention_kernels.attention_fwd.default" in n for n in nodes) == 1, nodes
+    assert sum("attention_kernels.attention_bwd.default" in n for n in nodes) == 1, nodes
     with torch.no_grad():   # the inference path: the forward op alone
         _assert_same(compiled(q, k, v, causal=causal, softmax_scale=scale),
                      flash_attn_func(q, k, v, causal=causal, softmax_scale=scale))
@@ -342,34 +342,34 @@ def test_eager_call_skips_the_dispatcher(case):
     args, kwargs = case.make(DEVICE, torch.float32, True)
     with RecordOps() as eager:
         case.fn(*_clone(args, kwargs)[0], **kwargs)
-    assert not any(n.startswith("kernels.") for n in eager.names), eager.names
+    assert not any(n.startswith("attention_kernels.") for n in eager.names), eager.names
     with RecordOps() as through_op:
         case.fn.op(*_clone(args, kwargs)[0], **kwargs)
-    assert f"kernels.{case.id}.default" in through_op.names
+    assert f"attention_kernels.{case.id}.default" in through_op.names
 
 
 def test_schema_from_the_signature():
     """The schema every op registers (the report's table), so that a change to it is seen."""
     assert str(fused_recurrent_gla.op._opoverload._schema) == (
-        "kernels::fused_recurrent_gla(Tensor q, Tensor k, Tensor v, Tensor gk, float? scale=None, "
+        "attention_kernels::fused_recurrent_gla(Tensor q, Tensor k, Tensor v, Tensor gk, float? scale=None, "
         "Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None, "
         "Tensor? ssm_state_indices=None) -> Tensor[]")
     assert str(gla_interface._fused_recurrent_gla_inplace.op._opoverload._schema) == (
-        "kernels::fused_recurrent_gla_inplace(Tensor q, Tensor k, Tensor v, Tensor gk, Tensor(a4!) initial_state, "
+        "attention_kernels::fused_recurrent_gla_inplace(Tensor q, Tensor k, Tensor v, Tensor gk, Tensor(a4!) initial_state, "
         "float? scale=None, Tensor? ssm_state_indices=None) -> Tensor")
     assert str(fused_recurrent_lightning.op._opoverload._schema).startswith(
-        "kernels::fused_recurrent_lightning(Tensor q, Tensor k, Tensor v, Tensor slopes, float? scale=1., ")
+        "attention_kernels::fused_recurrent_lightning(Tensor q, Tensor k, Tensor v, Tensor slopes, float? scale=1., ")
     assert str(gla_interface._chunk_gla_bwd.op._opoverload._schema) == (
-        "kernels::chunk_gla_bwd(Tensor q, Tensor k, Tensor v, Tensor gk, float scale, Tensor? h0, Tensor do, "
+        "attention_kernels::chunk_gla_bwd(Tensor q, Tensor k, Tensor v, Tensor gk, float scale, Tensor? h0, Tensor do, "
         "Tensor? dht, Tensor? cu_seqlens=None) -> Tensor[]")
     assert str(selective_state_update.op._opoverload._schema) == (
-        "kernels::selective_state_update(Tensor(a0!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
+        "attention_kernels::selective_state_update(Tensor(a0!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
         "Tensor? D=None, Tensor? z=None, Tensor? dt_bias=None, bool dt_softplus=False, "
         "Tensor? state_batch_indices=None) -> Tensor")
     assert str(vector_add.op._opoverload._schema) == (
-        "kernels::vector_add(Tensor x, Tensor y, SymInt block=1024) -> Tensor[]")
+        "attention_kernels::vector_add(Tensor x, Tensor y, SymInt block=1024) -> Tensor[]")
     assert str(flash_interface.attention_fwd.op._opoverload._schema) == (
-        "kernels::attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, "
+        "attention_kernels::attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, "
         "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None) -> Tensor[]")
 
 
@@ -485,10 +485,10 @@ def test_flash_attn_cuda_graph_capture_and_replay():
 def test_mla_decode_compiles_whole():
     """MLA's decode as one op: `block_table` and `num_splits` annotated (their None is a tensor's and an
     int's), keyword-only arguments kept, a dense and a split call equal eager's."""
-    from kernels.mla import mla_decode
+    from attention_kernels.mla import mla_decode
 
     assert str(mla_decode.op._opoverload._schema) == (
-        "kernels::mla_decode(Tensor q, Tensor kv_cache, Tensor? block_table, Tensor cache_seqlens, "
+        "attention_kernels::mla_decode(Tensor q, Tensor kv_cache, Tensor? block_table, Tensor cache_seqlens, "
         "SymInt head_dim_v=512, float? softmax_scale=None, bool causal=False, *, SymInt? num_splits=None, "
         "bool check_seqlens=True, str backend=\"auto\") -> Tensor[]")
     q, kv = torch.randn(2, 2, 3, 72, device=DEVICE), torch.randn(2, 37, 72, device=DEVICE)
@@ -533,8 +533,8 @@ def test_linear_forms_train_compiled_as_eager(family):
     backend, nodes = _recording_backend()
     compiled = torch.compile(fn, fullgraph=True, backend=backend)
     _assert_same(_linear_training_run(compiled, *inputs, trained), _linear_training_run(fn, *inputs, trained))
-    assert sum(f"kernels.chunk_{family}_fwd.default" in n for n in nodes) == 1, nodes
-    assert sum(f"kernels.chunk_{family}_bwd.default" in n for n in nodes) == 1, nodes
+    assert sum(f"attention_kernels.chunk_{family}_fwd.default" in n for n in nodes) == 1, nodes
+    assert sum(f"attention_kernels.chunk_{family}_bwd.default" in n for n in nodes) == 1, nodes
 
 
 def test_kda_trains_compiled_as_eager():
@@ -552,8 +552,8 @@ def test_kda_trains_compiled_as_eager():
 
     backend, nodes = _recording_backend()
     _assert_same(run(torch.compile(chunk_kda, fullgraph=True, backend=backend)), run(chunk_kda))
-    assert sum("kernels.chunk_kda_fwd.default" in n for n in nodes) == 1, nodes
-    assert sum("kernels.chunk_kda_bwd.default" in n for n in nodes) == 1, nodes
+    assert sum("attention_kernels.chunk_kda_fwd.default" in n for n in nodes) == 1, nodes
+    assert sum("attention_kernels.chunk_kda_bwd.default" in n for n in nodes) == 1, nodes
 
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["no-state", "state"])
@@ -604,8 +604,8 @@ def test_mamba2_scan_trains_compiled_as_eager(packed):
     compiled = torch.compile(ssd_chunk_scan, fullgraph=True, backend=backend)
     _assert_same(_mamba2_training_run(compiled, inputs, tuple(inputs), cu),
                  _mamba2_training_run(ssd_chunk_scan, inputs, tuple(inputs), cu))
-    assert sum("kernels.ssd_chunk_scan_fwd.default" in n for n in nodes) == 1, nodes
-    assert sum("kernels.ssd_chunk_scan_bwd.default" in n for n in nodes) == 1, nodes
+    assert sum("attention_kernels.ssd_chunk_scan_fwd.default" in n for n in nodes) == 1, nodes
+    assert sum("attention_kernels.ssd_chunk_scan_bwd.default" in n for n in nodes) == 1, nodes
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
@@ -617,7 +617,7 @@ def test_mamba2_scan_backward_opcheck(packed):
     states = 2 if packed else 1
     h0, dfinal = (torch.randn(states, *inputs["initial_states"].shape[1:], device=DEVICE) for _ in range(2))
     x, dt, A, B, C = (inputs[n] for n in ("x", "dt", "A", "B", "C"))
-    torch.library.opcheck(torch.ops.kernels.ssd_chunk_scan_bwd.default,
+    torch.library.opcheck(torch.ops.attention_kernels.ssd_chunk_scan_bwd.default,
                           (x, dt, A, B, C, None, None, inputs["dt_bias"], True, h0, torch.randn_like(x), dfinal, cu))
 
 
@@ -655,8 +655,8 @@ def test_flash_attn_varlen_compiled_forward_and_backward_equal_eager():
     backend, nodes = _recording_backend()
     _assert_same(run(torch.compile(flash_attn_varlen_func, fullgraph=True, backend=backend)),
                  run(flash_attn_varlen_func))
-    assert sum("kernels.attention_fwd.default" in n for n in nodes) == 1, nodes
-    assert sum("kernels.attention_bwd.default" in n for n in nodes) == 1, nodes
+    assert sum("attention_kernels.attention_fwd.default" in n for n in nodes) == 1, nodes
+    assert sum("attention_kernels.attention_bwd.default" in n for n in nodes) == 1, nodes
 
 
 # ------------------------------------------------------------------ the backward ops check what they are given

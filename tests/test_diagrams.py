@@ -1,4 +1,4 @@
-"""The book's diagrams, each in its family's kernels/<family>/diagram.py, drawn with kernels/drawing.py:
+"""The book's diagrams, each in its family's attention_kernels/<family>/diagram.py, drawn with attention_kernels/drawing.py:
 each draws from the kernels' own numbers, at the width of the text column, and shows what it claims (a
 rescale that happens, a mask on the diagonal, a merge that is exact)."""
 import subprocess
@@ -13,11 +13,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from kernels.flash_attn import diagram as fa_diagram  # noqa: E402
-from kernels.gla import diagram as gla_diagram  # noqa: E402
-from kernels.mla import diagram as mla_diagram  # noqa: E402
-from kernels.primer import diagram as primer_diagram  # noqa: E402
-from kernels.plot import COLUMN_INCHES, COLUMN_PX, DPI  # noqa: E402
+from attention_kernels.flash_attn import diagram as fa_diagram  # noqa: E402
+from attention_kernels.gla import diagram as gla_diagram  # noqa: E402
+from attention_kernels.mla import diagram as mla_diagram  # noqa: E402
+from attention_kernels.primer import diagram as primer_diagram  # noqa: E402
+from attention_kernels.plot import COLUMN_INCHES, COLUMN_PX, DPI  # noqa: E402
 
 DIAGRAMS = [(fa_diagram, "fa_tiling"), (fa_diagram, "online_softmax_blocks"), (mla_diagram, "split_kv_merge"),
             (mla_diagram, "mla_pingpong_timeline"), (gla_diagram, "gla_chunks"), (primer_diagram, "primer_grid")]
@@ -50,7 +50,7 @@ def test_the_worked_example_rescales():
 
 
 def test_fa_tiling_walks_what_the_kernel_walks():
-    from kernels.flash_attn.forward import FWD_TILES
+    from attention_kernels.flash_attn.forward import FWD_TILES
     BM, BN = FWD_TILES[128][:2]
     # causal, square, block multiples: query block i reads i*BM/BN blocks unmasked and BM/BN on the diagonal
     full_end, hi = fa_diagram._key_ranges(2 * BM, 4 * BM, 4 * BM, BM, BN, True)
@@ -62,7 +62,7 @@ def test_fa_tiling_walks_what_the_kernel_walks():
 
 
 def test_pingpong_schedule_keeps_the_kernels_rules():
-    from kernels.mla.gluon_decode import STAGES
+    from attention_kernels.mla.gluon_decode import STAGES
     sched = mla_diagram._pingpong_schedule(7, t_load=7, t_s=4, t_soft=3, t_pv=2)
     load_end = {t: s + d for s, d, _, t in sched["load"]}
     ends = {}
@@ -90,8 +90,8 @@ def test_primer_grid_masks_only_the_tail():
 def test_the_families_import_without_their_figures():
     """A family's figures need matplotlib only when drawn: importing the package and its families loads
     neither a diagram module nor matplotlib."""
-    code = ("import sys, kernels, kernels.flash_attn, kernels.mla, kernels.gla, kernels.primer, "
-            "kernels.lightning, kernels.ring\n"
+    code = ("import sys, attention_kernels, attention_kernels.flash_attn, attention_kernels.mla, attention_kernels.gla, attention_kernels.primer, "
+            "attention_kernels.lightning, attention_kernels.ring\n"
             "print(sorted(m for m in sys.modules\n"
             "             if m == 'matplotlib' or m.endswith(('.diagram', '.drawing'))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -1,9 +1,9 @@
-"""FlashAttention-2 (kernels.flash_attn): forward and all three gradients against an fp64/fp32
+"""FlashAttention-2 (attention_kernels.flash_attn): forward and all three gradients against an fp64/fp32
 reference written from the formula, GQA/MQA/MHA, odd lengths, T != S, bottom-right causal
 masks, empty rows, large scores, NaN and inf where the mask hides them, and every kind of bad
 input, for the kernel and the references.
 
-Tolerances come from kernels.common.tolerance: the kernels multiply fp32 inputs in TF32 on a GPU
+Tolerances come from attention_kernels.common.tolerance: the kernels multiply fp32 inputs in TF32 on a GPU
 (tl.dot's default) and exactly under the interpreter.
 """
 import math
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from input_cases import bad_input_cases, case_id, expect_refusal
-from kernels.common import DEVICE, ON_GPU, TF32, rel_err, tolerance
-from kernels.flash_attn import attention_eager, attention_ref, backward, causal_mask, flash_attn_func, interface
-from kernels.flash_attn.reference import online_softmax_steps
+from attention_kernels.common import DEVICE, ON_GPU, TF32, rel_err, tolerance
+from attention_kernels.flash_attn import attention_eager, attention_ref, backward, causal_mask, flash_attn_func, interface
+from attention_kernels.flash_attn.reference import online_softmax_steps
 from lse_cases import check_returned_lse, lse_reference
 
 
@@ -349,7 +349,7 @@ def test_launch_falls_back_when_a_tile_does_not_fit(monkeypatch):
     that compiles nothing, as under the interpreter: every call through the dispatcher, the grid given whole)."""
     from triton.runtime.errors import OutOfResources
 
-    from kernels import launch
+    from attention_kernels import launch
 
     tried = []
 
@@ -564,7 +564,7 @@ def test_causal_mask_refuses(T, S, exc):
 def test_flops_count_the_visible_pairs(T, S, causal):
     """attention_flops: 4·B·H·D per pair the mask lets through (counted here on the mask itself),
     2.5× that for the backward."""
-    from kernels.flash_attn.reference import attention_flops, visible_pairs
+    from attention_kernels.flash_attn.reference import attention_flops, visible_pairs
 
     pairs = int(causal_mask(T, S).sum()) if causal else T * S
     assert visible_pairs(T, S, causal) == pairs
@@ -577,7 +577,7 @@ def test_flops_count_the_visible_pairs(T, S, causal):
 def test_bench_bytes_are_the_tensors(pass_, hkv):
     """bytes_moved: bf16 q, k, v read and o written, 4·B·D·(T·Hq + S·Hkv); the backward also reads dO
     and writes dq, dk, dv: twice that."""
-    from kernels.flash_attn import bench
+    from attention_kernels.flash_attn import bench
 
     c = {"B": 2, "T": 96, "H": 32, "Hkv": hkv, "D": 64, "pass": pass_, "causal": False}
     q_numel, kv_numel = 2 * 96 * 32 * 64, 2 * 96 * hkv * 64

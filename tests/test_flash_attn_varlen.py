@@ -1,4 +1,4 @@
-"""FlashAttention-2 on packed sequences (kernels.flash_attn.flash_attn_varlen_func): output and all
+"""FlashAttention-2 on packed sequences (attention_kernels.flash_attn.flash_attn_varlen_func): output and all
 three gradients against each sequence alone through the fp64 reference, packed again; lengths 0, 1,
 block multiples and longer than a block, query and key lengths that differ (bottom-right causal),
 GQA and MQA; a NaN in one sequence stays in that sequence; the log-sum-exp; bad offsets refused.
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from input_cases import bad_input_cases, case_id, expect_refusal
-from kernels.common import DEVICE, rel_err, tolerance
-from kernels.flash_attn import attention_varlen_ref, backward, flash_attn_varlen_func, interface
-from kernels.flash_attn.bench import cu_seqlens, packed_lengths
+from attention_kernels.common import DEVICE, rel_err, tolerance
+from attention_kernels.flash_attn import attention_varlen_ref, backward, flash_attn_varlen_func, interface
+from attention_kernels.flash_attn.bench import cu_seqlens, packed_lengths
 from lse_cases import check_returned_lse, lse_reference
 
 
@@ -301,7 +301,7 @@ def test_gpu_no_device_sync():
 @pytest.mark.gpu
 def test_gpu_matches_dense_on_equal_lengths():
     """Equal lengths packed are a dense batch: the same output as flash_attn_func, bit for bit."""
-    from kernels.flash_attn import flash_attn_func
+    from attention_kernels.flash_attn import flash_attn_func
 
     B, T, H, D = 4, 1000, 8, 128
     q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in "qkv")

@@ -1,8 +1,8 @@
-"""GLA (kernels.gla): the three Triton forms and the references against an fp64 loop written from
+"""GLA (attention_kernels.gla): the three Triton forms and the references against an fp64 loop written from
 the formula (MATH.md, GLA); gates from the paper's, strong and none to -inf (a full reset); odd
 sizes; initial and final state; NaN and inf where a row cannot see them; every kind of bad input.
 
-Tolerances come from kernels.common.tolerance: the chunk kernel multiplies fp32 inputs in IEEE fp32
+Tolerances come from attention_kernels.common.tolerance: the chunk kernel multiplies fp32 inputs in IEEE fp32
 (input_precision="ieee") and the recurrent kernels have no dot products, so fp32 is held to the
 fp32 tolerance on every machine. CPU (interpreter): fp32 and fp16 on small shapes. GPU: bf16 and
 fp32 on fla's test shapes. Forward only.
@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
 from linear_cases import (POISONS, assert_inf_in_v, assert_poison_pattern, linear_input_cases, linear_kernel_cases,
                           linear_step_cases, poison, replace, shrink)
-from kernels.common import DEVICE, assert_close, tolerance
-from kernels.gla import chunk_gla, fused_recurrent_gla, naive_recurrent_gla, sequential_chunk_gla, torch_gla_step
-from kernels.gla.chunk import chunk_gla_scores
-from kernels.linear import CHUNK, chunk_local_cumsum
+from attention_kernels.common import DEVICE, assert_close, tolerance
+from attention_kernels.gla import chunk_gla, fused_recurrent_gla, naive_recurrent_gla, sequential_chunk_gla, torch_gla_step
+from attention_kernels.gla.chunk import chunk_gla_scores
+from attention_kernels.linear import CHUNK, chunk_local_cumsum
 
 KERNELS = {"fused_recurrent": fused_recurrent_gla, "sequential_chunk": sequential_chunk_gla, "chunk": chunk_gla}
 FORMS = {"naive": naive_recurrent_gla, **KERNELS}

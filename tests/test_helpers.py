@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from kernels import bench
-from kernels.checks import (check_kernel_device, check_no_grad, check_once_per_signature, check_same_device_and_dtype,
+from attention_kernels import bench
+from attention_kernels.checks import (check_kernel_device, check_no_grad, check_once_per_signature, check_same_device_and_dtype,
                             check_tensor, softmax_scale_or_default)
-from kernels.common import INTERPRET, assert_close, pick, rel_err
+from attention_kernels.common import INTERPRET, assert_close, pick, rel_err
 
 
 def test_rel_err_exact_and_scaled():
@@ -235,7 +235,7 @@ def test_a_table_not_measured_yet_shows_one_line(tmp_path, monkeypatch):
         "Not measured yet: later_table (on a GPU: python3 scripts/gpu_probe.py later_table)."
     assert max(map(len, text.splitlines())) <= bench.TEXT_WIDTH
     assert bench.summary(bench.select(df, B=1).assign(mode="plain"), index=["mode", "B"]) is None
-    from kernels.plot import plot_results
+    from attention_kernels.plot import plot_results
     assert plot_results(df, x="T", y="ms") is None
 
 
@@ -320,7 +320,7 @@ def test_every_declared_table_names_its_module_and_a_timer_of_its_kind():
     the plain tables of every family are timed the same way."""
     for family, tables in bench.discover().items():
         for table in tables:
-            assert table.module == f"kernels.{family}.bench", table.name
+            assert table.module == f"attention_kernels.{family}.bench", table.name
             assert table.timer in bench.TIMERS or table.measure is not None, table.name
             if table.name.endswith("_plain"):
                 assert bench.TIMERS[table.timer] is bench.time_loop_ms, table.name
@@ -337,7 +337,7 @@ def test_a_table_without_a_module_is_not_timed_in_a_fresh_process(monkeypatch):
 def test_sweep_records_the_timer_and_the_peers_it_ran(tmp_path, monkeypatch):
     """The metadata names the timer and every peer the table's providers were handed, with its version; a peer
     that is absent here is not named."""
-    from kernels import peers
+    from attention_kernels import peers
     monkeypatch.setattr(bench, "ON_GPU", True)
     monkeypatch.setattr(bench, "INTERPRET", False)
     monkeypatch.setattr(bench, "measure_ceilings", lambda: {"peak_tflops": 1.0, "peak_gbps": 1.0})
@@ -404,7 +404,7 @@ import sys
 
 import pandas as pd
 
-from kernels import bench
+from attention_kernels import bench
 
 
 def _fake_sweep(benchmark):  # the fresh process: "time", say so, hand back a table
@@ -544,7 +544,7 @@ def test_every_family_declares_its_benchmarks():
             assert b.name.startswith(family), b.name
             for case in b.cases:
                 assert "N" not in case and {"B", "H"} <= set(case), (b.name, case)
-        headline = __import__(f"kernels.{family}.bench", fromlist=["HEADLINE"]).HEADLINE  # declared, maybe None
+        headline = __import__(f"attention_kernels.{family}.bench", fromlist=["HEADLINE"]).HEADLINE  # declared, maybe None
         assert headline is None or headline.benchmark in names
 
 
@@ -560,7 +560,7 @@ def _plot_table(providers=("book", "SDPA flash")):
 def test_plot_draws_every_provider_and_roofline(tmp_path):
     import matplotlib
     matplotlib.use("Agg")
-    from kernels.plot import COLUMN_INCHES, plot_results
+    from attention_kernels.plot import COLUMN_INCHES, plot_results
 
     fig = plot_results(_plot_table().query("causal"), y="tflops", title="shape")
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
@@ -578,7 +578,7 @@ def test_plot_stacks_panels_at_the_column_width(tmp_path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from kernels.plot import COLUMN_PX, plot_results
+    from attention_kernels.plot import COLUMN_PX, plot_results
 
     fig = plot_results(_plot_table(), y="tflops", col="causal", title="shape")
     boxes = [ax.get_position() for ax in fig.axes]
@@ -592,7 +592,7 @@ def test_plot_stacks_panels_at_the_column_width(tmp_path):
 
 
 def test_every_provider_has_its_own_colour_and_marker():
-    from kernels.plot import BOOK_HUES, provider_style
+    from attention_kernels.plot import BOOK_HUES, provider_style
 
     every = ["book", "book: Triton", "book: no split", "book: chunk", "book: sequential chunk", "book: TileLang",
              "SDPA flash", "SDPA cuDNN", "eager", "PyTorch absorbed", "PyTorch naive", "fla chunk_gla", "FlashMLA",
@@ -616,7 +616,7 @@ def test_every_provider_has_its_own_colour_and_marker():
 def test_explorer_degrades_to_static_text():
     import matplotlib
     matplotlib.use("Agg")
-    from kernels.notebook import explore
+    from attention_kernels.notebook import explore
 
     df = _plot_table(("book",))
     bundle = explore(df, filters=("causal",))._repr_mimebundle_()
@@ -631,7 +631,7 @@ def test_online_softmax_explorer_has_a_figure_and_a_table(monkeypatch):
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    from kernels import notebook
+    from attention_kernels import notebook
 
     shown = []
     monkeypatch.setattr(notebook, "display", lambda obj, raw=False: shown.append((obj, raw)))
@@ -671,8 +671,8 @@ IMPORT_WITHOUT_JUPYTER = textwrap.dedent("""
     from triton.runtime import _allocation
     allocator = _allocation._allocator.get()
 
-    import kernels, kernels.flash_attn, kernels.mla, kernels.gla, kernels.bench, kernels.plot
-    from kernels import bench
+    import attention_kernels, attention_kernels.flash_attn, attention_kernels.mla, attention_kernels.gla, attention_kernels.bench, attention_kernels.plot
+    from attention_kernels import bench
     bench.discover()
     assert dict(matplotlib.rcParams) == before, "importing kernels changed matplotlib's settings"
     assert _allocation._allocator.get() is allocator, "importing kernels installed a Triton allocator"
@@ -689,10 +689,10 @@ def test_the_library_imports_without_jupyter_and_changes_no_global_state():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is only switched on without a GPU")
 def test_importing_triton_first_on_a_cpu_is_explained():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", "import triton, kernels"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", "import triton, attention_kernels"], capture_output=True, text=True,
                           timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "import kernels first" in done.stderr
+    assert "import attention_kernels first" in done.stderr
 
 
 def _counted(x):
@@ -705,8 +705,8 @@ def _counted(x):
 
 
 def test_code_lines_leaves_out_blanks_comments_and_docstrings():
-    from kernels.mla import decode
-    from kernels.notebook import code_lines
+    from attention_kernels.mla import decode
+    from attention_kernels.notebook import code_lines
     assert code_lines(_counted) == 3
     assert code_lines(_counted, _counted) == 3              # a function named twice counts once
     kernels_of_module = code_lines(decode)      # every kernel the module defines, each once
@@ -719,7 +719,7 @@ def test_launch_direct_caches_the_compiled_kernel_and_orders_its_constexprs(monk
     (options such as num_warps included where the signature names them); later calls with that key go to it; an
     unaligned call, or one with another key, goes through the kernel again. Each returns its launch (`Launched`),
     to be made again, but an unaligned one, which has no compiled kernel to launch directly."""
-    from kernels import launch
+    from attention_kernels import launch
 
     calls = []
 
@@ -761,7 +761,7 @@ def test_launch_keeps_the_tile_that_fits_and_launches_it_directly(monkeypatch):
     tile, not the one that did not fit; another key tries the tiles from the first again."""
     from triton.runtime.errors import OutOfResources
 
-    from kernels import launch
+    from attention_kernels import launch
 
     calls = []
 
@@ -805,7 +805,7 @@ def test_reused_keeps_one_per_stream_and_key_and_makes_afresh_in_a_capture(monke
     """`launch.reused` without a GPU (the stream and the capture state played by stand-ins): one value per
     (stream, key), the least recently used dropped past `most`, and a fresh one inside a graph capture; a stream the
     caller has read (`launch_stream()`) is taken as it is."""
-    from kernels import launch
+    from attention_kernels import launch
 
     stream, capturing = [(0, 11)], [False]
     monkeypatch.setattr(launch, "current_stream", lambda: stream[0])
@@ -835,7 +835,7 @@ def test_relaunches_keep_what_does_not_change_and_take_each_calls_tensors():
     import gc
     import weakref
 
-    from kernels import launch
+    from attention_kernels import launch
 
     class Direct:
         instrumented = False

@@ -11,9 +11,9 @@ import copy
 import pytest
 import torch
 
-import kernels  # noqa: F401  (before transformers, which imports Triton: see conftest)
-from kernels.common import rel_err, tolerance
-from kernels.flash_attn import flash_attn_func
+import attention_kernels  # noqa: F401  (before transformers, which imports Triton: see conftest)
+from attention_kernels.common import rel_err, tolerance
+from attention_kernels.flash_attn import flash_attn_func
 
 transformers = pytest.importorskip("transformers")
 masking_utils = pytest.importorskip("transformers.masking_utils")

@@ -1,4 +1,4 @@
-"""Kimi Delta Attention (kernels.kda): the two Triton forms and the references against an fp64 loop
+"""Kimi Delta Attention (attention_kernels.kda): the two Triton forms and the references against an fp64 loop
 written from the paper's equation (MATH.md, KDA), in its matrix form
 S_t = (I - β_t k_t k_tᵀ) Diag(e^{g_t}) S_{t-1} + β_t k_t v_tᵀ, o_t = S_tᵀ (q_t · scale): no decay,
 strong decay and mixed gates; β near 0 and near 1; T = 1 and T not a multiple of the chunk; initial
@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
 from linear_cases import (POISONS, assert_inf_in_v, assert_poison_pattern, linear_input_cases, linear_kernel_cases,
                           poison, replace)
-from kernels.common import DEVICE, assert_close, rel_err, tolerance
-from kernels.kda import chunk_kda, fused_recurrent_kda, l2_normalize, naive_recurrent_kda, torch_kda_step
-from kernels.linear import CHUNK, chunk_state_pass
+from attention_kernels.common import DEVICE, assert_close, rel_err, tolerance
+from attention_kernels.kda import chunk_kda, fused_recurrent_kda, l2_normalize, naive_recurrent_kda, torch_kda_step
+from attention_kernels.linear import CHUNK, chunk_state_pass
 
 KERNELS = {"fused_recurrent": fused_recurrent_kda, "chunk": chunk_kda}
 FORMS = {"naive": naive_recurrent_kda, **KERNELS}
@@ -198,7 +198,7 @@ def test_fused_kernel_variants(monkeypatch, T, K, V, flags):
     """The fused kernel compiles a decode step (T = 1: no token loop, STEP) and whole tiles (K a power
     of two, value tiles dividing V: no masks, EVEN) apart from the general case: each of the four agrees
     with the formula, and the launch took the variant named."""
-    from kernels.kda import fused_recurrent as module
+    from attention_kernels.kda import fused_recurrent as module
     taken = {}
     launch_step = module.launch_step
     monkeypatch.setattr(module, "launch_step",

@@ -1,4 +1,4 @@
-"""Training chunk_kda (kernels/kda/chunk_backward.py): its gradients to q, k, v, g, beta and the initial
+"""Training chunk_kda (attention_kernels/kda/chunk_backward.py): its gradients to q, k, v, g, beta and the initial
 state against autograd through the fp64 loop (naive_recurrent_kda), with a loss through o and through
 the final state (random upstream gradients for both); lengths 1, 37 and 70 (not chunk multiples), K != V,
 with and without an initial state, the L2 norm in the kernel on and off (off: the keys come normalised,
@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.common import DEVICE, assert_close, tolerance
-from kernels.kda import chunk_kda, fused_recurrent_kda, naive_recurrent_kda
+from attention_kernels.common import DEVICE, assert_close, tolerance
+from attention_kernels.kda import chunk_kda, fused_recurrent_kda, naive_recurrent_kda
 from test_linear_backward import BF16_GRAD, FP32, assert_grads_close, fp64, gates, grads, shape_id
 
 NAMES = ["dq", "dk", "dv", "dg", "dbeta"]

@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from kernels.common import DEVICE, assert_close
-from kernels.kda import chunk_kda, fused_recurrent_kda, naive_recurrent_kda
+from attention_kernels.common import DEVICE, assert_close
+from attention_kernels.kda import chunk_kda, fused_recurrent_kda, naive_recurrent_kda
 from test_linear_backward import FP32
 
 # fla.ops.kda's signatures (fla/ops/kda/chunk.py, fla/ops/kda/fused_recurrent.py): the positional part,

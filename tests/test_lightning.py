@@ -1,10 +1,10 @@
-"""Lightning Attention (kernels.lightning): the two Triton forms and the references against an fp64
+"""Lightning Attention (attention_kernels.lightning): the two Triton forms and the references against an fp64
 loop written from the formula (MATH.md, Lightning Attention); decays from none (slope 0) to strong
 (slope 8) and MiniMax's per-layer slopes; odd sizes, T = 1 and T not a multiple of the block; initial
 and final state; NaN and inf where a row cannot see them; the ELU+1 variant against its own formula;
 the MiniMax block; every kind of bad input.
 
-Tolerances come from kernels.common.tolerance: the chunk kernel multiplies fp32 inputs in IEEE fp32
+Tolerances come from attention_kernels.common.tolerance: the chunk kernel multiplies fp32 inputs in IEEE fp32
 and the recurrent kernel has no dot products, so fp32 is held to the fp32 tolerance on every machine,
 except the GPU's long sequences, where a decay near 1 held in fp32 drifts by up to T·2^-24 (gpu_tolerance).
 CPU (interpreter): fp32 and fp16 on small shapes. GPU: bf16 and fp32 on fla's test shapes. Forward only.
@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
 from linear_cases import (POISONS, assert_inf_in_v, assert_poison_pattern, linear_input_cases, linear_kernel_cases,
                           linear_step_cases, poison, replace)
-from kernels.common import DEVICE, assert_close, tolerance
-from kernels.lightning import (article_lightning_step, chunk_lightning, elu_feature_map, fused_recurrent_lightning,
+from attention_kernels.common import DEVICE, assert_close, tolerance
+from attention_kernels.lightning import (article_lightning_step, chunk_lightning, elu_feature_map, fused_recurrent_lightning,
                                lightning_slopes, minimax_lightning_block, naive_recurrent_elu_linear,
                                naive_recurrent_lightning, rms_norm, torch_lightning_step)
-from kernels.linear import CHUNK
+from attention_kernels.linear import CHUNK
 
 KERNELS = {"fused_recurrent": fused_recurrent_lightning, "chunk": chunk_lightning}
 FORMS = {"naive": naive_recurrent_lightning, **KERNELS}

@@ -1,4 +1,4 @@
-"""fla's call on Lightning Attention (kernels/lightning/compat.py): chunk_lightning_attn and
+"""fla's call on Lightning Attention (attention_kernels/lightning/compat.py): chunk_lightning_attn and
 fused_recurrent_lightning_attn with fla's arguments against the fp64 loop with fla's decay written from
 its formula (g_h = -(8 / H) · (1 - layer_idx / num_layers) · h, scale 1/√K), against chunk_lightning
 with the same slopes (bitwise), packed sequences with fla's int64 offsets, gradients, refusals.
@@ -10,8 +10,8 @@ import inspect
 import pytest
 import torch
 
-from kernels.common import DEVICE, assert_close, tolerance
-from kernels.lightning import (chunk_lightning, chunk_lightning_attn, fla_lightning_slopes,
+from attention_kernels.common import DEVICE, assert_close, tolerance
+from attention_kernels.lightning import (chunk_lightning, chunk_lightning_attn, fla_lightning_slopes,
                                fused_recurrent_lightning_attn, naive_recurrent_lightning)
 
 FP32 = tolerance(torch.float32)

@@ -1,16 +1,16 @@
-"""The linear-attention machinery (kernels.linear) on its own: the input check, the in-chunk
+"""The linear-attention machinery (attention_kernels.linear) on its own: the input check, the in-chunk
 cumulative gates, the state pass and the output assembly, with a gate per key channel (GLA) and a
 gate per head ([B, T, H, 1], the form Lightning and Mamba-2 will pass), against loops over time.
 
-Tolerances come from kernels.common.tolerance: fp32 inputs multiply in IEEE fp32 on every machine.
+Tolerances come from attention_kernels.common.tolerance: fp32 inputs multiply in IEEE fp32 on every machine.
 """
 import math
 
 import pytest
 import torch
 
-from kernels.common import DEVICE, assert_close, tolerance
-from kernels.linear import (CHUNK, GATE_FLOOR, check_linear_inputs, chunk_local_cumsum, chunk_output,
+from attention_kernels.common import DEVICE, assert_close, tolerance
+from attention_kernels.linear import (CHUNK, GATE_FLOOR, check_linear_inputs, chunk_local_cumsum, chunk_output,
                             chunk_state_pass)
 
 FP32 = tolerance(torch.float32)

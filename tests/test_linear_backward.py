@@ -1,4 +1,4 @@
-"""Training the chunk forms (kernels/linear/chunk_backward.py): chunk_gla's and chunk_lightning's gradients
+"""Training the chunk forms (attention_kernels/linear/chunk_backward.py): chunk_gla's and chunk_lightning's gradients
 against autograd through the fp64 loops (naive_recurrent_gla, naive_recurrent_lightning), with a loss
 through o and through the final state (random upstream gradients for both); lengths around the chunk
 (1, 37, 64, 70), K != V, with and without an initial state; GLA gates near 0, strong, and -inf (a full
@@ -12,12 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.common import DEVICE, assert_close, tolerance
-from kernels.gla import chunk_gla, fused_recurrent_gla, naive_recurrent_gla, sequential_chunk_gla
-from kernels.gla.chunk import chunk_gla_scores
-from kernels.lightning import chunk_lightning, fused_recurrent_lightning, lightning_slopes, naive_recurrent_lightning
-from kernels.linear import CHUNK, chunk_local_cumsum, chunk_state_pass
-from kernels.linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
+from attention_kernels.common import DEVICE, assert_close, tolerance
+from attention_kernels.gla import chunk_gla, fused_recurrent_gla, naive_recurrent_gla, sequential_chunk_gla
+from attention_kernels.gla.chunk import chunk_gla_scores
+from attention_kernels.lightning import chunk_lightning, fused_recurrent_lightning, lightning_slopes, naive_recurrent_lightning
+from attention_kernels.linear import CHUNK, chunk_local_cumsum, chunk_state_pass
+from attention_kernels.linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 
 FP32 = tolerance(torch.float32)
 BF16_GRAD = 5e-3

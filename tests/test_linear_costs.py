@@ -1,9 +1,9 @@
-"""kernels.linear.costs: the linear families' cost model, counted again here by hand, and the numbers
+"""attention_kernels.linear.costs: the linear families' cost model, counted again here by hand, and the numbers
 its docstring quotes pinned to what it computes."""
 import pytest
 
-from kernels.linear import costs
-from kernels.linear.chunk import CHUNK
+from attention_kernels.linear import costs
+from attention_kernels.linear.chunk import CHUNK
 
 
 def _chunk_flops_by_hand(T, K, V, C=CHUNK):
@@ -55,8 +55,8 @@ def test_kv_heads_must_divide_the_query_heads(hkv):
 def test_declared_softmax_baselines_state_their_kv_heads():
     """The decode-against-context tables compare against grouped softmax: Lightning's at MiniMax-01's
     8:1 (4 KV heads for 32 query heads), GLA's at LLaMA-3 8B's 4:1 (8 for 32)."""
-    from kernels.gla import bench as gla_bench
-    from kernels.lightning import bench as lightning_bench
+    from attention_kernels.gla import bench as gla_bench
+    from attention_kernels.lightning import bench as lightning_bench
 
     for bench, hkv in ((lightning_bench, 4), (gla_bench, 8)):
         cases = bench.CONTEXT_SOFTMAX.cases

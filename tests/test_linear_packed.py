@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from kernels.gla import chunk_gla, fused_recurrent_gla
-from kernels.kda import chunk_kda, fused_recurrent_kda
-from kernels.lightning import chunk_lightning, fused_recurrent_lightning, lightning_slopes
+from attention_kernels.gla import chunk_gla, fused_recurrent_gla
+from attention_kernels.kda import chunk_kda, fused_recurrent_kda
+from attention_kernels.lightning import chunk_lightning, fused_recurrent_lightning, lightning_slopes
 
 H, K, V = 2, 16, 32
 LENGTHS = [0, 5, 70, 1, 64, 0]          # 140 tokens: sequences start mid-chunk, one is empty at either end

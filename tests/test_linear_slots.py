@@ -1,4 +1,4 @@
-"""The serving step of GLA, Lightning and KDA (kernels/linear/slots.py): a pool of states read at each batch
+"""The serving step of GLA, Lightning and KDA (attention_kernels/linear/slots.py): a pool of states read at each batch
 row's slot (ssm_state_indices) and the final state written back in place (inplace_final_state), as fla's
 fused_recurrent_kda_fwd takes them.
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.common import DEVICE
-from kernels.gla import fused_recurrent_gla
-from kernels.gla import interface as gla_interface
-from kernels.kda import fused_recurrent_kda
-from kernels.kda import interface as kda_interface
-from kernels.lightning import fused_recurrent_lightning
-from kernels.lightning import interface as lightning_interface
+from attention_kernels.common import DEVICE
+from attention_kernels.gla import fused_recurrent_gla
+from attention_kernels.gla import interface as gla_interface
+from attention_kernels.kda import fused_recurrent_kda
+from attention_kernels.kda import interface as kda_interface
+from attention_kernels.lightning import fused_recurrent_lightning
+from attention_kernels.lightning import interface as lightning_interface
 
 H, K, V, SLOTS = 2, 20, 24, 6
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("IPython")  # kernels.notebook needs it, as the chapters do
+pytest.importorskip("IPython")  # attention_kernels.notebook needs it, as the chapters do
 
-from kernels.notebook import chapter_names, show_source, shown_listings  # noqa: E402
+from attention_kernels.notebook import chapter_names, show_source, shown_listings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "book").glob("*.ipynb"))
@@ -61,7 +61,7 @@ def test_listing_is_current(path, index, expr):
 def test_refresh_rewrites_a_stale_listing(tmp_path):
     """`make listings` mends what this file catches: a listing made stale is rewritten from the source
     and every other cell's outputs are left byte for byte."""
-    from kernels.notebook import refresh_listings
+    from attention_kernels.notebook import refresh_listings
 
     chapter = next(p for p in CHAPTERS if shown_listings(p))
     index, expr = shown_listings(chapter)[0]

@@ -1,4 +1,4 @@
-"""Mamba-2 (kernels.mamba2): the decode step (`selective_state_update`) against an fp64 step written
+"""Mamba-2 (attention_kernels.mamba2): the decode step (`selective_state_update`) against an fp64 step written
 from the formula (MATH.md, Mamba-2) for every combination of the optional arguments, the state
 updated in place (same storage, any strides, through a slot table), A as one scalar per head (the
 stride-0 fast path) and as a full [nheads, headdim, dstate] tensor, groups, odd sizes, NaN kept in
@@ -20,22 +20,22 @@ import torch
 import triton
 
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
-from kernels.common import DEVICE, INTERPRET, ON_GPU, assert_close, tolerance
-from kernels.mamba2 import (mamba1_step, mamba2_step, selective_state_update, selective_state_update_ref,
+from attention_kernels.common import DEVICE, INTERPRET, ON_GPU, assert_close, tolerance
+from attention_kernels.mamba2 import (mamba1_step, mamba2_step, selective_state_update, selective_state_update_ref,
                             ssd_chunk_scan, ssd_chunked_torch, ssd_scan_ref)
-from kernels.launch import pow2_at_least_16
-from kernels.linear.chunk import CHUNK, GATE_FLOOR
-from kernels.mamba2 import chunk as chunk_module
-from kernels.mamba2 import decode as decode_module
-from kernels.mamba2 import interface as interface_module
-from kernels.mamba2 import inputs as inputs_module
-from kernels.mamba2.interface import a_is_scalar_per_head
+from attention_kernels.launch import pow2_at_least_16
+from attention_kernels.linear.chunk import CHUNK, GATE_FLOOR
+from attention_kernels.mamba2 import chunk as chunk_module
+from attention_kernels.mamba2 import decode as decode_module
+from attention_kernels.mamba2 import interface as interface_module
+from attention_kernels.mamba2 import inputs as inputs_module
+from attention_kernels.mamba2.interface import a_is_scalar_per_head
 
 FP32 = tolerance(torch.float32)
 
 
 def ref_step(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
-    """The step from the formula, in float64, written here without kernels.mamba2:
+    """The step from the formula, in float64, written here without attention_kernels.mamba2:
     dt = softplus(dt + dt_bias); h = exp(dt·A) h + dt·x ⊗ B; y = h·C + D·x; y ⊙ silu(z)."""
     d = lambda t: None if t is None else t.double()                      # noqa: E731
     state, x, dt, A, B, C, D, z, dt_bias = map(d, (state, x, dt, A, B, C, D, z, dt_bias))
@@ -1001,7 +1001,7 @@ def test_scan_poison_reaches_exactly_its_rows(poison, chunk_size, at):
 def test_bench_gated_rmsnorm_matches_the_formula(groups):
     """The layer table's PyTorch norm (norm_before_gate=False) against the formula in float64, one group
     at a time: g = y · silu(z); out = g / sqrt(mean over the group of g² + eps) · weight."""
-    from kernels.mamba2.bench import gated_rmsnorm
+    from attention_kernels.mamba2.bench import gated_rmsnorm
     torch.manual_seed(0)
     size = 5
     y, z = torch.randn(2, 7, groups * size), torch.randn(2, 7, groups * size)
@@ -1020,7 +1020,7 @@ def test_bench_gated_rmsnorm_matches_the_formula(groups):
 
 def test_bench_layer_table_declared():
     """mamba2_layer times the scan as a Mamba-2 layer calls it (z=None, then the gated norm), each scan alone."""
-    from kernels.mamba2 import bench
+    from attention_kernels.mamba2 import bench
     assert bench.LAYER in bench.BENCHMARKS and bench.LAYER.name == "mamba2_layer"
     assert list(bench.LAYER.providers) == ["book: scan + norm", "book: scan", "mamba_ssm: scan + RMSNormGated",
                                            "mamba_ssm: scan"]

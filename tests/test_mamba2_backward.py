@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kernels.common import DEVICE, assert_close, tolerance
-from kernels.mamba2 import ssd_chunk_scan, ssd_scan_ref
+from attention_kernels.common import DEVICE, assert_close, tolerance
+from attention_kernels.mamba2 import ssd_chunk_scan, ssd_scan_ref
 
 FP32 = tolerance(torch.float32)
 NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")

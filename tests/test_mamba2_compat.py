@@ -1,4 +1,4 @@
-"""mamba_ssm's call on the SSD chunk scan (kernels/mamba2/compat.py): mamba_chunk_scan_combined with
+"""mamba_ssm's call on the SSD chunk scan (attention_kernels/mamba2/compat.py): mamba_chunk_scan_combined with
 mamba_ssm's arguments gives ssd_chunk_scan's answer under mamba_ssm's conventions. Plain and packed calls
 (seq_idx with and without cu_seqlens, batch 1 and 2), the initial state belonging to sequence 0, the
 final state of the last sequence, the per-sequence states (return_varlen_states), dt_limit against the
@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from kernels.common import DEVICE, assert_close, tolerance
-from kernels.mamba2 import mamba_chunk_scan_combined, ssd_chunk_scan, ssd_scan_ref
+from attention_kernels.common import DEVICE, assert_close, tolerance
+from attention_kernels.mamba2 import mamba_chunk_scan_combined, ssd_chunk_scan, ssd_scan_ref
 
 FP32 = tolerance(torch.float32)
 H, P, N, G = 4, 16, 16, 2

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
-from kernels.common import DEVICE, ON_GPU, assert_close, tolerance
-from kernels.mla import (absorb_query, latent_cache, mla_absorbed, mla_decode, mla_decode_gluon, mla_decode_ref,
+from attention_kernels.common import DEVICE, ON_GPU, assert_close, tolerance
+from attention_kernels.mla import (absorb_query, latent_cache, mla_absorbed, mla_decode, mla_decode_gluon, mla_decode_ref,
                          mla_naive, unabsorb_output, yarn_softmax_scale)
 
 
@@ -110,7 +110,7 @@ def test_combine_weighs_slices_by_their_lse(num_splits):
     """The split-KV merge alone, against its formula: out = sum_s softmax(lse)_s * partial_s. A slice of lse
     -inf (empty) weighs nothing (its partial here is random, not the 0 a kernel writes); a row with every
     slice empty gives 0 and lse -inf."""
-    from kernels.mla import decode
+    from attention_kernels.mla import decode
 
     B, s_q, H, V = 2, 2, 3, 60                    # D_v not a power of two: masked columns
     rows = B * s_q * H                            # (batch, query, head), out's order
@@ -175,7 +175,7 @@ def test_paged_pages_of_64(dtype, shape, ns):
 
 def test_paged_4d_cache_is_read_as_a_view(monkeypatch):
     """The [num_blocks, 64, 1, D] cache reaches the kernel as a view of the same memory."""
-    from kernels.mla import decode
+    from attention_kernels.mla import decode
 
     q, kv, lens, _ = make_case(2, 1, 3, 72, 70, lens=torch.tensor([70, 5]))
     cache, table = flashmla_pages(kv, lens)
@@ -188,9 +188,9 @@ def test_paged_4d_cache_is_read_as_a_view(monkeypatch):
 
 @pytest.mark.parametrize("pages", ["in order", "shuffled"])
 def test_paged_benchmark_inputs(pages):
-    """The paged benchmark's inputs (kernels/mla/bench.py), built small: in order, the pages are the dense
+    """The paged benchmark's inputs (attention_kernels/mla/bench.py), built small: in order, the pages are the dense
     cache's own memory; shuffled or not, the kernel reads the same sequences from them."""
-    from kernels.mla.bench import _paged_inputs
+    from attention_kernels.mla.bench import _paged_inputs
 
     case = {"B": 2, "T": 128, "H": 3, "D": 72, "pages": pages}
     q, kv, cache, table, lens = _paged_inputs(case, device=DEVICE, dtype=torch.float32)
@@ -266,7 +266,7 @@ def test_yarn_scale():
 def test_decode_unaligned_rows_use_pointer_loads(monkeypatch):
     """A cache whose row stride is not a multiple of 16 bytes cannot be read by TMA: the Triton kernel must
     be launched on the pointer path (its `tma` argument) and still be right."""
-    from kernels.mla import decode
+    from attention_kernels.mla import decode
 
     B, s_q, H, D, V, T = 2, 1, 3, 72, 64, 40
     q, kv, lens, _ = make_case(B, s_q, H, D, T)
@@ -505,7 +505,7 @@ def test_mla_decode_ref_refuses(case):
 
 def _verdict(check, args, kernel):
     """What `check` says of a decode call's arguments: the scale, or the exception's type and message."""
-    from kernels.mla.inputs import paged_rows
+    from attention_kernels.mla.inputs import paged_rows
 
     a = dict(args)
     try:
@@ -525,7 +525,7 @@ def test_the_kept_verdicts_are_the_checks(kernel):
     """check_decode_inputs keeps its verdict per call signature: for the good calls (dense and paged, the default
     scale) and every bad input, seen for the first time or again after the good call, it says what the checks
     say when they run in full."""
-    from kernels.mla.inputs import check_decode_inputs
+    from attention_kernels.mla.inputs import check_decode_inputs
 
     goods = [_decode_args(), _decode_args(paged_cache=True), dict(_decode_args(), softmax_scale=None)]
     for good in goods:
@@ -583,7 +583,7 @@ def test_mla_decode_ref_takes_fp64():
 @pytest.fixture
 def fresh_plans(monkeypatch):
     """(the kept plans, empty for this test; a list that grows by one for every call that is checked)."""
-    from kernels.mla import interface, planning
+    from attention_kernels.mla import interface, planning
 
     monkeypatch.setattr(planning, "_PLANS", {})
     checked, check = [], interface.check_decode_inputs
@@ -666,7 +666,7 @@ def test_a_plan_tells_equal_scalars_of_other_types_apart(name, good, bad, exc, m
 def test_flashmla_4d_pages_through_a_plan(fresh_plans, monkeypatch):
     """FlashMLA's [num_blocks, 64, 1, D] cache is planned as it is given, and each call's launch still reads the
     [num_blocks, 64, D] view of that memory; the bits are those of the 3D cache through the full path."""
-    from kernels.mla import decode
+    from attention_kernels.mla import decode
 
     plans, checked = fresh_plans
     lens = torch.tensor(PAGE_LENS, dtype=torch.int32)
@@ -721,13 +721,13 @@ def test_check_seqlens_is_never_planned(fresh_plans):
 
 def test_a_plan_relaunches_with_each_calls_tensors(fresh_plans, monkeypatch):
     """The route a plan takes on a GPU once its launches have gone straight to the C launcher
-    (`kernels.launch.relaunches`), played on the CPU: the launch functions report their launches as direct ones,
+    (`attention_kernels.launch.relaunches`), played on the CPU: the launch functions report their launches as direct ones,
     whose relaunch is the launch function again with the arguments it is handed. A planned call reads the stream
     once and hands each launch its own tensors (its inputs; out, lse and the workspace fresh) with the first call's
     other arguments, and gives the full path's bits; with a profiler's launch hook installed it calls the launch
     functions again."""
-    from kernels.launch import Launched
-    from kernels.mla import decode, planning
+    from attention_kernels.launch import Launched
+    from attention_kernels.mla import decode, planning
 
     plans, checked = fresh_plans
     called, relaunched = [], []
@@ -1027,7 +1027,7 @@ def test_gluon_gpu_repeat_and_graph_replay(paged, monkeypatch):
     """A whole-sequence call compiles the kernel; a split call then launches it directly (no dispatcher) and
     is right; its repeat reuses the workspace; a CUDA graph captures the same call. All give the first split
     call's result, bit for bit; the graph's replay follows new values written into its inputs."""
-    from kernels import launch
+    from attention_kernels import launch
     monkeypatch.setattr(launch, "_DIRECT", {})
     lens = torch.tensor([100, 2000], dtype=torch.int32)
     q, kv, lens, _ = make_case(2, 1, 128, 576, 2000, dtype=torch.bfloat16, lens=lens)
@@ -1047,7 +1047,7 @@ def test_gluon_gpu_repeat_and_graph_replay(paged, monkeypatch):
 
 @pytest.mark.gpu
 def test_gluon_gpu_direct_launch_streams_and_hooks():
-    """The direct launches (`kernels.launch.DirectLaunch`) keep one TMA scratch per stream: calls on two streams
+    """The direct launches (`attention_kernels.launch.DirectLaunch`) keep one TMA scratch per stream: calls on two streams
     at once, each many times over, give the result of a call on the default stream, bit for bit. With a launch
     hook installed (as a profiler does) the launches go through Triton's own path, and the hook sees both."""
     from triton import knobs
@@ -1088,7 +1088,7 @@ def test_gluon_gpu_planned_call_equals_the_full_path(B, monkeypatch):
     plan with both launches; the next ones launch straight through the C launcher (no launch function called) and
     give the full path's bits, on the first call's query and on a new one; so does a CUDA graph capture of the
     planned call, and its replay."""
-    from kernels.mla import gluon_decode, planning
+    from attention_kernels.mla import gluon_decode, planning
 
     monkeypatch.setattr(planning, "_PLANS", {})
     calls, launch = [], gluon_decode.launch_gluon
@@ -1155,7 +1155,7 @@ def off_a_16_byte_boundary(t):
 def test_query_off_a_16_byte_boundary_is_copied_to_one():
     """`dense_inputs` hands the kernels a q whose base is 16-byte aligned (the Gluon kernel's copy engine needs it),
     copying only a q that is not; the values are q's."""
-    from kernels.mla.planning import dense_inputs
+    from attention_kernels.mla.planning import dense_inputs
 
     q, kv, lens, _ = make_case(2, 1, 4, 72, 20)
     shifted = off_a_16_byte_boundary(q)
@@ -1186,7 +1186,7 @@ def test_gpu_query_off_a_16_byte_boundary(backend):
     ({"num_splits": 2}, True),
 ], ids=["serving", "s_q-2", "fp16", "paged-64", "paged-16", "split"])
 def test_gpu_auto_backend_choice(change, gluon, monkeypatch):
-    from kernels.mla import gluon_decode
+    from attention_kernels.mla import gluon_decode
     calls, launch = [], gluon_decode.launch_gluon
     monkeypatch.setattr(gluon_decode, "launch_gluon", lambda *a: calls.append(1) or launch(*a))
     q, kv, lens, table = make_case(8, change.get("s_q", 1), 128, 576, 256, dtype=change.get("dtype", torch.bfloat16),
@@ -1203,9 +1203,9 @@ def test_gluon_kernel_compiles_for_hopper_without_spills():
     import sys
     from pathlib import Path
 
-    from kernels.launch import TESTED_TRITON, triton_tested
+    from attention_kernels.launch import TESTED_TRITON, triton_tested
     if not triton_tested():
-        pytest.skip(f"the Gluon kernel runs on Triton {', '.join(TESTED_TRITON)} only (kernels.launch.TESTED_TRITON)")
+        pytest.skip(f"the Gluon kernel runs on Triton {', '.join(TESTED_TRITON)} only (attention_kernels.launch.TESTED_TRITON)")
 
     script = Path(__file__).resolve().parent.parent / "scripts" / "mla_gluon_compile.py"  # dense and paged
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
@@ -1219,11 +1219,11 @@ def test_gluon_kernel_compiles_for_hopper_without_spills():
 def test_gluon_kernel_takes_the_serving_case_on_a_tested_triton_only(found, misfit, monkeypatch):
     """The Gluon kernel's judge (`gluon_misfit`) on the serving case, as on a Hopper GPU (played on the CPU): a
     Triton the kernel was not measured on is a reason not to take the call, so that backend='auto' takes the Triton
-    kernel (warning once per process: `kernels.launch.fast_paths_on`)."""
+    kernel (warning once per process: `attention_kernels.launch.fast_paths_on`)."""
     import triton
 
-    from kernels import launch
-    from kernels.mla import planning
+    from attention_kernels import launch
+    from attention_kernels.mla import planning
 
     monkeypatch.setattr(planning, "is_hopper", lambda device: True)
     monkeypatch.setattr(triton, "__version__", found)
@@ -1238,8 +1238,8 @@ def test_backend_gluon_on_an_untested_triton_is_refused_by_name(monkeypatch):
     (the shapes and the GPU fit: the GPU played on the CPU)."""
     import triton
 
-    from kernels import launch
-    from kernels.mla import planning
+    from attention_kernels import launch
+    from attention_kernels.mla import planning
 
     monkeypatch.setattr(planning, "is_hopper", lambda device: True)
     monkeypatch.setattr(triton, "__version__", "3.9.0")

@@ -1,4 +1,4 @@
-"""The TileLang MLA decode kernels (kernels/mla/tilelang_decode.py) against the fp32 reference.
+"""The TileLang MLA decode kernels (attention_kernels/mla/tilelang_decode.py) against the fp32 reference.
 
 GPU (marked `gpu`, skipped without CUDA, and without TileLang): DeepSeek's dims in bf16, dense and paged
 caches (pages of 64 in shuffled order, NaN in every unused slot and page, lengths that end mid-page), the
@@ -17,9 +17,9 @@ import torch
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
 from test_mla import check_graph_replay, flashmla_pages, make_case
 
-from kernels import peers
-from kernels.common import ON_GPU, assert_close, tolerance
-from kernels.mla import mla_decode_ref, mla_decode_tilelang, tilelang_decode, yarn_softmax_scale
+from attention_kernels import peers
+from attention_kernels.common import ON_GPU, assert_close, tolerance
+from attention_kernels.mla import mla_decode_ref, mla_decode_tilelang, tilelang_decode, yarn_softmax_scale
 
 BF16_TOL = tolerance(torch.bfloat16)
 needs_tilelang = pytest.mark.skipif(peers.tilelang() is None, reason="needs TileLang (pip install tilelang)")
@@ -85,7 +85,7 @@ def test_module_imports_without_tilelang():
     """In a process where `import tilelang` fails, the module imports and the entry says what it needs."""
     code = ("import sys; sys.modules['tilelang'] = None\n"
             "import torch\n"
-            "from kernels.mla import mla_decode_tilelang\n"
+            "from attention_kernels.mla import mla_decode_tilelang\n"
             "q = torch.randn(1, 1, 16, 576, dtype=torch.bfloat16)\n"
             "kv = torch.randn(1, 64, 576, dtype=torch.bfloat16)\n"
             "try:\n"

@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # The module only notebooks use: it needs the [notebooks] extra (IPython, ipywidgets).
-NOTEBOOK_MODULES = {"kernels.notebook"}
+NOTEBOOK_MODULES = {"attention_kernels.notebook"}
 
 
 def _name(requirement: str) -> str:
@@ -43,7 +43,7 @@ def _imports(path: Path) -> set[str]:
             names |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             names.add(node.module.split(".")[0])
-    return names - set(sys.stdlib_module_names) - {"kernels"}
+    return names - set(sys.stdlib_module_names) - {"attention_kernels"}
 
 
 def _module_name(path: Path) -> str:
@@ -52,12 +52,12 @@ def _module_name(path: Path) -> str:
 
 
 def test_the_package_declares_everything_it_imports():
-    """Every import in kernels/ is a declared dependency: of the package itself, or of the [notebooks] extra
-    for the modules only notebooks use. (The peers are imported by name, guarded, in kernels.peers.)"""
+    """Every import in attention_kernels/ is a declared dependency: of the package itself, or of the [notebooks] extra
+    for the modules only notebooks use. (The peers are imported by name, guarded, in attention_kernels.peers.)"""
     distributions = metadata.packages_distributions()
     core, notebooks = _declared(), _declared("notebooks")
     problems = []
-    for path in sorted((ROOT / "kernels").rglob("*.py")):
+    for path in sorted((ROOT / "attention_kernels").rglob("*.py")):
         allowed = notebooks if _module_name(path) in NOTEBOOK_MODULES else core
         for name in sorted(_imports(path)):
             dists = {d.lower().replace("_", "-") for d in distributions.get(name, [name])}
@@ -103,23 +103,23 @@ def _closure(requirements: list[str]) -> list[metadata.Distribution]:
 _SMOKE = r'''
 import importlib, pkgutil, sys
 import torch
-import kernels
-assert kernels.__file__.startswith(sys.argv[1]), kernels.__file__
+import attention_kernels
+assert attention_kernels.__file__.startswith(sys.argv[1]), attention_kernels.__file__
 notebook_only = set(sys.argv[2].split(","))
-for m in pkgutil.walk_packages(kernels.__path__, "kernels."):
+for m in pkgutil.walk_packages(attention_kernels.__path__, "attention_kernels."):
     if m.name not in notebook_only:
         importlib.import_module(m.name)
-from kernels.bench import discover, run, sweep
+from attention_kernels.bench import discover, run, sweep
 assert discover()
 
-from kernels.primer import vector_add
-from kernels.flash_attn import flash_attn_func
-from kernels.mla import mla_decode
-from kernels.gla import chunk_gla
-from kernels.lightning import chunk_lightning, lightning_slopes
-from kernels.kda import chunk_kda
-from kernels.mamba2 import selective_state_update, ssd_chunk_scan
-from kernels.ring import ring_attention_simulated
+from attention_kernels.primer import vector_add
+from attention_kernels.flash_attn import flash_attn_func
+from attention_kernels.mla import mla_decode
+from attention_kernels.gla import chunk_gla
+from attention_kernels.lightning import chunk_lightning, lightning_slopes
+from attention_kernels.kda import chunk_kda
+from attention_kernels.mamba2 import selective_state_update, ssd_chunk_scan
+from attention_kernels.ring import ring_attention_simulated
 r = torch.randn
 B, T, H, K = 1, 20, 2, 16
 x = r(100)
@@ -152,7 +152,7 @@ def test_the_wheel_runs_with_only_its_declared_dependencies(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "README.md", "MANIFEST.in"):
         shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(ROOT / "kernels", src / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "attention_kernels", src / "attention_kernels", ignore=shutil.ignore_patterns("__pycache__"))
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                             "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr[-2000:]
@@ -182,10 +182,10 @@ def test_the_wheel_runs_with_only_its_declared_dependencies(tmp_path):
 # ------------------------------------------------------------------ no module reads another's private names
 # Known today, each named with why it stays for now; nothing else may join them.
 PRIVATE_ACROSS_MODULES = {
-    ("kernels/flash_attn/diagram.py", "_key_ranges"): "the FA forward's key ranges, drawn as the causal tiles",
-    ("kernels/flash_attn/backward.py", "_key_ranges"): "the causal key ranges the forward and backward share",
-    ("kernels/mamba2/chunk.py", "_softplus"): "the step's softplus, shared by the chunk scan",
-    ("kernels/ring/interface.py", "_one_launch"): "FlashAttention's backward launch choice, per ring step",
+    ("attention_kernels/flash_attn/diagram.py", "_key_ranges"): "the FA forward's key ranges, drawn as the causal tiles",
+    ("attention_kernels/flash_attn/backward.py", "_key_ranges"): "the causal key ranges the forward and backward share",
+    ("attention_kernels/mamba2/chunk.py", "_softplus"): "the step's softplus, shared by the chunk scan",
+    ("attention_kernels/ring/interface.py", "_one_launch"): "FlashAttention's backward launch choice, per ring step",
     ("scripts/mla_gluon_compile.py", "_mla_decode_ws_kernel"): "compiles the Gluon MLA kernel alone (ptxas)",
     ("scripts/mla_tilelang_compile.py", "_decode_kernel"): "compiles the TileLang MLA kernels alone",
     ("scripts/mla_tilelang_compile.py", "_merge_kernel"): "compiles the TileLang MLA kernels alone",
@@ -198,7 +198,7 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def _private_reads(root: Path, folders=("kernels", "scripts")) -> list[tuple[str, str, str]]:
+def _private_reads(root: Path, folders=("attention_kernels", "scripts")) -> list[tuple[str, str, str]]:
     """(file, private name, how) for every read of a module's private name from another module of the tree:
     `from x import _y`, `x._y` on a module x, `getattr(x, "_y")` and `importlib.import_module("x")._y`.
     Modules outside the tree (torch, triton) are not this test's business."""
@@ -257,7 +257,7 @@ def _private_reads(root: Path, folders=("kernels", "scripts")) -> list[tuple[str
 
 
 def test_no_module_reads_another_modules_private_names():
-    """kernels/ and scripts/ use each other's public names only; the known exceptions are named, each with its
+    """attention_kernels/ and scripts/ use each other's public names only; the known exceptions are named, each with its
     reason, and one that is gone must leave the list too."""
     found = _private_reads(ROOT)
     new = sorted({f"{file}: {how}" for file, name, how in found if (file, name) not in PRIVATE_ACROSS_MODULES})
@@ -270,17 +270,17 @@ def test_the_private_name_check_finds_every_form(tmp_path):
     """On a made-up tree: each way of reading another module's private name is found, and what is allowed
     (a module's own private names, dunders, a third-party module's names, an object's attributes) is not."""
     files = {
-        "kernels/__init__.py": "",
-        "kernels/fam/__init__.py": "from .inner import public\n",
-        "kernels/fam/inner.py": "import torch\n_hidden = 1\n\ndef public():\n    return _hidden, torch._C\n",
-        "kernels/relative.py": "from .fam.inner import _hidden\n",
-        "kernels/absolute.py": "from kernels.fam.inner import public, _hidden as h\n",
-        "kernels/attribute.py": "from kernels.fam import inner\nx = inner._hidden\n",
-        "kernels/dotted.py": "import kernels.fam.inner\nx = kernels.fam.inner._hidden\n",
-        "kernels/aliased.py": "import kernels.fam.inner as m\nx = m._hidden\n",
-        "scripts/by_getattr.py": "from kernels.fam import inner\nx = getattr(inner, '_hidden')\n",
-        "scripts/by_importlib.py": "import importlib\nx = importlib.import_module('kernels.fam.inner')._hidden\n",
-        "scripts/allowed.py": ("import torch\nimport kernels.fam.inner as m\nfrom kernels.fam.inner import public\n"
+        "attention_kernels/__init__.py": "",
+        "attention_kernels/fam/__init__.py": "from .inner import public\n",
+        "attention_kernels/fam/inner.py": "import torch\n_hidden = 1\n\ndef public():\n    return _hidden, torch._C\n",
+        "attention_kernels/relative.py": "from .fam.inner import _hidden\n",
+        "attention_kernels/absolute.py": "from attention_kernels.fam.inner import public, _hidden as h\n",
+        "attention_kernels/attribute.py": "from attention_kernels.fam import inner\nx = inner._hidden\n",
+        "attention_kernels/dotted.py": "import attention_kernels.fam.inner\nx = attention_kernels.fam.inner._hidden\n",
+        "attention_kernels/aliased.py": "import attention_kernels.fam.inner as m\nx = m._hidden\n",
+        "scripts/by_getattr.py": "from attention_kernels.fam import inner\nx = getattr(inner, '_hidden')\n",
+        "scripts/by_importlib.py": "import importlib\nx = importlib.import_module('attention_kernels.fam.inner')._hidden\n",
+        "scripts/allowed.py": ("import torch\nimport attention_kernels.fam.inner as m\nfrom attention_kernels.fam.inner import public\n"
                                "x = (m.__name__, torch._C, public()._x, getattr(m, 'public'))\n"
                                "class A:\n    def f(self):\n        return self._y\n"),
     }
@@ -288,5 +288,5 @@ def test_the_private_name_check_finds_every_form(tmp_path):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     found = {file for file, name, _ in _private_reads(tmp_path)}
-    assert found == {"kernels/relative.py", "kernels/absolute.py", "kernels/attribute.py", "kernels/dotted.py",
-                     "kernels/aliased.py", "scripts/by_getattr.py", "scripts/by_importlib.py"}
+    assert found == {"attention_kernels/relative.py", "attention_kernels/absolute.py", "attention_kernels/attribute.py", "attention_kernels/dotted.py",
+                     "attention_kernels/aliased.py", "scripts/by_getattr.py", "scripts/by_importlib.py"}

@@ -1,4 +1,4 @@
-"""The Triton primer (kernels.primer): the vector add, the row softmax and the attention tile
+"""The Triton primer (attention_kernels.primer): the vector add, the row softmax and the attention tile
 against their PyTorch forms; sizes that are not block multiples; NaN, -inf and large scores;
 every kind of bad input; bf16 and real sizes on the GPU.
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from input_cases import Case, bad_input_cases, case_id, expect_refusal
-from kernels.common import DEVICE, assert_close, tolerance
-from kernels.primer import (add_ref, attention_tile, attention_tile_ref, softmax_naive, softmax_ref, softmax_rows,
+from attention_kernels.common import DEVICE, assert_close, tolerance
+from attention_kernels.primer import (add_ref, attention_tile, attention_tile_ref, softmax_naive, softmax_ref, softmax_rows,
                             vector_add)
-from kernels.primer.interface import MAX_COLS, max_keys
+from attention_kernels.primer.interface import MAX_COLS, max_keys
 
 CPU_DTYPES = [torch.float32, torch.float16]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.bench import load
+from attention_kernels.bench import load
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("readme_results", ROOT / "scripts" / "readme_results.py")

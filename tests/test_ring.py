@@ -1,4 +1,4 @@
-"""Ring attention (kernels.ring): the zig-zag split and its schedule, the log-sum-exp merge, the ring
+"""Ring attention (attention_kernels.ring): the zig-zag split and its schedule, the log-sum-exp merge, the ring
 simulated on one process, and the real ring on 2 and 3 ranks (gloo + the Triton interpreter here, NCCL on
 2 GPUs) against fp64 softmax attention on the gathered tensors, forward and backward; plus every refusal.
 
@@ -8,15 +8,15 @@ its case's errors from there. Tolerances as in test_flash_attn: the input dtype'
 import pytest
 import torch
 
-from kernels.common import DEVICE, rel_err, tolerance
-from kernels.flash_attn import attention_ref
-from kernels.ring import (contiguous_split, contiguous_unsplit, merge_partials, ring_attention_simulated,
+from attention_kernels.common import DEVICE, rel_err, tolerance
+from attention_kernels.flash_attn import attention_ref
+from attention_kernels.ring import (contiguous_split, contiguous_unsplit, merge_partials, ring_attention_simulated,
                           ring_flash_attn_func, ring_plan, zigzag_split, zigzag_unsplit)
-from kernels.ring.diagram import work_per_rank, zigzag_schedule
-from kernels.ring.launcher import GLA_CASES, SMALL_CASES, Case, check_gla_rank, ring_check, spawn
-from kernels.ring.linear import gla_context_parallel, scan_states
-from kernels.ring.reference import block_attention_ref, merge_into
-from kernels.ring.zigzag import chunk_pairs
+from attention_kernels.ring.diagram import work_per_rank, zigzag_schedule
+from attention_kernels.ring.launcher import GLA_CASES, SMALL_CASES, Case, check_gla_rank, ring_check, spawn
+from attention_kernels.ring.linear import gla_context_parallel, scan_states
+from attention_kernels.ring.reference import block_attention_ref, merge_into
+from attention_kernels.ring.zigzag import chunk_pairs
 
 
 def skip_without_ranks(world):

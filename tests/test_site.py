@@ -170,9 +170,9 @@ def test_site_offers_the_kernels_package(site):
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     with zipfile.ZipFile(wheels[0]) as whl:
         names = whl.namelist()
-        assert "kernels/__init__.py" in names
+        assert "attention_kernels/__init__.py" in names
         # every module of the package is in the wheel
-        missing = [str(p.relative_to(ROOT)) for p in (ROOT / "kernels").rglob("*.py")
+        missing = [str(p.relative_to(ROOT)) for p in (ROOT / "attention_kernels").rglob("*.py")
                    if str(p.relative_to(ROOT)).replace(os.sep, "/") not in names]
         assert not missing, f"modules missing from the wheel: {missing}"
         metadata = whl.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
@@ -187,7 +187,7 @@ def test_site_offers_the_kernels_package(site):
     with tarfile.open(sdists[0]) as sdist:
         top = sdist.getnames()[0].split("/")[0]
         carried = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
-    wanted = ["Makefile", "requirements.txt", "_config.yml", "_toc.yml", "book/intro.md", "kernels/__init__.py",
+    wanted = ["Makefile", "requirements.txt", "_config.yml", "_toc.yml", "book/intro.md", "attention_kernels/__init__.py",
               "results/mla_decode.csv", "tests/test_site.py", "scripts/make_figures.py", "_ext/package_download.py"]
     wanted += [str(p.relative_to(ROOT)) for p in (ROOT / "book").glob("*.ipynb")]
     assert not set(wanted) - carried, f"{top}: missing {sorted(set(wanted) - carried)}"
@@ -401,7 +401,7 @@ def test_committed_outputs_hold_nothing_from_stderr():
 def test_code_cells_and_printed_lines_fit_the_text_column():
     """What a chapter's code cells say and print stays within TEXT_WIDTH characters (the browser check
     measures the rendered page; this one names the cell)."""
-    from kernels.bench import TEXT_WIDTH
+    from attention_kernels.bench import TEXT_WIDTH
 
     problems = []
     for path in _notebooks():

@@ -1,4 +1,4 @@
-"""The Tritons the fast paths were measured on (`kernels.launch.TESTED_TRITON`), and what any other Triton gets:
+"""The Tritons the fast paths were measured on (`attention_kernels.launch.TESTED_TRITON`), and what any other Triton gets:
 the plain `kernel[grid](...)` launch every time, and one warning a process. The version is played by
 monkeypatching `triton.__version__`; the kernels and Triton's launcher by stand-ins, except where a test says."""
 import warnings
@@ -7,8 +7,8 @@ import pytest
 import torch
 import triton
 
-from kernels import launch
-from kernels.common import DEVICE, INTERPRET, assert_close
+from attention_kernels import launch
+from attention_kernels.common import DEVICE, INTERPRET, assert_close
 
 
 @pytest.fixture
@@ -93,8 +93,8 @@ def test_the_interpreter_neither_warns_nor_launches_directly(version, monkeypatc
     """Under the interpreter nothing is compiled, so no launch is direct on any Triton, and none asks the version:
     an untested Triton runs the chapters without a warning. Real kernels: `launch` (FlashAttention) and
     `launch_direct` (MLA decode's split-KV merge)."""
-    from kernels.flash_attn import flash_attn_func
-    from kernels.mla import mla_decode
+    from attention_kernels.flash_attn import flash_attn_func
+    from attention_kernels.mla import mla_decode
 
     monkeypatch.setattr(launch, "_CHOSEN", {})
     monkeypatch.setattr(launch, "_DIRECT", {})
@@ -113,8 +113,8 @@ def test_the_interpreter_neither_warns_nor_launches_directly(version, monkeypatc
 def test_gpu_an_untested_triton_launches_through_the_dispatcher(version, monkeypatch):
     """On a GPU, a Triton other than the tested ones gets the same answers through Triton's own launch path: no
     compiled kernel is kept for a direct launch, and a planned MLA call keeps no launches to make again."""
-    from kernels.flash_attn import flash_attn_func
-    from kernels.mla import mla_decode, planning
+    from attention_kernels.flash_attn import flash_attn_func
+    from attention_kernels.mla import mla_decode, planning
 
     monkeypatch.setattr(launch, "_CHOSEN", {})
     monkeypatch.setattr(launch, "_DIRECT", {})

@@ -36,7 +36,7 @@ fi
 export PYTHONPATH="/tmp/site:$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 MAMBA_SSM_PATH="$PWD/.peers/mamba_ssm"
 export KERNELS_COMMIT="${KERNELS_COMMIT:-$(cat .device_commit 2>/dev/null || echo unknown)}"
 # a peer that does not import gives "n/a" rows, silently: say here which ones a chapter will meet
-python3 -c "from kernels import peers
+python3 -c "from attention_kernels import peers
 print('device_run: peers: fla', 'ok' if peers.fla('gla', 'chunk_gla') else 'NOT IMPORTABLE', '| mamba_ssm',
       'ok' if peers.mamba_ssm('selective_state_update', 'selective_state_update') else 'NOT IMPORTABLE')"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
@@ -76,7 +76,7 @@ reader() {
   cp "${nbs[@]}" /tmp/reader/ && cp -r results /tmp/reader/
   local path="/tmp/reader-site:${PYTHONPATH//$PWD:/}"  # the checkout off the path: kernels comes from the wheel
   (cd /tmp/reader && export PYTHONPATH="$path" &&
-   python3 -c "import kernels; assert kernels.__file__.startswith('/tmp/reader-site/'), kernels.__file__" &&
+   python3 -c "import attention_kernels; assert attention_kernels.__file__.startswith('/tmp/reader-site/'), attention_kernels.__file__" &&
    python3 -m pytest -q -n "${#nbs[@]}" --dist loadfile --nbval ./*.ipynb -p no:cacheprovider)
 }
 export -f step pip_install reader

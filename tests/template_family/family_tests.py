@@ -3,8 +3,8 @@ shape that is not a block multiple, and one bad input refused by name before any
 import pytest
 import torch
 
-from kernels.common import assert_close, tolerance
-from kernels.template import fused_recurrent_linear, linear_attention_ref
+from attention_kernels.common import assert_close, tolerance
+from attention_kernels.template import fused_recurrent_linear, linear_attention_ref
 
 
 def test_fused_recurrent_matches_the_reference():

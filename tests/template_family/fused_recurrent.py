@@ -2,7 +2,7 @@
 
 One program owns one (batch, head, V-tile): it loads the [K, BV] fp32 state tile once, walks the T
 tokens in order (rank-1 update, read-out) and writes the state back once. The step's tiles and its
-launch are the linear families' shared ones (`kernels.linear.recurrent`).
+launch are the linear families' shared ones (`attention_kernels.linear.recurrent`).
 """
 from __future__ import annotations
 

@@ -1,0 +1,237 @@
+"""The public entry points, dense and packed: input validation, the choice of backward launch, and
+an autograd Function around the Triton kernels."""
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from ..checks import (FLOATS, check_bool, check_choice, check_gradient, check_int, check_kernel_device,
+                      check_once_per_signature, check_same_device, check_tensor)
+from ..custom_ops import attention_bwd_fake, attention_fwd_fake, compiled_as_op
+from ..launch import LN2  # the kernels keep the log-sum-exp in base 2; flash-attn returns it in natural log
+from . import backward
+from .forward import attention_fwd
+from .reference import attention_flops, check_attention_args, check_varlen_args
+
+# registered one level down, so that a compiled backward is FlashAttnFunction.backward, as in eager
+attention_fwd = compiled_as_op("attention_kernels::attention_fwd", fake=attention_fwd_fake)(attention_fwd)
+
+
+@compiled_as_op("attention_kernels::attention_bwd", fake=attention_bwd_fake)
+def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, one_launch: bool,
+                  cu_seqlens_q=None, cu_seqlens_k=None):
+    """`backward.attention_bwd` behind a check of everything it is given (`_check_backward_inputs`): the op is
+    reachable on its own (torch.ops.attention_kernels.attention_bwd), and a tensor of the wrong shape would be read out
+    of bounds. The kernels derive strides from shapes: what is not contiguous is copied."""
+    _check_backward_inputs(q, k, v, o, lse, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k)
+    check_gradient("do", do, q.shape, q.dtype, q.device)
+    q, k, v, o, lse = (t.contiguous() for t in (q, k, v, o, lse))
+    return backward.attention_bwd(do, q, k, v, o, lse, causal, softmax_scale, one_launch, cu_seqlens_q, cu_seqlens_k)
+
+SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
+SUPPORTED_DTYPES = FLOATS
+
+# The backward runs as one launch instead of two below this many FLOPs (`attention_flops`). Why 32e9:
+# it lies between the one size of the chapter's sweep (B = 1, H = 32, D = 128) where one launch measured
+# faster on the H200, causal T = 1K (21 GFLOP, a GPU time as short as the host's for a Python autograd
+# backward), and the next, non-causal 1K (43 GFLOP), where two launches were faster, as at every larger
+# size (the dK/dV programs of one launch re-read O). The timings: the FlashAttention chapter, section 6.
+ONE_LAUNCH_MAX_FLOPS = 32e9
+
+
+def _validate(q, k, v, causal, softmax_scale) -> float:
+    """Raise TypeError/ValueError naming the argument; return the softmax scale to use."""
+    scale = check_attention_args(q, k, v, causal, softmax_scale, dtypes=SUPPORTED_DTYPES)
+    check_kernel_device(q=q, k=k, v=v)
+    check_choice("head dim D of q, k, v", q.shape[-1], SUPPORTED_HEAD_DIMS)
+    return scale
+
+
+def _check_forward_outputs(q, o, lse, lse_shape) -> None:
+    """o as the forward returns it (q's shape and dtype) and its base-2 log-sum-exp, fp32 `lse_shape`, on q's
+    device."""
+    check_tensor("o", o, dtypes=(q.dtype,), shape=tuple(q.shape))
+    check_tensor("lse", lse, dtypes=(torch.float32,), shape=lse_shape)
+    check_same_device(q=q, o=o, lse=lse)
+
+
+@check_once_per_signature
+def _check_dense_backward(q, k, v, o, lse, causal, softmax_scale) -> None:
+    _validate(q, k, v, causal, softmax_scale)
+    B, T, HQ, _ = q.shape
+    _check_forward_outputs(q, o, lse, (B, HQ, T))
+
+
+def _check_backward_inputs(q, k, v, o, lse, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k) -> None:
+    """What the backward op is given, by name: q, k, v, causal and the scale as the public functions check them
+    (a dense call's verdict kept per signature; offsets on the CPU are read, so a packed call's is not), o and
+    lse as the forward returns them."""
+    if cu_seqlens_q is None:
+        _check_dense_backward(q, k, v, o, lse, causal, softmax_scale)
+        return
+    check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, dtypes=SUPPORTED_DTYPES)
+    check_kernel_device(q=q, k=k, v=v)
+    check_choice("head dim D of q, k, v", q.shape[-1], SUPPORTED_HEAD_DIMS)
+    T, HQ, _ = q.shape
+    _check_forward_outputs(q, o, lse, (HQ, T))
+
+
+def _one_launch(q, k, causal: bool, max_seqlen_k: int | None = None) -> bool:
+    """Whether the backward is small enough to run as one launch (see ONE_LAUNCH_MAX_FLOPS). Packed
+    sequences (max_seqlen_k given): counted as if every query saw max_seqlen_k keys, a bound."""
+    if max_seqlen_k is None:
+        B, T, HQ, D = q.shape
+        S = k.shape[1]
+    else:
+        (T, HQ, D), B, S = q.shape, 1, max_seqlen_k
+    return attention_flops(B, HQ, T, S, D, causal, backward=True) < ONE_LAUNCH_MAX_FLOPS
+
+
+class FlashAttnFunction(torch.autograd.Function):
+    """Forward: Triton FlashAttention-2 (saves O and the fp32 log-sum-exp, not P), dense or packed
+    (offsets given). Backward: `attention_bwd` (one Triton kernel, launched once or twice), recomputing P.
+    With return_lse, the forward also returns the natural-log LSE, which takes no gradient."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, softmax_scale, return_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # the kernels derive strides from shapes
+        cu_seqlens_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k   # (see _attend)
+        o, lse = attention_fwd(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k)
+        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.causal, ctx.softmax_scale = causal, softmax_scale
+        ctx.one_launch = _one_launch(q, k, causal, max_seqlen_k)
+        if not return_lse:
+            return o
+        lse = lse * LN2
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, *_):  # *_: the LSE's gradient (None) when the forward returned it
+        q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.softmax_scale, ctx.one_launch,
+                                   cu_seqlens_q, cu_seqlens_k)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def _attend(q, k, v, causal, scale, return_lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_k=None):
+    """Validated inputs to the kernels: through autograd when an input requires grad."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        # one offsets tensor for queries and keys goes in once (as None for the keys'): torch.compile
+        # traces no autograd Function that takes a tensor twice
+        shared = cu_seqlens_k is cu_seqlens_q
+        return FlashAttnFunction.apply(q, k, v, causal, scale, return_lse, cu_seqlens_q,
+                                       None if shared else cu_seqlens_k, max_seqlen_k)
+    # inference: skip autograd's bookkeeping (a few microseconds a call, which matter at short T)
+    o, lse = attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, cu_seqlens_q, cu_seqlens_k)
+    return (o, lse * LN2) if return_lse else o
+
+
+def _check_peer_options(causal, dropout_p, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                        return_lse, block_table=None) -> bool:
+    """flash-attn's options beyond q, k, v, the offsets and the scale, as these kernels take them: the values
+    that ask for nothing they lack pass, any other is refused naming the argument. Returns causal, which
+    window_size (-1, 0) also asks for (see `flash_attn_func`)."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p must be 0.0: these kernels have no dropout, got {dropout_p}")
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a pair (left, right) of ints, got {window_size!r}")
+    left, right = (check_int(f"window_size[{i}]", w) for i, w in enumerate(window_size))
+    if left >= 0 or right > 0:
+        raise ValueError(f"window_size must be (-1, -1) (no window) or (-1, 0) (the causal mask): these kernels "
+                         f"have no sliding window, got {tuple(window_size)}")
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    if softcap > 0:
+        raise ValueError(f"softcap must be 0.0 (off): these kernels do not cap the scores, got {softcap}")
+    if alibi_slopes is not None:
+        raise ValueError("alibi_slopes must be None: these kernels add no ALiBi bias")
+    if block_table is not None:
+        raise ValueError("block_table must be None: this packed form reads k and v unpaged")
+    check_bool("causal", causal)
+    check_bool("deterministic", deterministic)
+    check_bool("return_attn_probs", return_attn_probs)
+    check_bool("return_lse", return_lse)
+    if return_attn_probs and return_lse:
+        raise ValueError("return_attn_probs and return_lse ask for two shapes of one result: pass one of them")
+    return causal or right == 0
+
+
+def _outputs(result, return_attn_probs: bool):
+    """flash-attn's return_attn_probs=True shape, (o, lse, None): no probabilities are ever formed here."""
+    return (*result, None) if return_attn_probs else result
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, return_lse=False):
+    """FlashAttention-2 (Triton), GQA-aware, differentiable; flash-attn's arguments, in its order.
+
+    q: [B, T, Hq, D]; k, v: [B, S, Hkv, D], Hq a multiple of Hkv (MHA, GQA, MQA); query head h
+    reads KV head h // (Hq // Hkv). D in (32, 64, 128, 256); fp16 or bf16 on a GPU, fp32 too (TF32
+    dots on a GPU; exact under the interpreter, which takes CPU tensors and no bf16). Every size
+    >= 1. causal=True masks bottom-right aligned (flash-attn >= 2.1): query i sees key j iff
+    j <= i + S - T; rows that see no key output 0, and a NaN or inf at a key a row cannot see does
+    not reach that row. softmax_scale defaults to 1/sqrt(D). Returns o: [B, T, Hq, D] in q's dtype.
+    Non-contiguous inputs (e.g. a transposed [B, H, T, D] view) are copied to contiguous first.
+
+    flash-attn's other options, taken where they ask for what these kernels do and refused (ValueError
+    naming the argument) where they ask for more: dropout_p 0.0 only (no dropout); window_size: a
+    negative entry means no limit on that side, so (-1, -1) is no window and (-1, 0) the causal mask
+    (the same as causal=True), any other window is refused (no sliding window); softcap <= 0 (off, as
+    in flash-attn), no cap > 0; alibi_slopes None only; deterministic: any bool, since the backward is
+    deterministic either way (it sums a KV head's query heads in one program, without atomics).
+    return_attn_probs=True returns (o, lse, None): lse as below, and None where flash-attn returns its
+    softmax-and-dropout matrix, which these kernels never form.
+    return_lse=True (keyword only, not flash-attn's) returns (o, lse): lse = log sum_j exp(s_ij * scale)
+    per row, fp32 [B, Hq, T], natural log, +inf on a row that sees no key, not differentiable; flash-attn
+    hands out the same tensor as softmax_lse, the second of return_attn_probs's three outputs. Not both.
+
+    >>> q = torch.randn(2, 1000, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    >>> k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+    >>> flash_attn_func(q, k, v, causal=True).sum().backward()   # q.grad: [2, 1000, 32, 128]
+    >>> o = flash_attn_func(q, k, v, 0.0, None, True)            # flash-attn's positions: the same call
+    """
+    causal = _check_peer_options(causal, dropout_p, window_size, softcap, alibi_slopes, deterministic,
+                                 return_attn_probs, return_lse)
+    scale = _validate(q, k, v, causal, softmax_scale)
+    return _outputs(_attend(q, k, v, causal, scale, return_lse or return_attn_probs), return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None, *, return_lse=False):
+    """FlashAttention-2 (Triton) on packed sequences, GQA-aware, differentiable; flash-attn's arguments, in
+    its order.
+
+    q: [total_q, Hq, D]; k, v: [total_k, Hkv, D] hold N sequences one after another, without padding;
+    cu_seqlens_q, cu_seqlens_k: int32 [N + 1] offsets on q's device (0 first, the packed length last):
+    sequence n is q[cu_seqlens_q[n]:cu_seqlens_q[n + 1]] against k and v rows cu_seqlens_k[n] to
+    cu_seqlens_k[n + 1], and sees nothing of the others. A length may be 0 (an empty query sequence
+    outputs nothing, an empty key sequence outputs 0). max_seqlen_q, max_seqlen_k: ints >= 1, the longest
+    lengths, as flash-attn takes them; here each program finds its sequence from the offsets on the GPU,
+    and max_seqlen_k only bounds the work when choosing the backward's launch. causal=True masks
+    bottom-right aligned within each sequence (query i of T_n sees key j of S_n iff j <= i + S_n - T_n),
+    as flash-attn does. Heads, head dims, dtypes, devices and softmax_scale as `flash_attn_func`; so are
+    dropout_p, window_size, softcap, alibi_slopes, deterministic and return_attn_probs. block_table (a
+    paged KV cache) must be None. Offsets on the CPU (the interpreter) are checked in full; on a GPU only
+    their dtype, shape and device, since reading them would wait. Returns o: [total_q, Hq, D] in q's
+    dtype; with return_lse=True (keyword only) (o, lse), with return_attn_probs=True (o, lse, None), lse
+    fp32 [Hq, total_q] in natural log (flash-attn's softmax_lse), not differentiable.
+
+    >>> cu = torch.tensor([0, 300, 2300, 2400], device="cuda", dtype=torch.int32)   # lengths 300, 2000, 100
+    >>> q, k, v = (torch.randn(2400, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "qkv")
+    >>> o = flash_attn_varlen_func(q, k, v, cu, cu, 2000, 2000, causal=True)    # [2400, 8, 128]
+    """
+    causal = _check_peer_options(causal, dropout_p, window_size, softcap, alibi_slopes, deterministic,
+                                 return_attn_probs, return_lse, block_table)
+    scale = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, dtypes=SUPPORTED_DTYPES)
+    check_kernel_device(q=q, k=k, v=v)
+    check_choice("head dim D of q, k, v", q.shape[-1], SUPPORTED_HEAD_DIMS)
+    check_int("max_seqlen_q", max_seqlen_q, low=1)
+    check_int("max_seqlen_k", max_seqlen_k, low=1)
+    result = _attend(q, k, v, causal, scale, return_lse or return_attn_probs, cu_seqlens_q.contiguous(),
+                     cu_seqlens_k.contiguous(), max_seqlen_k)
+    return _outputs(result, return_attn_probs)

@@ -1,0 +1,140 @@
+"""chunk_kda's backward. It saves nothing from the forward: the forward's own launches
+(`chunk_kda_intermediates`, attention_kernels/kda/chunk.py) recompute the in-chunk cumulative gates b, the two score
+matrices, the solve's W and W' and the keys decayed to their chunk's end K_g, and the state S at every chunk
+start (fp32 here). The forward of one chunk (attention_kernels/kda/chunk.py
+has the derivation):
+
+    U = W' - W S,                         W = (I + A)⁻¹ diag(β) (K ⊙ e^b),  W' = (I + A)⁻¹ diag(β) V
+    S_next = e^{b_last} ⊙ S + K_gᵀ U,     K_g = K ⊙ e^{b_last - b}
+    O = scale (Q ⊙ e^b) S + A_qk U
+
+The reverse state pass is the shared one with its delta-rule switch (attention_kernels/linear/chunk_backward.py,
+Triton): from the last chunk to the first, dU = A_qkᵀ dO + K_g dS_next and
+dS = scale (Q ⊙ e^b)ᵀ dO + e^{b_last} ⊙ dS_next - Wᵀ dU.
+
+The rest is PyTorch ops, batched over all chunks (no Triton kernel for it yet), in fp32: the read-out's
+and the state update's gradients; the solve's, as one more triangular solve with each chunk's own
+(I + A)ᵀ (dR = (I + A)⁻ᵀ dW, never an explicit inverse), dA = -dR_k Wᵀ - dR_v W'ᵀ below the diagonal;
+the scores', from the exponent b_t - b_j of every pair (j <= t) per channel: a [C, C, K] fp32 tensor per
+chunk and head (the memory cost of this path); then the in-chunk reverse cumulative sum for g, and the
+L2 norm's gradient. A gate below GATE_FLOOR (-inf: a reset) counts as the floor, as in the forward,
+and gets gradient 0.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..launch import cdiv
+from ..linear.chunk import CHUNK, GATE_FLOOR
+from ..linear.chunk_backward import chunk_state_grad_pass
+from .chunk import chunk_kda_intermediates
+from .reference import L2NORM_EPS
+
+
+def _to_chunks(x: torch.Tensor, NT: int) -> torch.Tensor:
+    """[B, T, H, D] -> fp32 [B, H, NT, C, D], zero rows after T."""
+    B, T, H, D = x.shape
+    x = F.pad(x.float(), (0, 0, 0, 0, 0, NT * CHUNK - T))
+    return x.view(B, NT, CHUNK, H, D).permute(0, 3, 1, 2, 4)
+
+
+def _from_chunks(x: torch.Tensor, T: int, like: torch.Tensor) -> torch.Tensor:
+    """fp32 [B, H, NT, C, D] -> [B, T, H, D] in like's dtype, contiguous."""
+    B, H, NT, C, D = x.shape
+    return x.permute(0, 2, 3, 1, 4).reshape(B, NT * C, H, D)[:, :T].to(like.dtype).contiguous()
+
+
+def _l2_normalize_bwd(x: torch.Tensor, x_normed: torch.Tensor, rnorm: torch.Tensor, dx_normed: torch.Tensor):
+    """The gradient through x / sqrt(Σ x² + eps): (dx̂ - x̂ (x̂ · dx̂)) / sqrt(Σ x² + eps)."""
+    return (dx_normed - x_normed * (x_normed * dx_normed).sum(-1, keepdim=True)) * rnorm
+
+
+def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_kernel: bool):
+    """The gradients of chunk_kda (see the module docstring): Triton for the recomputed forward and the
+    reverse state pass, PyTorch ops on the per-chunk tensors for the rest.
+
+    q, k, g: [B, T, H, K]; v, do: [B, T, H, V] (do in v's dtype); beta: [B, T, H]; h0, dht: fp32
+    [B, H, K, V] or None (zeros); all contiguous. do and dht are the gradients of o and of the final state.
+    Returns (dq, dk, dv, dg, dbeta, dh0 or None), each in its input's dtype (dh0 fp32).
+
+        >>> q, k, v, g = torch.randn(4, 1, 70, 2, 32, device="cuda").unbind(0)
+        >>> beta = torch.rand(1, 70, 2, device="cuda")
+        >>> dq, dk, dv, dg, dbeta, _ = chunk_kda_bwd(q, k, v, -g.abs(), beta, 32 ** -0.5, None,
+        ...                                          torch.randn_like(v), None, True)
+    """
+    B, T, H, K = q.shape
+    V, NT, C = v.shape[-1], cdiv(T, CHUNK), CHUNK
+    qf, kf = q.float(), k.float()
+    if use_qk_l2norm_in_kernel:
+        rq = torch.rsqrt(qf.pow(2).sum(-1, keepdim=True) + L2NORM_EPS)
+        rk = torch.rsqrt(kf.pow(2).sum(-1, keepdim=True) + L2NORM_EPS)
+        qn, kn = qf * rq, kf * rk
+    else:
+        qn, kn = qf, kf
+    # ---- the forward's intermediates, by the forward's kernels (states in fp32)
+    dev = q.device
+    x = chunk_kda_intermediates(q, k, v, g, beta, scale, h0, l2norm=use_qk_l2norm_in_kernel,
+                                state_dtype=torch.float32)
+    # ---- the reverse state pass (the delta rule's): dS' at every chunk's end, dS at the start, and dU
+    dstates = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=dev)
+    dU = torch.empty(B, T, H, V, dtype=torch.float32, device=dev)
+    dh0 = None if h0 is None else torch.empty_like(h0)
+    chunk_state_grad_pass(x.q, do, x.b, dstates, scale, dht, dh0, Aqk=x.Aqk, kg=x.kg, w=x.w, du=dU)
+
+    # ---- the rest per chunk in PyTorch: [B, H, NT, C, ...] fp32
+    qc, kc, vc, doc = (_to_chunks(t, NT) for t in (qn, kn, v, do))
+    betac = _to_chunks(beta.unsqueeze(-1), NT)                    # [B, H, NT, C, 1]
+    # gates below GATE_FLOOR (-inf) count as the floor, as in the forward's gate pass, and get gradient 0
+    b = _to_chunks(g.float().clamp(min=GATE_FLOOR), NT).cumsum(-2)   # the padded rows repeat the last b
+    b_last = b[..., -1, :]                                       # [B, H, NT, K]
+    causal = torch.ones(C, C, dtype=torch.bool, device=dev).tril()
+    strict = causal.tril(-1)
+    # e^{b_t - b_j} for j <= t, per channel: [B, H, NT, C(t), C(j), K]
+    decay = torch.exp(torch.where(causal[:, :, None], b[..., :, None, :] - b[..., None, :, :], float("-inf")))
+    Akk = torch.where(strict, _to_chunks(x.Akk, NT), 0.0)          # the entries above were never written
+    solve = torch.eye(C, device=dev) + betac * Akk                # I + A, unit lower triangular
+    kb = kc * b.exp()
+    W, Wv, kg, U, dU = (_to_chunks(t, NT) for t in (x.w, x.u, x.kg, x.v_new, dU))
+    states, dstates = x.states.transpose(1, 2), dstates.transpose(1, 2)   # [B, H, NT, K, V]
+    qb = qc * b.exp()
+
+    # ---- per chunk: the read-out, the state update, the solve, the scores
+    dqb = scale * doc @ states.transpose(-1, -2)                  # through (Q ⊙ e^b) S
+    dq = dqb * b.exp()
+    db = dqb * qb
+    dkg = U @ dstates.transpose(-1, -2)                            # through K_gᵀ U
+    dk = dkg * torch.exp(b_last[..., None, :] - b)
+    db = db - dkg * kg
+    db_last = (dkg * kg).sum(-2) + b_last.exp() * (states * dstates).sum(-1)
+    dR_k = torch.linalg.solve_triangular(solve.transpose(-1, -2), -dU @ states.transpose(-1, -2), upper=True,
+                                         unitriangular=True)    # (I + A)⁻ᵀ dW
+    dR_v = torch.linalg.solve_triangular(solve.transpose(-1, -2), dU, upper=True, unitriangular=True)
+    dA = -(dR_k @ W.transpose(-1, -2) + dR_v @ Wv.transpose(-1, -2)) * strict
+    dbeta = (dA * Akk).sum(-1, keepdim=True) + (dR_k * kb).sum(-1, keepdim=True) + (dR_v * vc).sum(-1, keepdim=True)
+    dv = betac * dR_v
+    dkb = betac * dR_k
+    dk = dk + dkb * b.exp()
+    db = db + dkb * kb
+    # the scores Σ_c a_tc k_jc e^{b_tc - b_jc}: a = q (A_qk, with scale) and a = k (A_kk, under β)
+    dAqk = (doc @ U.transpose(-1, -2)) * causal * scale
+    dAkk = dA * betac
+    dq_s = torch.einsum("...tj,...jc,...tjc->...tc", dAqk, kc, decay)
+    dk_rows = torch.einsum("...tj,...jc,...tjc->...tc", dAkk, kc, decay)
+    dk_cols = (torch.einsum("...tj,...tc,...tjc->...jc", dAqk, qc, decay)
+               + torch.einsum("...tj,...tc,...tjc->...jc", dAkk, kc, decay))
+    dq = dq + dq_s
+    dk = dk + dk_rows + dk_cols
+    db = db + dq_s * qc + (dk_rows - dk_cols) * kc
+    db[..., -1, :] += db_last                                     # b_last is the last (maybe padded) row's b
+    dg = db.flip(-2).cumsum(-2).flip(-2)                          # b = the in-chunk cumsum of g
+
+    dq, dk = _from_chunks(dq, T, qf), _from_chunks(dk, T, kf)
+    if use_qk_l2norm_in_kernel:
+        dq, dk = _l2_normalize_bwd(qf, qn, rq, dq), _l2_normalize_bwd(kf, kn, rk, dk)
+    dg = torch.where(g < GATE_FLOOR, 0.0, _from_chunks(dg, T, g))
+    return (dq.to(q.dtype), dk.to(k.dtype), _from_chunks(dv, T, v), dg,
+            _from_chunks(dbeta, T, beta).squeeze(-1), dh0)
+
+
+__all__ = ["chunk_kda_bwd"]

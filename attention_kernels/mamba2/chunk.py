@@ -1,0 +1,535 @@
+"""The SSD chunk scan (Dao & Gu 2024): Mamba-2's prefill, built like the other linear families'.
+
+Mamba-2 is linear attention with a scalar gate per head and token: with the log decay a_t = dt_t·A
+(<= 0 in a model), k_t = B_t (per group), v_t = x_t·dt_t and q_t = C_t, the step h_t = e^{a_t} h_{t-1} + v_t k_tᵀ,
+y_t = h_t q_t is the book's recurrence S_t = e^{g_t} S_{t-1} + k_t v_tᵀ with S = hᵀ ([dstate, headdim]
+= [K, V]). The chunk is 16, 32, 64, 128 or 256 tokens long (mamba_ssm's models use 256); a chunk
+longer than 64 is read in blocks of 64 rows, so no program holds more than a 64-token chunk's tiles.
+A prompt takes three launches, and (for contiguous x, B, C, z) nothing else runs on the
+GPU but the allocations of what they write:
+
+    ssd_gates(dt, dt_bias, A)          dt after its bias and softplus, and b, the in-chunk cumulative
+                                       log decay of dt·A (one elementwise kernel)
+    ssd_state_pass(B, x, dt, b)        the state at every chunk start, and the final one: the shared
+                                       pass's loop with one decay per head, B read per group and dt
+                                       folded into the keys
+
+then the output of every block of every chunk at once, in the SSD form:
+
+    Y = diag(e^{b}) C S_start  +  (L ∘ C Bᵀ) diag(dt) x  +  D ⊙ x,    then  Y ⊙ silu(z)
+    L_ts = e^{b_t - b_s} for s <= t (the 1-semiseparable mask, exp of a segment sum), else 0
+
+C Bᵀ is formed in place over dstate in tiles (one tensor-core product per tile, never stored), L and
+dt_s scale its entries, and the product with x is a second tensor-core product: the intra-chunk part
+is the quadratic, attention-like form, the inter-chunk part the linear one. The values x·dt are never
+written: the state pass folds dt into the keys, the output kernel into the columns of the scores. B
+and C are read per group, as GQA reads its shared keys, and the initial and final states are read
+and written in mamba_ssm's [headdim, dstate] layout by the state pass itself.
+
+The backward (`ssd_chunk_scan_bwd`) is the shared one of attention_kernels/linear/chunk_backward.py on that same
+mapping, with k = B·dt (dt folded into the keys there) and v = x, recomputed in chunks of 64 from the
+inputs, and the elementwise chain rule around it: silu(z), D, the group sums of B and C and dt's share
+through the keys in one-pass Triton kernels, the softplus, dt_bias and A on [Bt, T, H] in PyTorch.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..launch import autotune_configs, pow2_at_least_16
+from ..linear.chunk import CHUNK, GATE_FLOOR, dot_precision, tiles_that_fit
+from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
+from ..tl_helpers import dot_causal
+from .decode import _softplus
+
+BLOCK = CHUNK   # the most rows of a chunk one program holds: a chunk of 128 or 256 is walked in blocks of 64
+
+
+# ------------------------------------------------------------------ 1. dt and the cumulative decay
+@triton.jit(do_not_specialize=["T", "H"])
+def _ssd_gates_kernel(
+    dt, dt_bias, A, dtf, b, T, H,
+    s_db, s_dt, s_dh, s_bias, s_A,             # dt's strides (batch, token, head); dt_bias's and A's
+    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, FLOOR: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr,
+):
+    # one program: the BT tokens of chunk i_t (BT = the chunk length), heads [i_hb·BH, (i_hb+1)·BH), of
+    # batch row i_b
+    i_t, i_hb, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_h = i_hb * BH + tl.arange(0, BH)
+    m_h = o_h < H
+    m = (o_t < T)[:, None] & m_h[None, :]
+    # dt may be a strided view (a slice of the input projection): 64-bit offsets, its own strides
+    p_dt = dt + i_b.to(tl.int64) * s_db + o_t.to(tl.int64)[:, None] * s_dt + o_h[None, :] * s_dh
+    b_dt = tl.load(p_dt, mask=m, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        b_dt += tl.load(dt_bias + o_h * s_bias, mask=m_h, other=0.0).to(tl.float32)[None, :]
+    if SOFTPLUS:
+        b_dt = _softplus(b_dt)
+    b_g = b_dt * tl.load(A + o_h * s_A, mask=m_h, other=0.0).to(tl.float32)[None, :]
+    b_g = tl.where(b_g < FLOOR, FLOOR, b_g)    # -inf -> FLOOR, as chunk_local_cumsum does; NaN stays NaN
+    p_out = (i_b * T + o_t[:, None]) * H + o_h[None, :]
+    tl.store(dtf + p_out, b_dt, mask=m)
+    tl.store(b + p_out, tl.cumsum(b_g, axis=0), mask=m)
+
+
+def ssd_gates(dt, dt_bias, A, dt_softplus: bool, dtf, b, chunk_size: int = CHUNK) -> None:
+    """dt after its bias and softplus, and the in-chunk cumulative log decay, in one launch.
+
+    dt: [Bt, T, H], any float dtype and strides; dt_bias: [H] or None; A: [H] (<= 0 in a model; any
+    sign computes). Written: dtf fp32 [Bt, T, H] = softplus(dt + dt_bias) (the softplus when
+    dt_softplus; the decode step's cut-off at 20), and b fp32 [Bt, T, H, 1] = the cumulative sum
+    of dtf·A inside each chunk of chunk_size tokens (16 to 256), gates below GATE_FLOOR counted as
+    GATE_FLOOR: what `chunk_local_cumsum` writes for g = dtf·A. dtf and b contiguous.
+
+        >>> dtf, b = torch.empty(Bt, T, H, device=dt.device), torch.empty(Bt, T, H, 1, device=dt.device)
+        >>> ssd_gates(dt, dt_bias, A, True, dtf, b)
+        >>> b[:, :CHUNK, :, 0].exp()        # the decay from the first chunk's start to each of its tokens
+    """
+    Bt, T, H = dt.shape
+    BH = min(64, triton.next_power_of_2(H), 8192 // chunk_size)    # a block of at most 8K gates
+    bias = dt_bias if dt_bias is not None else A          # a stand-in pointer, never read
+    _ssd_gates_kernel[(triton.cdiv(T, chunk_size), triton.cdiv(H, BH), Bt)](
+        dt, bias, A, dtf, b, T, H, *dt.stride(), bias.stride(0), A.stride(0),
+        HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus, FLOOR=GATE_FLOOR, BT=chunk_size, BH=BH)
+
+
+# ------------------------------------------------------------------ 2. the state at every chunk start
+# (BK over dstate, BV over headdim), num_warps, num_stages on the GPU (the interpreter runs (32, 32)).
+# On the H200 at dstate 128, headdim 64, 80 heads, B = 1, T = 4K, this loop as the shared pass ran
+# it: (32, 64) on 2 warps 345 µs, (64, 64) on 4 warps 392, (64, 64) on 2 warps 450, (64, 32) 515.
+_STATE_TILES = [({"BK": 32, "BV": 64}, 2, 3), ({"BK": 64, "BV": 64}, 4, 3), ({"BK": 64, "BV": 64}, 2, 3)]
+_STATE_CONFIGS = autotune_configs(_STATE_TILES, interpreter={"BK": 32, "BV": 32})
+
+_fits = tiles_that_fit("N", "P")  # dstate and headdim
+
+
+@triton.autotune(configs=_STATE_CONFIGS, key=["N", "P", "NBH", "L"], prune_configs_by={"early_config_prune": _fits})
+@triton.jit(do_not_specialize=["T", "H", "NT", "NBH", "HPG", "G"])
+def _ssd_state_kernel(
+    B, x, dt, b, h, h0, ht, T, H, NT, NBH, HPG, G,
+    N: tl.constexpr, P: tl.constexpr, L: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    # one program: dstate rows [i_k·BK, ..) and headdim columns [i_v·BV, ..) of one (batch, head)'s
+    # state, carried in fp32 from chunk to chunk; a chunk of L tokens is read in blocks of BT <= 64
+    # (L / BT of them, unrolled), so a long chunk holds no more in registers than a chunk of 64
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_g = i_h // HPG                                     # the head's group: its B
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < N, o_v < P
+    m_h = m_k[:, None] & m_v[None, :]
+    p_h = o_k[:, None] * P + o_v[None, :]                # a chunk state, [dstate, headdim]
+    p_io = o_k[:, None] + o_v[None, :] * N               # the initial and final ones, mamba_ssm's [headdim, dstate]
+    if USE_H0:
+        b_h = tl.load(h0 + i_bh * N * P + p_io, mask=m_h, other=0.0)
+    else:
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+
+    for i_t in range(NT):
+        # the state at the start of chunk i_t, for the output kernel (in the input dtype)
+        tl.store(h + ((i_b * NT + i_t) * H + i_h) * N * P + p_h, b_h.to(h.dtype.element_ty), mask=m_h)
+        t_last = tl.minimum(i_t * L + L, T) - 1
+        b_last = tl.load(b + (i_b * T + t_last) * H + i_h)
+        b_h = b_h * tl.exp(b_last)
+        for i_s in tl.static_range(L // BT):
+            o_t = i_t * L + i_s * BT + tl.arange(0, BT)
+            m_t = o_t < T
+            p_th = (i_b * T + o_t) * H + i_h
+            # token s enters the state as (dt_s e^{b_last - b_s} B_s) x_sᵀ: dt and the decay to the chunk
+            # end (exponent <= 0 in a model) are one number per token, applied to Bᵀ's columns; x·dt is
+            # never formed
+            b_w = tl.load(dt + p_th, mask=m_t, other=0.0) * tl.exp(b_last - tl.load(b + p_th, mask=m_t, other=0.0))
+            b_w = tl.where(m_t, b_w, 0.0)
+            b_kt = tl.load(B + ((i_b * T + o_t[None, :]) * G + i_g) * N + o_k[:, None],
+                           mask=m_k[:, None] & m_t[None, :], other=0.0)
+            b_x = tl.load(x + ((i_b * T + o_t[:, None]) * H + i_h) * P + o_v[None, :],
+                          mask=m_t[:, None] & m_v[None, :], other=0.0)
+            b_h += tl.dot((b_kt * b_w[None, :]).to(b_x.dtype), b_x, input_precision=DOT_PREC)
+
+    if STORE_HT:
+        tl.store(ht + i_bh * N * P + p_io, b_h, mask=m_h)
+
+
+def ssd_state_pass(B, x, dtf, b, states, initial_states=None, final_states=None, chunk_size: int = CHUNK) -> None:
+    """The state at the start of every chunk, and after the last: the only pass that is sequential
+    over chunks (one program per dstate tile, headdim tile and batch·head walks them). The shared
+    pass's loop (attention_kernels/linear/chunk.py) with Mamba-2's three differences: one decay per head and
+    token, B read per group, and dt folded into the keys.
+
+    B: [Bt, T, G, N]; x: [Bt, T, H, P]; dtf, b: fp32 [Bt, T, H] and [Bt, T, H, 1] (`ssd_gates`, with
+    the same chunk_size). Written: states [Bt, NT, H, N, P] in x's dtype, NT = ceil(T / chunk_size)
+    (the output kernel's operand); final_states fp32 [Bt, H, P, N] unless None. initial_states: fp32
+    [Bt, H, P, N] or None (zeros). The initial and final states are in mamba_ssm's layout, which the
+    decode step reads. All contiguous.
+    """
+    Bt, T, H, P = x.shape
+    G, N = B.shape[2], B.shape[3]
+    NT = triton.cdiv(T, chunk_size)
+    _ssd_state_kernel[lambda m: (triton.cdiv(N, m["BK"]), triton.cdiv(P, m["BV"]), Bt * H)](
+        B, x, dtf, b, states, initial_states, final_states, T, H, NT, Bt * H, H // G, G, N, P, L=chunk_size,
+        BT=min(chunk_size, BLOCK),
+        USE_H0=initial_states is not None, STORE_HT=final_states is not None, DOT_PREC=dot_precision(x.dtype))
+
+
+# ------------------------------------------------------------------ 3. the output of every chunk
+# (BK over dstate, BV over headdim), num_warps, num_stages on the GPU (the interpreter runs (32, 32)
+# alone). (128, 64) at 4 warps and 2 stages was the fastest on the H200 at dstate 128, headdim 64,
+# 80 heads. No BV below 64: (128, 32) at 4 warps and 2 stages ended in an illegal memory access there,
+# though the same tile computes the right result under the interpreter (tests/test_mamba2.py).
+_TILES = [({"BK": 128, "BV": 64}, 4, 2), ({"BK": 64, "BV": 64}, 4, 3), ({"BK": 64, "BV": 64}, 4, 2),
+          ({"BK": 128, "BV": 64}, 8, 3)]
+_CONFIGS = autotune_configs(_TILES, interpreter={"BK": 32, "BV": 32})
+
+
+@triton.autotune(configs=_CONFIGS, key=["N", "P", "HAS_D", "HAS_Z", "L"],
+                 prune_configs_by={"early_config_prune": _fits})
+@triton.jit(do_not_specialize=["T", "H", "NT", "HPG", "G"])
+def _ssd_output_kernel(
+    C, B, x, dt, b, h, D, z, y, T, H, NT, HPG, G, s_Dh, s_Dp,
+    N: tl.constexpr, P: tl.constexpr, L: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    # one program: block i_s (BT rows) of chunk i_t (L = NB·BT rows), headdim columns [i_v·BV, ..), of
+    # one (batch, head). A chunk of at most 64 tokens is one block.
+    NB = L // BT                                         # blocks per chunk (a constexpr)
+    i_v, i_ts, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_t, i_s = i_ts // NB, i_ts % NB
+    i_b, i_h = i_bh // H, i_bh % H
+    i_g = i_h // HPG                                     # the head's group: its B and C
+    o_c = tl.arange(0, BT)
+    o_t = i_t * L + i_s * BT + o_c
+    m_t = o_t < T
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < P
+    p_hc = h + ((i_b * NT + i_t) * H + i_h) * N * P      # the state at the chunk's start
+    p_th = (i_b * T + o_t) * H + i_h                     # token rows of this head in [Bt, T, H]
+    b_b = tl.load(b + p_th, mask=m_t, other=0.0)         # [BT] cumulative log decay from the chunk start
+    b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)       # [BT] dt after bias and softplus
+
+    # C S_start and C Bᵀ, both over dstate in tiles of BK: [BT, BV] and [BT, BT]
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_S = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(N, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < N
+        p_g = ((i_b * T + o_t[:, None]) * G + i_g) * N + o_k[None, :]
+        b_c = tl.load(C + p_g, mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_k = tl.load(B + p_g, mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_h = tl.load(p_hc + o_k[:, None] * P + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_o += tl.dot(b_c, b_h.to(b_c.dtype), input_precision=DOT_PREC)
+        b_S += tl.dot(b_c, tl.trans(b_k), input_precision=DOT_PREC)
+
+    # inter-chunk: diag(e^{b_t}) (C S_start): one decay per row, from the chunk start to token t
+    b_o = b_o * tl.exp(b_b)[:, None]
+
+    # intra-chunk, the chunk's earlier blocks (a chunk longer than one block): every token s of block
+    # j < i_s precedes every row t, so (L ∘ C Bᵀ) needs no mask there, L_ts = e^{b_t - b_s}
+    if NB > 1:
+        for j in range(i_s):
+            o_j = i_t * L + j * BT + o_c                 # block j's tokens (all < T: block i_s has a row < T)
+            p_tj = (i_b * T + o_j) * H + i_h
+            b_Sj = tl.zeros([BT, BT], dtype=tl.float32)
+            for i_k in range(tl.cdiv(N, BK)):
+                o_k = i_k * BK + tl.arange(0, BK)
+                m_k = o_k < N
+                b_c = tl.load(C + ((i_b * T + o_t[:, None]) * G + i_g) * N + o_k[None, :],
+                              mask=m_t[:, None] & m_k[None, :], other=0.0)
+                b_kj = tl.load(B + ((i_b * T + o_j[:, None]) * G + i_g) * N + o_k[None, :],
+                               mask=m_k[None, :], other=0.0)
+                b_Sj += tl.dot(b_c, tl.trans(b_kj), input_precision=DOT_PREC)
+            b_Lj = tl.exp(b_b[:, None] - tl.load(b + p_tj)[None, :]) * tl.load(dt + p_tj)[None, :]
+            b_xj = tl.load(x + ((i_b * T + o_j[:, None]) * H + i_h) * P + o_v[None, :], mask=m_v[None, :],
+                           other=0.0)
+            b_o += tl.dot((b_Sj * b_Lj).to(b_xj.dtype), b_xj, input_precision=DOT_PREC)
+
+    # intra-chunk, the block itself: (L ∘ C Bᵀ) diag(dt) x, with L_ts = e^{b_t - b_s} on and below the
+    # diagonal: column s of the scores takes token s's dt, so x·dt is never formed. The exponent is -inf
+    # above the diagonal (e^{b_t - b_s} there would overflow when the gates grow); on and below it is the
+    # recurrence's, unclamped, whatever the sign of dt·A. The select (not a factor 0) keeps the pairs
+    # s > t out, whatever a later token's values.
+    m_lo = o_c[:, None] >= o_c[None, :]
+    b_L = tl.exp(tl.where(m_lo, b_b[:, None] - b_b[None, :], float("-inf"))) * b_dt[None, :]
+    b_S = tl.where(m_lo, b_S * b_L, 0.0)
+    p_x = ((i_b * T + o_t[:, None]) * H + i_h) * P + o_v[None, :]
+    m_x = m_t[:, None] & m_v[None, :]
+    b_x = tl.load(x + p_x, mask=m_x, other=0.0)
+    b_o = dot_causal(b_S.to(b_x.dtype), b_x, b_o, DOT_PREC)
+
+    # the skip D ⊙ x (x is already in registers) and the gate silu(z), on the fp32 accumulator
+    if HAS_D:
+        b_D = tl.load(D + i_h * s_Dh + o_v * s_Dp, mask=m_v, other=0.0).to(tl.float32)
+        b_o += b_x.to(tl.float32) * b_D[None, :]
+    if HAS_Z:
+        b_z = tl.load(z + p_x, mask=m_x, other=0.0).to(tl.float32)
+        b_o = b_o * b_z * tl.sigmoid(b_z)
+    tl.store(y + p_x, b_o.to(y.dtype.element_ty), mask=m_x)
+
+
+def ssd_output(C, B, x, dtf, b, states, D, z, y, chunk_size: int = CHUNK) -> None:
+    """Y = diag(e^b) C S_start + (L ∘ C Bᵀ) diag(dt) x (+ D ⊙ x, ⊙ silu(z)) for every chunk, all
+    chunks in parallel: one program per headdim tile, block of at most 64 rows of a chunk, and
+    batch·head; in a chunk longer than 64 a block's program also walks the chunk's earlier blocks.
+
+    C, B: [Bt, T, G, N]; x, z: [Bt, T, H, P]; dtf, b: fp32 [Bt, T, H] and [Bt, T, H, 1] (`ssd_gates`);
+    states: [Bt, NT, H, N, P] (`ssd_state_pass`), all three with the same chunk_size (16, 32, 64,
+    128 or 256); D: [H, P] or [H] (any strides and float dtype) or None. Written: y [Bt, T, H, P].
+    C, B, x, z, dtf, b, states contiguous.
+
+        >>> y = torch.empty_like(x)
+        >>> ssd_output(C, B, x, dtf, b, states, D, z, y, chunk_size=256)
+    """
+    Bt, T, H, P = x.shape
+    G, N = C.shape[2], C.shape[3]
+    BT = min(chunk_size, BLOCK)
+    s_D = (0, 0) if D is None else (D.stride(0), D.stride(1) if D.dim() == 2 else 0)   # [H]: one D per head
+    _ssd_output_kernel[lambda m: (triton.cdiv(P, m["BV"]), triton.cdiv(T, BT), Bt * H)](
+        C, B, x, dtf, b, states, D, z, y, T, H, triton.cdiv(T, chunk_size), H // G, G, *s_D, N, P,
+        L=chunk_size, BT=BT, HAS_D=D is not None, HAS_Z=z is not None, DOT_PREC=dot_precision(x.dtype))
+
+
+def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                       return_final_states):
+    """The scan on checked inputs (interface.ssd_chunk_scan): returns (y, final_states or None)."""
+    Bt, T, H, P, N, G = dims
+    x, B, C = x.contiguous(), B.contiguous(), C.contiguous()
+    z = None if z is None else z.contiguous()
+    dtf = torch.empty(Bt, T, H, dtype=torch.float32, device=x.device)
+    b = torch.empty(Bt, T, H, 1, dtype=torch.float32, device=x.device)
+    ssd_gates(dt, dt_bias, A, dt_softplus, dtf, b, chunk_size)
+    states = torch.empty(Bt, triton.cdiv(T, chunk_size), H, N, P, dtype=x.dtype, device=x.device)
+    h0 = None if initial_states is None else initial_states.contiguous()
+    ht = torch.empty(Bt, H, P, N, dtype=torch.float32, device=x.device) if return_final_states else None
+    ssd_state_pass(B, x, dtf, b, states, h0, ht, chunk_size)
+    y = torch.empty_like(x)
+    ssd_output(C, B, x, dtf, b, states, D, z, y, chunk_size)
+    return y, ht
+
+
+# ------------------------------------------------------------------ 4. the backward
+# The elementwise steps around the shared backward, each one pass over its tensors: the gate's and the
+# skip's gradients (before and after chunk_dv), q and k expanded to every head, and the group sums after
+# chunk_dqk. 8 warps on tiles of 2K elements (1K for the group sums, which hold three): ptxas (sm_90a,
+# bf16, dstate 128) gives them 48, 48, 62 and 80 registers, no spills; 4K-element tiles on 4 warps spill.
+_TAIL_ROWS, _TAIL_COLS = 16, 128          # tokens × (head, headdim) columns of the elementwise passes
+_TAIL_WARPS = 8
+
+
+@triton.jit
+def _row_tile(T, HP, BT: tl.constexpr, BC: tl.constexpr):
+    """The elementwise passes' tile: tokens [i_t·BT, ..) × columns [i_c·BC, ..) of batch row i_b's [T, H·P]
+    rows, (i_t, i_c, i_b) the program ids. Returns its columns, its mask and its offsets: a 64-bit offset for
+    the tile, 32-bit ones inside it (64-bit ones per element cost registers)."""
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_r = tl.arange(0, BT)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m = (i_t * BT + o_r < T)[:, None] & (o_c < HP)[None, :]
+    base = (i_b * T + i_t * BT).to(tl.int64) * HP
+    return o_c, m, base + (o_r[:, None] * HP + o_c[None, :])
+
+
+@triton.jit(do_not_specialize=["T", "HP", "NTB"])
+def _ssd_gate_grad_kernel(
+    dy, z, y_ungated, x, do, dz, dD_part, T, HP, NTB,
+    HAS_Z: tl.constexpr, HAS_D: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+):
+    # one program: tokens [i_t·BT, ..) × columns [i_c·BC, ..) of the [T, H·P] rows of batch row i_b. From
+    # y = (o + D ⊙ x) ⊙ silu(z): dz = dy ⊙ (o + D ⊙ x) ⊙ σ(z)(1 + z(1 - σ(z))), o's gradient do = dy ⊙ silu(z)
+    # (in x's dtype, as the shared backward reads it), and this tile's share of dD = Σ_t do ⊙ x
+    i_t, i_b = tl.program_id(0), tl.program_id(2)
+    o_c, m, p = _row_tile(T, HP, BT, BC)
+    b_do = tl.load(dy + p, mask=m, other=0.0).to(tl.float32)
+    if HAS_Z:
+        b_z = tl.load(z + p, mask=m, other=0.0).to(tl.float32)
+        b_sig = tl.sigmoid(b_z)
+        b_y = tl.load(y_ungated + p, mask=m, other=0.0).to(tl.float32)
+        tl.store(dz + p, (b_do * b_y * b_sig * (1 + b_z * (1 - b_sig))).to(dz.dtype.element_ty), mask=m)
+        b_do = b_do * b_z * b_sig
+    tl.store(do + p, b_do.to(do.dtype.element_ty), mask=m)
+    if HAS_D:
+        b_x = tl.load(x + p, mask=m, other=0.0).to(tl.float32)
+        tl.store(dD_part + (i_b * NTB + i_t) * HP + o_c, tl.sum(b_do * b_x, axis=0), mask=o_c < HP)
+
+
+@triton.jit(do_not_specialize=["T", "HP", "P"])
+def _ssd_skip_grad_kernel(
+    dv, dy, z, D, dx, T, HP, P, s_Dh, s_Dp,
+    HAS_Z: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+):
+    # one program: the tile of _ssd_gate_grad_kernel. dx = dv + do ⊙ D, with do = dy ⊙ silu(z) recomputed in
+    # fp32 (reading dy and z costs less than writing do in fp32 and reading it back)
+    o_c, m, p = _row_tile(T, HP, BT, BC)
+    b_do = tl.load(dy + p, mask=m, other=0.0).to(tl.float32)
+    if HAS_Z:
+        b_z = tl.load(z + p, mask=m, other=0.0).to(tl.float32)
+        b_do = b_do * b_z * tl.sigmoid(b_z)
+    b_D = tl.load(D + (o_c // P) * s_Dh + (o_c % P) * s_Dp, mask=o_c < HP, other=0.0).to(tl.float32)
+    b_dx = tl.load(dv + p, mask=m, other=0.0) + b_do * b_D[None, :]
+    tl.store(dx + p, b_dx.to(dx.dtype.element_ty), mask=m)
+
+
+@triton.jit(do_not_specialize=["T", "H", "HPG", "G"])
+def _ssd_expand_kernel(
+    B, C, dt, q, k, T, H, HPG, G,
+    N: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+):
+    # one program: tokens [i_t·BT, ..) of one (batch, head): q = C and k = B·dt of the head's group, rounded
+    # once to the inputs' dtype after the fp32 product
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_r = tl.arange(0, BT)
+    o_t = i_t * BT + o_r
+    m_t = o_t < T
+    b_dt = tl.load(dt + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+    base_g = ((i_b * T + i_t * BT).to(tl.int64) * G + i_h // HPG) * N     # the tile's first row, 64-bit
+    base_h = ((i_b * T + i_t * BT).to(tl.int64) * H + i_h) * N
+    for i_n in range(tl.cdiv(N, BN)):
+        o_n = i_n * BN + tl.arange(0, BN)
+        m = m_t[:, None] & (o_n < N)[None, :]
+        p_g = base_g + (o_r[:, None] * G * N + o_n[None, :])
+        p_h = base_h + (o_r[:, None] * H * N + o_n[None, :])
+        tl.store(q + p_h, tl.load(C + p_g, mask=m, other=0.0), mask=m)
+        b_k = tl.load(B + p_g, mask=m, other=0.0).to(tl.float32) * b_dt[:, None]
+        tl.store(k + p_h, b_k.to(k.dtype.element_ty), mask=m)
+
+
+@triton.jit(do_not_specialize=["T", "H", "HPG", "G"])
+def _ssd_group_grad_kernel(
+    dq, dk, B, dt, ddt, dB, dC, T, H, HPG, G,
+    N: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+):
+    # one program: tokens [i_t·BT, ..) of one (batch, group), all of dstate (BN >= N), walking the group's
+    # heads: dC = Σ_heads dq, dB = Σ_heads dt ⊙ dk, and each head's dt gets dk · B (k = B·dt)
+    i_t, i_bg = tl.program_id(0), tl.program_id(1)
+    i_b, i_g = i_bg // G, i_bg % G
+    o_r = tl.arange(0, BT)
+    o_t = i_t * BT + o_r
+    o_n = tl.arange(0, BN)
+    m_t = o_t < T
+    m = m_t[:, None] & (o_n < N)[None, :]
+    p_g = ((i_b * T + i_t * BT).to(tl.int64) * G + i_g) * N + (o_r[:, None] * G * N + o_n[None, :])
+    b_B = tl.load(B + p_g, mask=m, other=0.0).to(tl.float32)
+    b_dB = tl.zeros([BT, BN], dtype=tl.float32)
+    b_dC = tl.zeros([BT, BN], dtype=tl.float32)
+    for i_r in range(HPG):
+        i_h = i_g * HPG + i_r
+        p_h = ((i_b * T + i_t * BT).to(tl.int64) * H + i_h) * N + (o_r[:, None] * H * N + o_n[None, :])
+        b_dk = tl.load(dk + p_h, mask=m, other=0.0)
+        b_dt = tl.load(dt + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+        tl.store(ddt + (i_b * T + o_t) * H + i_h, tl.sum(b_dk * b_B, axis=1), mask=m_t)
+        b_dB += b_dk * b_dt[:, None]
+        b_dC += tl.load(dq + p_h, mask=m, other=0.0)
+    tl.store(dB + p_g, b_dB.to(dB.dtype.element_ty), mask=m)
+    tl.store(dC + p_g, b_dC.to(dC.dtype.element_ty), mask=m)
+
+
+def _elementwise_grid(Bt, T, HP):
+    """The grid of the gate's and the skip's passes: token tiles first (a grid's first side has no 65535 limit)."""
+    return triton.cdiv(T, _TAIL_ROWS), triton.cdiv(HP, _TAIL_COLS), Bt
+
+
+def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor | None,
+                       dt_bias: torch.Tensor | None, dt_softplus: bool, initial_states: torch.Tensor | None,
+                       dy, dfinal: torch.Tensor | None):
+    """The scan's gradients, recomputed from its inputs in chunks of CHUNK = 64 tokens, whatever chunk the
+    forward took (the gradient is the same function's). dy: y's gradient [Bt, T, H, P]; dfinal: the
+    final states' (fp32 [Bt, H, P, N]) or None. Other arguments as `ssd_chunk_scan_fwd` takes them.
+
+    SSD is linear attention with one log gate per head and token (chunk.py's docstring), so the chunk
+    recurrence's gradient is the shared backward's (attention_kernels/linear/chunk_backward.py) with q = C and
+    k = B·dt, both expanded to every head (one launch writes both, in the inputs' dtype), v = x, scale 1,
+    the gate g = dt·A as [Bt, T, H, 1] and the states transposed ([dstate, headdim] = [K, V]). Around it,
+    one elementwise launch each (fp32 inside, every tensor of [Bt, T, H, P] read or written once):
+    the tail y = (o + D ⊙ x) ⊙ silu(z) before (dz, o's gradient in x's dtype and dD's per-tile sums;
+    its o + D ⊙ x recomputed by the output kernel when z is given), dx = dv + do ⊙ D after (dv is dx
+    itself, in x's dtype, without D), and the group sums of B's and C's gradients with dt's share
+    through the keys (dk · B), reading dq and dk once. dt's gate and softplus paths, on [Bt, T, H],
+    stay in PyTorch.
+
+    Returns the gradients of x, dt, A, B, C, then of D, z, dt_bias and initial_states where those are
+    given (an absent argument has no entry, so the tuple is the same eagerly and as a compiled op's
+    result), each in its argument's dtype and shape, contiguous.
+    """
+    Bt, T, H, P = x.shape
+    G, N = B.shape[2], B.shape[3]
+    HP = H * P
+    dev, f32 = x.device, torch.float32
+    x, B, C, dy = x.contiguous(), B.contiguous(), C.contiguous(), dy.contiguous()
+    z = None if z is None else z.contiguous()
+    NT = triton.cdiv(T, CHUNK)
+    dtf = torch.empty(Bt, T, H, dtype=f32, device=dev)
+    b = torch.empty(Bt, T, H, 1, dtype=f32, device=dev)
+    ssd_gates(dt, dt_bias, A, dt_softplus, dtf, b, CHUNK)
+    states = torch.empty(Bt, NT, H, N, P, dtype=f32, device=dev)     # fp32: the gate's gradient reads them
+    h0 = None if initial_states is None else initial_states.contiguous()
+    ssd_state_pass(B, x, dtf, b, states, h0, None, CHUNK)
+
+    # the tail: y = (o + D ⊙ x) ⊙ silu(z); do is o's gradient, in x's dtype
+    dz = dD = None
+    if z is None and D is None:
+        do = dy.to(x.dtype)
+    else:
+        y_ungated = None
+        if z is not None:
+            y_ungated = torch.empty_like(x)
+            ssd_output(C, B, x, dtf, b, states, D, None, y_ungated, CHUNK)
+            dz = torch.empty_like(z)
+        do = torch.empty_like(x)
+        NTB = triton.cdiv(T, _TAIL_ROWS)
+        dD_part = None if D is None else torch.empty(Bt * NTB, HP, dtype=f32, device=dev)
+        _ssd_gate_grad_kernel[_elementwise_grid(Bt, T, HP)](
+            dy, z, y_ungated, x, do, dz, dD_part, T, HP, NTB,
+            HAS_Z=z is not None, HAS_D=D is not None, BT=_TAIL_ROWS, BC=_TAIL_COLS, num_warps=_TAIL_WARPS)
+        if D is not None:
+            dD = dD_part.sum(0).view(H, P)
+            dD = (dD if D.dim() == 2 else dD.sum(-1)).to(D.dtype)
+
+    # the chunk recurrence: q = C, k = B·dt per head, v = x, the gate dt·A per head
+    q, k = torch.empty(Bt, T, H, N, dtype=C.dtype, device=dev), torch.empty(Bt, T, H, N, dtype=x.dtype, device=dev)
+    BN = min(128, pow2_at_least_16(N))
+    BT = 2048 // BN
+    _ssd_expand_kernel[(triton.cdiv(T, BT), Bt * H)](B, C, dtf, q, k, T, H, H // G, G, N, BT, BN,
+                                                     num_warps=_TAIL_WARPS)
+    Af = A.to(f32)
+    g = (dtf * Af)[..., None]             # as given: a gate below the floor gets gradient 0 (chunk_dqk)
+    dstates = torch.empty(Bt, NT, H, N, P, dtype=f32, device=dev)
+    dht = None if dfinal is None else dfinal.to(f32).transpose(-1, -2).contiguous()
+    dh0 = None if h0 is None else torch.empty(Bt, H, N, P, dtype=f32, device=dev)
+    chunk_state_grad_pass(q, do, b, dstates, 1.0, dht, dh0)
+    dv = torch.empty(Bt, T, H, P, dtype=x.dtype if D is None else f32, device=dev)
+    dscores = torch.empty(Bt, T, H, CHUNK, dtype=f32, device=dev)
+    chunk_dv(q, k, x, b, None, dstates, do, dv, dscores, 1.0)
+    dq, dk = torch.empty(Bt, T, H, N, dtype=f32, device=dev), torch.empty(Bt, T, H, N, dtype=f32, device=dev)
+    dg = torch.empty(Bt, T, H, 1, dtype=f32, device=dev)
+    chunk_dqk(q, k, x, g, b, states, dstates, do, dscores, dq, dk, dg, 1.0)
+    dx = dv
+    if D is not None:
+        dx = torch.empty_like(x)
+        s_D = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)      # [H]: one D per head
+        _ssd_skip_grad_kernel[_elementwise_grid(Bt, T, HP)](
+            dv, dy, z, D, dx, T, HP, P, *s_D, HAS_Z=z is not None, BT=_TAIL_ROWS, BC=_TAIL_COLS,
+            num_warps=_TAIL_WARPS)
+
+    # back through k = B·dt (the group sums), g = dt·A, dt = softplus(dt + dt_bias)
+    ddt = torch.empty(Bt, T, H, dtype=f32, device=dev)
+    dB, dC = torch.empty_like(B), torch.empty_like(C)
+    BN = pow2_at_least_16(N)
+    BT = max(1, 1024 // BN)
+    _ssd_group_grad_kernel[(triton.cdiv(T, BT), Bt * G)](dq, dk, B, dtf, ddt, dB, dC, T, H, H // G, G, N, BT, BN,
+                                                         num_warps=_TAIL_WARPS)
+    dg = dg[..., 0]
+    ddt += dg * Af
+    dA = (dg * dtf).sum((0, 1)).to(A.dtype)
+    if dt_softplus:
+        raw = dt.to(f32) + (0 if dt_bias is None else dt_bias.to(f32))
+        ddt = ddt * torch.where(raw <= 20.0, torch.sigmoid(raw), 1.0)     # the forward's softplus cut-off
+    ddt_bias = None if dt_bias is None else ddt.sum((0, 1)).to(dt_bias.dtype)
+    dh0 = None if dh0 is None else dh0.transpose(-1, -2).contiguous()
+    grads = (dx, ddt.to(dt.dtype), dA, dB, dC, dD, dz, ddt_bias, dh0)
+    return tuple(t for t in grads if t is not None)
+
+
+__all__ = ["ssd_gates", "ssd_state_pass", "ssd_output", "ssd_chunk_scan_fwd", "ssd_chunk_scan_bwd"]

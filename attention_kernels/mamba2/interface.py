@@ -1,0 +1,222 @@
+"""Mamba-2's public entry points: validate, allocate what is returned, launch. Names, arguments and
+layouts as mamba_ssm's Triton ops (`selective_state_update`, the SSD chunk scan), see inputs.py.
+The scan trains (SSDChunkScanFunction: the backward recomputes from the inputs, chunk.py's
+`ssd_chunk_scan_bwd`) and takes packed sequences (cu_seqlens); the decode step has no backward.
+
+The slot table's values (state_batch_indices) are checked only when it is on the CPU: on the GPU the
+check would read device memory and wait for the GPU on every decode step, which is the cost the step
+is built to avoid (as the Lightning chapter leaves its slopes unchecked). On the GPU an index outside
+[0, slots), or a slot named twice (two rows updating one slot in place: which write lands is
+undefined), is the caller's error, as it is in mamba_ssm.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..checks import check_gradient, check_offset_values
+from ..custom_ops import compiled_as_op, gradients_like, like, ssd_chunk_scan_fake
+from .chunk import ssd_chunk_scan_bwd, ssd_chunk_scan_fwd
+from .inputs import check_scan_inputs, check_step_inputs
+from .decode import selective_state_update_fwd
+
+
+def a_is_scalar_per_head(A: torch.Tensor) -> bool:
+    """A [nheads, headdim, dstate] holds one number per head, broadcast with stride 0 (how a Mamba-2
+    model passes it): the kernel's fast path."""
+    return A.stride(1) == 0 and A.stride(2) == 0
+
+
+@compiled_as_op("attention_kernels::selective_state_update", fake=like("x"), mutates_args=("state",))
+def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                           state_batch_indices=None):
+    """One Mamba-2 decode step (Triton), the state updated in place.
+
+    state: fp32 [b, nheads, headdim, dstate], or [slots, ...] with state_batch_indices (int [b]: batch
+    row i reads and writes state[state_batch_indices[i]]; a slot named twice is refused on the CPU and
+    undefined on the GPU, as in mamba_ssm). state is updated where it lies (any strides, not
+    expanded: stride 0 is refused). x, dt, z: [b, nheads, headdim];
+    A: [nheads, headdim, dstate] (stride-0 broadcast of one scalar per head: the fast path);
+    B, C: [b, ngroups, dstate], ngroups dividing nheads; D, dt_bias: [nheads, headdim].
+    x, B, C, z one dtype (fp16, bf16 on a GPU, fp32); dt, A, D, dt_bias any of them. dstate <= 256.
+    Returns y [b, nheads, headdim] in x's dtype.
+
+        >>> A = (-torch.exp(A_log))[:, None, None].expand(80, 64, 128)    # one scalar per head, stride 0
+        >>> y = selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+    """
+    check_step_inputs(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices)
+    x, B, C = x.contiguous(), B.contiguous(), C.contiguous()
+    z = None if z is None else z.contiguous()
+    # the kernel reads the slot table as contiguous (a no-op when it is, as a serving engine's is)
+    slots = None if state_batch_indices is None else state_batch_indices.contiguous()
+    y = torch.empty_like(x)
+    selective_state_update_fwd(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, y,
+                               a_is_scalar_per_head(A))
+    return y
+
+
+def _sequences(cu_seqlens, T: int) -> list[tuple[int, int]]:
+    """The packed sequences' (first row, end row), from one host read of the offsets, checked."""
+    offsets = cu_seqlens.tolist()
+    check_offset_values(offsets, T)
+    return list(zip(offsets[:-1], offsets[1:]))
+
+
+def _rows(t, start: int, end: int):
+    return None if t is None else t[:, start:end]
+
+
+# The forward and backward launchers are ops (as GLA's and FlashAttention's are): torch.compile traces
+# SSDChunkScanFunction itself, so a compiled graph's forward and backward are eager's, each launcher one node.
+@compiled_as_op("attention_kernels::ssd_chunk_scan_fwd", fake=ssd_chunk_scan_fake, tuple_size=2)
+def _ssd_chunk_scan_fwd(x, dt, A, B, C, chunk_size: int, D: torch.Tensor | None, z: torch.Tensor | None,
+                        dt_bias: torch.Tensor | None, dt_softplus: bool, initial_states: torch.Tensor | None,
+                        return_final_states: bool, cu_seqlens: torch.Tensor | None):
+    """The scan's launches (checked here), once, or once per packed sequence; returns (y, final states or
+    None)."""
+    dims = check_scan_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                             return_final_states, cu_seqlens)
+    if cu_seqlens is None:
+        return ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                                  return_final_states)
+    # packed: each sequence is a scan of its own, cut into chunks from its first row (the launches per
+    # sequence, on views of its rows)
+    _, T, H, P, N, G = dims
+    sequences = _sequences(cu_seqlens, T)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    final = (torch.empty(len(sequences), H, P, N, dtype=torch.float32, device=x.device) if return_final_states
+             else None)
+    for n, (start, end) in enumerate(sequences):
+        h0 = None if initial_states is None else initial_states[n:n + 1]
+        if start == end:                  # an empty sequence ends in the state it starts from
+            if final is not None:
+                final[n] = 0.0 if h0 is None else h0[0]
+            continue
+        y_n, final_n = ssd_chunk_scan_fwd(
+            (1, end - start, H, P, N, G), x[:, start:end], dt[:, start:end], A, B[:, start:end], C[:, start:end],
+            chunk_size, D, _rows(z, start, end), dt_bias, dt_softplus, h0, return_final_states)
+        y[:, start:end] = y_n
+        if final is not None:
+            final[n] = final_n[0]
+    return y, final
+
+
+@compiled_as_op("attention_kernels::ssd_chunk_scan_bwd",
+                fake=gradients_like("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states"))
+def _ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor | None,
+                        dt_bias: torch.Tensor | None, dt_softplus: bool, initial_states: torch.Tensor | None,
+                        dy, dfinal: torch.Tensor | None, cu_seqlens: torch.Tensor | None):
+    """`ssd_chunk_scan_bwd` (chunk.py), once, or once per packed sequence: the rows of a sequence get its
+    gradients, A, D and dt_bias the sum over the sequences (in fp32), initial_states[n] sequence n's."""
+    Bt, T, H, P, N, _ = check_scan_inputs(x, dt, A, B, C, 64, D, z, dt_bias, dt_softplus, initial_states,
+                                          dfinal is not None, cu_seqlens)
+    check_gradient("dy", dy, x.shape, x.dtype, x.device)
+    if dfinal is not None:
+        states = Bt if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        check_gradient("dfinal", dfinal, (states, H, P, N), torch.float32, x.device)
+    if cu_seqlens is None:
+        return ssd_chunk_scan_bwd(x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, dy, dfinal)
+    inputs = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,
+              "initial_states": initial_states}
+    given = [name for name, t in inputs.items() if t is not None]
+    shared = ("A", "D", "dt_bias")                          # one value for every sequence: summed
+    grads = {name: torch.zeros(inputs[name].shape, device=x.device,
+                               dtype=torch.float32 if name in shared else inputs[name].dtype) for name in given}
+    for n, (start, end) in enumerate(_sequences(cu_seqlens, x.shape[1])):
+        h0 = None if initial_states is None else initial_states[n:n + 1]
+        dh = None if dfinal is None else dfinal[n:n + 1]
+        if start == end:                  # the final state is the initial one
+            if h0 is not None and dh is not None:
+                grads["initial_states"][n] = dh[0]
+            continue
+        part = ssd_chunk_scan_bwd(x[:, start:end], dt[:, start:end], A, B[:, start:end], C[:, start:end], D,
+                                  _rows(z, start, end), dt_bias, dt_softplus, h0, dy[:, start:end], dh)
+        for name, g in zip(given, part, strict=True):
+            if name in shared:
+                grads[name] += g
+            elif name == "initial_states":
+                grads[name][n] = g[0]
+            else:
+                grads[name][:, start:end] = g
+    return tuple(grads[name].to(inputs[name].dtype) for name in given)
+
+
+class SSDChunkScanFunction(torch.autograd.Function):
+    """ssd_chunk_scan's arguments in, (y, final states or None) out. Forward: `_ssd_chunk_scan_fwd` at the
+    caller's chunk size, saving the inputs only. Backward: `_ssd_chunk_scan_bwd`, which recomputes the gates
+    and the chunk-start states in chunks of 64 (Triton kernels, and the elementwise parts in PyTorch)."""
+
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, return_final_states,
+                cu_seqlens):
+        y, final = _ssd_chunk_scan_fwd(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                                       return_final_states, cu_seqlens)
+        ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, cu_seqlens)
+        ctx.dt_softplus = dt_softplus
+        ctx.set_materialize_grads(False)
+        return y, final
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable     # the kernels' gradients carry no graph of their own
+    def backward(ctx, dy, dfinal):
+        *saved, cu_seqlens = ctx.saved_tensors
+        x, dt, A, B, C, D, z, dt_bias, h0 = saved
+        dy = torch.zeros_like(x) if dy is None else dy.contiguous()
+        dfinal = None if dfinal is None else dfinal.contiguous()
+        # one gradient per given input, in order: spread over the inputs, None for an absent one
+        grads = iter(_ssd_chunk_scan_bwd(x, dt, A, B, C, D, z, dt_bias, ctx.dt_softplus, h0, dy, dfinal,
+                                         cu_seqlens))
+        dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dh0 = [None if t is None else next(grads) for t in saved]
+        return dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, None, dh0, None, None
+
+
+def ssd_chunk_scan(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, dt_softplus=False,
+                   initial_states=None, return_final_states=False, cu_seqlens=None):
+    """The SSD chunk scan (Triton): Mamba-2's prefill, in chunks of chunk_size tokens, and training.
+    See chunk.py.
+
+    x, z: [batch, seqlen, nheads, headdim]; dt: [batch, seqlen, nheads]; A: [nheads]; B, C:
+    [batch, seqlen, ngroups, dstate], ngroups dividing nheads; D: [nheads, headdim] or [nheads];
+    dt_bias: [nheads]; initial_states: fp32 [batch, nheads, headdim, dstate]. x, B, C, z one dtype
+    (fp16, bf16 on a GPU, fp32); dt, A, D, dt_bias any of them. chunk_size: 16, 32, 64 (the
+    default), 128 or 256 (mamba_ssm's Mamba-2 default); the same answer at each, up to rounding.
+    headdim, dstate <= 256. In a Mamba-2 model dt (after dt_bias and the softplus) >= 0 and A <= 0, so every
+    decay e^{dt·A} is <= 1; other signs (an A_log passed as A, a negative dt without the softplus)
+    give the recurrence's answer too, as the step does, until the growing state overflows. Returns
+    y [batch, seqlen, nheads, headdim] in x's dtype, or (y, final_states fp32 [batch, nheads,
+    headdim, dstate]) when return_final_states.
+
+    Differentiable in x, dt, A, B, C, D, z, dt_bias and initial_states, through y and the final states:
+    the backward saves only the inputs and recomputes the rest in chunks of 64 tokens, whatever
+    chunk_size the forward took (attention_kernels/linear/chunk_backward.py, and chunk.py's
+    `ssd_chunk_scan_bwd`). A decay e^{dt·A} below e^-110 counts as 0, and its dt·A gets no gradient
+    through the decay.
+
+    Packed sequences: cu_seqlens, int32 [N + 1] on x's device (0 first, seqlen last, non-decreasing; a
+    length may be 0), with batch 1: sequence n is rows cu_seqlens[n] to cu_seqlens[n + 1] of x, dt, B,
+    C, z, and sees nothing of the others; initial_states and the final states are then [N, nheads,
+    headdim, dstate], one per sequence. mamba_ssm's chunk scan takes both seq_idx (a sequence number per
+    row, [batch, seqlen]) and cu_seqlens; here the offsets alone say everything, as in flash-attn's
+    packed calls, so cu_seqlens is the one keyword. Each sequence is cut into chunks from its own first
+    row (a sequence starting mid-chunk shares no chunk with the one before) and scanned on views of its
+    rows: the offsets are read on the host once per call (and once per backward), which waits for the
+    GPU, so a packed call cannot be captured in a CUDA graph; and the launches are per sequence (three
+    kernels forward, six or seven and the elementwise ops backward), which costs host time when the
+    sequences are many and short.
+
+        >>> y, h = ssd_chunk_scan(x, dt, -torch.exp(A_log), B, C, chunk_size=256, D=D, z=z,
+        ...                       dt_bias=dt_bias, dt_softplus=True, return_final_states=True)
+        >>> y_next = selective_state_update(h, x_t, dt_t, A_t, B_t, C_t, ...)   # decode continues from h
+        >>> y, h = ssd_chunk_scan(x, dt, A, B, C, cu_seqlens=torch.tensor([0, 70, 300], dtype=torch.int32,
+        ...                       device=x.device), return_final_states=True)   # x [1, 300, ...]; h [2, ...]
+    """
+    args = (x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, return_final_states,
+            cu_seqlens)
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad    # else: the checks name it
+                                       for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
+        y, final = SSDChunkScanFunction.apply(*args)
+    else:
+        y, final = _ssd_chunk_scan_fwd(*args)
+    return (y, final) if return_final_states else y
+
+
+__all__ = ["selective_state_update", "ssd_chunk_scan", "a_is_scalar_per_head"]
