@@ -129,50 +129,6 @@ def tma_scratch():
         _allocation._allocator.reset(token)
 
 
-# ------------------------------------------------------------------ the direct-launch fast path
-_VARIANTS = {}  # key -> (index of the candidate that fits, compiled kernel or None, its constexpr values)
-
-
-def _aligned(args) -> bool:
-    return all(a.data_ptr() % 16 == 0 for a in args if isinstance(a, torch.Tensor))
-
-
-def launch(kernel, grid, candidates, key, *args, **constexprs):
-    """Launch `kernel` with the first of `candidates` (BM, BN, num_warps, num_stages) that fits in
-    this GPU's shared memory (BM: query rows per tile, BN: keys per tile, in every kernel).
-    `grid(BM, BN)` gives the launch grid; `key` names the compiled variant (device, dtype and the
-    constexprs), so a candidate that does not fit is compiled and rejected once, not on every call.
-
-    After the first call, a key's compiled kernel is launched directly. Triton's dispatcher
-    re-derives every argument's specialisation on each call: about 20 us of host time per launch
-    with 15 arguments on the H200's CPU, and at short lengths that host time is what bounds a call.
-    Skipping the dispatcher is safe for kernels that specialise on nothing that changes between
-    calls with one key: lengths are `do_not_specialize`, floats are never specialised, and pointers
-    are checked to be 16-byte aligned, as they were when the kernel was compiled. On a Triton other than the tested
-    ones (`fast_paths_on`), every call goes through the dispatcher."""
-    i, compiled, tail = _VARIANTS.get(key, (0, None, ()))
-    if compiled is not None and _aligned(args):
-        bm, bn = candidates[i][:2]
-        compiled[(*grid(bm, bn), 1, 1)[:3]](*args, *tail)  # this path wants all three grid sides
-        return
-    while True:
-        bm, bn, warps, stages = candidates[i]
-        try:
-            compiled = kernel[grid(bm, bn)](*args, **constexprs, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
-        except OutOfResources:
-            if i + 1 == len(candidates):
-                raise
-            i += 1
-            continue
-        if compiled is not None and _aligned(args) and fast_paths_on():  # (the interpreter compiles nothing)
-            # the compiled kernel takes every parameter, constexprs too, in signature order
-            values = {**constexprs, "BM": bm, "BN": bn}
-            _VARIANTS[key] = (i, compiled, tuple(values[name] for name in kernel.arg_names[len(args):]))
-        elif key not in _VARIANTS:
-            _VARIANTS[key] = (i, None, ())
-        return
-
-
 # ------------------------------------------------------------------ straight to Triton's C launcher
 def current_stream() -> tuple[int, int]:
     """(device index, stream handle): the current CUDA device and its current stream, as Triton's launcher
@@ -291,6 +247,45 @@ def launch_direct(kernel, grid, key, args, constexprs, aligned=True, **options) 
     return Launched(direct, grid, args)
 
 
+# ------------------------------------------------------------------ tile candidates, launched directly
+_CHOSEN = {}  # key -> index of the first candidate that fits
+
+
+def aligned16(args) -> bool:
+    """Whether every tensor among `args` starts at a 16-byte aligned address, as the direct launches need: Triton
+    compiles that alignment into a kernel, and a call that lacks it goes through the dispatcher."""
+    return all(a.data_ptr() % 16 == 0 for a in args if isinstance(a, torch.Tensor))
+
+
+def launch(kernel, grid, candidates, key, *args, **constexprs) -> Launched | None:
+    """Launch `kernel` with the first of `candidates` (BM, BN, num_warps, num_stages) that fits in
+    this GPU's shared memory (BM: query rows per tile, BN: keys per tile, in every kernel).
+    `grid(BM, BN)` gives the launch grid; `key` names the compiled variant (device, dtype and the
+    constexprs), so a candidate that does not fit is compiled and rejected once, not on every call.
+
+    After the first call, a key's compiled kernel is launched directly (`launch_direct`). Triton's dispatcher
+    re-derives every argument's specialisation on each call: about 20 us of host time per launch
+    with 15 arguments on the H200's CPU, and at short lengths that host time is what bounds a call.
+    Skipping the dispatcher is safe for kernels that specialise on nothing that changes between
+    calls with one key: lengths are `do_not_specialize`, floats are never specialised, and pointers
+    are checked to be 16-byte aligned, as they were when the kernel was compiled. Under the interpreter, and on a
+    Triton other than the tested ones (`fast_paths_on`), every call goes through the dispatcher.
+    Returns `launch_direct`'s result."""
+    i, aligned = _CHOSEN.get(key, 0), aligned16(args)
+    while True:
+        bm, bn, warps, stages = candidates[i]
+        try:
+            launched = launch_direct(kernel, (*grid(bm, bn), 1, 1)[:3], key, args, {**constexprs, "BM": bm, "BN": bn},
+                                     aligned=aligned, num_warps=warps, num_stages=stages)
+        except OutOfResources:
+            if i + 1 == len(candidates):
+                raise
+            i += 1
+            continue
+        _CHOSEN[key] = i
+        return launched
+
+
 class Relaunch:
     """A launch made again for a later call (see `relaunches`): the compiled kernel, the grid and the arguments that
     are not tensors kept; each tensor argument taken from the later call's tensors, by its place among them."""
@@ -324,5 +319,5 @@ def relaunches(launched, tensors) -> list[Relaunch] | None:
 
 __all__ = ["TESTED_TRITON", "triton_tested", "fast_paths_on", "LOG2E", "LN2", "on_machine", "autotune_configs", "cdiv",
            "next_power_of_2", "pow2_at_least_16", "sm_count", "capability", "is_hopper", "tma_ready", "tma_scratch",
-           "launch", "current_stream", "launch_stream", "reused", "launch_hooked", "DirectLaunch", "Launched",
-           "launch_direct", "Relaunch", "relaunches"]
+           "current_stream", "launch_stream", "reused", "launch_hooked", "DirectLaunch", "Launched", "launch_direct",
+           "aligned16", "launch", "Relaunch", "relaunches"]

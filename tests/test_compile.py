@@ -708,3 +708,37 @@ def test_backward_ops_refuse_a_wrong_gradient_by_name(family):
     op, args, name = _backward_op_calls()[family]
     with pytest.raises((ValueError, TypeError), match=rf"^{name} "):
         op(*args)
+
+
+def _bad_input_op_calls():
+    """(op, arguments with one bad tensor, the name the error must give): the forward launchers of the chunk forms
+    and FlashAttention's backward launcher, each with an input its public function would have refused."""
+    q, k, v, gate, h0 = _linear_training_inputs("gla", torch.float32)
+    beta = torch.rand(q.shape[:3])
+    flash_q, flash_k, flash_v = (t.detach() for t in _flash_inputs(1, 5, 7, 2, 1, 32, torch.float32))
+    o, lse = flash_interface.attention_fwd(flash_q, flash_k, flash_v, True, 0.2)
+
+    def flash_bwd(**bad):
+        given = {"do": torch.randn_like(o), "q": flash_q, "k": flash_k, "v": flash_v, "o": o, "lse": lse, **bad}
+        return flash_interface.attention_bwd.op, (*given.values(), True, 0.2, True)
+
+    return {
+        "chunk_gla_fwd-gk": (gla_interface._chunk_gla_fwd.op, (q, k, v, gate[:, :60], 0.2, h0, True), "gk"),
+        "chunk_lightning_fwd-initial_state": (lightning_interface._chunk_lightning_fwd.op,
+                                              (q, k, v, -lightning_slopes(2), 1.0, h0[..., :8], True),
+                                              "initial_state"),
+        "chunk_kda_fwd-beta": (kda_interface._chunk_kda_fwd.op,
+                               (q, k, v, gate, beta.to(torch.int32), 0.2, h0, True, False), "beta"),
+        "attention_bwd-k": (*flash_bwd(k=flash_k[..., :16]), "k"),
+        "attention_bwd-o": (*flash_bwd(o=o.half()), "o"),
+        "attention_bwd-lse": (*flash_bwd(lse=lse[:, :, :4]), "lse"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_input_op_calls()))
+def test_ops_refuse_a_bad_input_by_name(case):
+    """The launchers that are ops (torch.ops.kernels.*) are reachable without the public function that checks
+    their inputs: each checks them again, and refuses a bad one by its name before any launch."""
+    op, args, name = _bad_input_op_calls()[case]
+    with pytest.raises((ValueError, TypeError), match=rf"^{name} "):
+        op(*args)

@@ -13,8 +13,9 @@ import torch
 
 from input_cases import bad_input_cases, case_id, expect_refusal
 from attention_kernels.common import DEVICE, rel_err, tolerance
-from attention_kernels.flash_attn import attention_varlen_ref, backward, causal_mask, flash_attn_varlen_func, interface
+from attention_kernels.flash_attn import attention_varlen_ref, backward, flash_attn_varlen_func, interface
 from attention_kernels.flash_attn.bench import cu_seqlens, packed_lengths
+from lse_cases import check_returned_lse, lse_reference
 
 
 def _tols(dtype):
@@ -120,17 +121,6 @@ def test_strided_inputs():
 
 
 # ------------------------------------------------------------------ the log-sum-exp
-def _lse_ref(q, k, causal):
-    """log sum_j exp(s_ij * scale) per (batch, head, row), natural log, in fp64: q [B, T, Hq, D],
-    k [B, S, Hkv, D] -> [B, Hq, T] (-inf where a row sees no key; the kernels say +inf)."""
-    HQ, D = q.shape[2], q.shape[3]
-    kk = k.double().repeat_interleave(HQ // k.shape[2], dim=2)
-    s = torch.einsum("bthd,bshd->bhts", q.double(), kk) * D ** -0.5
-    if causal:
-        s = s.masked_fill(~causal_mask(q.shape[1], k.shape[1], device=q.device), -math.inf)
-    return torch.logsumexp(s, dim=-1)
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_lse_is_the_natural_log_sum_exp(causal):
     """[Hq, total_q] fp32, each sequence's rows against torch.logsumexp of its own scores; +inf on
@@ -138,13 +128,12 @@ def test_lse_is_the_natural_log_sum_exp(causal):
     lengths_q, lengths_k, HQ, HKV, D = CASES["cross-Hq2-Hkv1-D64"]
     q, k, v, cu_q, cu_k = _packed(lengths_q, lengths_k, HQ, HKV, D, torch.float32)
     o, lse = _call(q, k, v, cu_q, cu_k, causal, return_lse=True)
-    assert lse.shape == (HQ, sum(lengths_q)) and lse.dtype == torch.float32 and not lse.requires_grad
-    assert torch.equal(o, _call(q, k, v, cu_q, cu_k, causal))
+    check_returned_lse(o, lse, (HQ, sum(lengths_q)), _call(q, k, v, cu_q, cu_k, causal))
     ref = torch.full(lse.shape, math.inf, dtype=torch.float64)
     for n in range(len(lengths_q)):
         q0, q1, k0, k1 = cu_q[n].item(), cu_q[n + 1].item(), cu_k[n].item(), cu_k[n + 1].item()
         if q1 > q0 and k1 > k0:
-            ref[:, q0:q1] = _lse_ref(q[None, q0:q1], k[None, k0:k1], causal)[0]
+            ref[:, q0:q1] = lse_reference(q[None, q0:q1], k[None, k0:k1], causal)[0]
     ref = ref.masked_fill(ref == -math.inf, math.inf)
     seen = torch.isfinite(ref)
     assert (~seen).any() and torch.equal(torch.isinf(lse) & (lse > 0), ~seen)

@@ -767,6 +767,54 @@ def test_launch_direct_caches_the_compiled_kernel_and_orders_its_constexprs(monk
     assert calls[1] == ("direct", (2, 1, 1), ("x", 7), [1, 2, 4])
 
 
+def test_launch_keeps_the_tile_that_fits_and_launches_it_directly(monkeypatch):
+    """`launch.launch` without a GPU, the kernel and `DirectLaunch` played by stand-ins: the first call with a key
+    compiles the tiles in order until one fits (the first reports OutOfResources) and keeps that one's compiled
+    kernel, with BM and BN among its constexprs in signature order; the second call with the key launches it
+    directly, on that tile's grid, and compiles nothing; an unaligned call goes through the kernel with the kept
+    tile, not the one that did not fit; another key tries the tiles from the first again."""
+    from triton.runtime.errors import OutOfResources
+
+    from attention_kernels import launch
+
+    calls = []
+
+    class Kernel:
+        arg_names = ["x", "n", "BM", "BN", "CAUSAL"]
+
+        def __getitem__(self, grid):
+            def run(*args, BM, BN, num_warps, num_stages, **constexprs):
+                calls.append(("kernel", BM, grid))
+                if BM == 128:
+                    raise OutOfResources(300_000, 232_448, "shared memory")
+                return ("compiled", BM)
+            return run
+
+    class Direct:
+        def __init__(self, compiled, constexprs):
+            self.compiled, self.constexprs = compiled, list(constexprs)
+
+        def __call__(self, grid, *args):
+            calls.append(("direct", self.compiled, grid, args, self.constexprs))
+
+    monkeypatch.setattr(launch, "_CHOSEN", {})
+    monkeypatch.setattr(launch, "_DIRECT", {})
+    monkeypatch.setattr(launch, "DirectLaunch", Direct)
+    monkeypatch.setattr(launch, "fast_paths_on", lambda: True)  # as on a tested Triton, whichever runs the test
+    kernel, tiles, x = Kernel(), [(128, 64, 8, 3), (64, 32, 4, 1)], torch.zeros(16)
+    go = lambda key, *args: launch.launch(kernel, lambda BM, BN: (1000 // BM, 2), tiles, key, *args, CAUSAL=True)  # noqa
+    first = go("k", x, 7)
+    assert calls == [("kernel", 128, (7, 2, 1)), ("kernel", 64, (15, 2, 1))]
+    again = go("k", x, 7)
+    assert calls[2:] == [("direct", ("compiled", 64), (15, 2, 1), (x, 7), [64, 32, True])]
+    assert first == again == launch.Launched(launch._DIRECT[(kernel, "k")], (15, 2, 1), (x, 7))
+    unaligned = go("k", torch.zeros(17)[1:], 7)
+    assert unaligned is None and calls[3:] == [("kernel", 64, (15, 2, 1))]
+    go("other", x, 7)
+    assert calls[4:] == [("kernel", 128, (7, 2, 1)), ("kernel", 64, (15, 2, 1))]
+    assert launch._CHOSEN == {"k": 1, "other": 1}
+
+
 def test_reused_keeps_one_per_stream_and_key_and_makes_afresh_in_a_capture(monkeypatch):
     """`launch.reused` without a GPU (the stream and the capture state played by stand-ins): one value per
     (stream, key), the least recently used dropped past `most`, and a fresh one inside a graph capture; a stream the

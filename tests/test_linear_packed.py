@@ -1,7 +1,9 @@
 """Packed sequences (cu_seqlens) through GLA, Lightning and KDA, chunk and fused recurrent forms: a packed call
 equals each sequence run alone (outputs, final states, and for the chunk forms every gradient), including
 empty sequences, one-token ones and ones that straddle a chunk boundary of the packed row; bad offsets are
-refused by name before any launch."""
+refused by name before any launch; an infinite v stays in its sequence."""
+import math
+
 import pytest
 import torch
 
@@ -72,6 +74,31 @@ def test_packed_equals_each_sequence_alone(form):
             torch.testing.assert_close(g[:, s:e], g_n, rtol=0, atol=0)
         torch.testing.assert_close(grads[-1][n], expected[-1][0], rtol=0, atol=0)
         assert all(torch.isfinite(g).all() for g in expected)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy, computing with inf as asked
+@pytest.mark.parametrize("form", FORMS)
+def test_an_infinite_v_stays_in_its_sequence(form):
+    """+inf in every channel of v at one token of a packed sequence (70 tokens from row 5, the inf at its token
+    65, one past the start of its second chunk): every other sequence's outputs and final state are, bit for
+    bit, those of the clean call, and finite; the poisoned sequence's rows before the inf too. From the inf on
+    its rows are not finite: ±inf from the recurrent forms, NaN from the chunk forms (whose products cannot tell
+    the signs apart), and neither reaches an earlier token or another sequence."""
+    call, n_rows, _ = FORMS[form]
+    rows, cu, h0 = _inputs(LENGTHS)
+    rows = rows[:n_rows]
+    clean_o, clean_ht = call(rows, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    start, poisoned_n = 5, 2                        # LENGTHS' sequence 2 holds rows 5..74
+    token = start + 65
+    rows[2] = rows[2].clone()
+    rows[2][:, token] = math.inf
+    o, ht = call(rows, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    assert torch.equal(o[:, :token], clean_o[:, :token]) and torch.isfinite(o[:, :token]).all()
+    assert not torch.isfinite(o[:, token:start + 70]).any(), "the rows at and after the inf"
+    assert torch.equal(o[:, start + 70:], clean_o[:, start + 70:]) and torch.isfinite(o[:, start + 70:]).all()
+    others = [n for n in range(len(LENGTHS)) if n != poisoned_n]
+    assert torch.equal(ht[others], clean_ht[others]) and torch.isfinite(ht[others]).all()
+    assert not torch.isfinite(ht[poisoned_n]).all()
 
 
 @pytest.mark.parametrize("form", ["chunk_gla", "fused_recurrent_kda"])

@@ -183,7 +183,6 @@ def test_the_wheel_runs_with_only_its_declared_dependencies(tmp_path):
 # Known today, each named with why it stays for now; nothing else may join them.
 PRIVATE_ACROSS_MODULES = {
     ("attention_kernels/flash_attn/diagram.py", "_key_ranges"): "the FA forward's key ranges, drawn as the causal tiles",
-    ("attention_kernels/mla/gluon_decode.py", "_aligned"): "launch's 16-byte alignment test, shared by the direct launches",
     ("attention_kernels/flash_attn/backward.py", "_key_ranges"): "the causal key ranges the forward and backward share",
     ("attention_kernels/mamba2/chunk.py", "_softplus"): "the step's softplus, shared by the chunk scan",
     ("attention_kernels/ring/interface.py", "_one_launch"): "FlashAttention's backward launch choice, per ring step",

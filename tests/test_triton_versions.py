@@ -41,17 +41,21 @@ def test_an_untested_triton_is_warned_about_once_in_one_line(version):
 
 class _Kernel:
     """A JIT function's stand-in: `kernel[grid](...)` records a launch through the dispatcher and returns a compiled
-    kernel's stand-in, whose `compiled[grid](...)` records a direct launch."""
+    kernel's stand-in; `direct` stands in for `DirectLaunch`, whose launches of it are recorded as direct."""
     arg_names = ["x", "n", "BM", "BN"]
 
     def __init__(self):
         self.calls = []
+        self.compiled = object()
         kernel = self
 
-        class Compiled:
-            def __getitem__(self, grid):
-                return lambda *args: kernel.calls.append("direct")
-        self.compiled = Compiled()
+        class Direct:
+            def __init__(self, compiled, constexprs):
+                assert compiled is kernel.compiled
+
+            def __call__(self, grid, *args):
+                kernel.calls.append("direct")
+        self.direct = Direct
 
     def __getitem__(self, grid):
         def run(*args, **constexprs):
@@ -63,10 +67,12 @@ class _Kernel:
 @pytest.mark.parametrize("found, path", [("3.6.0", ["dispatcher", "direct", "direct"]),
                                          ("3.9.0", ["dispatcher", "dispatcher", "dispatcher"])])
 def test_launch_goes_direct_on_a_tested_triton_only(found, path, version, monkeypatch):
-    monkeypatch.setattr(launch, "_VARIANTS", {})
+    monkeypatch.setattr(launch, "_CHOSEN", {})
+    monkeypatch.setattr(launch, "_DIRECT", {})
     monkeypatch.setattr(launch, "_untested_warned", True)   # (warned about in its own test)
     version(found)
     kernel, x = _Kernel(), torch.zeros(16)
+    monkeypatch.setattr(launch, "DirectLaunch", kernel.direct)
     for _ in range(3):
         launch.launch(kernel, lambda BM, BN: (1,), [(16, 16, 4, 1)], ("gate", found), x, 16)
     assert kernel.calls == path
@@ -90,7 +96,7 @@ def test_the_interpreter_neither_warns_nor_launches_directly(version, monkeypatc
     from attention_kernels.flash_attn import flash_attn_func
     from attention_kernels.mla import mla_decode
 
-    monkeypatch.setattr(launch, "_VARIANTS", {})
+    monkeypatch.setattr(launch, "_CHOSEN", {})
     monkeypatch.setattr(launch, "_DIRECT", {})
     version("3.9.0")
     q, k, v = (torch.randn(1, 40, 2, 32) for _ in range(3))
@@ -100,8 +106,7 @@ def test_the_interpreter_neither_warns_nor_launches_directly(version, monkeypatc
         flash_attn_func(q, k, v, causal=True)
         mla_decode(mq, kv, None, torch.tensor([50, 7], dtype=torch.int32), 32, 0.2, num_splits=2)
     assert not [w for w in caught if "Triton 3.9.0" in str(w.message)]
-    assert launch._VARIANTS and all(compiled is None for _, compiled, _ in launch._VARIANTS.values())
-    assert launch._DIRECT == {}
+    assert launch._CHOSEN and launch._DIRECT == {}
 
 
 @pytest.mark.gpu
@@ -111,7 +116,7 @@ def test_gpu_an_untested_triton_launches_through_the_dispatcher(version, monkeyp
     from attention_kernels.flash_attn import flash_attn_func
     from attention_kernels.mla import mla_decode, planning
 
-    monkeypatch.setattr(launch, "_VARIANTS", {})
+    monkeypatch.setattr(launch, "_CHOSEN", {})
     monkeypatch.setattr(launch, "_DIRECT", {})
     monkeypatch.setattr(planning, "_PLANS", {})
     q, k, v = (torch.randn(2, 300, 4, 64, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
@@ -119,7 +124,7 @@ def test_gpu_an_untested_triton_launches_through_the_dispatcher(version, monkeyp
     kv = torch.randn(4, 1000, 576, device=DEVICE, dtype=torch.bfloat16)
     lens = torch.tensor([1000, 3, 517, 64], device=DEVICE, dtype=torch.int32)
     tested = [flash_attn_func(q, k, v, causal=True), mla_decode(mq, kv, None, lens, 512, 0.1, check_seqlens=False)]
-    monkeypatch.setattr(launch, "_VARIANTS", {})
+    monkeypatch.setattr(launch, "_CHOSEN", {})
     monkeypatch.setattr(launch, "_DIRECT", {})
     monkeypatch.setattr(planning, "_PLANS", {})
     version("3.9.0")
@@ -127,7 +132,7 @@ def test_gpu_an_untested_triton_launches_through_the_dispatcher(version, monkeyp
         untested = [flash_attn_func(q, k, v, causal=True)]
     for _ in range(2):   # the second call through the plan the first made
         untested.append(mla_decode(mq, kv, None, lens, 512, 0.1, check_seqlens=False))
-    assert all(compiled is None for _, compiled, _ in launch._VARIANTS.values()) and launch._DIRECT == {}
+    assert launch._DIRECT == {}
     (plan,) = planning._PLANS.values()
     assert not plan.gluon and plan.relaunches is None
     assert_close(untested[0], tested[0], tol=2e-2)

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..launch import LOG2E, launch, on_machine
-from .forward import _key_ranges, sequence_rows, varlen_block, varlen_query_block
+from .forward import _key_ranges, varlen_key_block, varlen_query_block
 
 # Tiles (BM, BN, num_warps, num_stages): a program owns BN keys (dK/dV) or BN queries (dQ) and steps
 # over the other axis BM at a time. Fixed from what autotuning picked on the H200 (bf16, D = 128):
@@ -142,10 +142,8 @@ def _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_
         g_hi = GROUP
     i_hk = i_bh % HKV
     if VARLEN:  # from here on T and S are this sequence's lengths
-        i_seq, i_n = varlen_block(cu_seqlens_k, B, i_n, BN)
         T_packed = T  # lse and delta: [HQ, T_packed]
-        q_row0, T = sequence_rows(cu_seqlens_q, i_seq)
-        k_row0, S = sequence_rows(cu_seqlens_k, i_seq)
+        i_n, q_row0, T, k_row0, S = varlen_key_block(cu_seqlens_q, cu_seqlens_k, B, i_n, BN)
         if i_n * BN >= S:  # a spare block
             return
     else:

@@ -132,6 +132,17 @@ def varlen_query_block(cu_seqlens_q, cu_seqlens_k, n_seqs, i_blk, i_h, T, BM: tl
     return i_m, q_row0, T_n, k_row0, S_n, i_h.to(tl.int64) * T + q_row0
 
 
+@triton.jit
+def varlen_key_block(cu_seqlens_q, cu_seqlens_k, n_seqs, i_blk, BN: tl.constexpr):
+    """Packed sequences, for a program that owns BN key rows (`varlen_block`'s block i_blk, numbered over
+    the keys' offsets): (its block's index in its sequence, the sequence's first query row and length,
+    first key row and length). The key-side twin of `varlen_query_block`, for the backward's dK/dV."""
+    i_n, i_k = varlen_block(cu_seqlens_k, n_seqs, i_blk, BN)
+    q_row0, T_n = sequence_rows(cu_seqlens_q, i_n)
+    k_row0, S_n = sequence_rows(cu_seqlens_k, i_n)
+    return i_k, q_row0, T_n, k_row0, S_n
+
+
 @triton.jit(do_not_specialize=["T", "S", "HQ", "GROUP"])  # one compiled kernel for every length
 def _attn_fwd_kernel(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, T, S, HQ, GROUP, qk_scale,
                      D: tl.constexpr, CAUSAL: tl.constexpr, VARLEN: tl.constexpr, BM: tl.constexpr,
@@ -212,4 +223,4 @@ def attention_fwd(q, k, v, causal: bool, softmax_scale: float, cu_seqlens_q=None
     return o, lse
 
 
-__all__ = ["attention_fwd", "fwd_tiles", "varlen_block", "sequence_rows", "varlen_query_block"]
+__all__ = ["attention_fwd", "fwd_tiles", "varlen_block", "sequence_rows", "varlen_query_block", "varlen_key_block"]

@@ -7,7 +7,8 @@ import numbers
 import torch
 
 from ..checks import (FLOATS, check_bool, check_choice, check_gradient, check_int, check_kernel_device, check_no_grad,
-                      check_not_empty, check_same_device_and_dtype, check_tensor, softmax_scale_or_default)
+                      check_not_empty, check_once_per_signature, check_same_device, check_same_device_and_dtype,
+                      check_tensor, softmax_scale_or_default)
 from ..custom_ops import attention_bwd_fake, attention_fwd_fake, compiled_as_op
 from ..launch import LN2  # the kernels keep the log-sum-exp in base 2; flash-attn returns it in natural log
 from . import backward, decode
@@ -23,9 +24,12 @@ decode_fwd = compiled_as_op("attention_kernels::attention_decode", fake=attentio
 @compiled_as_op("attention_kernels::attention_bwd", fake=attention_bwd_fake)
 def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, one_launch: bool,
                   cu_seqlens_q=None, cu_seqlens_k=None):
-    """`backward.attention_bwd` behind a check of the incoming gradient: the op is reachable on its own
-    (torch.ops.attention_kernels.attention_bwd), and a do of the wrong shape would be read out of bounds."""
+    """`backward.attention_bwd` behind a check of everything it is given (`_check_backward_inputs`): the op is
+    reachable on its own (torch.ops.attention_kernels.attention_bwd), and a tensor of the wrong shape would be read out
+    of bounds. The kernels derive strides from shapes: what is not contiguous is copied."""
+    _check_backward_inputs(q, k, v, o, lse, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k)
     check_gradient("do", do, q.shape, q.dtype, q.device)
+    q, k, v, o, lse = (t.contiguous() for t in (q, k, v, o, lse))
     return backward.attention_bwd(do, q, k, v, o, lse, causal, softmax_scale, one_launch, cu_seqlens_q, cu_seqlens_k)
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
@@ -45,6 +49,35 @@ def _validate(q, k, v, causal, softmax_scale) -> float:
     check_kernel_device(q=q, k=k, v=v)
     check_choice("head dim D of q, k, v", q.shape[-1], SUPPORTED_HEAD_DIMS)
     return scale
+
+
+def _check_forward_outputs(q, o, lse, lse_shape) -> None:
+    """o as the forward returns it (q's shape and dtype) and its base-2 log-sum-exp, fp32 `lse_shape`, on q's
+    device."""
+    check_tensor("o", o, dtypes=(q.dtype,), shape=tuple(q.shape))
+    check_tensor("lse", lse, dtypes=(torch.float32,), shape=lse_shape)
+    check_same_device(q=q, o=o, lse=lse)
+
+
+@check_once_per_signature
+def _check_dense_backward(q, k, v, o, lse, causal, softmax_scale) -> None:
+    _validate(q, k, v, causal, softmax_scale)
+    B, T, HQ, _ = q.shape
+    _check_forward_outputs(q, o, lse, (B, HQ, T))
+
+
+def _check_backward_inputs(q, k, v, o, lse, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k) -> None:
+    """What the backward op is given, by name: q, k, v, causal and the scale as the public functions check them
+    (a dense call's verdict kept per signature; offsets on the CPU are read, so a packed call's is not), o and
+    lse as the forward returns them."""
+    if cu_seqlens_q is None:
+        _check_dense_backward(q, k, v, o, lse, causal, softmax_scale)
+        return
+    check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, dtypes=SUPPORTED_DTYPES)
+    check_kernel_device(q=q, k=k, v=v)
+    check_choice("head dim D of q, k, v", q.shape[-1], SUPPORTED_HEAD_DIMS)
+    T, HQ, _ = q.shape
+    _check_forward_outputs(q, o, lse, (HQ, T))
 
 
 def _one_launch(q, k, causal: bool, max_seqlen_k: int | None = None) -> bool:

@@ -25,10 +25,11 @@ import torch
 import triton
 
 from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_fake
+from ..linear.autograd import chunk_function
 from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_pass
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
-from ..checks import check_bool, check_gradient, check_no_grad
-from ..linear.inputs import check_linear_inputs
+from ..checks import check_bool, check_no_grad
+from ..linear.inputs import check_linear_inputs, check_output_gradients
 from ..linear.inputs import state_v_first_in as _state_in, state_v_first_out as _state_out
 from ..linear.packed import backward_per_sequence, forward_per_sequence
 from ..linear.slots import check_serving_options, pooled_state, step_outputs
@@ -155,8 +156,10 @@ def sequential_chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_fin
 @compiled_as_op("attention_kernels::chunk_gla_fwd", fake=linear_attention_fake, tuple_size=2)
 def _chunk_gla_fwd(q, k, v, gk, scale, h0: torch.Tensor | None, output_final_state: bool,
                    cu_seqlens: torch.Tensor | None = None):
-    """The forward on contiguous, checked inputs, once or once per packed sequence; returns (o, final_state
-    or None)."""
+    """The forward, once or once per packed sequence; returns (o, final_state or None). Its inputs are checked
+    again, by the op's names (a lookup for a call the public function has checked): the op is reachable on its
+    own (torch.ops.attention_kernels.chunk_gla_fwd)."""
+    _, scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, h0, output_final_state, cu_seqlens)
     if cu_seqlens is None:
         return _forward(q, k, v, gk, scale, h0, output_final_state)
     return forward_per_sequence(lambda rows, h0_n, final: _forward(*rows, scale, h0_n, final),
@@ -184,11 +187,8 @@ def _chunk_gla_bwd(q, k, v, gk, scale, h0: torch.Tensor | None, do, dht: torch.T
                    cu_seqlens: torch.Tensor | None = None):
     """The backward, once or once per packed sequence. do: o's gradient, dht: the final state's (or
     None). Returns (dq, dk, dv, dgk, dh0 or None)."""
-    (B, T, H, K, V), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, h0, False, cu_seqlens)
-    check_gradient("do", do, v.shape, v.dtype, v.device)
-    if dht is not None:
-        states = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-        check_gradient("dht", dht, (states, H, K, V), torch.float32, v.device)
+    (_, _, _, K, _), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, h0, False, cu_seqlens)
+    check_output_gradients(do, dht, v, K, cu_seqlens)
     if cu_seqlens is None:
         return _backward(q, k, v, gk, scale, h0, do, dht)
     return backward_per_sequence(lambda rows, h0_n, do_n, dht_n: _backward(*rows, scale, h0_n, do_n, dht_n),
@@ -217,25 +217,7 @@ def _backward(q, k, v, gk, scale, h0, do, dht):
     return dq, dk, dv, dgk, dh0
 
 
-class ChunkGLAFunction(torch.autograd.Function):
-    """Forward: `_chunk_gla_fwd`, saving the inputs only. Backward: `_chunk_gla_bwd`, which recomputes
-    the cumulative gates, the chunk-start states and the scores (Triton kernels throughout)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, gk, scale, h0, output_final_state, cu_seqlens):
-        o, ht = _chunk_gla_fwd(q, k, v, gk, scale, h0, output_final_state, cu_seqlens)
-        ctx.save_for_backward(q, k, v, gk, h0, cu_seqlens)
-        ctx.scale = scale
-        ctx.set_materialize_grads(False)
-        return o, ht
-
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, gk, h0, cu_seqlens = ctx.saved_tensors
-        do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
-        dht = None if dht is None else dht.to(torch.float32).contiguous()
-        dq, dk, dv, dgk, dh0 = _chunk_gla_bwd(q, k, v, gk, ctx.scale, h0, do, dht, cu_seqlens)
-        return dq, dk, dv, dgk, None, dh0, None, None
+ChunkGLAFunction = chunk_function("ChunkGLAFunction", _chunk_gla_fwd, _chunk_gla_bwd)
 
 
 def chunk_gla(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, state_v_first=False,

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_bool, check_gradient, check_no_grad
+from ..checks import check_bool, check_no_grad
 from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_fake
 from ..linear.chunk import chunk_output
-from ..linear.inputs import check_linear_inputs, state_v_first_in, state_v_first_out
+from ..linear.inputs import check_linear_inputs, check_output_gradients, state_v_first_in, state_v_first_out
 from ..linear.packed import backward_per_sequence, forward_per_sequence
 from ..linear.slots import check_serving_options, pooled_state, step_outputs
 from .chunk import chunk_kda_intermediates
@@ -159,8 +159,12 @@ fused_recurrent_kda.op = _fused_recurrent_kda.op   # its op, as every other publ
 @compiled_as_op("attention_kernels::chunk_kda_fwd", fake=linear_attention_fake, tuple_size=2)
 def _chunk_kda_fwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, output_final_state: bool,
                    use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None = None):
-    """The forward on contiguous, checked inputs, once or once per packed sequence; returns (o, final_state
-    or None)."""
+    """The forward, once or once per packed sequence; returns (o, final_state or None). Its inputs are checked
+    again, by the op's names (a lookup for a call the public function has checked): the op is reachable on its
+    own (torch.ops.attention_kernels.chunk_kda_fwd)."""
+    _, scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, output_final_state,
+                                                use_qk_l2norm_in_kernel, cu_seqlens)
+
     def run(rows, h0_n, final):
         return _forward(*rows, scale, h0_n, final, use_qk_l2norm_in_kernel)
 
@@ -185,12 +189,9 @@ def _chunk_kda_bwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, do, dht: to
     the scores, the solve and the chunk-start states, the delta rule's reverse state pass, then every
     gradient. do: o's gradient, dht: the final state's (or None). Returns (dq, dk, dv, dg, dbeta, dh0 or
     None)."""
-    (B, T, H, K, V), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, False,
+    (_, _, _, K, _), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, False,
                                                               use_qk_l2norm_in_kernel, cu_seqlens)
-    check_gradient("do", do, v.shape, v.dtype, v.device)
-    if dht is not None:
-        states = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-        check_gradient("dht", dht, (states, H, K, V), torch.float32, v.device)
+    check_output_gradients(do, dht, v, K, cu_seqlens)
 
     def run(rows, h0_n, do_n, dht_n):
         return chunk_kda_bwd(*rows, scale, h0_n, do_n, dht_n, use_qk_l2norm_in_kernel)

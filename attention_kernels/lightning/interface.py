@@ -24,10 +24,11 @@ import torch
 import triton
 
 from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_fake
+from ..linear.autograd import chunk_function
 from ..linear.chunk import CHUNK, chunk_state_pass
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
-from ..checks import check_gradient, check_no_grad
-from ..linear.inputs import check_linear_inputs
+from ..checks import check_no_grad
+from ..linear.inputs import check_linear_inputs, check_output_gradients
 from ..linear.packed import backward_per_sequence, forward_per_sequence
 from ..linear.slots import check_serving_options, pooled_state, step_outputs
 from .chunk import chunk_lightning_output
@@ -112,8 +113,10 @@ fused_recurrent_lightning.op = _fused_recurrent_lightning.op   # its op, as ever
 @compiled_as_op("attention_kernels::chunk_lightning_fwd", fake=linear_attention_fake, tuple_size=2)
 def _chunk_lightning_fwd(q, k, v, gamma, scale, h0: torch.Tensor | None, output_final_state: bool,
                          cu_seqlens: torch.Tensor | None = None):
-    """The forward on contiguous, checked inputs, once or once per packed sequence; returns (o, final_state
-    or None)."""
+    """The forward, once or once per packed sequence; returns (o, final_state or None). Its inputs are checked
+    again (a lookup for a call the public function has checked): the op is reachable on its own
+    (torch.ops.attention_kernels.chunk_lightning_fwd)."""
+    _, scale, (q, k, v, gamma, h0) = _checked(q, k, v, gamma, scale, h0, output_final_state, cu_seqlens)
     if cu_seqlens is None:
         return _forward(q, k, v, gamma, scale, h0, output_final_state)
     return forward_per_sequence(lambda rows, h0_n, final: _forward(*rows, gamma, scale, h0_n, final),
@@ -138,11 +141,8 @@ def _chunk_lightning_bwd(q, k, v, gamma, scale, h0: torch.Tensor | None, do, dht
     """The backward's launches, the shared ones with the fixed decay gamma: recompute the chunk-start
     states, then the reverse state pass, dv (the scores recomputed inside), dq and dk. do: o's gradient,
     dht: the final state's (or None). Returns (dq, dk, dv, dh0 or None)."""
-    (B, T, H, K, V), scale, (q, k, v, _, h0) = _checked(q, k, v, gamma, scale, h0, False, cu_seqlens)
-    check_gradient("do", do, v.shape, v.dtype, v.device)
-    if dht is not None:
-        states = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-        check_gradient("dht", dht, (states, H, K, V), torch.float32, v.device)
+    (_, _, _, K, _), scale, (q, k, v, _, h0) = _checked(q, k, v, gamma, scale, h0, False, cu_seqlens)
+    check_output_gradients(do, dht, v, K, cu_seqlens)
     if cu_seqlens is None:
         return _backward(q, k, v, gamma, scale, h0, do, dht)
     return backward_per_sequence(lambda rows, h0_n, do_n, dht_n: _backward(*rows, gamma, scale, h0_n, do_n, dht_n),
@@ -166,25 +166,7 @@ def _backward(q, k, v, gamma, scale, h0, do, dht):
     return dq, dk, dv, dh0
 
 
-class ChunkLightningFunction(torch.autograd.Function):
-    """Forward: `_chunk_lightning_fwd`, saving the inputs only. Backward: `_chunk_lightning_bwd`, which
-    recomputes the chunk-start states (Triton kernels throughout). The decay is fixed: no slopes gradient."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, gamma, scale, h0, output_final_state, cu_seqlens):
-        o, ht = _chunk_lightning_fwd(q, k, v, gamma, scale, h0, output_final_state, cu_seqlens)
-        ctx.save_for_backward(q, k, v, gamma, h0, cu_seqlens)
-        ctx.scale = scale
-        ctx.set_materialize_grads(False)
-        return o, ht
-
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, gamma, h0, cu_seqlens = ctx.saved_tensors
-        do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
-        dht = None if dht is None else dht.to(torch.float32).contiguous()
-        dq, dk, dv, dh0 = _chunk_lightning_bwd(q, k, v, gamma, ctx.scale, h0, do, dht, cu_seqlens)
-        return dq, dk, dv, None, None, dh0, None, None
+ChunkLightningFunction = chunk_function("ChunkLightningFunction", _chunk_lightning_fwd, _chunk_lightning_bwd)
 
 
 def chunk_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False, cu_seqlens=None):

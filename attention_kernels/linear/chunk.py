@@ -224,6 +224,23 @@ _delta_state_kernel = triton.autotune(configs=_DELTA_STATE_CONFIGS, key=["K", "V
                                       prune_configs_by={"early_config_prune": _fits})(_chunk_state_kernel.fn)
 
 
+def launch_state_pass(kernel, delta_kernel, args: tuple, flags: dict, delta: dict | None = None) -> None:
+    """Launch a sequential state pass, forward or backward: `kernel`, one program per K-tile, V-tile and
+    batch·head, or, with `delta` (the delta rule's tensors by their parameter names), `delta_kernel`, whose
+    program holds a whole key row. args: the kernels' leading arguments, which begin with the per-token inputs
+    ([B, T, H, K], [B, T, H, V], the gates [B, T, H, G] or None); the sizes (T, H, NT, B·H, K, V, G) follow
+    them. flags: the constexprs and the gamma."""
+    x, y, b = args[:3]
+    B, T, H, K = x.shape
+    V = y.shape[-1]
+    args = (*args, T, H, triton.cdiv(T, CHUNK), B * H, K, V, 1 if b is None else b.shape[-1])
+    if delta is None:
+        kernel[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), B * H)](*args, **flags)
+    else:
+        delta_kernel[lambda m: (1, triton.cdiv(V, m["BV"]), B * H)](
+            *args, **flags, BK=pow2_at_least_16(K), **delta, DELTA=True)
+
+
 def chunk_state_pass(k, v, b, states, initial_state=None, final_state=None, *, gamma=None, w=None, v_new=None,
                      decayed_keys=False) -> None:
     """The state at the start of every chunk, and after the last: the only pass that is sequential
@@ -252,18 +269,11 @@ def chunk_state_pass(k, v, b, states, initial_state=None, final_state=None, *, g
         raise ValueError("chunk_state_pass takes w and v_new together (the delta rule) or neither")
     if decayed_keys and b is None:
         raise ValueError("chunk_state_pass: decayed_keys needs the cumulative gates b")
-    B, T, H, K = k.shape
-    V = v.shape[-1]
-    G = 1 if b is None else b.shape[-1]
-    NT = triton.cdiv(T, CHUNK)
-    args = (k, v, b, states, initial_state, final_state, T, H, NT, B * H, K, V, G)
+    args = (k, v, b, states, initial_state, final_state)
     flags = dict(BT=CHUNK, USE_H0=initial_state is not None, STORE_HT=final_state is not None,
                  DOT_PREC=dot_precision(k.dtype), gamma=gamma, GAMMA=gamma is not None, DECAYED_KEYS=decayed_keys)
-    if w is None:
-        _chunk_state_kernel[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), B * H)](*args, **flags)
-    else:
-        _delta_state_kernel[lambda m: (1, triton.cdiv(V, m["BV"]), B * H)](
-            *args, **flags, BK=pow2_at_least_16(K), w=w, v_new=v_new, DELTA=True)
+    launch_state_pass(_chunk_state_kernel, _delta_state_kernel, args, flags,
+                      None if w is None else dict(w=w, v_new=v_new))
 
 
 # ------------------------------------------------------------------ 3. the output assembly

@@ -58,7 +58,8 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, pow2_at_least_16
-from .chunk import CHUNK, GATE_FLOOR, SUB_CHUNK, decay_exponent, dot_precision, tiles_that_fit
+from .chunk import (CHUNK, GATE_FLOOR, SUB_CHUNK, decay_exponent, dot_precision, launch_state_pass,
+                    tiles_that_fit)
 
 _fits = tiles_that_fit()
 
@@ -177,21 +178,14 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
     """
     if (b is None) == (gamma is None):
         raise ValueError("chunk_state_grad_pass takes exactly one of b (cumulative gates) and gamma")
-    B, T, H, K = q.shape
-    V = do.shape[-1]
-    G = 1 if b is None else b.shape[-1]
-    NT = triton.cdiv(T, CHUNK)
     delta = (Aqk, kg, w, du)
     if any(t is None for t in delta) != all(t is None for t in delta):
         raise ValueError("chunk_state_grad_pass takes Aqk, kg, w and du together (the delta rule) or none")
-    args = (q, do, b, dstates, dht, dh0, scale, T, H, NT, B * H, K, V, G)
+    args = (q, do, b, dstates, dht, dh0, scale)
     flags = dict(BT=CHUNK, USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
                  gamma=gamma, GAMMA=gamma is not None)
-    if Aqk is None:
-        _chunk_state_grad_kernel[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), B * H)](*args, **flags)
-    else:
-        _delta_state_grad_kernel[lambda m: (1, triton.cdiv(V, m["BV"]), B * H)](
-            *args, **flags, BK=pow2_at_least_16(K), Aqk=Aqk, kg=kg, w=w, du=du, DELTA=True)
+    launch_state_pass(_chunk_state_grad_kernel, _delta_state_grad_kernel, args, flags,
+                      None if Aqk is None else dict(Aqk=Aqk, kg=kg, w=w, du=du))
 
 
 # ------------------------------------------------------------------ 2. dv and the scores' gradient

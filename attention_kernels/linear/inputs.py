@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_dims, check_has_values, check_kernel_device,
-                      check_not_empty, check_once_per_signature, check_packed_layout, check_same_device,
+from ..checks import (FLOATS, REFERENCE_FLOATS, check_bool, check_dims, check_gradient, check_has_values,
+                      check_kernel_device, check_not_empty, check_once_per_signature, check_packed_layout, check_same_device,
                       check_same_device_and_dtype, check_tensor, softmax_scale_or_default)
 
 MAX_HEAD_DIM = 256  # the kernels hold a whole key row (padded to a power of two) in registers
@@ -84,6 +84,16 @@ def check_linear_inputs(q, k, v, gates, scale=None, initial_state=None, output_f
     return sizes["B"], sizes["T"], sizes["H"], sizes["K"], sizes["V"], scale
 
 
+def check_output_gradients(do, dht, v, K: int, cu_seqlens=None) -> None:
+    """A chunk form's backward op's incoming gradients, for inputs already checked: do as o (v's shape, dtype
+    and device), dht None or fp32 as the final states ([B, H, K, V], or [N, H, K, V] for N packed sequences)."""
+    check_gradient("do", do, v.shape, v.dtype, v.device)
+    if dht is not None:
+        B, _, H, V = v.shape
+        states = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        check_gradient("dht", dht, (states, H, K, V), torch.float32, v.device)
+
+
 def state_v_first_in(initial_state, state_v_first, q, v, cu_seqlens=None):
     """fla's state_v_first=True: initial_state comes as [B, H, V, K] ([N, H, V, K] for N packed sequences);
     the kernels read [B, H, K, V]."""
@@ -102,4 +112,4 @@ def state_v_first_out(final_state, state_v_first: bool):
     return final_state.transpose(-1, -2) if state_v_first and final_state is not None else final_state
 
 
-__all__ = ["MAX_HEAD_DIM", "check_linear_inputs", "state_v_first_in", "state_v_first_out"]
+__all__ = ["MAX_HEAD_DIM", "check_linear_inputs", "check_output_gradients", "state_v_first_in", "state_v_first_out"]

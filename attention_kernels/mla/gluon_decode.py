@@ -64,7 +64,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..launch import LN2, LOG2E, _aligned, launch_direct
+from ..launch import LN2, LOG2E, aligned16, launch_direct
 
 D_QK, D_V = 576, 512
 D_PE = D_QK - D_V
@@ -634,7 +634,7 @@ def launch_gluon(q, kv_cache, block_table, cache_seqlens, softmax_scale, out, ls
     # workspace are fresh allocations and the cache is TMA-ready: the caller's pointers are checked for alignment.
     constexprs = dict(H=H, BN=BN, STAGES=STAGES, D_V=D_V, D_PE=D_PE, CONSUMER_REGS=WS_CONSUMER_REGS, PAGED=paged)
     return launch_direct(_mla_decode_ws_kernel, grid, (q.device.index, H, paged, q.dtype), args, constexprs,
-                         aligned=_aligned((q, cache_seqlens, bt)), num_warps=4, maxnreg=WS_MAXNREG)
+                         aligned=aligned16((q, cache_seqlens, bt)), num_warps=4, maxnreg=WS_MAXNREG)
 
 
 __all__ = ["launch_gluon"]
