@@ -9,7 +9,8 @@ table then records "n/a" for it).
     >>> chunk_gla = fla("gla", "chunk_gla")         # None without flash-linear-attention
 
 Every peer handed out inside `recording()` is noted with its version, so a results table names the
-peers it ran (fla, flash-attn, FlashMLA, mamba_ssm, TileLang, cuDNN) without importing one that is absent.
+peers it ran (fla, flash-attn, FA4, FlexAttention, FlashMLA, mamba_ssm, TileLang, cuDNN) without importing one
+that is absent.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def recording():
 def _version(module: str, distribution: str) -> str:
     """The version of an imported peer: its module's __version__, else its installed distribution's."""
     found = getattr(sys.modules.get(module), "__version__", None)
-    if found:
+    if found and found != "0.0.0":  # 0.0.0: a package that did not find its own distribution (FA4's, say)
         return str(found)
     try:
         return importlib.metadata.version(distribution)
@@ -124,6 +125,45 @@ def flash_attn(name: str):
     return _handed_out("flash-attn", _optional("flash_attn", name), "flash_attn", "flash-attn")
 
 
+def fa4(name: str = "flash_attn_func"):
+    """A function of FlashAttention-4's `flash_attn.cute` (flash-attn-4, written in the CuTe DSL; GPU box only),
+    or None where it does not import. Its flash_attn_func(q, k, v, causal=False) takes flash-attn's
+    [B, T, H, D] layout, bf16 or fp16, k and v with fewer heads than q, and returns out or (out, lse)."""
+    found = _from_checkout(None, "flash_attn.cute", name, first=False)
+    return _handed_out("FA4", found, "flash_attn.cute", "flash-attn-4")
+
+
+def _causal(batch, head, q_index, kv_index):
+    """FlexAttention's mask_mod of causal self-attention: a query sees the keys at or before it."""
+    return q_index >= kv_index
+
+
+def flex_attention():
+    """PyTorch's FlexAttention (`torch.nn.attention.flex_attention`), compiled by torch.compile, or None without
+    a CUDA GPU or on a torch that lacks it. Returns compile_for(T, S, causal) -> attend(q, k, v, enable_gqa=False)
+    on [B, H, T, D] tensors with S keys; causal runs through a block mask of `create_block_mask`, so the blocks
+    above the diagonal are skipped, not masked. Each compile_for compiles afresh for its shape: dynamo keeps
+    only a few compiled variants of one function, and past them it would fall back to the slow eager path."""
+    try:
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import flex_attention as flex
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+
+    def compile_for(T: int, S: int, causal: bool):
+        torch.compiler.reset()
+        block_mask = create_block_mask(_causal, B=None, H=None, Q_LEN=T, KV_LEN=S, device="cuda") if causal else None
+        compiled = torch.compile(flex, dynamic=False)
+
+        def attend(q, k, v, enable_gqa=False):
+            return compiled(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+        return attend
+    return _handed_out("FlexAttention", compile_for, "torch", "torch")
+
+
 def mamba_ssm(module: str, name: str):
     """mamba_ssm's Triton op `name` from `mamba_ssm.ops.triton.<module>`, or None. Its package __init__
     pulls in CUDA extensions that a source checkout has not built; the Triton ops alone need triton and
@@ -138,4 +178,4 @@ def tilelang():
     return _handed_out("TileLang", _optional("tilelang"), "tilelang", "tilelang")
 
 
-__all__ = ["sdpa", "fla", "flash_attn", "flashmla", "mamba_ssm", "tilelang", "recording"]
+__all__ = ["sdpa", "fla", "flash_attn", "fa4", "flex_attention", "flashmla", "mamba_ssm", "tilelang", "recording"]

@@ -16,7 +16,8 @@ providers and charged the families' own counted work.
 Cases: layer (its kind), B, T, H (query heads), D (head width: 576 for MLA's latent key, headdim for
 Mamba-2); each layer's other numbers (KV heads, dstate, groups) come from its `Layer`. Providers: "book"
 (the family's kernel), and the strongest peer each family's chapter measured ("SDPA flash", "FlashMLA",
-"fla", "mamba_ssm"), "n/a" on the layers it does not run.
+"fla", "mamba_ssm"), "n/a" on the layers it does not run; the GQA rows of PREFILL and TRAIN also time
+"FlexAttention" and "FA4" (the FlashAttention chapter's FlexAttention and FlashAttention-4, where installed).
 """
 from __future__ import annotations
 
@@ -130,6 +131,8 @@ PREFILL_BOOK = {"GQA": fa_bench.GQA.providers["book"], "GLA": gla_bench.PREFILL.
                 "Mamba-2": mamba2_bench.PREFILL.providers["book: SSD chunk scan"]}
 PREFILL_PEERS = {
     "SDPA flash": {"GQA": fa_bench.GQA.providers["SDPA flash"]},
+    "FlexAttention": {"GQA": fa_bench.GQA.providers["FlexAttention"]},
+    "FA4": {"GQA": fa_bench.GQA.providers["FA4"]},
     "fla": {"GLA": gla_bench.PREFILL.providers["fla chunk_gla"],
             "Lightning": lightning_bench.PREFILL.providers["fla chunk_simple_gla"],
             "KDA": kda_bench.PREFILL.providers["fla chunk_kda"]},
@@ -156,20 +159,24 @@ def _gqa_train_bytes(c):
     return sum(fa_bench.bytes_moved({**c, "pass": p}) for p in ("fwd", "bwd"))
 
 
-def _gqa_train(layout, attend):
+def _gqa_train(layout, attention):
+    """Forward and backward of attention(c)(q, k, v), q, k, v in `layout`; attention(c) None: n/a."""
     def factory(c):
+        attend = attention(c)
+        if attend is None:
+            return None
         B, T, H, Hkv, D = c["B"], c["T"], c["H"], c["Hkv"], c["D"]
         shape = (lambda h: (B, T, h, D)) if layout == "bthd" else (lambda h: (B, h, T, D))
         q, k, v = (torch.randn(shape(h), device="cuda", dtype=DT, requires_grad=True) for h in (H, Hkv, Hkv))
-        return costs.train_step(attend(), (q, k, v), (q, k, v))
+        return costs.train_step(attend, (q, k, v), (q, k, v))
     return factory
 
 
-def _book_gqa():
+def _book_gqa(c):
     return lambda q, k, v: flash_attn_func(q, k, v, causal=True)
 
 
-def _sdpa_gqa():
+def _sdpa_gqa(c):
     attend = sdpa("flash")
     return lambda q, k, v: attend(q, k, v, causal=True, enable_gqa=True)
 
@@ -203,6 +210,8 @@ TRAIN_BOOK = {"GQA": _gqa_train("bthd", _book_gqa), "GLA": gla_bench.TRAIN.provi
               "Mamba-2": mamba2_bench.TRAIN.providers["book: chunk 64"]}
 TRAIN_PEERS = {
     "SDPA flash": {"GQA": _gqa_train("bhtd", _sdpa_gqa)},
+    "FlexAttention": {"GQA": _gqa_train("bhtd", fa_bench.flex_forward)},
+    "FA4": {"GQA": _gqa_train("bthd", fa_bench.fa4_forward)},
     "fla": {"GLA": gla_bench.TRAIN.providers["fla chunk_gla"],
             "Lightning": lightning_bench.TRAIN.providers["fla chunk_simple_gla"],
             "KDA": _kda_train(lambda: fla("kda", "chunk_kda"))},

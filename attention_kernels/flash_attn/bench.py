@@ -13,7 +13,9 @@
               heads of 128, B = 1 and 64, T = 4K, 16K, 64K; CUDA-graph replays, roofline: K and V read once
 
 Providers: "book" (this chapter's Triton kernels), "SDPA flash" and "SDPA cuDNN" (PyTorch's
-scaled_dot_product_attention pinned to one backend, in its own [B, H, T, D] layout) and "eager"
+scaled_dot_product_attention pinned to one backend, in its own [B, H, T, D] layout), "FlexAttention"
+(PyTorch's flex_attention compiled for each shape, causal through a block mask; FORWARD, BACKWARD, GQA),
+"FA4" (FlashAttention-4, flash-attn's CuTe DSL kernels, where installed; same tables) and "eager"
 (einsum + softmax with the full score matrix in memory). Self-attention: S = T in every case but DECODE,
 whose peers are SDPA flash and flash-attn's own flash_attn_with_kvcache (where it is installed).
 """
@@ -115,13 +117,49 @@ def _sdpa(backend):
     return factory
 
 
+def flex_forward(c):
+    """FlexAttention compiled for the case's shape: forward(q, k, v) on [B, H, T, D] (k and v with c["Hkv"]
+    heads where the case names it), causal as the case says; None without it."""
+    compile_for = peers.flex_attention()
+    if compile_for is None:
+        return None
+    attend = compile_for(c["T"], c["T"], c["causal"])
+    gqa = c.get("Hkv", c["H"]) != c["H"]
+    return lambda q, k, v: attend(q, k, v, enable_gqa=gqa)
+
+
+FA4_HEAD_DIMS = range(8, 257, 8)  # what FlashAttention-4 takes on Hopper: 8 to 256, a multiple of 8 in bf16
+
+
+def fa4_forward(c):
+    """FlashAttention-4's forward for the case: forward(q, k, v) -> out on [B, T, H, D]; None where it is not
+    installed or does not take the case's head dim (the tables are bf16, which it takes)."""
+    attend = peers.fa4()
+    if attend is None or c["D"] not in FA4_HEAD_DIMS:
+        return None
+
+    def forward(q, k, v):
+        out = attend(q, k, v, causal=c["causal"])
+        return out[0] if isinstance(out, tuple) else out   # (out, lse) in some of its versions
+    return forward
+
+
+def _peer(forward, layout):
+    """A provider timing forward(c) (None: n/a) in `layout`, as `_timed` does."""
+    def factory(c):
+        fn = forward(c)
+        return None if fn is None else _timed(c, fn, layout)
+    return factory
+
+
 def _eager(c):
     if c["T"] > EAGER_MAX_T:
         return None  # recorded as "n/a": too slow (and, at 64K, too big) to be worth timing
     return _timed(c, lambda q, k, v: attention_eager(q, k, v, causal=c["causal"]), "bthd")
 
 
-PROVIDERS = {"book": _book, "SDPA flash": _sdpa("flash"), "SDPA cuDNN": _sdpa("cuDNN"), "eager": _eager}
+PROVIDERS = {"book": _book, "SDPA flash": _sdpa("flash"), "SDPA cuDNN": _sdpa("cuDNN"),
+             "FlexAttention": _peer(flex_forward, "bhtd"), "FA4": _peer(fa4_forward, "bthd"), "eager": _eager}
 
 
 def peak_memory(fn) -> dict:
@@ -167,7 +205,8 @@ GQA_KV_HEADS = [32, 8, 1]  # against 32 query heads: MHA, GQA with groups of 4, 
 GQA = Benchmark("flash_attn_gqa",
                 [{"B": 1, "T": t, "H": 32, "Hkv": hkv, "D": 128, "pass": p, "causal": causal}
                  for p in ("fwd", "bwd") for causal in (False, True) for t in GQA_T for hkv in GQA_KV_HEADS],
-                {label: PROVIDERS[label] for label in ("book", "SDPA flash", "SDPA cuDNN")}, flops, bytes_moved,
+                {label: PROVIDERS[label] for label in ("book", "SDPA flash", "SDPA cuDNN", "FlexAttention", "FA4")},
+                flops, bytes_moved,
                 timer="flushed", module=__name__)
 
 
