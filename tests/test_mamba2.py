@@ -671,6 +671,85 @@ def test_gates_kernel_keeps_nan():
     assert torch.isfinite(b[0, :, [0, 2]]).all()
 
 
+def chunk_start_states_ref64(x, dt, A, B, h0, chunk_size):
+    """The token loop in float64 (dt already after its softplus), keeping the state at every chunk start
+    ([Bt, NT, H, N, P], the layout the output kernel reads) and after the last token ([Bt, H, P, N])."""
+    x, dt, A, B = x.double(), dt.double(), A.double(), B.double()
+    Bt, T, H, P = x.shape
+    Bh = B.repeat_interleave(H // B.shape[2], dim=2)
+    h = torch.zeros(Bt, H, P, B.shape[3], dtype=torch.float64, device=x.device) if h0 is None else h0.double()
+    starts = []
+    for t in range(T):
+        if t % chunk_size == 0:
+            starts.append(h.transpose(-1, -2))
+        h = torch.exp(dt[:, t] * A)[..., None, None] * h \
+            + (dt[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None, :]
+    return torch.stack(starts, dim=1), h
+
+
+def force_state_path(monkeypatch, path):
+    """ssd_state_pass takes `path` ("split" or "sequential") at every chunk length."""
+    monkeypatch.setattr(chunk_module, "SPLIT_FROM_CHUNK", 16 if path == "split" else 512)
+
+
+@pytest.mark.parametrize("path", ["split", "sequential"])
+@pytest.mark.parametrize("states_dtype", ["input", "fp32"], ids=["states-in-x-dtype", "states-fp32"])
+@pytest.mark.parametrize("with_h0", [False, True], ids=["zero-start", "h0"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("T, chunk_size", [(1, 64), (130, 64), (100, 32), (300, 256)])
+def test_state_pass_chunk_starts(T, chunk_size, dtype, with_h0, states_dtype, path, monkeypatch):
+    """ssd_state_pass, split (every chunk's own state at once, then the elementwise walk along the chunks)
+    and sequential, against the fp64 token loop: the state at every chunk start and the final state, T not
+    a multiple of the chunk, a zero or a given initial state, the chunk-start states in x's dtype (the
+    split's through an fp32 buffer of local states) or in fp32 (the split's written over the local states
+    in place)."""
+    force_state_path(monkeypatch, path)
+    Bt, H, P, N, G = 2, 4, 16, 32, 2
+    x, dt, A, B, *_ = make_scan(Bt, T, H, P, N, G, dtype=dtype)
+    h0 = torch.randn(Bt, H, P, N, device=DEVICE) if with_h0 else None
+    dtf = torch.empty(Bt, T, H, device=DEVICE)
+    b = torch.empty(Bt, T, H, 1, device=DEVICE)
+    chunk_module.ssd_gates(dt, None, A, True, dtf, b, chunk_size)
+    NT = triton.cdiv(T, chunk_size)
+    states = torch.full((Bt, NT, H, N, P), math.nan, dtype=dtype if states_dtype == "input" else torch.float32,
+                        device=DEVICE)
+    final = torch.full((Bt, H, P, N), math.nan, device=DEVICE)
+    chunk_module.ssd_state_pass(B, x, dtf, b, states, h0, final, chunk_size)
+    starts_ref, final_ref = chunk_start_states_ref64(x, dtf, A, B, h0, chunk_size)
+    tol = FP32 if dtype == torch.float32 else tolerance(dtype)
+    assert not states.isnan().any() and not final.isnan().any()
+    assert_close(states, starts_ref, tol, "chunk-start states")
+    assert_close(final, final_ref, tol, "final state")
+
+
+class _Launches:
+    """An autotuned or plain kernel that notes its name in `launched` each time it is launched."""
+    def __init__(self, kernel, name, launched):
+        self.kernel, self.name, self.launched = kernel, name, launched
+
+    def __getitem__(self, grid):
+        self.launched.append(self.name)
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("chunk_size", CHUNK_SIZES, ids=lambda L: f"chunk{L}")
+def test_state_pass_split_from_its_chunk_length(chunk_size, monkeypatch):
+    """The dispatch rule: chunks shorter than SPLIT_FROM_CHUNK (256) take the sequential pass, one launch;
+    chunks of 256 the split, two (every chunk's own state, then the walk)."""
+    launched = []
+    for name in ("_ssd_state_kernel", "_ssd_chunk_state_kernel", "_ssd_state_pass_kernel"):
+        monkeypatch.setattr(chunk_module, name, _Launches(getattr(chunk_module, name), name, launched))
+    Bt, T, H, P, N, G = 1, 40, 2, 16, 16, 1
+    x, dt, A, B, *_ = make_scan(Bt, T, H, P, N, G)
+    dtf, b = torch.empty(Bt, T, H, device=DEVICE), torch.empty(Bt, T, H, 1, device=DEVICE)
+    chunk_module.ssd_gates(dt, None, A, True, dtf, b, chunk_size)
+    states = torch.empty(Bt, triton.cdiv(T, chunk_size), H, N, P, device=DEVICE)
+    chunk_module.ssd_state_pass(B, x, dtf, b, states, None, None, chunk_size)
+    split = chunk_size >= 256
+    assert chunk_module.SPLIT_FROM_CHUNK == 256
+    assert launched == (["_ssd_chunk_state_kernel", "_ssd_state_pass_kernel"] if split else ["_ssd_state_kernel"])
+
+
 def test_scan_takes_a_strided_dt_and_D_per_head():
     """dt as a slice of a wider tensor and D as one number per head with a stride: read where they
     lie, the same result as the contiguous arguments."""
@@ -689,7 +768,8 @@ def test_scan_takes_a_strided_dt_and_D_per_head():
 SUSPECT_OUTPUT_TILES = [(128, 32), (64, 32)]
 TILE_CASES = sorted({("output", m["BK"], m["BV"]) for m, _, _ in chunk_module._TILES}
                     | {("output", bk, bv) for bk, bv in SUSPECT_OUTPUT_TILES}
-                    | {("state", m["BK"], m["BV"]) for m, _, _ in chunk_module._STATE_TILES})
+                    | {("state", m["BK"], m["BV"]) for m, _, _ in chunk_module._STATE_TILES}
+                    | {("chunk_state", m["BK"], m["BV"]) for m, _, _ in chunk_module._CHUNK_STATE_TILES})
 
 
 @pytest.mark.skipif(not INTERPRET, reason="the GPU checks its tiles in test_gpu_scan_every_*_config")
@@ -697,12 +777,15 @@ TILE_CASES = sorted({("output", m["BK"], m["BV"]) for m, _, _ in chunk_module._T
 @pytest.mark.parametrize("case", TILE_CASES, ids=lambda c: "{}-BK{}-BV{}".format(*c))
 @pytest.mark.parametrize("shape", [(1, 130, 2, 64, 64, 1), (1, 130, 2, 64, 128, 1), (1, 70, 3, 48, 60, 3)],
                          ids=lambda s: "B{}-T{}-H{}-P{}-N{}-G{}".format(*s))
-def test_scan_every_gpu_tile_interpreted(shape, case, chunk_size):
-    """The GPU's tiles of the output kernel and of the state pass, each forced in turn, in fp32 under
-    the interpreter: a tile wider than dstate or headdim, one trip over dstate, several, any error in
-    the addressing or the masks that depends on the tile shows here; at chunk 256 the walk over a
-    chunk's earlier blocks too."""
-    kernel = chunk_module._ssd_output_kernel if case[0] == "output" else chunk_module._ssd_state_kernel
+def test_scan_every_gpu_tile_interpreted(shape, case, chunk_size, monkeypatch):
+    """The GPU's tiles of the output kernel, of the sequential state pass and of the split's chunk states,
+    each forced in turn (its state path forced with it), in fp32 under the interpreter: a tile wider than
+    dstate or headdim, one trip over dstate, several, any error in the addressing or the masks that depends
+    on the tile shows here; at chunk 256 the walk over a chunk's earlier blocks too."""
+    kernel = {"output": chunk_module._ssd_output_kernel, "state": chunk_module._ssd_state_kernel,
+              "chunk_state": chunk_module._ssd_chunk_state_kernel}[case[0]]
+    if case[0] != "output":
+        force_state_path(monkeypatch, "split" if case[0] == "chunk_state" else "sequential")
     Bt, T, H, P, N, G = shape
     x, dt, A, B, C, D, z, bias = make_scan(*shape)
     h0 = torch.randn(Bt, H, P, N, device=DEVICE)
@@ -860,9 +943,20 @@ def test_gpu_scan_every_output_config(shape, config, chunk_size):
 @pytest.mark.parametrize("chunk_size", [64, 256], ids=lambda L: f"chunk{L}")
 @pytest.mark.parametrize("config", chunk_module._STATE_CONFIGS, ids=_config_id)
 @pytest.mark.parametrize("shape", FORCED_SHAPES, ids=lambda s: "B{}-T{}-H{}-P{}-N{}-G{}".format(*s))
-def test_gpu_scan_every_state_config(shape, config, chunk_size):
-    """Every config of the state pass, one at a time, with B read per group and dt on the keys."""
+def test_gpu_scan_every_state_config(shape, config, chunk_size, monkeypatch):
+    """Every config of the sequential state pass, one at a time, with B read per group and dt on the keys."""
+    force_state_path(monkeypatch, "sequential")
     _forced_run(chunk_module._ssd_state_kernel, config, shape, ("N", "P"), chunk_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk_size", [64, 256], ids=lambda L: f"chunk{L}")
+@pytest.mark.parametrize("config", chunk_module._CHUNK_STATE_CONFIGS, ids=_config_id)
+@pytest.mark.parametrize("shape", FORCED_SHAPES, ids=lambda s: "B{}-T{}-H{}-P{}-N{}-G{}".format(*s))
+def test_gpu_scan_every_chunk_state_config(shape, config, chunk_size, monkeypatch):
+    """Every config of the split's chunk-state kernel, one at a time, the split forced at both lengths."""
+    force_state_path(monkeypatch, "split")
+    _forced_run(chunk_module._ssd_chunk_state_kernel, config, shape, ("N", "P"), chunk_size)
 
 
 @pytest.mark.gpu

@@ -5,14 +5,15 @@ Mamba-2 is linear attention with a scalar gate per head and token: with the log 
 y_t = h_t q_t is the book's recurrence S_t = e^{g_t} S_{t-1} + k_t v_tᵀ with S = hᵀ ([dstate, headdim]
 = [K, V]). The chunk is 16, 32, 64, 128 or 256 tokens long (mamba_ssm's models use 256); a chunk
 longer than 64 is read in blocks of 64 rows, so no program holds more than a 64-token chunk's tiles.
-A prompt takes three launches, and (for contiguous x, B, C, z) nothing else runs on the
-GPU but the allocations of what they write:
+A prompt takes three launches (four with chunks of 256), and (for contiguous x, B, C, z) nothing else
+runs on the GPU but the allocations of what they write:
 
     ssd_gates(dt, dt_bias, A)          dt after its bias and softplus, and b, the in-chunk cumulative
                                        log decay of dt·A (one elementwise kernel)
     ssd_state_pass(B, x, dt, b)        the state at every chunk start, and the final one: the shared
                                        pass's loop with one decay per head, B read per group and dt
-                                       folded into the keys
+                                       folded into the keys; for chunks of 256 split in two, every
+                                       chunk's own state at once, then an elementwise walk along the chunks
 
 then the output of every block of every chunk at once, in the SSD form:
 
@@ -96,6 +97,20 @@ def ssd_gates(dt, dt_bias, A, dt_softplus: bool, dtf, b, chunk_size: int = CHUNK
 
 
 # ------------------------------------------------------------------ 2. the state at every chunk start
+# Two ways, picked by the chunk length (`ssd_state_pass`). The sequential pass walks the chunks with the
+# products inside the walk, one program per batch·head and state tile: it reads x once per dstate tile and
+# writes the states once. The split (the SSD paper's, mamba_ssm's) computes every chunk's own state at once,
+# then passes the states along the chunks elementwise: it reads x once, but writes the local states in fp32
+# and reads them back. Per token and head (bf16, dstate N = 128, headdim P = 64, dstate tiles of 64):
+# sequential 2·2P + 2NP/L bytes, 512 at L = 64 and 320 at 256; split 2P + 10NP/L, 1408 and 448. The split
+# moves more bytes at every length and buys parallelism with them: the sequential pass has B·H·N/BK programs
+# (160 at batch 1, 80 heads), too few to reach the memory's bandwidth (its 316 µs at 16K on the H200, chunk
+# 64, moved 0.67 GB: ~2.1 TB/s). At L = 256 the split's extra bytes are 1.4x, at 64 2.75x: the split takes
+# the chunks of 256 (mamba_ssm's), the sequential pass the shorter ones (the book's 64, and the backward's).
+# A prediction from bytes and that one rate: notes/TUNING.md says what the next GPU run times to check it.
+SPLIT_FROM_CHUNK = 256
+
+# 2a. The sequential pass.
 # (BK over dstate, BV over headdim), num_warps, num_stages on the GPU (the interpreter runs (32, 32)).
 # On the H200 at dstate 128, headdim 64, 80 heads, B = 1, T = 4K, this loop as the shared pass ran
 # it: (32, 64) on 2 warps 345 µs, (64, 64) on 4 warps 392, (64, 64) on 2 warps 450, (64, 32) 515.
@@ -154,25 +169,128 @@ def _ssd_state_kernel(
         tl.store(ht + i_bh * N * P + p_io, b_h, mask=m_h)
 
 
+# 2b. The split, first every chunk's own state: (BK over dstate, BV over headdim), num_warps, num_stages on
+# the GPU. ptxas (sm_90a, bf16, dstate 128, headdim 64) at L = 64 and 256: (64, 64) on 4 warps 76 and 96
+# registers, (128, 64) on 4 warps 122 and 204, on 8 warps 74 and 114; no spills, wgmma in each
+# (scripts/ssd_state_compile.py). The walk's kernel below: 32 registers (bf16 states), 40 (fp32, in place).
+_CHUNK_STATE_TILES = [({"BK": 64, "BV": 64}, 4, 2), ({"BK": 128, "BV": 64}, 4, 2), ({"BK": 128, "BV": 64}, 8, 2)]
+_CHUNK_STATE_CONFIGS = autotune_configs(_CHUNK_STATE_TILES, interpreter={"BK": 32, "BV": 32})
+
+
+@triton.autotune(configs=_CHUNK_STATE_CONFIGS, key=["N", "P", "L"], prune_configs_by={"early_config_prune": _fits})
+@triton.jit(do_not_specialize=["T", "H", "NT", "HPG", "G"])
+def _ssd_chunk_state_kernel(
+    B, x, dt, b, local, T, H, NT, HPG, G,
+    N: tl.constexpr, P: tl.constexpr, L: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    # one program: dstate rows [i_k·BK, ..) and headdim columns [i_v·BV, ..) of chunk i_t's own state, of
+    # one (batch, head): Σ_s (dt_s e^{b_last - b_s} B_s) x_sᵀ over the chunk's tokens, from a zero state. No
+    # program waits for another; a chunk of L tokens is read in blocks of BT <= 64 (unrolled)
+    i_t, i_kv, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NV = tl.cdiv(P, BV)
+    i_k, i_v = i_kv // NV, i_kv % NV
+    i_b, i_h = i_bh // H, i_bh % H
+    i_g = i_h // HPG                                     # the head's group: its B
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < N, o_v < P
+    t_last = tl.minimum(i_t * L + L, T) - 1
+    b_last = tl.load(b + (i_b * T + t_last) * H + i_h)
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    for i_s in tl.static_range(L // BT):
+        o_t = i_t * L + i_s * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        p_th = (i_b * T + o_t) * H + i_h
+        # token s enters as (dt_s e^{b_last - b_s} B_s) x_sᵀ: dt and the decay to the chunk end (exponent
+        # <= 0 in a model) are one number per token, applied to Bᵀ's columns; x·dt is never formed
+        b_w = tl.load(dt + p_th, mask=m_t, other=0.0) * tl.exp(b_last - tl.load(b + p_th, mask=m_t, other=0.0))
+        b_w = tl.where(m_t, b_w, 0.0)
+        b_kt = tl.load(B + ((i_b * T + o_t[None, :]) * G + i_g) * N + o_k[:, None],
+                       mask=m_k[:, None] & m_t[None, :], other=0.0)
+        b_x = tl.load(x + ((i_b * T + o_t[:, None]) * H + i_h) * P + o_v[None, :],
+                      mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_h += tl.dot((b_kt * b_w[None, :]).to(b_x.dtype), b_x, input_precision=DOT_PREC)
+    p_c = ((i_b * NT + i_t) * H + i_h).to(tl.int64) * N * P     # 64-bit: [Bt, NT, H] states of N·P each
+    tl.store(local + p_c + o_k[:, None] * P + o_v[None, :], b_h, mask=m_k[:, None] & m_v[None, :])
+
+
+# 2c. Then the walk over the chunks. Elements of one (batch, head)'s state per program, and warps: each element
+# is its own scalar recurrence, so a program's tile is a flat run of the [dstate, headdim] state.
+_PASS_BLOCK, _PASS_WARPS = 1024, 4
+
+
+@triton.jit(do_not_specialize=["T", "H", "NT"])
+def _ssd_state_pass_kernel(
+    local, b, h, h0, ht, T, H, NT,
+    N: tl.constexpr, P: tl.constexpr, L: tl.constexpr, BE: tl.constexpr,
+    IN_PLACE: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+):
+    # one program: state elements [i_e·BE, ..) of one (batch, head), walking the chunks in order:
+    # S_start(c+1) = e^{b_last(c)} S_start(c) + local(c), one multiply-add per element and chunk. With
+    # IN_PLACE the chunk-start states overwrite the local ones (chunk c's is read before it is written)
+    i_e, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_e = i_e * BE + tl.arange(0, BE)
+    m_e = o_e < N * P
+    p_io = (o_e % P) * N + o_e // P                      # the initial and final states: [headdim, dstate]
+    if IN_PLACE:
+        h = local
+    if USE_H0:
+        b_h = tl.load(h0 + i_bh * N * P + p_io, mask=m_e, other=0.0)
+    else:
+        b_h = tl.zeros([BE], dtype=tl.float32)
+    p_c = (i_b * NT * H + i_h).to(tl.int64) * N * P + o_e   # chunk 0's state of this head
+    # the next chunk's local state and decay are loaded one step ahead, so that their latency overlaps
+    # the current step instead of stalling it
+    b_next = tl.load(local + p_c, mask=m_e, other=0.0)
+    g_next = tl.load(b + (i_b * T + tl.minimum(L, T) - 1) * H + i_h)
+    for i_t in range(NT):
+        b_loc, g_last = b_next, g_next
+        b_next = tl.load(local + p_c + H * N * P, mask=m_e & (i_t + 1 < NT), other=0.0)
+        g_next = tl.load(b + (i_b * T + tl.minimum(i_t * L + 2 * L, T) - 1) * H + i_h)
+        tl.store(h + p_c, b_h.to(h.dtype.element_ty), mask=m_e)
+        b_h = b_h * tl.exp(g_last) + b_loc
+        p_c += H * N * P
+    if STORE_HT:
+        tl.store(ht + i_bh * N * P + p_io, b_h, mask=m_e)
+
+
 def ssd_state_pass(B, x, dtf, b, states, initial_states=None, final_states=None, chunk_size: int = CHUNK) -> None:
-    """The state at the start of every chunk, and after the last: the only pass that is sequential
-    over chunks (one program per dstate tile, headdim tile and batch·head walks them). The shared
-    pass's loop (attention_kernels/linear/chunk.py) with Mamba-2's three differences: one decay per head and
-    token, B read per group, and dt folded into the keys.
+    """The state at the start of every chunk, and after the last: the one part sequential over chunks. The
+    shared pass's recurrence (attention_kernels/linear/chunk.py) with Mamba-2's three differences: one decay
+    per head and token, B read per group, and dt folded into the keys. Chunks of SPLIT_FROM_CHUNK tokens or
+    more take the split (two launches: every chunk's own state from a zero start, all chunks at once, then
+    S_start(c+1) = e^{b_last(c)} S_start(c) + local(c) elementwise along the chunks); shorter ones the
+    sequential pass (one launch, the products inside the walk). Section 2's comment counts the bytes.
 
     B: [Bt, T, G, N]; x: [Bt, T, H, P]; dtf, b: fp32 [Bt, T, H] and [Bt, T, H, 1] (`ssd_gates`, with
-    the same chunk_size). Written: states [Bt, NT, H, N, P] in x's dtype, NT = ceil(T / chunk_size)
-    (the output kernel's operand); final_states fp32 [Bt, H, P, N] unless None. initial_states: fp32
-    [Bt, H, P, N] or None (zeros). The initial and final states are in mamba_ssm's layout, which the
-    decode step reads. All contiguous.
+    the same chunk_size). Written: states [Bt, NT, H, N, P] (NT = ceil(T / chunk_size)), in x's dtype (the
+    output kernel's operand) or fp32 (the backward's, and fp32 inputs'; the split then computes the local
+    states in it and overwrites them in place, taking no more memory); final_states fp32 [Bt, H, P, N]
+    unless None. initial_states: fp32
+    [Bt, H, P, N] or None (zeros). The initial and final states are in mamba_ssm's layout, which the decode
+    step reads. All contiguous.
     """
     Bt, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     NT = triton.cdiv(T, chunk_size)
-    _ssd_state_kernel[lambda m: (triton.cdiv(N, m["BK"]), triton.cdiv(P, m["BV"]), Bt * H)](
-        B, x, dtf, b, states, initial_states, final_states, T, H, NT, Bt * H, H // G, G, N, P, L=chunk_size,
-        BT=min(chunk_size, BLOCK),
-        USE_H0=initial_states is not None, STORE_HT=final_states is not None, DOT_PREC=dot_precision(x.dtype))
+    if chunk_size < SPLIT_FROM_CHUNK:
+        _ssd_state_kernel[lambda m: (triton.cdiv(N, m["BK"]), triton.cdiv(P, m["BV"]), Bt * H)](
+            B, x, dtf, b, states, initial_states, final_states, T, H, NT, Bt * H, H // G, G, N, P, L=chunk_size,
+            BT=min(chunk_size, BLOCK),
+            USE_H0=initial_states is not None, STORE_HT=final_states is not None, DOT_PREC=dot_precision(x.dtype))
+        return
+    in_place = states.dtype == torch.float32
+    local = states if in_place else torch.empty(states.shape, dtype=torch.float32, device=states.device)
+    _ssd_chunk_state_kernel[lambda m: (NT, triton.cdiv(N, m["BK"]) * triton.cdiv(P, m["BV"]), Bt * H)](
+        B, x, dtf, b, local, T, H, NT, H // G, G, N, P, L=chunk_size, BT=min(chunk_size, BLOCK),
+        DOT_PREC=dot_precision(x.dtype))
+    block = min(_PASS_BLOCK, triton.next_power_of_2(N * P))
+    _ssd_state_pass_kernel[(triton.cdiv(N * P, block), Bt * H)](
+        local, b, states, initial_states, final_states, T, H, NT, N, P, L=chunk_size, BE=block,
+        IN_PLACE=in_place, USE_H0=initial_states is not None, STORE_HT=final_states is not None,
+        num_warps=_PASS_WARPS)
 
 
 # ------------------------------------------------------------------ 3. the output of every chunk
