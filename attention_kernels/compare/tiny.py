@@ -68,11 +68,13 @@ def recall_batch(setup: Setup, generator: torch.Generator, device) -> tuple[torc
 
 # ------------------------------------------------------------------ the kernels, in the peers' calls
 def _sdpa_flash(q, k, v, causal=False):
-    """SDPA's flash backend in flash_attn_func's call ([B, T, H, D], k and v with fewer heads)."""
+    """SDPA's flash backend in flash_attn_func's call ([B, T, H, D], k and v with fewer heads: repeated to
+    q's heads here, so the backend needs no GQA support of its own)."""
     from ..peers import sdpa
 
-    o = sdpa("flash")(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal, enable_gqa=True)
-    return o.transpose(1, 2)
+    group = q.shape[2] // k.shape[2]
+    k, v = (t.repeat_interleave(group, dim=2).transpose(1, 2) for t in (k, v))
+    return sdpa("flash")(q.transpose(1, 2), k, v, causal=causal).transpose(1, 2)
 
 
 def kernels(family: str) -> dict[str, dict]:
