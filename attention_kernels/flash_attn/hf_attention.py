@@ -1,6 +1,6 @@
 """`flash_attn_func` in transformers' attention call, for its AttentionInterface.
 
-transformers (4.48 and later) lets a model's attention be any function registered under a name:
+transformers lets a model's attention be any function registered under a name in its AttentionInterface:
 
     >>> transformers.AttentionInterface.register("book", book_attention)
     >>> model = transformers.LlamaForCausalLM(config)      # config.attn_implementation = "book"
