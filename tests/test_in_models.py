@@ -12,25 +12,12 @@ import torch
 
 import attention_kernels  # noqa: F401  (before transformers, which imports Triton: see conftest)
 from attention_kernels.common import rel_err, tolerance
-from attention_kernels.flash_attn import flash_attn_func
+from attention_kernels.flash_attn.hf_attention import book_attention
 
 transformers = pytest.importorskip("transformers")
 masking_utils = pytest.importorskip("transformers.masking_utils")
 
 IMPLEMENTATION = "book_attention"  # (a name with "flash" in it would send transformers to its own flash-attn path)
-
-
-def book_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers' attention call: q [B, Hq, T, D], k and v [B, Hkv, S, D] (the cache's keys included),
-    returning ([B, T, Hq, D], no probabilities). flash_attn_func's layout is [B, T, H, D] and its causal
-    mask bottom-right aligned, which is the decoder's mask for T new queries after S - T cached keys. A
-    padding mask (the mask function below returns one only where some token is padding) is not handled."""
-    if attention_mask is not None:
-        raise ValueError("book_attention takes unpadded batches: the attention mask must be None")
-    causal = kwargs.get("is_causal", module.is_causal)
-    o = flash_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), dropout, scaling, causal)
-    return o, None
-
 
 transformers.AttentionInterface.register(IMPLEMENTATION, book_attention)
 # the mask transformers builds for flash-attn: None unless a token is padding
