@@ -58,8 +58,9 @@ def on_machine(gpu, interpreter):
 
 
 def autotune_configs(space, interpreter: dict | None = None):
-    """triton.Config list from (meta-parameters, num_warps, num_stages) triples. Under the interpreter
-    one config only: `interpreter`'s meta-parameters, or the first triple's."""
+    """triton.Config list from (meta-parameters, num_warps, num_stages)
+    triples. Under the interpreter one config only: `interpreter`'s
+    meta-parameters, or the first triple's."""
     if INTERPRET:
         return [triton.Config(space[0][0] if interpreter is None else interpreter, num_warps=4)]
     return [triton.Config(kw, num_warps=w, num_stages=s) for kw, w, s in space]
@@ -258,19 +259,24 @@ def aligned16(args) -> bool:
 
 
 def launch(kernel, grid, candidates, key, *args, **constexprs) -> Launched | None:
-    """Launch `kernel` with the first of `candidates` (BM, BN, num_warps, num_stages) that fits in
-    this GPU's shared memory (BM: query rows per tile, BN: keys per tile, in every kernel).
-    `grid(BM, BN)` gives the launch grid; `key` names the compiled variant (device, dtype and the
-    constexprs), so a candidate that does not fit is compiled and rejected once, not on every call.
+    """Launch `kernel` with the first of `candidates` (BM, BN, num_warps,
+    num_stages) that fits in this GPU's shared memory (BM: query rows per
+    tile, BN: keys per tile, in every kernel). `grid(BM, BN)` gives the
+    launch grid; `key` names the compiled variant (device, dtype and the
+    constexprs), so a candidate that does not fit is compiled and rejected
+    once, not on every call.
 
-    After the first call, a key's compiled kernel is launched directly (`launch_direct`). Triton's dispatcher
-    re-derives every argument's specialisation on each call: about 20 us of host time per launch
-    with 15 arguments on the H200's CPU, and at short lengths that host time is what bounds a call.
-    Skipping the dispatcher is safe for kernels that specialise on nothing that changes between
-    calls with one key: lengths are `do_not_specialize`, floats are never specialised, and pointers
-    are checked to be 16-byte aligned, as they were when the kernel was compiled. Under the interpreter, and on a
-    Triton other than the tested ones (`fast_paths_on`), every call goes through the dispatcher.
-    Returns `launch_direct`'s result."""
+    After the first call, a key's compiled kernel is launched directly
+    (`launch_direct`). Triton's dispatcher re-derives every argument's
+    specialisation on each call: about 20 us of host time per launch with 15
+    arguments on the H200's CPU, and at short lengths that host time is what
+    bounds a call. Skipping the dispatcher is safe for kernels that
+    specialise on nothing that changes between calls with one key: lengths
+    are `do_not_specialize`, floats are never specialised, and pointers are
+    checked to be 16-byte aligned, as they were when the kernel was compiled.
+    Under the interpreter, and on a Triton other than the tested ones
+    (`fast_paths_on`), every call goes through the dispatcher. Returns
+    `launch_direct`'s result."""
     i, aligned = _CHOSEN.get(key, 0), aligned16(args)
     while True:
         bm, bn, warps, stages = candidates[i]

@@ -247,7 +247,17 @@ def _chromium():
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-# Measured in the page once MathJax has typeset it. The text column is the article's content box.
+# Before measuring, every folded block is opened, as a reader opens an exercise's solution: a <details>
+# (a sphinx-design dropdown) and an admonition with the `dropdown` class (sphinx-togglebutton hides its body).
+_OPEN_FOLDED_JS = """
+() => {
+  document.querySelectorAll("details").forEach((d) => { d.open = true; });
+  document.querySelectorAll(".toggle-hidden").forEach((el) => el.classList.remove("toggle-hidden"));
+}
+"""
+
+# Measured in the page once MathJax has typeset it and every folded block is open. The text column is the
+# article's content box.
 _LAYOUT_JS = """
 () => {
   const article = document.querySelector("article.bd-article");
@@ -261,9 +271,10 @@ _LAYOUT_JS = """
     : el.closest(".cell_input") ? "code cell" : el.closest(".cell_output") ? "cell output" : "code block";
   for (const el of article.querySelectorAll('mjx-container[display="true"], table, pre')) {
     const r = el.getBoundingClientRect();
-    // scrollWidth catches content cut off or scrolled inside the element, the box what sticks out
-    const width = Math.max(r.width, el.scrollWidth);
-    wide.push({kind: kind(el), width, left: r.left, right: r.right, section: where(el), text: snippet(el)});
+    // scrollWidth catches content cut off or scrolled inside the element, the box what sticks out; a block
+    // inside a narrower box (a solution's admonition) scrolls before it reaches the column: `clipped`
+    const width = Math.max(r.width, el.scrollWidth), clipped = el.scrollWidth - el.clientWidth;
+    wide.push({kind: kind(el), width, clipped, left: r.left, right: r.right, section: where(el), text: snippet(el)});
   }
   const figures = [...article.querySelectorAll("img")].map((img) => ({
     src: img.getAttribute("src"), width: img.getBoundingClientRect().width, natural: img.naturalWidth,
@@ -312,6 +323,7 @@ def browsed(site):
                 broken = page.eval_on_selector_all(
                     "img", "imgs => imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
                 errors += [f"image not loaded: {src}" for src in broken]
+                page.evaluate(_OPEN_FOLDED_JS)
                 results[page_name] = {"errors": errors, "layout": page.evaluate(_LAYOUT_JS)}
                 page.close()
             browser.close()
@@ -327,10 +339,11 @@ def test_pages_work_in_headless_chromium(browsed):
 
 
 def test_nothing_overflows_its_column(browsed):
-    """At 1280 px every display equation, table, code cell, cell output and code block fits the text
-    column: nothing is cut off on the right or hidden behind a horizontal scroll bar (break long equations
-    over lines; narrow tables; code cells and printed lines within TEXT_WIDTH characters; listings from
-    show_source wrap by themselves)."""
+    """At 1280 px, with every dropdown open, every display equation, table, code cell, cell output and code
+    block fits the text column and the box it sits in: nothing is cut off on the right or hidden behind a
+    horizontal scroll bar (break long equations over lines; narrow tables; code cells and printed lines
+    within TEXT_WIDTH characters, code in a solution's box shorter still; listings from show_source wrap by
+    themselves)."""
     problems = []
     for name, page in browsed.items():
         layout = page["layout"]
@@ -341,6 +354,9 @@ def test_nothing_overflows_its_column(browsed):
                     or block["left"] < layout["left"] - TOLERANCE_PX):
                 problems.append(f"{name} §{block['section']}: {block['kind']} {block['width']:.0f} px wide in a "
                                 f"{layout['column']:.0f} px column: {block['text']!r}")
+            elif block["clipped"] > TOLERANCE_PX:
+                problems.append(f"{name} §{block['section']}: {block['kind']} scrolls {block['clipped']:.0f} px "
+                                f"inside its box: {block['text']!r}")
     assert not problems, "\n".join(problems)
 
 

@@ -90,12 +90,14 @@ def _finite_or_zero(b):
 def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_o0, p_do0, p_lse0, p_delta0, stride_t, o_n, o_d,
                          lo, hi, T, shift, qk_scale, BM: tl.constexpr, MASKED: tl.constexpr,
                          DELTA_FROM_O: tl.constexpr):
-    """Visit query blocks [lo, hi) for one key block: recompute Pᵀ, accumulate dV and dK. delta comes
-    from O and dO (DELTA_FROM_O; p_delta0 is then None) or from p_delta0. MASKED (the
-    causal diagonal): a pair the mask hides has P = 0 and dS = 0, so a NaN or inf in dO at a row that
-    cannot see a key stays out of that key's dK, and one in Q out of its dV. (Not the other way round:
-    dV = Pᵀ dO and dK = dSᵀ Q still meet 0 * NaN; `dot_visible` there made the causal backward slower
-    on the H200: book/what_did_not_work.md.)"""
+    """Visit query blocks [lo, hi) for one key block: recompute Pᵀ,
+    accumulate dV and dK. delta comes from O and dO (DELTA_FROM_O; p_delta0
+    is then None) or from p_delta0. MASKED (the causal diagonal): a pair the
+    mask hides has P = 0 and dS = 0, so a NaN or inf in dO at a row that
+    cannot see a key stays out of that key's dK, and one in Q out of its dV.
+    (Not the other way round: dV = Pᵀ dO and dK = dSᵀ Q still meet 0 * NaN;
+    `dot_visible` there made the causal backward slower on the H200:
+    book/what_did_not_work.md.)"""
     o_mb = tl.arange(0, BM)
     for i_m in range(lo, hi, BM):
         o_m = i_m + o_mb
@@ -127,10 +129,11 @@ def _attn_bwd_dkdv_inner(b_dk, b_dv, b_k, b_v, p_q0, p_o0, p_do0, p_lse0, p_delt
 def _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, i_n, i_bh, B, T, S, HQ, GROUP,
                    PARTS, qk_scale, sm_scale, D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr,
                    BN: tl.constexpr, DELTA_FROM_O: tl.constexpr, VARLEN: tl.constexpr, PARTIAL: tl.constexpr):
-    """dK, dV for keys [i_n*BN, i_n*BN + BN) of KV head i_bh % HKV in batch i_bh // HKV; VARLEN: for
-    key block i_n of the packed numbering (`varlen_block`) of KV head i_bh. PARTIAL: i_bh also
-    numbers the PARTS parts of the group (fastest), and dk, dv are the fp32 workspace
-    [.., S, HKV, PARTS, D] that takes this part's sums."""
+    """dK, dV for keys [i_n*BN, i_n*BN + BN) of KV head i_bh % HKV in batch
+    i_bh // HKV; VARLEN: for key block i_n of the packed numbering
+    (`varlen_block`) of KV head i_bh. PARTIAL: i_bh also numbers the PARTS
+    parts of the group (fastest), and dk, dv are the fp32 workspace [.., S,
+    HKV, PARTS, D] that takes this part's sums."""
     HKV = HQ // GROUP
     if PARTIAL:  # this program walks GROUP // PARTS of the group's query heads
         i_part = i_bh % PARTS
@@ -163,7 +166,8 @@ def _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_
     shift = S - T
     t_end = tl.cdiv(T, BM) * BM
     if CAUSAL:
-        # rows below `lo` see none of these keys; rows from `full` on see all of them
+        # rows below `lo` see none of these keys; rows from `full` on see all
+        # of them
         lo = tl.maximum(n0 - shift, 0) // BM * BM
         full = tl.minimum(tl.cdiv(tl.maximum(n0 + BN - 1 - shift, 0), BM) * BM, t_end)
     else:
@@ -200,9 +204,10 @@ def _attn_bwd_dkdv(q, k, v, o, do, dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_
 @triton.jit
 def _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_s, o_m, o_d,
                        lo, hi, S, shift, qk_scale, BK: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
-    """Visit key blocks [lo, hi), BK keys at a time, for one query block: recompute P, accumulate
-    dQ (unscaled). MASKED (the causal diagonal, keys >= S): a pair the mask hides adds nothing,
-    even where K or V hold NaN or inf."""
+    """Visit key blocks [lo, hi), BK keys at a time, for one query block:
+    recompute P, accumulate dQ (unscaled). MASKED (the causal diagonal, keys
+    >= S): a pair the mask hides adds nothing, even where K or V hold NaN or
+    inf."""
     o_kb = tl.arange(0, BK)
     for i_n in range(lo, hi, BK):
         o_s = i_n + o_kb
@@ -235,10 +240,11 @@ def _attn_bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, p_k0, p_v0, stride_s, o_
 def _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, cu_seqlens_q, cu_seqlens_k, i_m, i_bh, n_qblocks, B, T, S, HQ,
                  GROUP, qk_scale, sm_scale, D: tl.constexpr, CAUSAL: tl.constexpr, BQ: tl.constexpr,
                  BK: tl.constexpr, STORE_DELTA: tl.constexpr, VARLEN: tl.constexpr):
-    """dQ for the i_m-th of n_qblocks blocks of BQ queries (from the last when causal: those see the
-    most keys, so they start first) of query head i_bh % HQ in batch i_bh // HQ, BK keys a step;
-    VARLEN: of the packed numbering (`varlen_block`), of query head i_bh. STORE_DELTA: store delta
-    (else delta may be None)."""
+    """dQ for the i_m-th of n_qblocks blocks of BQ queries (from the last
+    when causal: those see the most keys, so they start first) of query head
+    i_bh % HQ in batch i_bh // HQ, BK keys a step;
+    VARLEN: of the packed numbering (`varlen_block`), of query head i_bh.
+    STORE_DELTA: store delta (else delta may be None)."""
     if CAUSAL:
         i_m = n_qblocks - 1 - i_m
     i_h = i_bh % HQ
@@ -282,13 +288,16 @@ def _attn_bwd_kernel(q, k, v, o, do, dq, dk, dv, lse, delta, cu_seqlens_q, cu_se
                      PARTS, qk_scale, sm_scale, D: tl.constexpr, CAUSAL: tl.constexpr, DQ: tl.constexpr,
                      DKDV: tl.constexpr, VARLEN: tl.constexpr, PARTIAL: tl.constexpr, BM: tl.constexpr,
                      BN: tl.constexpr):
-    """q, o, do, dq: [B, T, HQ, D]; k, v, dk, dv: [B, S, HQ // GROUP, D]; all contiguous;
-    lse, delta: fp32 [B, HQ, T]. DQ and DKDV say which programs this launch runs: DQ alone stores
-    delta, DKDV alone reads it, both (one launch) compute it where needed (delta is then None).
-    PARTIAL: each group of GROUP query heads is split into PARTS parts, a dK/dV program per part,
-    and dk, dv are fp32 workspaces [B, S, HQ // GROUP, PARTS, D] of the parts' sums.
-    VARLEN (packed sequences): q, o, do, dq: [T, HQ, D] and k, v, dk, dv: [S, HQ // GROUP, D] hold
-    B sequences one after another, cu_seqlens_q and cu_seqlens_k their int32 offsets [B + 1];
+    """q, o, do, dq: [B, T, HQ, D]; k, v, dk, dv: [B, S, HQ // GROUP, D]; all
+    contiguous;
+    lse, delta: fp32 [B, HQ, T]. DQ and DKDV say which programs this launch
+    runs: DQ alone stores delta, DKDV alone reads it, both (one launch)
+    compute it where needed (delta is then None).
+    PARTIAL: each group of GROUP query heads is split into PARTS parts, a
+    dK/dV program per part, and dk, dv are fp32 workspaces [B, S, HQ //
+    GROUP, PARTS, D] of the parts' sums. VARLEN (packed sequences): q, o, do,
+    dq: [T, HQ, D] and k, v, dk, dv: [S, HQ // GROUP, D] hold B sequences one
+    after another, cu_seqlens_q and cu_seqlens_k their int32 offsets [B + 1];
     lse, delta: [HQ, T]. Dense launches pass None for the offsets."""
     pid = tl.program_id(0)
     HKV = HQ // GROUP
@@ -305,8 +314,9 @@ def _attn_bwd_kernel(q, k, v, o, do, dq, dk, dv, lse, delta, cu_seqlens_q, cu_se
     if PARTIAL:  # a dK/dV program per part of each group
         n_kvheads *= PARTS
     if DQ and DKDV:
-        # One launch, a small problem: dQ programs first, and the head varies fastest, so every
-        # head's heaviest blocks start in the first wave (faster at causal 1K on the H200: the chapter, section 4).
+        # One launch, a small problem: dQ programs first, and the head varies
+        # fastest, so every head's heaviest blocks start in the first wave
+        # (faster at causal 1K on the H200: the chapter, section 4).
         n_dq = n_qblocks * n_qheads
         if pid < n_dq:
             _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, cu_seqlens_q, cu_seqlens_k, pid // n_qheads, pid % n_qheads,
@@ -318,8 +328,8 @@ def _attn_bwd_kernel(q, k, v, o, do, dq, dk, dv, lse, delta, cu_seqlens_q, cu_se
                            pid % n_kvheads, B, T, S, HQ, GROUP, PARTS, qk_scale, sm_scale, D, CAUSAL, BM, BN, True,
                            VARLEN, PARTIAL)
     elif DQ:
-        # Long sequences: the block varies fastest, so the programs running together share one
-        # head's K and V (or Q and dO) through L2.
+        # Long sequences: the block varies fastest, so the programs running
+        # together share one head's K and V (or Q and dO) through L2.
         _attn_bwd_dq(q, k, v, o, do, dq, lse, delta, cu_seqlens_q, cu_seqlens_k, pid % n_qblocks, pid // n_qblocks,
                      n_qblocks, B, T, S, HQ, GROUP, qk_scale, sm_scale, D, CAUSAL,
                      BQ=BN, BK=BM, STORE_DELTA=True, VARLEN=VARLEN)
@@ -331,12 +341,15 @@ def _attn_bwd_kernel(q, k, v, o, do, dq, dk, dv, lse, delta, cu_seqlens_q, cu_se
 
 def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, one_launch: bool,
                   cu_seqlens_q=None, cu_seqlens_k=None):
-    """Launch the backward. Dense: do, q, o: [B, T, Hq, D]; k, v: [B, S, Hkv, D]; lse: fp32 [B, Hq, T]
-    (base 2) from `attention_fwd`. Packed: do, q, o: [T, Hq, D]; k, v: [S, Hkv, D] hold N sequences,
-    cu_seqlens_q and cu_seqlens_k (int32 [N + 1]) their offsets; lse: [Hq, T]. q, k, v, o contiguous.
-    one_launch: both kinds of program in one launch, or the dQ launch and then the dK/dV launch.
-    Returns (dq, dk, dv) in the input dtype; for GQA, dk and dv are summed over the query heads of
-    each group (in the kernel, or, where the group is split over programs (`bwd_plan`), by a sum over
+    """Launch the backward. Dense: do, q, o: [B, T, Hq, D]; k, v: [B, S, Hkv,
+    D]; lse: fp32 [B, Hq, T] (base 2) from `attention_fwd`. Packed: do, q, o:
+    [T, Hq, D]; k, v: [S, Hkv, D] hold N sequences, cu_seqlens_q and
+    cu_seqlens_k (int32 [N + 1]) their offsets; lse: [Hq, T]. q, k, v, o
+    contiguous.
+    one_launch: both kinds of program in one launch, or the dQ launch and
+    then the dK/dV launch. Returns (dq, dk, dv) in the input dtype; for GQA,
+    dk and dv are summed over the query heads of each group (in the kernel,
+    or, where the group is split over programs (`bwd_plan`), by a sum over
     the parts' fp32 workspace after it)."""
     varlen = cu_seqlens_q is not None
     if varlen:  # the kernel reads B as the number of sequences and numbers their blocks (`varlen_block`)

@@ -39,9 +39,11 @@ MOST_ROWS = 64  # rows (query tokens x group heads) per program; more rows take 
 @triton.jit
 def _decode_tiles(b_acc, b_m, b_l, b_q, p_k, p_v, stride_kt, stride_vt, o_d, o_tok, lo, hi, shift, qk_scale,
                   BN: tl.constexpr, CAUSAL_TAIL: tl.constexpr):
-    """Keys [lo, hi) of one cache slice, a tile of BN at a time: one online-softmax update per tile for all
-    the program's rows. CAUSAL_TAIL: the keys only the later query tokens see (row token t sees key j iff
-    j <= t + shift); a NaN or inf in V at a key a row cannot see does not reach that row."""
+    """Keys [lo, hi) of one cache slice, a tile of BN at a time: one
+    online-softmax update per tile for all the program's rows. CAUSAL_TAIL:
+    the keys only the later query tokens see (row token t sees key j iff j <=
+    t + shift); a NaN or inf in V at a key a row cannot see does not reach
+    that row."""
     o_t = tl.arange(0, BN)
     for n0 in range(lo, hi, BN):
         o_n = n0 + o_t
@@ -71,11 +73,14 @@ def _decode_split_kernel(q, k_cache, v_cache, seqlens, o, lse, ws_o, ws_lse, HKV
                          stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
                          S_Q: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                          SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """Program (b * HKV + kv head, slice, row block). q, o: [B, S_Q, HKV * GROUP, D] contiguous; the caches
-    [B, T_cache, HKV, D] with unit-stride rows (their other strides given); seqlens int32 [B], the keys each
-    sequence attends to. Row r of a program is query token r // GROUP of query head kv head * GROUP + r % GROUP.
-    SPLIT: write the slice's output and base-2 LSE to ws_o [rows, num_splits, D], ws_lse [rows, num_splits]
-    (rows in o's order) for the merge; else o and lse [B, HQ, S_Q] (natural log) directly."""
+    """Program (b * HKV + kv head, slice, row block). q, o: [B, S_Q, HKV *
+    GROUP, D] contiguous; the caches [B, T_cache, HKV, D] with unit-stride
+    rows (their other strides given); seqlens int32 [B], the keys each
+    sequence attends to. Row r of a program is query token r // GROUP of
+    query head kv head * GROUP + r % GROUP.
+    SPLIT: write the slice's output and base-2 LSE to ws_o [rows, num_splits,
+    D], ws_lse [rows, num_splits] (rows in o's order) for the merge; else o
+    and lse [B, HQ, S_Q] (natural log) directly."""
     i_bh, i_s, i_rb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b = i_bh // HKV
     i_hk = i_bh % HKV
@@ -89,7 +94,8 @@ def _decode_split_kernel(q, k_cache, v_cache, seqlens, o, lse, ws_o, ws_lse, HKV
     o_row = (i_b.to(tl.int64) * S_Q + o_tok) * HQ + o_h  # the row's place in o (and in the workspace)
     b_q = tl.load(q + o_row[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
 
-    # This program's slice of the sequence: [start, end), a multiple of BN long.
+    # This program's slice of the sequence: [start, end), a multiple of BN
+    # long.
     S = tl.load(seqlens + i_b)
     split_len = tl.cdiv(tl.cdiv(S, num_splits), BN) * BN
     start = i_s * split_len

@@ -36,10 +36,11 @@ def fwd_tiles(D: int, causal: bool):
 @triton.jit
 def _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, stride_s, o_m, o_d, lo, hi, S, shift, qk_scale,
                     BN: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
-    """Visit key blocks [lo, hi): one online-softmax update per block. MASKED=False is the fast
-    path for blocks every row of the tile may fully see; MASKED=True handles the causal diagonal
-    and the ragged last block (keys >= S): a hidden key's score is -inf before exp2, and its
-    value (NaN and inf included) adds nothing to a row that cannot see it."""
+    """Visit key blocks [lo, hi): one online-softmax update per block.
+    MASKED=False is the fast path for blocks every row of the tile may fully
+    see; MASKED=True handles the causal diagonal and the ragged last block
+    (keys >= S): a hidden key's score is -inf before exp2, and its value (NaN
+    and inf included) adds nothing to a row that cannot see it."""
     o_n = tl.arange(0, BN)
     for i_n in range(lo, hi, BN):
         o_s = i_n + o_n
@@ -70,8 +71,9 @@ def _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, stride_s, o_m, o_d, lo, hi
         else:
             b_v = tl.load(p_v)
         if MASKED and CAUSAL:
-            # a NaN or inf in V at a key a row cannot see must not reach that row (0 * NaN is NaN);
-            # "tf32" is what tl.dot uses by default for fp32, and fp16/bf16 ignore it
+            # a NaN or inf in V at a key a row cannot see must not reach that
+            # row (0 * NaN is NaN); "tf32" is what tl.dot uses by default for
+            # fp32, and fp16/bf16 ignore it
             b_acc = dot_visible(b_p.to(b_v.dtype), b_v, b_acc * b_alpha[:, None], "tf32")
         else:
             b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc * b_alpha[:, None])
@@ -81,8 +83,9 @@ def _attn_fwd_inner(b_acc, b_m, b_l, b_q, p_k0, p_v0, stride_s, o_m, o_d, lo, hi
 
 @triton.jit
 def _key_ranges(m0, T, S, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr):
-    """For query rows [m0, m0+BM): keys [0, full_end) are visible to every row (no mask needed);
-    keys [full_end, hi) need the mask. Shared by the forward and the dQ kernel."""
+    """For query rows [m0, m0+BM): keys [0, full_end) are visible to every
+    row (no mask needed); keys [full_end, hi) need the mask. Shared by the
+    forward and the dQ kernel."""
     if CAUSAL:
         shift = S - T
         full_end = tl.minimum(tl.maximum(m0 + shift + 1, 0), S) // BN * BN
@@ -95,13 +98,16 @@ def _key_ranges(m0, T, S, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constex
 
 @triton.jit
 def varlen_block(cu_seqlens, n_seqs, i_blk, BLOCK: tl.constexpr):
-    """Packed sequences: which sequence, and which of its blocks of BLOCK rows, program `i_blk` owns.
+    """Packed sequences: which sequence, and which of its blocks of BLOCK
+    rows, program `i_blk` owns.
 
-    Sequence n's blocks are numbered from a(n) = cu_seqlens[n] // BLOCK + n on: a(n + 1) - a(n) is at
-    least cdiv(length, BLOCK), so every block has a number, and at most one number per sequence is
-    spare. A launch of cu_seqlens[N] // BLOCK + N programs covers them all, and a binary search over
-    the offsets, on the GPU, finds a program's sequence: no table, nothing read back to the host.
-    Returns (n, the block's index in n); a spare block starts at or past n's length."""
+    Sequence n's blocks are numbered from a(n) = cu_seqlens[n] // BLOCK + n
+    on: a(n + 1) - a(n) is at least cdiv(length, BLOCK), so every block has a
+    number, and at most one number per sequence is spare. A launch of
+    cu_seqlens[N] // BLOCK + N programs covers them all, and a binary search
+    over the offsets, on the GPU, finds a program's sequence: no table,
+    nothing read back to the host. Returns (n, the block's index in n); a
+    spare block starts at or past n's length."""
     lo = n_seqs * 0  # the last n with a(n) <= i_blk lies in [lo, hi] (lo a runtime int, as the loop needs)
     hi = n_seqs - 1
     while lo < hi:
@@ -147,11 +153,13 @@ def varlen_key_block(cu_seqlens_q, cu_seqlens_k, n_seqs, i_blk, BN: tl.constexpr
 def _attn_fwd_kernel(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, T, S, HQ, GROUP, qk_scale,
                      D: tl.constexpr, CAUSAL: tl.constexpr, VARLEN: tl.constexpr, BM: tl.constexpr,
                      BN: tl.constexpr):
-    """q, o: [B, T, HQ, D], k, v: [B, S, HQ // GROUP, D], all contiguous: the strides follow
-    from the shape, so the launch passes twelve arguments instead of twenty-four; lse: [B, HQ, T].
-    VARLEN (packed sequences): q, o: [T, HQ, D] and k, v: [S, HQ // GROUP, D] hold N sequences
-    one after another, cu_seqlens_q and cu_seqlens_k their int32 offsets [N + 1], lse is [HQ, T];
-    each program finds its sequence (`varlen_block`). Dense launches pass None for the offsets."""
+    """q, o: [B, T, HQ, D], k, v: [B, S, HQ // GROUP, D], all contiguous: the
+    strides follow from the shape, so the launch passes twelve arguments
+    instead of twenty-four; lse: [B, HQ, T]. VARLEN (packed sequences): q, o:
+    [T, HQ, D] and k, v: [S, HQ // GROUP, D] hold N sequences one after
+    another, cu_seqlens_q and cu_seqlens_k their int32 offsets [N + 1], lse
+    is [HQ, T]; each program finds its sequence (`varlen_block`). Dense
+    launches pass None for the offsets."""
     i_m = tl.program_id(0)
     if CAUSAL:  # the last query blocks see the most keys: start them first
         i_m = tl.num_programs(0) - 1 - i_m
@@ -199,11 +207,13 @@ def _attn_fwd_kernel(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, T, S, HQ, GROU
 
 
 def attention_fwd(q, k, v, causal: bool, softmax_scale: float, cu_seqlens_q=None, cu_seqlens_k=None):
-    """Launch the forward (inputs validated and contiguous). Returns (o in q's shape and dtype,
-    lse fp32 in base 2: lse = log2 sum_j exp2(s_ij * scale * log2 e)).
+    """Launch the forward (inputs validated and contiguous). Returns (o in
+    q's shape and dtype, lse fp32 in base 2: lse = log2 sum_j exp2(s_ij *
+    scale * log2 e)).
     Dense: q [B, T, Hq, D], k, v [B, S, Hkv, D]; lse [B, Hq, T].
-    Packed: q [T, Hq, D], k, v [S, Hkv, D] hold N sequences, cu_seqlens_q and cu_seqlens_k (int32
-    [N + 1], contiguous, on q's device) their offsets; lse [Hq, T]."""
+    Packed: q [T, Hq, D], k, v [S, Hkv, D] hold N sequences, cu_seqlens_q and
+    cu_seqlens_k (int32 [N + 1], contiguous, on q's device) their offsets;
+    lse [Hq, T]."""
     varlen = cu_seqlens_q is not None
     if varlen:
         (T, HQ, D), (S, HKV) = q.shape, k.shape[:2]

@@ -92,9 +92,10 @@ def _one_launch(q, k, causal: bool, max_seqlen_k: int | None = None) -> bool:
 
 
 class FlashAttnFunction(torch.autograd.Function):
-    """Forward: Triton FlashAttention-2 (saves O and the fp32 log-sum-exp, not P), dense or packed
-    (offsets given). Backward: `attention_bwd` (one Triton kernel, launched once or twice), recomputing P.
-    With return_lse, the forward also returns the natural-log LSE, which takes no gradient."""
+    """Forward: Triton FlashAttention-2 (saves O and the fp32 log-sum-exp,
+    not P), dense or packed (offsets given). Backward: `attention_bwd` (one
+    Triton kernel, launched once or twice), recomputing P. With return_lse,
+    the forward also returns the natural-log LSE, which takes no gradient."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, softmax_scale, return_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k):
@@ -170,27 +171,35 @@ def _outputs(result, return_attn_probs: bool):
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False, *, return_lse=False):
-    """FlashAttention-2 (Triton), GQA-aware, differentiable; flash-attn's arguments, in its order.
+    """FlashAttention-2 (Triton), GQA-aware, differentiable; flash-attn's
+    arguments, in its order.
 
-    q: [B, T, Hq, D]; k, v: [B, S, Hkv, D], Hq a multiple of Hkv (MHA, GQA, MQA); query head h
-    reads KV head h // (Hq // Hkv). D in (32, 64, 128, 256); fp16 or bf16 on a GPU, fp32 too (TF32
-    dots on a GPU; exact under the interpreter, which takes CPU tensors and no bf16). Every size
-    >= 1. causal=True masks bottom-right aligned (flash-attn >= 2.1): query i sees key j iff
-    j <= i + S - T; rows that see no key output 0, and a NaN or inf at a key a row cannot see does
-    not reach that row. softmax_scale defaults to 1/sqrt(D). Returns o: [B, T, Hq, D] in q's dtype.
-    Non-contiguous inputs (e.g. a transposed [B, H, T, D] view) are copied to contiguous first.
+    q: [B, T, Hq, D]; k, v: [B, S, Hkv, D], Hq a multiple of Hkv (MHA, GQA,
+    MQA); query head h reads KV head h // (Hq // Hkv). D in (32, 64, 128,
+    256); fp16 or bf16 on a GPU, fp32 too (TF32 dots on a GPU; exact under
+    the interpreter, which takes CPU tensors and no bf16). Every size >= 1.
+    causal=True masks bottom-right aligned (flash-attn >= 2.1): query i sees
+    key j iff j <= i + S - T; rows that see no key output 0, and a NaN or inf
+    at a key a row cannot see does not reach that row. softmax_scale defaults
+    to 1/sqrt(D). Returns o: [B, T, Hq, D] in q's dtype. Non-contiguous
+    inputs (e.g. a transposed [B, H, T, D] view) are copied to contiguous
+    first.
 
-    flash-attn's other options, taken where they ask for what these kernels do and refused (ValueError
-    naming the argument) where they ask for more: dropout_p 0.0 only (no dropout); window_size: a
-    negative entry means no limit on that side, so (-1, -1) is no window and (-1, 0) the causal mask
-    (the same as causal=True), any other window is refused (no sliding window); softcap <= 0 (off, as
-    in flash-attn), no cap > 0; alibi_slopes None only; deterministic: any bool, since the backward is
-    deterministic either way (it sums a KV head's query heads in one program, without atomics).
-    return_attn_probs=True returns (o, lse, None): lse as below, and None where flash-attn returns its
-    softmax-and-dropout matrix, which these kernels never form.
-    return_lse=True (keyword only, not flash-attn's) returns (o, lse): lse = log sum_j exp(s_ij * scale)
-    per row, fp32 [B, Hq, T], natural log, +inf on a row that sees no key, not differentiable; flash-attn
-    hands out the same tensor as softmax_lse, the second of return_attn_probs's three outputs. Not both.
+    flash-attn's other options, taken where they ask for what these kernels
+    do and refused (ValueError naming the argument) where they ask for more:
+    dropout_p 0.0 only (no dropout); window_size: a negative entry means no
+    limit on that side, so (-1, -1) is no window and (-1, 0) the causal mask
+    (the same as causal=True), any other window is refused (no sliding
+    window); softcap <= 0 (off, as in flash-attn), no cap > 0; alibi_slopes
+    None only; deterministic: any bool, since the backward is deterministic
+    either way (it sums a KV head's query heads in one program, without
+    atomics). return_attn_probs=True returns (o, lse, None): lse as below,
+    and None where flash-attn returns its softmax-and-dropout matrix, which
+    these kernels never form. return_lse=True (keyword only, not
+    flash-attn's) returns (o, lse): lse = log sum_j exp(s_ij * scale) per
+    row, fp32 [B, Hq, T], natural log, +inf on a row that sees no key, not
+    differentiable; flash-attn hands out the same tensor as softmax_lse, the
+    second of return_attn_probs's three outputs. Not both.
 
     >>> q = torch.randn(2, 1000, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     >>> k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")

@@ -120,13 +120,15 @@ def causal_mask(T: int, S: int, device=None) -> torch.Tensor:
 
 
 def attention_ref(q, k, v, causal=False, softmax_scale=None, *, compute_dtype=torch.float64, out_dtype=None):
-    """Softmax attention written from the formula, O = softmax(Q Kᵀ · scale + mask) V.
+    """Softmax attention written from the formula, O = softmax(Q Kᵀ · scale +
+    mask) V.
 
-    q: [B, T, Hq, D]; k, v: [B, S, Hkv, D] with Hq a multiple of Hkv (MHA, GQA, MQA).
-    The maths runs in `compute_dtype` (fp64 by default, fp32 for big GPU shapes); the result
-    comes back in `out_dtype` (default: q's dtype). softmax_scale defaults to 1/sqrt(D).
-    A key a row cannot see adds nothing to it, even a NaN or inf in K or V there.
-    Differentiable (plain autograd), so it also gives the reference gradients (of finite inputs:
+    q: [B, T, Hq, D]; k, v: [B, S, Hkv, D] with Hq a multiple of Hkv (MHA,
+    GQA, MQA). The maths runs in `compute_dtype` (fp64 by default, fp32 for
+    big GPU shapes); the result comes back in `out_dtype` (default: q's
+    dtype). softmax_scale defaults to 1/sqrt(D). A key a row cannot see adds
+    nothing to it, even a NaN or inf in K or V there. Differentiable (plain
+    autograd), so it also gives the reference gradients (of finite inputs:
     autograd's products do carry a hidden NaN into every row).
 
     >>> q = torch.randn(1, 77, 4, 64); k = v = torch.randn(1, 77, 2, 64)
@@ -201,10 +203,12 @@ def _check_float_dtype(name, dtype) -> None:
 
 
 def attention_eager(q, k, v, causal=False, softmax_scale=None):
-    """The 'eager' baseline: einsum + softmax in the input dtype, the full [B, H, T, S] score matrix
-    materialised in GPU memory. Same layout, shapes, defaults and mask as `attention_ref`, for
-    benchmarks only: causal needs T <= S here (a row that sees no key would be 0 / 0), and, as in any
-    plain softmax-then-product, a NaN or inf in V reaches every row (0 · NaN is NaN).
+    """The 'eager' baseline: einsum + softmax in the input dtype, the full
+    [B, H, T, S] score matrix materialised in GPU memory. Same layout,
+    shapes, defaults and mask as `attention_ref`, for benchmarks only: causal
+    needs T <= S here (a row that sees no key would be 0 / 0), and, as in any
+    plain softmax-then-product, a NaN or inf in V reaches every row (0 · NaN
+    is NaN).
 
     >>> q, k, v = (torch.randn(1, 64, 2, 32) for _ in "qkv")
     >>> o = attention_eager(q, k, v, causal=True)        # [1, 64, 2, 32]

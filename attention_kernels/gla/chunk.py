@@ -27,7 +27,8 @@ def _chunk_gla_scores_kernel(
     q, k, g, A, scale, T, H,
     K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    # one program: the BC rows of sub-chunk i_c of chunk i_t, against every column j <= t
+    # one program: the BC rows of sub-chunk i_c of chunk i_t, against every
+    # column j <= t
     i_c, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_t * BT + i_c * BC                       # first row of the sub-chunk
@@ -43,7 +44,8 @@ def _chunk_gla_scores_kernel(
         b_g = tl.load(g + p_q, mask=m_q, other=0.0)
         p_A = A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + i_c * BC + o_r[None, :]
 
-        # (a) earlier sub-chunks j < i_c, on tensor cores, re-based at b_n = b[t0]:
+        # (a) earlier sub-chunks j < i_c, on tensor cores, re-based at b_n =
+        # b[t0]:
         #     q ⊙ e^{b - b_n} (rows at or after t0: exponent <= 0),
         #     k ⊙ e^{b_n - b} (rows before t0: exponent <= 0).
         b_gn = tl.load(g + ((i_b * T + t0) * H + i_h) * K + o_k, mask=m_k, other=0.0)
@@ -56,7 +58,8 @@ def _chunk_gla_scores_kernel(
             b_s = tl.dot(b_qn, tl.trans(b_kn), input_precision=DOT_PREC)     # [BC, BC]
             tl.store(p_A + (i_j - i_c) * BC, b_s.to(A.dtype.element_ty), mask=m_t[:, None])
 
-        # (b) the diagonal BC x BC block, one column j at a time, elementwise in fp32:
+        # (b) the diagonal BC x BC block, one column j at a time, elementwise
+        # in fp32:
         #     A[t, j] = sum_k q_tk k_jk e^{b_tk - b_jk} for j <= t (exponent <= 0), exactly 0 above.
         #     Above the diagonal the factor e^-inf = 0 still leaves 0 * NaN = NaN where a later key
         #     holds a NaN or inf, so one select on the finished block clears it (a select per column
@@ -64,8 +67,9 @@ def _chunk_gla_scores_kernel(
         b_A = tl.zeros([BC, BC], dtype=tl.float32)
         for j in tl.static_range(BC):
             p_j = ((i_b * T + t0 + j) * H + i_h) * K + o_k
-            # `!= 0` keeps the mask boolean under Triton's interpreter, which widens a broadcast scalar
-            # comparison to int32, a mask its 3.9 refuses (compiled, the test adds no instruction)
+            # `!= 0` keeps the mask boolean under Triton's interpreter, which
+            # widens a broadcast scalar comparison to int32, a mask its 3.9
+            # refuses (compiled, the test adds no instruction)
             m_j = (m_k & (t0 + j < T)) != 0
             b_kj = tl.load(k + p_j, mask=m_j, other=0.0).to(tl.float32)
             b_gj = tl.load(g + p_j, mask=m_j, other=0.0)
@@ -75,7 +79,8 @@ def _chunk_gla_scores_kernel(
             b_A += tl.where(o_r[None, :] == j, b_a[:, None], 0.0)
         b_A = tl.where(o_r[:, None] >= o_r[None, :], b_A, 0.0)
         tl.store(p_A, b_A.to(A.dtype.element_ty), mask=m_t[:, None])
-        # the blocks above the diagonal are never written: the output kernel masks them
+        # the blocks above the diagonal are never written: the output kernel
+        # masks them
 
 
 def chunk_gla_scores(q, k, g, A, scale: float) -> None:

@@ -21,7 +21,8 @@ def _fused_recurrent_gla_kernel(
     H0_AT_SLOTS: tl.constexpr, HT_AT_SLOTS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr,
 ):
-    # BM covers the whole key dim (padded), BN is this program's slice of value columns
+    # BM covers the whole key dim (padded), BN is this program's slice of
+    # value columns
     i_h, o_k, o_v, m_k, m_v, p_h, base_k, base_v = program_tile(T, H, K, V, BM, BN)
     m_h = m_k[:, None] & m_v[None, :]
     # the [BM, BN] state tile: fp32, in registers for the whole sequence
@@ -29,7 +30,8 @@ def _fused_recurrent_gla_kernel(
     for t in range(0, T):
         b_q, b_k, b_v, p_tk, p_tv = token_inputs(q, k, v, t, base_k, base_v, o_k, o_v, m_k, m_v, scale, H, K, V)
         b_g = tl.load(gk + p_tk, mask=m_k, other=0.0).to(tl.float32)
-        # S = Diag(exp(gk)) S + k v^T, o = S^T (q * scale); gk <= 0: exp never overflows (-inf resets to 0)
+        # S = Diag(exp(gk)) S + k v^T, o = S^T (q * scale); gk <= 0: exp
+        # never overflows (-inf resets to 0)
         b_h, b_o = recurrent_token(b_h, tl.exp(b_g)[:, None], b_q, b_k, b_v, m_k, K)
         tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_v)
     store_state(ht, slots, p_h, m_h, b_h, H, K, V, STORE_HT, HT_AT_SLOTS)

@@ -60,7 +60,8 @@ def _refuse_fla_options(form: str, gv=None, reverse=False, cu_seqlens_cpu=None) 
 @compiled_as_op("attention_kernels::fused_recurrent_gla", fake=linear_attention_fake, tuple_size=2)
 def _fused_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
                          ssm_state_indices=None):
-    """`fused_recurrent_gla` in the kernels' own terms (the op torch.compile sees)."""
+    """`fused_recurrent_gla` in the kernels' own terms (the op torch.compile
+    sees)."""
     return _fused_recurrent_checked(q, k, v, gk, scale, initial_state, output_final_state, cu_seqlens,
                                     ssm_state_indices, inplace=False)
 
@@ -96,17 +97,21 @@ def _fused_recurrent(q, k, v, gk, scale, h0, output_final_state, slots=None, inp
 def fused_recurrent_gla(q, k, v, gk=None, gv=None, scale=None, initial_state=None, output_final_state=False,
                         reverse=False, state_v_first=False, cu_seqlens=None, *, inplace_final_state=False,
                         ssm_state_indices=None):
-    """Fused recurrent GLA forward (Triton): one kernel walks the tokens with the state in
-    registers; with T = 1 it is the decode step (one read and one write of the state).
+    """Fused recurrent GLA forward (Triton): one kernel walks the tokens with
+    the state in registers; with T = 1 it is the decode step (one read and
+    one write of the state).
 
-    Shapes and dtypes as in this module's docstring; math and state in fp32 (no `tl.dot`: fp32
-    inputs are fp32-accurate on every machine). fla's arguments in fla's order: gk=None is no decay
-    (a gate of zeros); state_v_first=True takes initial_state as [B, H, V, K] and returns the final state
-    so (a transposed view of the kernel's [B, H, K, V] one). Refused unless at their defaults (ValueError
-    naming them): gv (a decay per value channel), reverse=True. cu_seqlens: packed sequences.
-    Serving (attention_kernels/linear/slots.py, fla's names): ssm_state_indices (int [B]) reads each row's initial
-    state from its slot of initial_state, a pool [S, H, K, V]; inplace_final_state=True writes the final
-    states back where they were read and returns initial_state as the final state.
+    Shapes and dtypes as in this module's docstring; math and state in fp32
+    (no `tl.dot`: fp32 inputs are fp32-accurate on every machine). fla's
+    arguments in fla's order: gk=None is no decay (a gate of zeros);
+    state_v_first=True takes initial_state as [B, H, V, K] and returns the
+    final state so (a transposed view of the kernel's [B, H, K, V] one).
+    Refused unless at their defaults (ValueError naming them): gv (a decay
+    per value channel), reverse=True. cu_seqlens: packed sequences. Serving
+    (attention_kernels/linear/slots.py, fla's names): ssm_state_indices (int
+    [B]) reads each row's initial state from its slot of initial_state, a
+    pool [S, H, K, V]; inplace_final_state=True writes the final states back
+    where they were read and returns initial_state as the final state.
 
         >>> q, k, v, gk = torch.randn(4, 1, 1, 32, 128, device="cuda").unbind(0)
         >>> S = torch.zeros(1, 32, 128, 128, device="cuda")
@@ -222,22 +227,28 @@ ChunkGLAFunction = chunk_function("ChunkGLAFunction", _chunk_gla_fwd, _chunk_gla
 
 def chunk_gla(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, state_v_first=False,
               cu_seqlens=None, cu_seqlens_cpu=None, *, gk=None):
-    """Chunk-parallel GLA (Triton, chunks of 64 tokens, sub-chunks of 16): the prefill, and training.
+    """Chunk-parallel GLA (Triton, chunks of 64 tokens, sub-chunks of 16):
+    the prefill, and training.
 
-    Shapes and dtypes as in this module's docstring. Four launches: the in-chunk cumulative gates,
-    the state at every chunk start, GLA's intra-chunk scores, the output. The gates and the
-    carried state are fp32; the per-chunk state snapshots and the scores A are in the input dtype
-    (they feed tensor-core products). fp32 inputs multiply in IEEE fp32 (`tl.dot` with
-    input_precision="ieee"), so they are fp32-accurate on the GPU too.
+    Shapes and dtypes as in this module's docstring. Four launches: the
+    in-chunk cumulative gates, the state at every chunk start, GLA's
+    intra-chunk scores, the output. The gates and the carried state are fp32;
+    the per-chunk state snapshots and the scores A are in the input dtype
+    (they feed tensor-core products). fp32 inputs multiply in IEEE fp32
+    (`tl.dot` with input_precision="ieee"), so they are fp32-accurate on the
+    GPU too.
 
-    Differentiable in q, k, v, gk and initial_state, through o and the final state: the backward
-    (attention_kernels/linear/chunk_backward.py) saves only the inputs and recomputes the rest. A gate below
-    GATE_FLOOR (-inf) gets gradient 0.
+    Differentiable in q, k, v, gk and initial_state, through o and the final
+    state: the backward (attention_kernels/linear/chunk_backward.py) saves
+    only the inputs and recomputes the rest. A gate below GATE_FLOOR (-inf)
+    gets gradient 0.
 
-    fla's arguments in fla's order: the gate is `g` (fla's name, fourth) or `gk` (keyword, the name the
-    other forms use), one of them; state_v_first=True takes initial_state as [B, H, V, K] and returns the
-    final state so (a transposed view; gradients flow through it). cu_seqlens: packed sequences (the module
-    docstring); cu_seqlens_cpu, fla's host copy of them, must be None (ValueError naming it).
+    fla's arguments in fla's order: the gate is `g` (fla's name, fourth) or
+    `gk` (keyword, the name the other forms use), one of them;
+    state_v_first=True takes initial_state as [B, H, V, K] and returns the
+    final state so (a transposed view; gradients flow through it).
+    cu_seqlens: packed sequences (the module docstring); cu_seqlens_cpu,
+    fla's host copy of them, must be None (ValueError naming it).
 
         >>> q, k, v, gk = torch.randn(4, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
         >>> gk = (torch.nn.functional.logsigmoid(gk.float()) / 16).requires_grad_()

@@ -20,10 +20,11 @@ def _math_dtype(*tensors) -> torch.dtype:
 def naive_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_final_state=False):
     """GLA forward as a PyTorch loop over time (the book's reference).
 
-    q, k, gk: [B, T, H, K]; v: [B, T, H, V]; gk = log of the per-channel decay (<= 0; -inf resets
-    the channel). scale defaults to K**-0.5. initial_state: [B, H, K, V] fp32 (or fp64), or None
-    for zeros. Math in fp32 (fp64 if any input is fp64).
-    Returns (o [B, T, H, V] in v's dtype, final state [B, H, K, V] in the math dtype, or None).
+    q, k, gk: [B, T, H, K]; v: [B, T, H, V]; gk = log of the per-channel
+    decay (<= 0; -inf resets the channel). scale defaults to K**-0.5.
+    initial_state: [B, H, K, V] fp32 (or fp64), or None for zeros. Math in
+    fp32 (fp64 if any input is fp64). Returns (o [B, T, H, V] in v's dtype,
+    final state [B, H, K, V] in the math dtype, or None).
 
         >>> q, k, gk = (torch.randn(1, 8, 2, 16) for _ in range(3)); gk = -gk.abs()
         >>> v = torch.randn(1, 8, 2, 16)
@@ -38,7 +39,8 @@ def naive_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_fina
         S = S + initial_state
     o = torch.empty(B, T, H, V, dtype=dt, device=q.device)
     for t in range(T):
-        # decay each key row of the state, then add the outer product k_t v_t^T
+        # decay each key row of the state, then add the outer product k_t
+        # v_t^T
         S = gk[:, t, :, :, None].exp() * S + k[:, t, :, :, None] * v[:, t, :, None, :]
         o[:, t] = torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, S)
     return o.to(v.dtype), (S if output_final_state else None)

@@ -46,9 +46,10 @@ def _kda_scores_kernel(
     q, k, b, Aqk, Akk, scale, T, H,
     K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    # one program: the BC rows of sub-chunk i_c >= 1 of chunk i_t against the earlier sub-chunks, re-based
-    # at b_n = b[t0] as GLA's scores are: the rows times e^{b - b_n}, the columns times e^{b_n - b}, every
-    # exponent <= 0; both products share the columns
+    # one program: the BC rows of sub-chunk i_c >= 1 of chunk i_t against the
+    # earlier sub-chunks, re-based at b_n = b[t0] as GLA's scores are: the
+    # rows times e^{b - b_n}, the columns times e^{b_n - b}, every exponent
+    # <= 0; both products share the columns
     i_c, i_t, i_bh = tl.program_id(0) + 1, tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_t * BT + i_c * BC                       # first row of the sub-chunk
@@ -86,9 +87,10 @@ def _kda_diag_scores_kernel(
     q, k, b, Aqk, Akk, scale, T, H,
     K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr,
 ):
-    # one program: token t of one batch row, BH heads (adjacent in memory), against the tokens j <= t of
-    # its own sub-chunk, one column per step. Every exponent b_tc - b_jc is <= 0, and no later token is
-    # ever read, so a NaN or inf in one reaches no earlier row.
+    # one program: token t of one batch row, BH heads (adjacent in memory),
+    # against the tokens j <= t of its own sub-chunk, one column per step.
+    # Every exponent b_tc - b_jc is <= 0, and no later token is ever read, so
+    # a NaN or inf in one reaches no earlier row.
     i_bt, i_hb = tl.program_id(0), tl.program_id(1)
     i_b, i_t = i_bt // T, i_bt % T
     o_h = i_hb * BH + tl.arange(0, BH)
@@ -142,19 +144,23 @@ def _kda_wy_kernel(
     m_t = o_t < T
     b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
 
-    # A = diag(β) (K Kᵀ ⊙ decay), strictly below the diagonal (a select: the rest was never written)
+    # A = diag(β) (K Kᵀ ⊙ decay), strictly below the diagonal (a select: the
+    # rest was never written)
     b_A = tl.load(Akk + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
     b_A = tl.where(o_c[:, None] > o_c[None, :], b_A, 0.0) * b_beta[:, None]
-    # A NaN or inf in k, g or β at token t makes row t of A (and the rows after it) non-finite. The
-    # products of the solve would multiply the earlier rows' zeros by it (0 · NaN = NaN), so the
-    # non-finite entries are cleared before it and X's rows from the first such row on are set to
-    # NaN after it: the NaN reaches the rows at and after t, as the recurrence carries it, no earlier.
+    # A NaN or inf in k, g or β at token t makes row t of A (and the rows
+    # after it) non-finite. The products of the solve would multiply the
+    # earlier rows' zeros by it (0 · NaN = NaN), so the non-finite entries
+    # are cleared before it and X's rows from the first such row on are set
+    # to NaN after it: the NaN reaches the rows at and after t, as the
+    # recurrence carries it, no earlier.
     m_bad = b_A * 0.0 != 0.0                                                 # NaN or ±inf
     first_bad = tl.min(tl.min(tl.where(m_bad, o_c[:, None], BT), axis=1), axis=0)
     b_A = tl.where(m_bad, 0.0, b_A)
 
-    # X = (I + A)⁻¹ in two stages, with the chunk cut into NB blocks of BS = 16 rows.
-    # (a) The block-diagonal part D = (I + A_d)⁻¹ by forward substitution on the NB diagonal blocks,
+    # X = (I + A)⁻¹ in two stages, with the chunk cut into NB blocks of BS =
+    # 16 rows. (a) The block-diagonal part D = (I + A_d)⁻¹ by forward
+    # substitution on the NB diagonal blocks,
     #     held as one [NB, BS, BS] tile (a quarter of the 64 x 64 one), a column at a time: when local
     #     column s is reached, local row s of each block is final, and it is subtracted from the
     #     block's later rows with weight A_is. 16 rank-1 updates of 16 x 16 blocks.
@@ -165,7 +171,8 @@ def _kda_wy_kernel(
     b_A3 = tl.load(Akk + ((i_b * T + t3) * H + i_h) * BT + o_n[:, None, None] * BS + o_s[None, None, :],
                    mask=m3, other=0.0)
     b_beta3 = tl.load(beta + (i_b * T + t3) * H + i_h, mask=m3, other=0.0).to(tl.float32)
-    # select before multiplying: the entries on and above the diagonal were never written
+    # select before multiplying: the entries on and above the diagonal were
+    # never written
     b_A3 = tl.where(o_s[None, :, None] > o_s[None, None, :], b_A3, 0.0) * b_beta3
     b_A3 = tl.where(b_A3 * 0.0 == 0.0, b_A3, 0.0)                        # cleared as b_A is
     b_X3 = tl.where(o_s[None, :, None] == o_s[None, None, :], 1.0, 0.0) + tl.zeros([NB, BS, BS], dtype=tl.float32)
@@ -173,12 +180,14 @@ def _kda_wy_kernel(
         b_xs = tl.sum(tl.where(o_s[None, :, None] == s, b_X3, 0.0), axis=1)      # [NB, BS]: row s of each block
         b_as = tl.sum(tl.where(o_s[None, None, :] == s, b_A3, 0.0), axis=2)      # [NB, BS]: column s of each block
         b_X3 = b_X3 - b_as[:, :, None] * b_xs[:, None, :]
-    # back to a [BT, BT] tile, the blocks on its diagonal: [NB, BS, NB, BS] with block n in row-block n
+    # back to a [BT, BT] tile, the blocks on its diagonal: [NB, BS, NB, BS]
+    # with block n in row-block n
     b_X = tl.reshape(tl.where(o_n[:, None, None, None] == o_n[None, None, :, None], b_X3[:, :, None, :], 0.0),
                      [BT, BT])
     o_blk = o_c // BS
     m_same = o_blk[:, None] == o_blk[None, :]
-    # (b) The rest from I + A = D⁻¹ (I + N), N = D A_o (A_o: the blocks below the diagonal). N is
+    # (b) The rest from I + A = D⁻¹ (I + N), N = D A_o (A_o: the blocks below
+    # the diagonal). N is
     #     strictly block-lower with four blocks, so N⁴ = 0 and X = (I - N + N² - N³) D: four products
     #     of 64 x 64 tiles on tensor cores (IEEE fp32 for fp32 inputs; TF32 for 16-bit ones, whose X is
     #     rounded to 16 bits next anyway).
@@ -198,11 +207,13 @@ def _kda_wy_kernel(
     b_k = tl.load(k + p_k, mask=m_tk, other=0.0).to(tl.float32)
     b_g = tl.load(b + p_k, mask=m_tk, other=0.0)
     b_kb = (b_k * tl.exp(b_g) * b_beta[:, None]).to(k.dtype.element_ty)
-    # the keys decayed to the chunk's last token, K ⊙ e^{b_last - b}, for the state pass: computed here,
-    # in parallel over chunks, they leave the sequential pass no exponential but one per key row
+    # the keys decayed to the chunk's last token, K ⊙ e^{b_last - b}, for the
+    # state pass: computed here, in parallel over chunks, they leave the
+    # sequential pass no exponential but one per key row
     b_gl = tl.load(b + ((i_b * T + tl.minimum(i_t * BT + BT, T) - 1) * H + i_h) * K + o_k, mask=m_k, other=0.0)
     tl.store(kg + p_k, (b_k * tl.exp(b_gl[None, :] - b_g)).to(kg.dtype.element_ty), mask=m_tk)
-    # X is lower triangular: dot_causal keeps a NaN or inf in a later token out of the earlier rows
+    # X is lower triangular: dot_causal keeps a NaN or inf in a later token
+    # out of the earlier rows
     b_w = dot_causal(b_Xd, b_kb, tl.zeros([BT, BK], dtype=tl.float32), DOT_PREC)
     tl.store(w + p_k, b_w.to(w.dtype.element_ty), mask=m_tk)
 

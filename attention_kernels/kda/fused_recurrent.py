@@ -56,7 +56,8 @@ def _fused_recurrent_kda_kernel(
     L2NORM: tl.constexpr, EPS: tl.constexpr, EVEN: tl.constexpr, STEP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr,
 ):
-    # BM covers the whole key dim (padded), BN is this program's slice of value columns
+    # BM covers the whole key dim (padded), BN is this program's slice of
+    # value columns
     i_h, o_k, o_v, m_k, m_v, p_h, base_k, base_v = program_tile(T, H, K, V, BM, BN)
     if EVEN:  # K == BM and BN divides V: masks of constant true, which the compiler drops from every access
         m_k = tl.full([BM], 1, tl.int1)

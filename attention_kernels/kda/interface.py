@@ -116,22 +116,27 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
                         output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
                         use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
                         state_v_first=False, cu_seqlens=None, *, inplace_final_state=False, ssm_state_indices=None):
-    """Fused recurrent KDA forward (Triton): one kernel walks the tokens with the state in registers;
-    with T = 1 it is the decode step (one read and one write of the state, q and k normalised in
-    registers when asked).
+    """Fused recurrent KDA forward (Triton): one kernel walks the tokens with
+    the state in registers; with T = 1 it is the decode step (one read and
+    one write of the state, q and k normalised in registers when asked).
 
-    Shapes and dtypes as in this module's docstring; math and state in fp32 (no `tl.dot`: fp32
-    inputs are fp32-accurate on every machine). fla's arguments in fla's order (A_log and dt_bias sixth
-    and seventh, as there): with use_gate_in_kernel, g is the raw gate and the log decay
-    -exp(A_log) * softplus(g + dt_bias) (lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) with
-    lower_bound set); with use_beta_sigmoid_in_kernel, beta is the logits (sigmoid, times 2 with
-    allow_neg_eigval). Both are computed in PyTorch before the launch (attention_kernels/kda/gate.py): fusing them
-    into the kernel is a later speed step. state_v_first=True takes initial_state as [B, H, V, K] and
-    returns the final state so (a transposed view of the kernel's [B, H, K, V] one).
-    Serving (attention_kernels/linear/slots.py, the names of fla's fused_recurrent_kda_fwd): ssm_state_indices (int [B])
-    reads each row's initial state from its slot of initial_state, a pool [S, H, K, V];
-    inplace_final_state=True writes the final states back where they were read and returns initial_state as
-    the final state (fla's own default there is True; here, as in fla's fused_recurrent_kda, False).
+    Shapes and dtypes as in this module's docstring; math and state in fp32
+    (no `tl.dot`: fp32 inputs are fp32-accurate on every machine). fla's
+    arguments in fla's order (A_log and dt_bias sixth and seventh, as there):
+    with use_gate_in_kernel, g is the raw gate and the log decay -exp(A_log)
+    * softplus(g + dt_bias) (lower_bound * sigmoid(exp(A_log) * (g +
+    dt_bias)) with lower_bound set); with use_beta_sigmoid_in_kernel, beta is
+    the logits (sigmoid, times 2 with allow_neg_eigval). Both are computed in
+    PyTorch before the launch (attention_kernels/kda/gate.py): fusing them
+    into the kernel is a later speed step. state_v_first=True takes
+    initial_state as [B, H, V, K] and returns the final state so (a
+    transposed view of the kernel's [B, H, K, V] one). Serving
+    (attention_kernels/linear/slots.py, the names of fla's
+    fused_recurrent_kda_fwd): ssm_state_indices (int [B]) reads each row's
+    initial state from its slot of initial_state, a pool [S, H, K, V];
+    inplace_final_state=True writes the final states back where they were
+    read and returns initial_state as the final state (fla's own default
+    there is True; here, as in fla's fused_recurrent_kda, False).
 
         >>> q, k, v, g = torch.randn(4, 1, 1, 32, 128, device="cuda").unbind(0)
         >>> beta = torch.rand(1, 1, 32, device="cuda")
@@ -245,32 +250,43 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
               allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
               return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
               cp_context=None, *, A_log=None, dt_bias=None, chunk_size=64):
-    """Chunk-parallel KDA (Triton, chunks of 64 tokens): the prefill, and training.
+    """Chunk-parallel KDA (Triton, chunks of 64 tokens): the prefill, and
+    training.
 
-    Shapes and dtypes as in this module's docstring. Six launches: one pass over the inputs (the shared
-    gate pass: the in-chunk cumulative gates, q and k normalised when asked); the two score matrices of
-    every chunk, query-key and key-key together (the blocks below the diagonal, then the diagonal blocks
-    token by token); the triangular solve for the pseudo-values, which also decays each chunk's keys to
-    its end; the shared state pass with the delta rule (sequential over chunks); the output (GLA's, with
-    the corrected values for v).
-    The gates, the key-key scores, the solve and the carried state are fp32; the per-chunk states,
-    pseudo-values and query-key scores are in the input dtype (they feed tensor-core products).
+    Shapes and dtypes as in this module's docstring. Six launches: one pass
+    over the inputs (the shared gate pass: the in-chunk cumulative gates, q
+    and k normalised when asked); the two score matrices of every chunk,
+    query-key and key-key together (the blocks below the diagonal, then the
+    diagonal blocks token by token); the triangular solve for the
+    pseudo-values, which also decays each chunk's keys to its end; the shared
+    state pass with the delta rule (sequential over chunks); the output
+    (GLA's, with the corrected values for v). The gates, the key-key scores,
+    the solve and the carried state are fp32; the per-chunk states,
+    pseudo-values and query-key scores are in the input dtype (they feed
+    tensor-core products).
 
-    Differentiable in q, k, v, g, beta and initial_state, through o and the final state (and the L2
-    norm when it is on). The backward saves only the inputs: the forward's kernels recompute the rest,
-    the shared reverse state pass runs with its delta-rule switch, and the gradients of the solve and the
-    scores are PyTorch ops batched over chunks (attention_kernels/kda/chunk_backward.py), which hold a [64, 64, K]
-    fp32 tensor per chunk and head. A gate below GATE_FLOOR (-inf) gets gradient 0.
+    Differentiable in q, k, v, g, beta and initial_state, through o and the
+    final state (and the L2 norm when it is on). The backward saves only the
+    inputs: the forward's kernels recompute the rest, the shared reverse
+    state pass runs with its delta-rule switch, and the gradients of the
+    solve and the scores are PyTorch ops batched over chunks
+    (attention_kernels/kda/chunk_backward.py), which hold a [64, 64, K] fp32
+    tensor per chunk and head. A gate below GATE_FLOOR (-inf) gets gradient
+    0.
 
-    fla's arguments in fla's order, A_log and dt_bias by keyword (fla reads them from its **kwargs). With
-    use_gate_in_kernel, g is the raw gate projection and the log decay -exp(A_log) * softplus(g + dt_bias)
-    (A_log [H], dt_bias [H * K]; lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) with lower_bound set);
-    with use_beta_sigmoid_in_kernel, beta is the logits (sigmoid, times 2 with allow_neg_eigval). Both are
-    PyTorch ops before the kernels (attention_kernels/kda/gate.py), so the backward reaches A_log, dt_bias, the raw
-    gate and the logits through autograd; fusing them into the first kernel is a later speed step.
-    safe_gate is fla's promise that the gate stays in [lower_bound, 0), for a faster kernel of its own:
-    checked as fla checks it, and changing nothing here. state_v_first=True takes initial_state as
-    [B, H, V, K] and returns the final state so (a transposed view; gradients flow through it).
+    fla's arguments in fla's order, A_log and dt_bias by keyword (fla reads
+    them from its **kwargs). With use_gate_in_kernel, g is the raw gate
+    projection and the log decay -exp(A_log) * softplus(g + dt_bias) (A_log
+    [H], dt_bias [H * K]; lower_bound * sigmoid(exp(A_log) * (g + dt_bias))
+    with lower_bound set); with use_beta_sigmoid_in_kernel, beta is the
+    logits (sigmoid, times 2 with allow_neg_eigval). Both are PyTorch ops
+    before the kernels (attention_kernels/kda/gate.py), so the backward
+    reaches A_log, dt_bias, the raw gate and the logits through autograd;
+    fusing them into the first kernel is a later speed step. safe_gate is
+    fla's promise that the gate stays in [lower_bound, 0), for a faster
+    kernel of its own: checked as fla checks it, and changing nothing here.
+    state_v_first=True takes initial_state as [B, H, V, K] and returns the
+    final state so (a transposed view; gradients flow through it).
 
         >>> q, k, v, g = torch.randn(4, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
         >>> g = (torch.nn.functional.logsigmoid(g.float()) / 16).requires_grad_()

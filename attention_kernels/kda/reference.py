@@ -40,10 +40,11 @@ def naive_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output
                         use_qk_l2norm_in_kernel=False):
     """KDA forward as a PyTorch loop over time (the book's reference).
 
-    q, k, g: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H]. g = log of the per-channel decay
-    (<= 0), beta in [0, 1]. scale defaults to K**-0.5. initial_state: [B, H, K, V] fp32 (or fp64), or
-    None for zeros. Math in fp32 (fp64 if any input is fp64).
-    Returns (o [B, T, H, V] in v's dtype, final state [B, H, K, V] in the math dtype, or None).
+    q, k, g: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H]. g = log of the
+    per-channel decay (<= 0), beta in [0, 1]. scale defaults to K**-0.5.
+    initial_state: [B, H, K, V] fp32 (or fp64), or None for zeros. Math in
+    fp32 (fp64 if any input is fp64). Returns (o [B, T, H, V] in v's dtype,
+    final state [B, H, K, V] in the math dtype, or None).
 
         >>> q, k, v, g = (torch.randn(1, 8, 2, 16) for _ in range(4))
         >>> beta = torch.rand(1, 8, 2)

@@ -40,11 +40,13 @@ def _chunk_lightning_output_kernel(
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    # one program: the BT rows of chunk i_t, value columns [i_v·BV, (i_v+1)·BV), of one (batch, head)
+    # one program: the BT rows of chunk i_t, value columns [i_v·BV,
+    # (i_v+1)·BV), of one (batch, head)
     i_b, i_h, o_c, o_t, m_t, o_v, m_v, p_hc = output_tile(h, T, H, NT, K, V, BT, BV)
     b_g = load_log_decay(gamma, i_h)           # the log decay per step, -s <= 0 (-inf raised to finite)
 
-    # Q kv_prev and Q K^T, both over the key dim in tiles of BK: [BT, BV] and [BT, BT]
+    # Q kv_prev and Q K^T, both over the key dim in tiles of BK: [BT, BV] and
+    # [BT, BT]
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
@@ -57,8 +59,9 @@ def _chunk_lightning_output_kernel(
         b_o += tl.dot(b_q, b_h.to(b_q.dtype), input_precision=DOT_PREC)
         b_A += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
 
-    # inter-block: (Q ⊙ λ^(c+1)) kv_prev = diag(λ^(c+1)) (Q kv_prev): the decay is the same on every
-    # key channel, so it scales the rows of the product instead of every element of Q
+    # inter-block: (Q ⊙ λ^(c+1)) kv_prev = diag(λ^(c+1)) (Q kv_prev): the
+    # decay is the same on every key channel, so it scales the rows of the
+    # product instead of every element of Q
     b_o = b_o * (tl.exp(b_g * (o_c + 1).to(tl.float32)) * scale)[:, None]
 
     # intra-block: (Q K^T ⊙ M) V, M_ts = λ^(t-s) below and on the diagonal. The select (not a factor

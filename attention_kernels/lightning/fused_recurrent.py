@@ -21,10 +21,12 @@ def _fused_recurrent_lightning_kernel(
     H0_AT_SLOTS: tl.constexpr, HT_AT_SLOTS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr,
 ):
-    # BM covers the whole key dim (padded), BN is this program's slice of value columns
+    # BM covers the whole key dim (padded), BN is this program's slice of
+    # value columns
     i_h, o_k, o_v, m_k, m_v, p_h, base_k, base_v = program_tile(T, H, K, V, BM, BN)
     m_h = m_k[:, None] & m_v[None, :]
-    # the head's decay λ = e^{-s}: one scalar for the whole program (s >= 0, so λ <= 1)
+    # the head's decay λ = e^{-s}: one scalar for the whole program (s >= 0,
+    # so λ <= 1)
     b_lam = tl.exp(-tl.load(slopes + i_h))
     # the [BM, BN] state tile: fp32, in registers for the whole sequence
     b_h = state_tile(h0, slots, p_h, m_h, H, K, V, USE_H0, H0_AT_SLOTS, BM, BN)

@@ -84,14 +84,16 @@ def _fused_recurrent(q, k, v, s, scale, h0, output_final_state, slots=None, inpl
 
 def fused_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False,
                               cu_seqlens=None, *, inplace_final_state=False, ssm_state_indices=None):
-    """Fused recurrent Lightning Attention forward (Triton): one kernel walks the tokens with the
-    state in registers; with T = 1 it is the decode step (one read and one write of the state).
+    """Fused recurrent Lightning Attention forward (Triton): one kernel walks
+    the tokens with the state in registers; with T = 1 it is the decode step
+    (one read and one write of the state).
 
-    Shapes and dtypes as in this module's docstring; math and state in fp32 (no `tl.dot`: fp32
-    inputs are fp32-accurate on every machine). Serving (attention_kernels/linear/slots.py, fla's names):
-    ssm_state_indices (int [B]) reads each row's initial state from its slot of initial_state, a pool
-    [S, H, K, V]; inplace_final_state=True writes the final states back where they were read and returns
-    initial_state as the final state.
+    Shapes and dtypes as in this module's docstring; math and state in fp32
+    (no `tl.dot`: fp32 inputs are fp32-accurate on every machine). Serving
+    (attention_kernels/linear/slots.py, fla's names): ssm_state_indices (int
+    [B]) reads each row's initial state from its slot of initial_state, a
+    pool [S, H, K, V]; inplace_final_state=True writes the final states back
+    where they were read and returns initial_state as the final state.
 
         >>> q, k, v = torch.randn(3, 1, 1, 32, 128, device="cuda").unbind(0)
         >>> S, s = torch.zeros(1, 32, 128, 128, device="cuda"), lightning_slopes(32).cuda()
@@ -170,18 +172,22 @@ ChunkLightningFunction = chunk_function("ChunkLightningFunction", _chunk_lightni
 
 
 def chunk_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False, cu_seqlens=None):
-    """Chunk-parallel Lightning Attention-2 (Triton, blocks of 64 tokens): the prefill, and training.
+    """Chunk-parallel Lightning Attention-2 (Triton, blocks of 64 tokens):
+    the prefill, and training.
 
-    Shapes and dtypes as in this module's docstring. Two launches: the shared state pass (the state
-    at every chunk start, sequential over chunks, with the decay λ_h^n computed in the kernel), then
-    Lightning's output kernel (intra-block (Q K^T ⊙ M) V and inter-block (Q ⊙ λ^(c+1)) kv_prev, all
-    chunks in parallel). The carried state is fp32; the per-chunk state snapshots are in the input
-    dtype (they feed tensor-core products). fp32 inputs multiply in IEEE fp32 (`tl.dot` with
-    input_precision="ieee"), so they are fp32-accurate on the GPU too.
+    Shapes and dtypes as in this module's docstring. Two launches: the shared
+    state pass (the state at every chunk start, sequential over chunks, with
+    the decay λ_h^n computed in the kernel), then Lightning's output kernel
+    (intra-block (Q K^T ⊙ M) V and inter-block (Q ⊙ λ^(c+1)) kv_prev, all
+    chunks in parallel). The carried state is fp32; the per-chunk state
+    snapshots are in the input dtype (they feed tensor-core products). fp32
+    inputs multiply in IEEE fp32 (`tl.dot` with input_precision="ieee"), so
+    they are fp32-accurate on the GPU too.
 
-    Differentiable in q, k, v and initial_state, through o and the final state (the backward in
-    attention_kernels/linear/chunk_backward.py saves only the inputs). The slopes are fixed per head: a slopes
-    tensor that requires grad is refused.
+    Differentiable in q, k, v and initial_state, through o and the final
+    state (the backward in attention_kernels/linear/chunk_backward.py saves
+    only the inputs). The slopes are fixed per head: a slopes tensor that
+    requires grad is refused.
 
         >>> q, k, v = torch.randn(3, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
         >>> o, _ = chunk_lightning(q, k, v, lightning_slopes(32, layer_idx=0, num_layers=80).cuda())

@@ -22,10 +22,11 @@ def _math_dtype(*tensors) -> torch.dtype:
 
 
 def lightning_slopes(num_heads: int, layer_idx: int = 0, num_layers: int = 1) -> torch.Tensor:
-    """MiniMax-01's decay slopes for one layer: s_h = base^(h+1) · factor, h = 0 … H-1, with
-    base = 2^(-8/H) (ALiBi's geometric series) and factor = 1 - l / (L - 1 + 1e-5) + 1e-5 (MiniMax's
-    code; the 1e-5 in the denominator keeps L = 1 defined). The decay per step is exp(-s_h): the first
-    layer forgets fastest, the last barely at all (its factor is about 1e-5).
+    """MiniMax-01's decay slopes for one layer: s_h = base^(h+1) · factor, h
+    = 0 … H-1, with base = 2^(-8/H) (ALiBi's geometric series) and factor = 1
+    - l / (L - 1 + 1e-5) + 1e-5 (MiniMax's code; the 1e-5 in the denominator
+    keeps L = 1 defined). The decay per step is exp(-s_h): the first layer
+    forgets fastest, the last barely at all (its factor is about 1e-5).
 
     Returns fp32 [num_heads] on the CPU (move it with `.to(device)`).
 
@@ -43,12 +44,15 @@ def lightning_slopes(num_heads: int, layer_idx: int = 0, num_layers: int = 1) ->
 
 
 def naive_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final_state=False):
-    """Lightning Attention forward as a PyTorch loop over time (the book's reference).
+    """Lightning Attention forward as a PyTorch loop over time (the book's
+    reference).
 
-    q, k: [B, T, H, K]; v: [B, T, H, V]; slopes: [H], s_h >= 0 (the decay per step is exp(-s_h);
-    0 means no decay). scale: a float > 0, default 1.0 (None also means 1.0). initial_state:
-    [B, H, K, V] fp32 (or fp64), or None for zeros. Math in fp32 (fp64 if any input is fp64).
-    Returns (o [B, T, H, V] in v's dtype, final state [B, H, K, V] in the math dtype, or None).
+    q, k: [B, T, H, K]; v: [B, T, H, V]; slopes: [H], s_h >= 0 (the decay per
+    step is exp(-s_h); 0 means no decay). scale: a float > 0, default 1.0
+    (None also means 1.0). initial_state: [B, H, K, V] fp32 (or fp64), or
+    None for zeros. Math in fp32 (fp64 if any input is fp64). Returns (o [B,
+    T, H, V] in v's dtype, final state [B, H, K, V] in the math dtype, or
+    None).
 
         >>> q, k, v = (torch.randn(1, 8, 2, 16) for _ in range(3))
         >>> o, S = naive_recurrent_lightning(q, k, v, lightning_slopes(2), output_final_state=True)
@@ -65,7 +69,8 @@ def naive_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, ou
         S = S + initial_state
     o = torch.empty(B, T, H, V, dtype=dt, device=q.device)
     for t in range(T):
-        # decay the whole state of each head by λ_h, then add the outer product k_t v_t^T
+        # decay the whole state of each head by λ_h, then add the outer
+        # product k_t v_t^T
         S = lam * S + k[:, t, :, :, None] * v[:, t, :, None, :]
         o[:, t] = torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, S)
     return o.to(v.dtype), (S if output_final_state else None)
@@ -99,17 +104,21 @@ def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
 
 
 def naive_recurrent_elu_linear(q, k, v, eps=1e-6, initial_state=None, output_final_state=False):
-    """Katharopoulos et al.'s causal linear attention with the ELU+1 feature map, correctly normalised:
+    """Katharopoulos et al.'s causal linear attention with the ELU+1 feature
+    map, correctly normalised:
 
         S_t = S_{t-1} + φ(k_t) v_t^T,   z_t = z_{t-1} + φ(k_t),   o_t = φ(q_t)^T S_t / (φ(q_t)·z_t + eps)
 
-    (no decay; the denominator is the sum of the positive weights φ(q_t)·φ(k_j), j <= t, so each o_t
-    is a weighted mean of the values seen). This is the source article's "Lightning" step, which
-    instead divides by the L2 norm of o_t + eps: that is neither this normalisation nor Lightning.
+    (no decay; the denominator is the sum of the positive weights
+    φ(q_t)·φ(k_j), j <= t, so each o_t is a weighted mean of the values
+    seen). This is the source article's "Lightning" step, which instead
+    divides by the L2 norm of o_t + eps: that is neither this normalisation
+    nor Lightning.
 
-    q, k: [B, T, H, K]; v: [B, T, H, V]; eps: a float > 0. initial_state: None, or a pair
-    (S [B, H, K, V], z [B, H, K]) in fp32/fp64. Math in fp32 (fp64 if any input is fp64).
-    Returns (o [B, T, H, V] in v's dtype, (S, z) or None).
+    q, k: [B, T, H, K]; v: [B, T, H, V]; eps: a float > 0. initial_state:
+    None, or a pair (S [B, H, K, V], z [B, H, K]) in fp32/fp64. Math in fp32
+    (fp64 if any input is fp64). Returns (o [B, T, H, V] in v's dtype, (S, z)
+    or None).
 
         >>> q, k, v = (torch.randn(1, 8, 2, 16) for _ in range(3))
         >>> o, (S, z) = naive_recurrent_elu_linear(q, k, v, output_final_state=True)
@@ -159,16 +168,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
 
 
 def minimax_lightning_block(x, w_qkv, w_gate, w_out, norm_weight, slopes, attention=None, eps=1e-6):
-    """MiniMax-01's Lightning Attention layer around the kernel, in plain PyTorch:
+    """MiniMax-01's Lightning Attention layer around the kernel, in plain
+    PyTorch:
 
         q, k, v = SiLU(x W_qkv)               (split into H heads of D)
         o = Lightning(q, k, v, slopes)        (scale 1)
         o = RMSNorm(o over all H·D channels) · sigmoid(x W_gate)
         y = o W_out
 
-    x: [B, T, C]; w_qkv: [C, 3·H·D]; w_gate: [C, H·D]; w_out: [H·D, C]; norm_weight: [H·D];
-    slopes: [H]. attention: f(q, k, v, slopes) -> (o, _), default `naive_recurrent_lightning`
-    (pass `chunk_lightning` to run the kernel). Returns y [B, T, C].
+    x: [B, T, C]; w_qkv: [C, 3·H·D]; w_gate: [C, H·D]; w_out: [H·D, C];
+    norm_weight: [H·D];
+    slopes: [H]. attention: f(q, k, v, slopes) -> (o, _), default
+    `naive_recurrent_lightning` (pass `chunk_lightning` to run the kernel).
+    Returns y [B, T, C].
 
         >>> C, H, D = 64, 4, 16
         >>> x = torch.randn(1, 10, C)

@@ -85,8 +85,8 @@ def _chunk_local_cumsum_kernel(g, b, T, H, G: tl.constexpr, FLOOR: tl.constexpr,
     b_g = tl.where(b_g < FLOOR, FLOOR, b_g)   # -inf -> FLOOR (see GATE_FLOOR); NaN stays NaN
     tl.store(b + p_g, tl.cumsum(b_g, axis=0), mask=m_g)
     if L2NORM:
-        # q and k, [B, T, H, G] as the gates, divided by their L2 norm in the same pass (KDA): the
-        # program holds whole rows (BG >= G)
+        # q and k, [B, T, H, G] as the gates, divided by their L2 norm in the
+        # same pass (KDA): the program holds whole rows (BG >= G)
         b_q = tl.load(q + p_g, mask=m_g, other=0.0).to(tl.float32)
         b_k = tl.load(k + p_g, mask=m_g, other=0.0).to(tl.float32)
         tl.store(qn + p_g, (b_q * tl.rsqrt(tl.sum(b_q * b_q, axis=1) + EPS)[:, None]).to(qn.dtype.element_ty),
@@ -185,7 +185,8 @@ def _chunk_state_kernel(
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
 
     for i_t in range(NT):
-        # the state at the start of chunk i_t, for the output kernel (in the input dtype)
+        # the state at the start of chunk i_t, for the output kernel (in the
+        # input dtype)
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_h, b_h.to(h.dtype.element_ty), mask=m_h)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
@@ -195,8 +196,9 @@ def _chunk_state_kernel(
         t_last = tl.minimum(i_t * BT + BT, T) - 1
         if GAMMA:
             b_v = _chunk_values(v, w, v_new, b_h, i_b, i_h, o_t, m_t, o_k, m_k, o_v, m_v, T, H, K, V, DELTA, DOT_PREC)
-            # a fixed log decay per step and head: from token t to the chunk end it is gamma·(t_last - t),
-            # one product (no difference of cumulative sums); <= 0 on every real token, 0 on the padding
+            # a fixed log decay per step and head: from token t to the chunk
+            # end it is gamma·(t_last - t), one product (no difference of
+            # cumulative sums); <= 0 on every real token, 0 on the padding
             b_gam = load_log_decay(gamma, i_h)
             b_kt = (b_kt * tl.exp(b_gam * tl.maximum(t_last - o_t, 0).to(tl.float32))[None, :]).to(b_v.dtype)
             b_h = b_h * tl.exp(b_gam * (t_last + 1 - i_t * BT).to(tl.float32)) \
@@ -306,7 +308,8 @@ def _chunk_output_kernel(
 ):
     i_b, i_h, o_c, o_t, m_t, o_v, m_v, p_hc = output_tile(h, T, H, NT, K, V, BT, BV)
 
-    # inter-chunk: (Q ⊙ e^{b}) S_start · scale, a [BT, K] x [K, BV] product (exponent b <= 0)
+    # inter-chunk: (Q ⊙ e^{b}) S_start · scale, a [BT, K] x [K, BV] product
+    # (exponent b <= 0)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
@@ -318,8 +321,9 @@ def _chunk_output_kernel(
         b_h = tl.load(p_hc + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_o += tl.dot((b_q * tl.exp(b_g) * scale).to(b_h.dtype), b_h, input_precision=DOT_PREC)
 
-    # intra-chunk: A V, a [BT, BT] x [BT, BV] product over the causal triangle. A is zero above the
-    # diagonal, and dot_causal keeps a NaN or inf in a later token's v out of the earlier rows.
+    # intra-chunk: A V, a [BT, BT] x [BT, BV] product over the causal
+    # triangle. A is zero above the diagonal, and dot_causal keeps a NaN or
+    # inf in a later token's v out of the earlier rows.
     b_A = tl.load(A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
     b_A = tl.where(o_c[:, None] >= o_c[None, :], b_A, 0.0)
     p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]

@@ -158,23 +158,28 @@ _delta_state_grad_kernel = triton.autotune(configs=_DELTA_STATE_GRAD_CONFIGS, ke
 
 def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *, gamma=None,
                           Aqk=None, kg=None, w=None, du=None) -> None:
-    """The gradient of the state at the end of every chunk, walking the chunks backward from dht (the
-    final state's gradient), and at the start of the first (dh0): the backward's only sequential pass.
+    """The gradient of the state at the end of every chunk, walking the
+    chunks backward from dht (the final state's gradient), and at the start
+    of the first (dh0): the backward's only sequential pass.
 
-    q: [B, T, H, K]; do: [B, T, H, V], o's gradient in q's dtype; b: fp32 [B, T, H, G], the in-chunk
-    cumulative gates (G = K or 1), or b = None and gamma: fp32 [H], a log decay per step (as in
-    `chunk_state_pass`). Written: dstates [B, NT, H, K, V] (any float dtype; fp32 keeps the gate's gradient
-    accurate), dstates[:, n] the gradient reaching the state after chunk n; dh0 fp32 [B, H, K, V] unless
-    None. dht: fp32 [B, H, K, V] or None (zeros). All contiguous.
+    q: [B, T, H, K]; do: [B, T, H, V], o's gradient in q's dtype; b: fp32 [B,
+    T, H, G], the in-chunk cumulative gates (G = K or 1), or b = None and
+    gamma: fp32 [H], a log decay per step (as in `chunk_state_pass`).
+    Written: dstates [B, NT, H, K, V] (any float dtype; fp32 keeps the gate's
+    gradient accurate), dstates[:, n] the gradient reaching the state after
+    chunk n; dh0 fp32 [B, H, K, V] unless None. dht: fp32 [B, H, K, V] or
+    None (zeros). All contiguous.
 
         >>> dstates = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, device=q.device)
         >>> chunk_state_grad_pass(q, do, b, dstates, K ** -0.5, dht, dh0)
         >>> dstates[:, -1]          # dht itself
 
-    The delta rule (KDA), with Aqk [B, T, H, CHUNK] (the forward's query-key scores with scale, read on
-    and below the diagonal), kg and w [B, T, H, K] (the keys decayed to their chunk's end, and W) and
-    du [B, T, H, V] given: each chunk added K_gᵀ U, U = W' - W S, and du receives U's gradient
-    A_qkᵀ dO + K_g dS' (in its dtype); q and b are then the normalised queries and KDA's gates.
+    The delta rule (KDA), with Aqk [B, T, H, CHUNK] (the forward's query-key
+    scores with scale, read on and below the diagonal), kg and w [B, T, H, K]
+    (the keys decayed to their chunk's end, and W) and du [B, T, H, V] given:
+    each chunk added K_gᵀ U, U = W' - W S, and du receives U's gradient A_qkᵀ
+    dO + K_g dS' (in its dtype); q and b are then the normalised queries and
+    KDA's gates.
     """
     if (b is None) == (gamma is None):
         raise ValueError("chunk_state_grad_pass takes exactly one of b (cumulative gates) and gamma")
@@ -259,15 +264,18 @@ def _chunk_dv_kernel(
 
 
 def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None) -> None:
-    """dv = A^T dO + (K ⊙ e^{b_L - b}) dS' for every chunk, and dA = scale · dO V^T on and below the
-    diagonal (the scores' gradient, scale folded in), all chunks in parallel.
+    """dv = A^T dO + (K ⊙ e^{b_L - b}) dS' for every chunk, and dA = scale ·
+    dO V^T on and below the diagonal (the scores' gradient, scale folded in),
+    all chunks in parallel.
 
-    q, k: [B, T, H, K]; v, do: [B, T, H, V]; b: fp32 [B, T, H, G] (G = K or 1) and A: [B, T, H, CHUNK]
-    the forward's scores (`chunk_output`'s layout); or A = None with a gate per head (G = 1, Mamba-2):
-    the scores scale · (Q K^T ⊙ e^{b_t - b_j}) are recomputed here; or b = A = None and gamma: fp32 [H],
-    when the scores are scale · (Q K^T ⊙ λ^(t-j)), recomputed too (q is read only in these two cases).
-    dstates: [B, NT, H, K, V]
-    (`chunk_state_grad_pass`). Written: dv [B, T, H, V]; dA fp32 [B, T, H, CHUNK], zero above the diagonal.
+    q, k: [B, T, H, K]; v, do: [B, T, H, V]; b: fp32 [B, T, H, G] (G = K or
+    1) and A: [B, T, H, CHUNK] the forward's scores (`chunk_output`'s
+    layout); or A = None with a gate per head (G = 1, Mamba-2): the scores
+    scale · (Q K^T ⊙ e^{b_t - b_j}) are recomputed here; or b = A = None and
+    gamma: fp32 [H], when the scores are scale · (Q K^T ⊙ λ^(t-j)),
+    recomputed too (q is read only in these two cases).
+    dstates: [B, NT, H, K, V] (`chunk_state_grad_pass`). Written: dv [B, T,
+    H, V]; dA fp32 [B, T, H, CHUNK], zero above the diagonal.
 
         >>> dA = torch.empty(B, T, H, CHUNK, device=q.device)
         >>> chunk_dv(q, k, v, b, A, dstates, do, dv := torch.empty_like(v), dA, scale=K ** -0.5)
@@ -465,16 +473,22 @@ def _chunk_dqk_kernel(
 
 
 def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float, *, gamma=None) -> None:
-    """dq, dk and the gate's gradient dg for every chunk, all chunks in parallel: the inter-chunk terms
-    from the chunk-start states and the chunk-end gradients, the intra-chunk terms from dA.
+    """dq, dk and the gate's gradient dg for every chunk, all chunks in
+    parallel: the inter-chunk terms from the chunk-start states and the
+    chunk-end gradients, the intra-chunk terms from dA.
 
-    q, k: [B, T, H, K]; v, do: [B, T, H, V]; gk: [B, T, H, G], the log gates as given (G = K or 1);
-    b: fp32 [B, T, H, G], their in-chunk cumulative sum; states: [B, NT, H, K, V] (`chunk_state_pass`)
-    and dstates (`chunk_state_grad_pass`), fp32 for an accurate gate gradient; dA: fp32 [B, T, H, CHUNK]
-    (`chunk_dv`). Or gk = b = None and gamma: fp32 [H], a fixed log decay per step (no gate gradient).
-    Written: dq, dk [B, T, H, K]; dg [B, T, H, G] in any float dtype unless None. All contiguous.
-    A gate per head (G = 1) or gamma: one launch of whole-chunk products (the decay factors out of the key
-    sum); a gate per key channel (G = K): a first launch sums the pairs j < t in sub-chunks of 16 rows.
+    q, k: [B, T, H, K]; v, do: [B, T, H, V]; gk: [B, T, H, G], the log gates
+    as given (G = K or 1);
+    b: fp32 [B, T, H, G], their in-chunk cumulative sum; states: [B, NT, H,
+    K, V] (`chunk_state_pass`) and dstates (`chunk_state_grad_pass`), fp32
+    for an accurate gate gradient; dA: fp32 [B, T, H, CHUNK] (`chunk_dv`). Or
+    gk = b = None and gamma: fp32 [H], a fixed log decay per step (no gate
+    gradient).
+    Written: dq, dk [B, T, H, K]; dg [B, T, H, G] in any float dtype unless
+    None. All contiguous. A gate per head (G = 1) or gamma: one launch of
+    whole-chunk products (the decay factors out of the key sum); a gate per
+    key channel (G = K): a first launch sums the pairs j < t in sub-chunks of
+    16 rows.
 
         >>> dq, dk, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(gk)
         >>> chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale=K ** -0.5)

@@ -33,7 +33,8 @@ def decode_bytes(vectors_per_token: int):
 
 
 def chunk_flops(c):
-    """Matmul work of the chunk algorithm (chunk C = 64, NT = ceil(T / C) chunks), per (batch, head):
+    """Matmul work of the chunk algorithm (chunk C = 64, NT = ceil(T / C)
+    chunks), per (batch, head):
 
     per chunk, intra scores Q K^T on the causal triangle: C(C+1)/2 pairs x 2K = C(C+1)·K;
     intra (scores) V on the same triangle: C(C+1)·V; inter Q S (queries decayed to the chunk start):

@@ -11,11 +11,13 @@ from ..launch import cdiv, launch, pow2_at_least_16
 
 
 def decode_tiles(K: int, V: int, NBH: int):
-    """(BM, BN, num_warps, num_stages) for the step: BM = the key rows (K padded to a power of two),
-    BN = the value columns of one program's tile. The choices are what the H200's autotuner picked for
-    GLA's step (the same state tile and traffic as Lightning's and KDA's): narrow tiles and many warps
-    when few (batch, head) pairs must fill 132 SMs, wider ones when there are plenty. The tile is kept
-    at <= 128 fp32 registers per thread, and never wider than V needs."""
+    """(BM, BN, num_warps, num_stages) for the step: BM = the key rows (K
+    padded to a power of two), BN = the value columns of one program's tile.
+    The choices are what the H200's autotuner picked for GLA's step (the same
+    state tile and traffic as Lightning's and KDA's): narrow tiles and many
+    warps when few (batch, head) pairs must fill 132 SMs, wider ones when
+    there are plenty. The tile is kept at <= 128 fp32 registers per thread,
+    and never wider than V needs."""
     BM = pow2_at_least_16(K)
     if INTERPRET:
         return [(BM, min(32, pow2_at_least_16(V)), 4, 1)]

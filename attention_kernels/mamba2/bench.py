@@ -109,9 +109,10 @@ def _scan_inputs(c):
 
 
 def prefill_flops(c):
-    """Matmul work of the chunk form (C = 64, NT chunks), per (batch, head): C Bᵀ on the causal
-    triangle C(C+1)·dstate, (L ∘ C Bᵀ) X on it C(C+1)·D, C S_start 2·C·dstate·D, the chunk state
-    Bᵀ X 2·C·dstate·D (counted per head, as the book computes it, also where heads share a group)."""
+    """Matmul work of the chunk form (C = 64, NT chunks), per (batch, head):
+    C Bᵀ on the causal triangle C(C+1)·dstate, (L ∘ C Bᵀ) X on it C(C+1)·D, C
+    S_start 2·C·dstate·D, the chunk state Bᵀ X 2·C·dstate·D (counted per
+    head, as the book computes it, also where heads share a group)."""
     C, N, P = CHUNK, c["dstate"], c["D"]
     nt = -(-c["T"] // C)
     return c["B"] * c["H"] * nt * (C * (C + 1) * (N + P) + 4 * C * N * P)

@@ -127,9 +127,11 @@ def _ssd_state_kernel(
     N: tl.constexpr, P: tl.constexpr, L: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    # one program: dstate rows [i_k·BK, ..) and headdim columns [i_v·BV, ..) of one (batch, head)'s
-    # state, carried in fp32 from chunk to chunk; a chunk of L tokens is read in blocks of BT <= 64
-    # (L / BT of them, unrolled), so a long chunk holds no more in registers than a chunk of 64
+    # one program: dstate rows [i_k·BK, ..) and headdim columns [i_v·BV, ..)
+    # of one (batch, head)'s state, carried in fp32 from chunk to chunk; a
+    # chunk of L tokens is read in blocks of BT <= 64 (L / BT of them,
+    # unrolled), so a long chunk holds no more in registers than a chunk of
+    # 64
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     i_g = i_h // HPG                                     # the head's group: its B
@@ -145,7 +147,8 @@ def _ssd_state_kernel(
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
 
     for i_t in range(NT):
-        # the state at the start of chunk i_t, for the output kernel (in the input dtype)
+        # the state at the start of chunk i_t, for the output kernel (in the
+        # input dtype)
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * N * P + p_h, b_h.to(h.dtype.element_ty), mask=m_h)
         t_last = tl.minimum(i_t * L + L, T) - 1
         b_last = tl.load(b + (i_b * T + t_last) * H + i_h)
@@ -154,8 +157,9 @@ def _ssd_state_kernel(
             o_t = i_t * L + i_s * BT + tl.arange(0, BT)
             m_t = o_t < T
             p_th = (i_b * T + o_t) * H + i_h
-            # token s enters the state as (dt_s e^{b_last - b_s} B_s) x_sᵀ: dt and the decay to the chunk
-            # end (exponent <= 0 in a model) are one number per token, applied to Bᵀ's columns; x·dt is
+            # token s enters the state as (dt_s e^{b_last - b_s} B_s) x_sᵀ:
+            # dt and the decay to the chunk end (exponent <= 0 in a model)
+            # are one number per token, applied to Bᵀ's columns; x·dt is
             # never formed
             b_w = tl.load(dt + p_th, mask=m_t, other=0.0) * tl.exp(b_last - tl.load(b + p_th, mask=m_t, other=0.0))
             b_w = tl.where(m_t, b_w, 0.0)
@@ -311,8 +315,9 @@ def _ssd_output_kernel(
     N: tl.constexpr, P: tl.constexpr, L: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    # one program: block i_s (BT rows) of chunk i_t (L = NB·BT rows), headdim columns [i_v·BV, ..), of
-    # one (batch, head). A chunk of at most 64 tokens is one block.
+    # one program: block i_s (BT rows) of chunk i_t (L = NB·BT rows), headdim
+    # columns [i_v·BV, ..), of one (batch, head). A chunk of at most 64
+    # tokens is one block.
     NB = L // BT                                         # blocks per chunk (a constexpr)
     i_v, i_ts, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_t, i_s = i_ts // NB, i_ts % NB
@@ -328,7 +333,8 @@ def _ssd_output_kernel(
     b_b = tl.load(b + p_th, mask=m_t, other=0.0)         # [BT] cumulative log decay from the chunk start
     b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)       # [BT] dt after bias and softplus
 
-    # C S_start and C Bᵀ, both over dstate in tiles of BK: [BT, BV] and [BT, BT]
+    # C S_start and C Bᵀ, both over dstate in tiles of BK: [BT, BV] and [BT,
+    # BT]
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_S = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(N, BK)):
@@ -341,11 +347,13 @@ def _ssd_output_kernel(
         b_o += tl.dot(b_c, b_h.to(b_c.dtype), input_precision=DOT_PREC)
         b_S += tl.dot(b_c, tl.trans(b_k), input_precision=DOT_PREC)
 
-    # inter-chunk: diag(e^{b_t}) (C S_start): one decay per row, from the chunk start to token t
+    # inter-chunk: diag(e^{b_t}) (C S_start): one decay per row, from the
+    # chunk start to token t
     b_o = b_o * tl.exp(b_b)[:, None]
 
-    # intra-chunk, the chunk's earlier blocks (a chunk longer than one block): every token s of block
-    # j < i_s precedes every row t, so (L ∘ C Bᵀ) needs no mask there, L_ts = e^{b_t - b_s}
+    # intra-chunk, the chunk's earlier blocks (a chunk longer than one
+    # block): every token s of block j < i_s precedes every row t, so (L ∘ C
+    # Bᵀ) needs no mask there, L_ts = e^{b_t - b_s}
     if NB > 1:
         for j in range(i_s):
             o_j = i_t * L + j * BT + o_c                 # block j's tokens (all < T: block i_s has a row < T)
@@ -377,7 +385,8 @@ def _ssd_output_kernel(
     b_x = tl.load(x + p_x, mask=m_x, other=0.0)
     b_o = dot_causal(b_S.to(b_x.dtype), b_x, b_o, DOT_PREC)
 
-    # the skip D ⊙ x (x is already in registers) and the gate silu(z), on the fp32 accumulator
+    # the skip D ⊙ x (x is already in registers) and the gate silu(z), on the
+    # fp32 accumulator
     if HAS_D:
         b_D = tl.load(D + i_h * s_Dh + o_v * s_Dp, mask=m_v, other=0.0).to(tl.float32)
         b_o += b_x.to(tl.float32) * b_D[None, :]
@@ -411,7 +420,8 @@ def ssd_output(C, B, x, dtf, b, states, D, z, y, chunk_size: int = CHUNK) -> Non
 
 def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
                        return_final_states):
-    """The scan on checked inputs (interface.ssd_chunk_scan): returns (y, final_states or None)."""
+    """The scan on checked inputs (interface.ssd_chunk_scan): returns (y,
+    final_states or None)."""
     Bt, T, H, P, N, G = dims
     x, B, C = x.contiguous(), B.contiguous(), C.contiguous()
     z = None if z is None else z.contiguous()
@@ -552,24 +562,30 @@ def _elementwise_grid(Bt, T, HP):
 def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor | None,
                        dt_bias: torch.Tensor | None, dt_softplus: bool, initial_states: torch.Tensor | None,
                        dy, dfinal: torch.Tensor | None):
-    """The scan's gradients, recomputed from its inputs in chunks of CHUNK = 64 tokens, whatever chunk the
-    forward took (the gradient is the same function's). dy: y's gradient [Bt, T, H, P]; dfinal: the
-    final states' (fp32 [Bt, H, P, N]) or None. Other arguments as `ssd_chunk_scan_fwd` takes them.
+    """The scan's gradients, recomputed from its inputs in chunks of CHUNK =
+    64 tokens, whatever chunk the forward took (the gradient is the same
+    function's). dy: y's gradient [Bt, T, H, P]; dfinal: the final states'
+    (fp32 [Bt, H, P, N]) or None. Other arguments as `ssd_chunk_scan_fwd`
+    takes them.
 
-    SSD is linear attention with one log gate per head and token (chunk.py's docstring), so the chunk
-    recurrence's gradient is the shared backward's (attention_kernels/linear/chunk_backward.py) with q = C and
-    k = B·dt, both expanded to every head (one launch writes both, in the inputs' dtype), v = x, scale 1,
-    the gate g = dt·A as [Bt, T, H, 1] and the states transposed ([dstate, headdim] = [K, V]). Around it,
-    one elementwise launch each (fp32 inside, every tensor of [Bt, T, H, P] read or written once):
-    the tail y = (o + D ⊙ x) ⊙ silu(z) before (dz, o's gradient in x's dtype and dD's per-tile sums;
-    its o + D ⊙ x recomputed by the output kernel when z is given), dx = dv + do ⊙ D after (dv is dx
-    itself, in x's dtype, without D), and the group sums of B's and C's gradients with dt's share
-    through the keys (dk · B), reading dq and dk once. dt's gate and softplus paths, on [Bt, T, H],
-    stay in PyTorch.
+    SSD is linear attention with one log gate per head and token (chunk.py's
+    docstring), so the chunk recurrence's gradient is the shared backward's
+    (attention_kernels/linear/chunk_backward.py) with q = C and k = B·dt,
+    both expanded to every head (one launch writes both, in the inputs'
+    dtype), v = x, scale 1, the gate g = dt·A as [Bt, T, H, 1] and the states
+    transposed ([dstate, headdim] = [K, V]). Around it, one elementwise
+    launch each (fp32 inside, every tensor of [Bt, T, H, P] read or written
+    once): the tail y = (o + D ⊙ x) ⊙ silu(z) before (dz, o's gradient in x's
+    dtype and dD's per-tile sums; its o + D ⊙ x recomputed by the output
+    kernel when z is given), dx = dv + do ⊙ D after (dv is dx itself, in x's
+    dtype, without D), and the group sums of B's and C's gradients with dt's
+    share through the keys (dk · B), reading dq and dk once. dt's gate and
+    softplus paths, on [Bt, T, H], stay in PyTorch.
 
-    Returns the gradients of x, dt, A, B, C, then of D, z, dt_bias and initial_states where those are
-    given (an absent argument has no entry, so the tuple is the same eagerly and as a compiled op's
-    result), each in its argument's dtype and shape, contiguous.
+    Returns the gradients of x, dt, A, B, C, then of D, z, dt_bias and
+    initial_states where those are given (an absent argument has no entry, so
+    the tuple is the same eagerly and as a compiled op's result), each in its
+    argument's dtype and shape, contiguous.
     """
     Bt, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
@@ -605,7 +621,8 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
             dD = dD_part.sum(0).view(H, P)
             dD = (dD if D.dim() == 2 else dD.sum(-1)).to(D.dtype)
 
-    # the chunk recurrence: q = C, k = B·dt per head, v = x, the gate dt·A per head
+    # the chunk recurrence: q = C, k = B·dt per head, v = x, the gate dt·A
+    # per head
     q, k = torch.empty(Bt, T, H, N, dtype=C.dtype, device=dev), torch.empty(Bt, T, H, N, dtype=x.dtype, device=dev)
     BN = min(128, pow2_at_least_16(N))
     BT = 2048 // BN
@@ -631,7 +648,8 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
             dv, dy, z, D, dx, T, HP, P, *s_D, HAS_Z=z is not None, BT=_TAIL_ROWS, BC=_TAIL_COLS,
             num_warps=_TAIL_WARPS)
 
-    # back through k = B·dt (the group sums), g = dt·A, dt = softplus(dt + dt_bias)
+    # back through k = B·dt (the group sums), g = dt·A, dt = softplus(dt +
+    # dt_bias)
     ddt = torch.empty(Bt, T, H, dtype=f32, device=dev)
     dB, dC = torch.empty_like(B), torch.empty_like(C)
     BN = pow2_at_least_16(N)

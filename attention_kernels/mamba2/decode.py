@@ -71,9 +71,10 @@ def _selective_state_update_kernel(
     TIE_HDIM: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_SLOTS: tl.constexpr,
 ):
-    # A unit is one (batch row, head, BM headdim rows) tile of the state, BN covering the whole dstate. A
-    # program takes UNITS consecutive units and loads each tile while it still updates the one before, so
-    # one read stays in flight while it computes and writes.
+    # A unit is one (batch row, head, BM headdim rows) tile of the state, BN
+    # covering the whole dstate. A program takes UNITS consecutive units and
+    # loads each tile while it still updates the one before, so one read
+    # stays in flight while it computes and writes.
     o_m, o_n = tl.arange(0, BM), tl.arange(0, BN)
     m_n = o_n < N
     if EVEN:  # the rows of a tile back to back: offsets the compiler knows, folded into the loads
@@ -87,13 +88,15 @@ def _selective_state_update_kernel(
     for i in range(UNITS):
         i_b, i_h, p0, p_base = _unit_tile(u0 + i, slots, state, s_sb, s_sh, s_sp, b, H, n_p, BM, HAS_SLOTS)
         b_s = b_next
-        # the next tile's read (none after the last), issued before this one is updated and written; one load
-        # on every pass, so that the compiler keeps a single copy of the tile in flight
+        # the next tile's read (none after the last), issued before this one
+        # is updated and written; one load on every pass, so that the
+        # compiler keeps a single copy of the tile in flight
         i_bn, _, p0n, p_next = _unit_tile(u0 + i + 1, slots, state, s_sb, s_sh, s_sp, b, H, n_p, BM, HAS_SLOTS)
         b_next = _load_tile(p_next + p_tile, p0n, i_bn, b, P, m_n, o_m, i + 1 < UNITS, EVEN)
         o_p = p0 + o_m
-        # `!= 0` keeps the masks boolean under Triton's interpreter, which widens a broadcast scalar comparison
-        # (i_b < b) to int32, a mask its 3.9 refuses (compiled, the test adds no instruction)
+        # `!= 0` keeps the masks boolean under Triton's interpreter, which
+        # widens a broadcast scalar comparison (i_b < b) to int32, a mask its
+        # 3.9 refuses (compiled, the test adds no instruction)
         m_p = ((o_p < P) & (i_b < b)) != 0
 
         p_x = (i_b * H + i_h) * P + o_p                    # x, z and y are contiguous [b, H, P]
@@ -117,7 +120,8 @@ def _selective_state_update_kernel(
         if TIE_HDIM:
             b_decay = tl.exp(tl.load(A + i_h * s_ah).to(tl.float32) * b_dt)       # one number for the tile
         elif A_SCALAR:
-            # one A per head: the decay is one number per headdim row, [BM, 1]
+            # one A per head: the decay is one number per headdim row, [BM,
+            # 1]
             b_A = tl.load(A + i_h * s_ah).to(tl.float32)
             b_decay = tl.exp(b_A * b_dt)[:, None]
         else:

@@ -49,7 +49,8 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     check_step_inputs(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices)
     x, B, C = x.contiguous(), B.contiguous(), C.contiguous()
     z = None if z is None else z.contiguous()
-    # the kernel reads the slot table as contiguous (a no-op when it is, as a serving engine's is)
+    # the kernel reads the slot table as contiguous (a no-op when it is, as a
+    # serving engine's is)
     slots = None if state_batch_indices is None else state_batch_indices.contiguous()
     y = torch.empty_like(x)
     selective_state_update_fwd(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, y,

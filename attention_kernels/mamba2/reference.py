@@ -29,9 +29,10 @@ def _per_head(t, H):
 
 
 def mamba2_step(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
-    """One Mamba-2 step, a pure function: returns (y [b, H, P] in x's dtype, the new state in the
-    math dtype). state [b, H, P, N]; x, dt, z [b, H, P]; A [H, P, N] (mamba_ssm's decode layout: a
-    Mamba-2 model passes one scalar per head, broadcast); B, C [b, G, N]; D, dt_bias [H, P].
+    """One Mamba-2 step, a pure function: returns (y [b, H, P] in x's dtype,
+    the new state in the math dtype). state [b, H, P, N]; x, dt, z [b, H, P];
+    A [H, P, N] (mamba_ssm's decode layout: a Mamba-2 model passes one scalar
+    per head, broadcast); B, C [b, G, N]; D, dt_bias [H, P].
 
         >>> y, h = mamba2_step(torch.zeros(1, 2, 4, 8), x, dt, A, B, C, dt_softplus=True)
     """
@@ -160,12 +161,13 @@ def rmsnorm_ref(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_before_
 
 
 def mamba1_step(state, x, dt, A, B, C):
-    """Mamba-1's selective step, the predecessor (Gu & Dao 2023): A is [D, N], one value per
-    (channel, state), so the decay exp(dt·A) is a full [D, N] matrix per token and the scan cannot
-    be written as a matmul. The source article's 'Mamba-2 step' is this one.
+    """Mamba-1's selective step, the predecessor (Gu & Dao 2023): A is [D,
+    N], one value per (channel, state), so the decay exp(dt·A) is a full [D,
+    N] matrix per token and the scan cannot be written as a matmul. The
+    source article's 'Mamba-2 step' is this one.
 
-    state [b, D, N]; x, dt [b, D] (dt already positive); A [D, N]; B, C [b, N].
-    Returns (y [b, D], the new state)."""
+    state [b, D, N]; x, dt [b, D] (dt already positive); A [D, N]; B, C [b,
+    N]. Returns (y [b, D], the new state)."""
     h = torch.exp(dt[..., None] * A) * state + (dt * x)[..., None] * B[:, None, :]
     return (h * C[:, None, :]).sum(-1), h
 

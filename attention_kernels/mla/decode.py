@@ -46,11 +46,12 @@ def _mla_decode_kernel(
 ):
     ROWS: tl.constexpr = S_Q * H       # (query, head) pairs share every cache tile
     D_PE: tl.constexpr = D_QK - D_V    # the RoPE part of the key (64 for DeepSeek)
-    # Head blocks vary fastest, so the programs reading the same cache slice run
-    # side by side and the second read comes from L2.
+    # Head blocks vary fastest, so the programs reading the same cache slice
+    # run side by side and the second read comes from L2.
     i_hb, i_s, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
 
-    # This program's slice of the sequence: [start, end), a multiple of BN long.
+    # This program's slice of the sequence: [start, end), a multiple of BN
+    # long.
     seqlen = tl.load(seqlens + i_b)
     split_len = tl.cdiv(tl.cdiv(seqlen, num_splits), BN) * BN
     start = i_s * split_len
@@ -68,15 +69,17 @@ def _mla_decode_kernel(
     b_qc = tl.load(p_q + o_v[None, :], mask=m_qv, other=0.0)
     if D_PE > 0:
         b_qp = tl.load(p_q + D_V + o_p[None, :], mask=m_r[:, None] & (o_p < D_PE)[None, :], other=0.0)
-    # Every query sees the positions below shared_end. With causal=True query i sees positions
-    # < seqlen - s_q + i + 1, so the last s_q - 1 positions are seen by the later queries only: the tile
-    # loop leaves them (this slice's share: x0 ... end) to single steps after it.
+    # Every query sees the positions below shared_end. With causal=True query
+    # i sees positions < seqlen - s_q + i + 1, so the last s_q - 1 positions
+    # are seen by the later queries only: the tile loop leaves them (this
+    # slice's share: x0 ... end) to single steps after it.
     shared_end = seqlen
     if CAUSAL:
         shared_end = seqlen - S_Q + 1
         x0 = tl.maximum(start, shared_end)
         o_x = tl.arange(0, BX)
-        # Their scores now, while the query block is in registers: position x0 + j in column j.
+        # Their scores now, while the query block is in registers: position
+        # x0 + j in column j.
         b_xs = tl.full([BH, BX], float("-inf"), tl.float32)
         for j in range(0, end - x0):
             p_x = _cache_row(kv, block_table, i_b, x0 + j, stride_kb, stride_kt, stride_bt, PAGE, PAGED)
@@ -93,21 +96,25 @@ def _mla_decode_kernel(
     b_acc = tl.zeros([BH, BV], tl.float32)          # running sum of p * value
     o_t = tl.arange(0, BN)
     if TMA:
-        # This sequence's cache as a [shared_end, D_QK] matrix: the copy engine fetches whole tiles
-        # and fills rows past shared_end with zeros, so nothing past them is ever read.
-        # Columns past D_V in a [BN, BV] tile (BV > D_V) meet zeros in the query and are not stored.
+        # This sequence's cache as a [shared_end, D_QK] matrix: the copy
+        # engine fetches whole tiles and fills rows past shared_end with
+        # zeros, so nothing past them is ever read. Columns past D_V in a
+        # [BN, BV] tile (BV > D_V) meet zeros in the query and are not
+        # stored.
         seq = kv + i_b.to(tl.int64) * stride_kb
         d_c = tl.make_tensor_descriptor(seq, shape=[shared_end, D_QK], strides=[stride_kt, 1], block_shape=[BN, BV])
         if D_PE > 0:
             d_p = tl.make_tensor_descriptor(seq, shape=[shared_end, D_QK], strides=[stride_kt, 1],
                                             block_shape=[BN, BP])
     elif not PAGED:
-        # Contiguous cache without TMA: one 64-bit base per program; each tile moves it by BN rows.
+        # Contiguous cache without TMA: one 64-bit base per program; each
+        # tile moves it by BN rows.
         p_c = kv + i_b.to(tl.int64) * stride_kb + (start + o_t).to(tl.int64)[:, None] * stride_kt
     for n0 in range(start, loop_end, BN):
         o_n = n0 + o_t
         m_n = o_n < loop_end                          # never read past the sequence
-        # One cache tile, read once for all BH rows: latent c [BN, 512] (key part and value).
+        # One cache tile, read once for all BH rows: latent c [BN, 512] (key
+        # part and value).
         if TMA:
             b_c = d_c.load([n0, 0])
         else:
@@ -126,9 +133,10 @@ def _mla_decode_kernel(
                 b_pe = tl.load(p_c + D_V + o_p[None, :], mask=m_n[:, None] & (o_p < D_PE)[None, :], other=0.0)
             b_s = tl.dot(b_qp, tl.trans(b_pe), b_s)
         b_s = tl.where(m_n[None, :], b_s, float("-inf"))
-        # Online softmax; a row with nothing visible yet keeps m = -inf, l = 0, acc = 0.
-        # The scale is positive, so max(s) * scale is the max of the scaled scores, and
-        # s * scale - m is one fused multiply-add per score.
+        # Online softmax; a row with nothing visible yet keeps m = -inf, l =
+        # 0, acc = 0. The scale is positive, so max(s) * scale is the max of
+        # the scaled scores, and s * scale - m is one fused multiply-add per
+        # score.
         b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * scale_log2)
         b_m_safe = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
         b_alpha = tl.exp2(b_m - b_m_safe)
@@ -140,8 +148,9 @@ def _mla_decode_kernel(
             p_c += BN * stride_kt
 
     if CAUSAL:
-        # The positions only some rows see, in fp32. A row's weight for a position it cannot see is dropped
-        # by a select, never multiplied by 0, so even a NaN there stays out of its row (0 * NaN is NaN).
+        # The positions only some rows see, in fp32. A row's weight for a
+        # position it cannot see is dropped by a select, never multiplied by
+        # 0, so even a NaN there stays out of its row (0 * NaN is NaN).
         seen = seqlen - S_Q + o_r // H + 1                       # row r sees positions < seen[r]
         m_x = ((x0 + o_x)[None, :] < seen[:, None]) & ((x0 + o_x)[None, :] < end)
         b_xs = tl.where(m_x, b_xs, float("-inf"))
@@ -165,13 +174,15 @@ def _mla_decode_kernel(
         m_o = m_o & (o_v < D_V)[None, :]
     o_br = (i_b * ROWS + o_r).to(tl.int64)
     if SPLIT:
-        # Partial result of this slice, merged later by `_mla_combine_kernel`.
+        # Partial result of this slice, merged later by
+        # `_mla_combine_kernel`.
         p_w = ws_o + (o_br * num_splits + i_s)[:, None] * D_V + o_v[None, :]
         tl.store(p_w, b_o, mask=m_o)
         tl.store(ws_lse + o_br * num_splits + i_s, b_lse, mask=m_r)
     else:
         tl.store(o + o_br[:, None] * D_V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_o)
-        # lse is [B, H, s_q]: row r is query r // H of head r % H; natural log.
+        # lse is [B, H, s_q]: row r is query r // H of head r % H; natural
+        # log.
         tl.store(lse + (i_b * H + o_r % H) * S_Q + o_r // H, b_lse * _LN2, mask=m_r)
 
 
@@ -181,15 +192,18 @@ def _mla_combine_kernel(
     S_Q: tl.constexpr, H: tl.constexpr, D_V: tl.constexpr,
     BS: tl.constexpr, BV: tl.constexpr,
 ):
-    """Merge the num_splits partials of one (batch, query, head) row: its whole value, all D_V columns.
+    """Merge the num_splits partials of one (batch, query, head) row: its
+    whole value, all D_V columns.
 
-    ws_o fp32 [rows, num_splits, D_V] and ws_lse fp32 [rows, num_splits] (base 2, -inf for an empty slice),
-    rows = B * S_Q * H in o's order; o [B, S_Q, H, D_V] (its own dtype), lse fp32 [B, H, S_Q] (natural log).
+    ws_o fp32 [rows, num_splits, D_V] and ws_lse fp32 [rows, num_splits]
+    (base 2, -inf for an empty slice), rows = B * S_Q * H in o's order; o [B,
+    S_Q, H, D_V] (its own dtype), lse fp32 [B, H, S_Q] (natural log).
     """
     ROWS: tl.constexpr = S_Q * H
     i_br = tl.program_id(0)
     i_b, i_r = i_br // ROWS, i_br % ROWS
-    # The slices' weights, exp2(lse - max) / their sum: first the max and the sum, from the lse vector.
+    # The slices' weights, exp2(lse - max) / their sum: first the max and the
+    # sum, from the lse vector.
     p_lse = ws_lse + i_br.to(tl.int64) * num_splits
     o_s = tl.arange(0, BS)
     b_lse = tl.load(p_lse + o_s, mask=o_s < num_splits, other=float("-inf"))
@@ -197,9 +211,10 @@ def _mla_combine_kernel(
     b_m = tl.where(b_m == float("-inf"), 0.0, b_m)   # every slice empty: all weights exp2(-inf) = 0
     b_sum = tl.sum(tl.exp2(b_lse - b_m), 0)
     b_norm = tl.where(b_sum > 0, b_sum, 1.0)
-    # Then the slices one at a time, each a contiguous run of D_V floats (one coalesced load), so the
-    # registers hold one slice, not all of them. The loop's stages keep the loads of the next slices in
-    # flight while this one is added: without them a program waits a memory latency per slice.
+    # Then the slices one at a time, each a contiguous run of D_V floats (one
+    # coalesced load), so the registers hold one slice, not all of them. The
+    # loop's stages keep the loads of the next slices in flight while this
+    # one is added: without them a program waits a memory latency per slice.
     o_v = tl.arange(0, BV)
     m_v = o_v < D_V
     p_w = ws_o + i_br.to(tl.int64) * num_splits * D_V + o_v

@@ -161,12 +161,15 @@ def _copy_region(desc, row, col, dst, ready, empty, r, t, STAGES: gl.constexpr, 
 @gluon.jit
 def _load_kv_tile(kn, kp, row, kv_nope_s, kv_pe_s, ready, empty, t, BN: gl.constexpr, STAGES: gl.constexpr,
                   D_V: gl.constexpr, D_PE: gl.constexpr):
-    """Copy cache tile t (BN rows x 576, from cache row `row` of the descriptors) into ring slot t % STAGES as
-    three regions with a barrier pair each: value half 0 (latent columns 0-255, region 0), half 1 (region 1) and
-    the RoPE columns (region 2). Each is refilled as soon as its last reader of tile t - STAGES is done: the RoPE
-    columns after that tile's scores, half h after warpgroup h's value product. They are copied in the order
-    they free up: RoPE, then the half of warpgroup t % 2 (which scores tile t, scored tile t - 2 too and
-    multiplied its own half of that tile first), then the other half."""
+    """Copy cache tile t (BN rows x 576, from cache row `row` of the
+    descriptors) into ring slot t % STAGES as three regions with a barrier
+    pair each: value half 0 (latent columns 0-255, region 0), half 1 (region
+    1) and the RoPE columns (region 2). Each is refilled as soon as its last
+    reader of tile t - STAGES is done: the RoPE columns after that tile's
+    scores, half h after warpgroup h's value product. They are copied in the
+    order they free up: RoPE, then the half of warpgroup t % 2 (which scores
+    tile t, scored tile t - 2 too and multiplied its own half of that tile
+    first), then the other half."""
     st = t % STAGES
     HALF: gl.constexpr = D_V // 2
     half0 = kv_nope_s.index(st).slice(0, HALF, dim=1)
@@ -249,8 +252,9 @@ def _stage_out(q_nope_s, lse_ptr, acc, m_i, l_tot, row0, o_staged, WG: gl.conste
 @gluon.jit
 def _ws_load_partition(q_ptr, kv_ptr, o_ptr, num_splits, q_row0, b, start, n_valid, n_tiles, t_max, stride_kb,
                        stride_kt, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty, o_staged):
-    """1 warp: the query block once, then every cache tile, region by region, each as soon as it is free; last,
-    a whole sequence's output (`_copy_out`)."""
+    """1 warp: the query block once, then every cache tile, region by region,
+    each as soon as it is free; last, a whole sequence's output
+    (`_copy_out`)."""
     STAGES: gl.constexpr = kv_nope_s.shape[0]
     BN: gl.constexpr = kv_nope_s.shape[1]
     D_V: gl.constexpr = kv_nope_s.shape[2]
@@ -260,7 +264,8 @@ def _ws_load_partition(q_ptr, kv_ptr, o_ptr, num_splits, q_row0, b, start, n_val
     kp_layout: gl.constexpr = kv_pe_s.layout
     kn, kp = _slice_descs(kv_ptr, b, start, n_valid, t_max, stride_kb, stride_kt, BN, D_V, D_PE, kn_layout, kp_layout)
     for t in range(n_tiles):
-        # (A fresh mbarrier counts as having completed the phase before phase 0: the first lap passes at once.)
+        # (A fresh mbarrier counts as having completed the phase before phase
+        # 0: the first lap passes at once.)
         _load_kv_tile(kn, kp, t * BN, kv_nope_s, kv_pe_s, kv_ready, kv_empty, t, BN, STAGES, D_V, D_PE)
     if num_splits == 1:
         _copy_out(o_ptr, q_row0, q_nope_s, o_staged)
@@ -270,14 +275,17 @@ def _ws_load_partition(q_ptr, kv_ptr, o_ptr, num_splits, q_row0, b, start, n_val
 def _ws_load_partition_paged(q_ptr, kv_ptr, bt_ptr, o_ptr, num_splits, q_row0, b, start, n_valid, n_tiles, n_rows,
                              stride_bt, stride_kt, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty,
                              o_staged):
-    """1 warp, paged cache (pages of BN positions, so one tile is one page): the query block once, then every
-    page of this CTA's slice, its row found in the block table, region by region as in `_load_kv_tile`; last,
-    a whole sequence's output (`_copy_out`).
+    """1 warp, paged cache (pages of BN positions, so one tile is one page):
+    the query block once, then every page of this CTA's slice, its row found
+    in the block table, region by region as in `_load_kv_tile`; last, a whole
+    sequence's output (`_copy_out`).
 
-    The cache is read as one matrix of n_rows = num_blocks * BN rows; tile t is the BN rows from
-    block_table[b, start // BN + t] * BN on. A sequence that ends mid-page ends in its last tile: that tile
-    is copied through descriptors of its own, bounded at the sequence's last row, so the copy engine
-    zero-fills the rest of the page (whatever the unused slots hold, NaN included, never reaches P V)."""
+    The cache is read as one matrix of n_rows = num_blocks * BN rows; tile t
+    is the BN rows from block_table[b, start // BN + t] * BN on. A sequence
+    that ends mid-page ends in its last tile: that tile is copied through
+    descriptors of its own, bounded at the sequence's last row, so the copy
+    engine zero-fills the rest of the page (whatever the unused slots hold,
+    NaN included, never reaches P V)."""
     STAGES: gl.constexpr = kv_nope_s.shape[0]
     BN: gl.constexpr = kv_nope_s.shape[1]
     D_V: gl.constexpr = kv_nope_s.shape[2]
@@ -289,11 +297,13 @@ def _ws_load_partition_paged(q_ptr, kv_ptr, bt_ptr, o_ptr, num_splits, q_row0, b
     bt_row = bt_ptr + b.to(gl.int64) * stride_bt + start // BN   # this slice's first page
     tail = gl.minimum(n_valid - (n_tiles - 1) * BN, BN)           # valid rows of the last tile (BN: whole)
     for t in range(n_tiles):
-        # The page index is loaded before the waits for free regions, so its latency hides behind them.
+        # The page index is loaded before the waits for free regions, so its
+        # latency hides behind them.
         page = gl.load(bt_row + t)
         if (t == n_tiles - 1) & (tail < BN):
-            # The sequence ends inside this page: descriptors of its own, bounded at the sequence's last row.
-            # Made here, before the waits, the making overlaps the tiles still being worked on.
+            # The sequence ends inside this page: descriptors of its own,
+            # bounded at the sequence's last row. Made here, before the
+            # waits, the making overlaps the tiles still being worked on.
             tn, tp = _rows_descs(kv_ptr + page.to(gl.int64) * BN * stride_kt, tail, stride_kt, BN, D_V, D_PE,
                                  kn_layout, kp_layout)
             _load_kv_tile(tn, tp, 0, kv_nope_s, kv_pe_s, kv_ready, kv_empty, t, BN, STAGES, D_V, D_PE)
@@ -416,10 +426,12 @@ def _ws_add_taken(acc, m_i, p_s, m_s, pub, i: gl.constexpr, phase, kv_nope_s, t,
 def _ws_first_of_pair(acc, m_i, l_i, s, t, n_tiles, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub,
                       STAGES: gl.constexpr, BN: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
                       row_s: gl.constexpr, row_o: gl.constexpr):
-    """Warpgroup 0's part of the pair of tiles t (its own, t even) and u = t + 1: the softmax of tile t from the
-    max so far, that max and P handed to warpgroup 1, O += P_t V_t; then P_u, taken with the pair's max, and
-    O += P_u V_u, O rescaled to each new max first. The pair's hand-overs are in phase (t // 2) & 1. Returns O,
-    the max it refers to and the row sum of own tiles."""
+    """Warpgroup 0's part of the pair of tiles t (its own, t even) and u = t
+    + 1: the softmax of tile t from the max so far, that max and P handed to
+    warpgroup 1, O += P_t V_t; then P_u, taken with the pair's max, and O +=
+    P_u V_u, O rescaled to each new max first. The pair's hand-overs are in
+    phase (t // 2) & 1. Returns O, the max it refers to and the row sum of
+    own tiles."""
     p, m_t, rs = _ws_softmax(s, t, n_valid, m_i, scale_log2, BN, s_layout)
     m_s.index(0).store(m_t)
     mbarrier.arrive(pub.index(2), count=1)     # the max first: warpgroup 1's softmax needs nothing else
@@ -443,10 +455,12 @@ def _ws_first_of_pair(acc, m_i, l_i, s, t, n_tiles, n_valid, scale_log2, p_s, m_
 def _ws_second_of_pair(acc, m_i, l_i, s, t, n_valid, scale_log2, p_s, m_s, kv_nope_s, kv_empty, pub,
                        STAGES: gl.constexpr, BN: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
                        row_s: gl.constexpr, row_o: gl.constexpr):
-    """Warpgroup 1's part of the pair of tiles u = t - 1 and t (its own, t odd): the softmax of tile t from
-    warpgroup 0's max, which makes its max the pair's; P_u read, P_t and the pair's max handed back in the same
-    buffer; then O += P_u V_u (P_u brought to the pair's max here, in registers) and O += P_t V_t, the older tile
-    first, so that its half of the ring slot is released first."""
+    """Warpgroup 1's part of the pair of tiles u = t - 1 and t (its own, t
+    odd): the softmax of tile t from warpgroup 0's max, which makes its max
+    the pair's; P_u read, P_t and the pair's max handed back in the same
+    buffer; then O += P_u V_u (P_u brought to the pair's max here, in
+    registers) and O += P_t V_t, the older tile first, so that its half of
+    the ring slot is released first."""
     u = t - 1
     mbarrier.wait(pub.index(2), (t // 2) & 1)
     m_u = m_s.index(0).load(row_s)
@@ -469,10 +483,12 @@ def _ws_second_of_pair(acc, m_i, l_i, s, t, n_valid, scale_log2, p_s, m_s, kv_no
 def _ws_consumer(WG: gl.constexpr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles,
                  scale_log2, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin,
                  o_staged):
-    """One consumer warpgroup: tiles in pairs (2k, 2k + 1), warpgroup WG scoring tile 2k + WG and adding both
-    tiles' P V to its half WG of the output columns. Each warpgroup issues its own tile's scores before it
-    waits for the other, so they run while the other does its softmax. pub[0]: warpgroup 0's P; pub[1]:
-    warpgroup 1's P and the pair's max; pub[2]: warpgroup 0's max."""
+    """One consumer warpgroup: tiles in pairs (2k, 2k + 1), warpgroup WG
+    scoring tile 2k + WG and adding both tiles' P V to its half WG of the
+    output columns. Each warpgroup issues its own tile's scores before it
+    waits for the other, so they run while the other does its softmax.
+    pub[0]: warpgroup 0's P; pub[1]: warpgroup 1's P and the pair's max;
+    pub[2]: warpgroup 0's max."""
     BM: gl.constexpr = q_nope_s.shape[1]
     STAGES: gl.constexpr = kv_nope_s.shape[0]
     BN: gl.constexpr = kv_nope_s.shape[1]
@@ -501,13 +517,15 @@ def _ws_consumer(WG: gl.constexpr, lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_spl
                                                kv_empty, pub, STAGES, BN, s_layout, p_layout, row_s, row_o)
     if WG == 1:
         if n_tiles % 2 == 1:
-            # An odd count: the last tile is warpgroup 0's alone, handed over with its max.
+            # An odd count: the last tile is warpgroup 0's alone, handed over
+            # with its max.
             last = n_tiles - 1
             acc, m_i, alpha = _ws_add_taken(acc, m_i, p_s, m_s, pub, 0, (last // 2) & 1, kv_nope_s, last, 1,
                                             STAGES, s_layout, p_layout, row_s, row_o)
             l_i = l_i * alpha
 
-    # Both halves now refer to the same max (the last tile's); the row sum is the two partial sums.
+    # Both halves now refer to the same max (the last tile's); the row sum is
+    # the two partial sums.
     l_s.index(WG).store(l_i)
     mbarrier.arrive(fin, count=1)
     mbarrier.wait(fin, 0)
@@ -542,9 +560,11 @@ def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, bt_ptr, o_ptr, lse_ptr, ws
                           stride_kb, stride_kt, stride_bt, num_splits, H: gl.constexpr, BN: gl.constexpr,
                           STAGES: gl.constexpr, D_V: gl.constexpr, D_PE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                           PAGED: gl.constexpr, num_warps: gl.constexpr):
-    """Dense cache (PAGED False): kv_ptr is [B, t_max, 576] with strides stride_kb, stride_kt, 1; bt_ptr and
-    stride_bt are not read. Paged (PAGED True, pages of BN positions): kv_ptr is [t_max = num_blocks * BN, 576]
-    rows with stride stride_kt, bt_ptr the int32 block table with row stride stride_bt."""
+    """Dense cache (PAGED False): kv_ptr is [B, t_max, 576] with strides
+    stride_kb, stride_kt, 1; bt_ptr and stride_bt are not read. Paged (PAGED
+    True, pages of BN positions): kv_ptr is [t_max = num_blocks * BN, 576]
+    rows with stride stride_kt, bt_ptr the int32 block table with row stride
+    stride_bt."""
     BM: gl.constexpr = 64
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     hb = gl.program_id(0)       # head block varies fastest: the CTAs that read the same cache run together
@@ -590,8 +610,9 @@ def _mla_decode_ws_kernel(q_ptr, kv_ptr, seqlens_ptr, bt_ptr, o_ptr, lse_ptr, ws
 
     cargs = (lse_ptr, ws_o_ptr, ws_lse_ptr, split, num_splits, row0, n_valid, n_tiles, scale_log2, q_nope_s,
              q_pe_s, kv_nope_s, kv_pe_s, p_s, m_s, l_s, q_bar, kv_ready, kv_empty, pub, fin, o_staged)
-    # The consumers are the same for both caches (rows past the sequence arrive as zeros either way); only
-    # the copy warp differs. (A constexpr cannot cross into the partitions: the choice is made here.)
+    # The consumers are the same for both caches (rows past the sequence
+    # arrive as zeros either way); only the copy warp differs. (A constexpr
+    # cannot cross into the partitions: the choice is made here.)
     if PAGED:
         largs = (q_ptr, kv_ptr, bt_ptr, o_ptr, num_splits, row0, b, start, n_valid, n_tiles, t_max, stride_bt,
                  stride_kt, q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, q_bar, kv_ready, kv_empty, o_staged)

@@ -28,7 +28,8 @@ from .planning import BACKENDS, dense_inputs, gluon_misfit, keep_plan, kept_plan
 @compiled_as_op("attention_kernels::mla_decode", fake=mla_decode_fake)
 def mla_decode(q, kv_cache, block_table: torch.Tensor | None, cache_seqlens, head_dim_v=512, softmax_scale=None,
                causal=False, *, num_splits: int | None = None, check_seqlens=True, backend="auto"):
-    """MLA decode attention over a latent cache (absorbed form), FlashMLA's contract and argument order.
+    """MLA decode attention over a latent cache (absorbed form), FlashMLA's
+    contract and argument order.
 
     q: [B, s_q, H, D_qk] (D_qk = 576 for DeepSeek: the absorbed 512 then the 64 RoPE dims), s_q >= 1.
     kv_cache: [B, T_max, D_qk] with block_table None; or, with block_table (int32 [B, max_blocks]), a paged
@@ -60,7 +61,8 @@ def mla_decode(q, kv_cache, block_table: torch.Tensor | None, cache_seqlens, hea
     >>> kv = torch.randn(4, 8192, 576, device="cuda", dtype=torch.bfloat16)
     >>> out, lse = mla_decode(q, kv, None, torch.full((4,), 8192, dtype=torch.int32, device="cuda"))
     """
-    # ---- a call like an earlier one, both with check_seqlens=False: checked and planned then, launch as it did
+    # ---- a call like an earlier one, both with check_seqlens=False: checked
+    # and planned then, launch as it did
     key = None
     if check_seqlens is False:
         key = plan_key(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, num_splits,
@@ -80,7 +82,8 @@ def mla_decode(q, kv_cache, block_table: torch.Tensor | None, cache_seqlens, hea
     if check_seqlens:
         max_len = check_cache_lengths(kv_cache, block_table, cache_seqlens, q.shape[1], causal)
 
-    # ---- plan, allocate, launch; the plan is kept for the calls like this one, where no input had to be copied
+    # ---- plan, allocate, launch; the plan is kept for the calls like this
+    # one, where no input had to be copied
     given = (q, kv_cache, block_table, cache_seqlens)
     dense = dense_inputs(*given)
     plan = plan_decode(*dense, head_dim_v, scale, causal, num_splits, backend, max_len)

@@ -38,12 +38,14 @@ PLAN_SM_COUNT = 132    # off the GPU (the interpreter), split as an H200 would
 
 @functools.lru_cache(maxsize=1024)  # a decode loop asks the same question every step: answer it once
 def num_splits(B: int, n_hblocks: int, max_len: int, n_sm: int) -> int:
-    """How many slices to cut each sequence into, by a small cost model in units of
-    'one cache position processed by one program' (about 30 ns for 64 heads on an H200 SM):
-    waves * (positions per slice + ~64 fixed per program), plus, when splitting, a
-    second launch (~160) and the fp32 partials written and read back (~3 per program-slice).
+    """How many slices to cut each sequence into, by a small cost model in
+    units of 'one cache position processed by one program' (about 30 ns for
+    64 heads on an H200 SM): waves * (positions per slice + ~64 fixed per
+    program), plus, when splitting, a second launch (~160) and the fp32
+    partials written and read back (~3 per program-slice).
 
-    B: batch; n_hblocks: programs per sequence (blocks of query rows); max_len: the longest sequence;
+    B: batch; n_hblocks: programs per sequence (blocks of query rows);
+    max_len: the longest sequence;
     n_sm: the GPU's SM count.
 
     >>> num_splits(1, 2, 16384, 132)    # one sequence, 128 heads: cut into slices
@@ -73,10 +75,12 @@ def splits_for(B: int, rows: int, max_len: int, device: torch.device) -> int:
 
 
 def gluon_misfit(q, kv_cache, block_table, head_dim_v):
-    """Why the Gluon kernel cannot take this call (a phrase), or None if it can. The cache's layout is
-    judged first (it is the same question on every machine), then the shapes, the GPU, the Triton, the dtype.
+    """Why the Gluon kernel cannot take this call (a phrase), or None if it
+    can. The cache's layout is judged first (it is the same question on every
+    machine), then the shapes, the GPU, the Triton, the dtype.
 
-    q [B, s_q, H, D_qk]; kv_cache [B, T_max, D_qk], or [num_blocks, page_size, D_qk] with block_table.
+    q [B, s_q, H, D_qk]; kv_cache [B, T_max, D_qk], or [num_blocks,
+    page_size, D_qk] with block_table.
 
     >>> gluon_misfit(q, kv_cache, None, 512)    # None on a Hopper GPU for bf16 DeepSeek shapes
     """

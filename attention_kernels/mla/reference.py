@@ -39,11 +39,14 @@ def _check_mla_inputs(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale) -> fl
 
 
 def mla_naive(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale):
-    """MLA by reconstruction: rebuild every head's K and V from the latent, then attend.
+    """MLA by reconstruction: rebuild every head's K and V from the latent,
+    then attend.
 
-    c_kv [B, T, d_c], k_pe [B, T, d_r], q_nope [B, s_q, H, d_nope], q_pe [B, s_q, H, d_r],
-    W_uk [H, d_nope, d_c], W_uv [H, d_v, d_c]; every query sees all T positions.
-    softmax_scale: required (a float > 0). Returns [B, s_q, H, d_v] in the inputs' dtype.
+    c_kv [B, T, d_c], k_pe [B, T, d_r], q_nope [B, s_q, H, d_nope], q_pe [B,
+    s_q, H, d_r], W_uk [H, d_nope, d_c], W_uv [H, d_v, d_c]; every query sees
+    all T positions.
+    softmax_scale: required (a float > 0). Returns [B, s_q, H, d_v] in the
+    inputs' dtype.
 
     >>> out = mla_naive(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale=0.1352)
     >>> out.shape    # [B, s_q, H, 128]
@@ -60,11 +63,13 @@ def mla_naive(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale):
 
 
 def mla_absorbed(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale):
-    """MLA with the up-projections absorbed: attend in the 512-dim latent space.
+    """MLA with the up-projections absorbed: attend in the 512-dim latent
+    space.
 
     Same arguments and result as `mla_naive`. W_uk is folded into the query
-    (q_nope W_uk: [B, s_q, H, d_c]) and W_uv is applied after the attention, so the
-    keys and values are the cached latent itself, never rebuilt per head.
+    (q_nope W_uk: [B, s_q, H, d_c]) and W_uv is applied after the attention,
+    so the keys and values are the cached latent itself, never rebuilt per
+    head.
 
     >>> out = mla_absorbed(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale=0.1352)
     >>> torch.testing.assert_close(out, mla_naive(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, 0.1352))
@@ -110,16 +115,18 @@ def unabsorb_output(out_c, W_uv):
 
 # ---------------------------------------------------------------------------------- the decode contract
 def mla_decode_ref(q, kv_cache, block_table, cache_seqlens, head_dim_v=512, softmax_scale=None, causal=False):
-    """Reference for `mla_decode`'s contract (FlashMLA's, in its argument order): MQA over a latent cache,
-    one batch element and query at a time.
+    """Reference for `mla_decode`'s contract (FlashMLA's, in its argument
+    order): MQA over a latent cache, one batch element and query at a time.
 
-    q [B, s_q, H, D_qk]; kv_cache [B, T_max, D_qk] with block_table None, or [num_blocks, page_size, D_qk]
-    (or FlashMLA's [num_blocks, page_size, 1, D_qk]) with block_table int32 [B, max_blocks]; cache_seqlens
-    int32 [B], each in [1, capacity]. The key is the whole cache row, the value its first head_dim_v columns.
+    q [B, s_q, H, D_qk]; kv_cache [B, T_max, D_qk] with block_table None, or
+    [num_blocks, page_size, D_qk] (or FlashMLA's [num_blocks, page_size, 1,
+    D_qk]) with block_table int32 [B, max_blocks]; cache_seqlens int32 [B],
+    each in [1, capacity]. The key is the whole cache row, the value its
+    first head_dim_v columns.
     softmax_scale: a float > 0, default D_qk ** -0.5 (FlashMLA's).
-    causal: query i sees cache positions < seqlen - s_q + i + 1; no other position enters its row.
-    Computes in fp32 (fp64 for fp64 inputs); returns out [B, s_q, H, head_dim_v] and lse [B, H, s_q]
-    (natural log).
+    causal: query i sees cache positions < seqlen - s_q + i + 1; no other
+    position enters its row. Computes in fp32 (fp64 for fp64 inputs); returns
+    out [B, s_q, H, head_dim_v] and lse [B, H, s_q] (natural log).
 
     >>> out, lse = mla_decode_ref(q, kv, None, seqlens)
     >>> out.shape, lse.shape     # [B, s_q, H, 512], [B, H, s_q]

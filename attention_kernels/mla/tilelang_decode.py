@@ -40,13 +40,16 @@ DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def _decode_kernel(T, rows, split, dtype, d_qk=D_QK, d_v=D_V):
-    """The decode kernel for `rows` = s_q * H query rows per batch element; `split`: num_splits > 1.
+    """The decode kernel for `rows` = s_q * H query rows per batch element;
+    `split`: num_splits > 1.
 
-    q [B, rows, d_qk]; kv [n_rows, d_qk] (the cache's rows, pages back to back); block_table int32
-    [B, max_blocks]; seqlens int32 [B]; page: rows per page; scale_log2 = softmax_scale * log2(e).
-    Writes o [B, rows, num_splits, d_v] and lse fp32 [B, rows, num_splits]: the outputs (o in dtype, lse natural
-    log, num_splits = 1) unless split, else every slice's partial (o fp32, lse base 2). num_splits is read off
-    o's shape at launch, so one compiled kernel serves every split.
+    q [B, rows, d_qk]; kv [n_rows, d_qk] (the cache's rows, pages back to
+    back); block_table int32 [B, max_blocks]; seqlens int32 [B]; page: rows
+    per page; scale_log2 = softmax_scale * log2(e). Writes o [B, rows,
+    num_splits, d_v] and lse fp32 [B, rows, num_splits]: the outputs (o in
+    dtype, lse natural log, num_splits = 1) unless split, else every slice's
+    partial (o fp32, lse base 2). num_splits is read off o's shape at launch,
+    so one compiled kernel serves every split.
     """
     d_pe, f32 = d_qk - d_v, T.float32
     o_dtype, lse_unit = (f32, 1.0) if split else (dtype, LN2)
@@ -70,14 +73,17 @@ def _decode_kernel(T, rows, split, dtype, d_qk=D_QK, d_v=D_V):
             l, l_tile = T.alloc_fragment([BH], f32), T.alloc_fragment([BH], f32)
             alpha = T.alloc_fragment([BH], f32)
 
-            # This program's slice [start, end) of the sequence, a whole number of tiles long.
+            # This program's slice [start, end) of the sequence, a whole
+            # number of tiles long.
             seqlen = seqlens[i_b]
             split_len = T.ceildiv(seqlen, num_splits * BN) * BN  # = ceil(ceil(seqlen / num_splits) / BN) * BN
             start = i_s * split_len
             end = T.min(start + split_len, seqlen)
-            # The query block. An empty slice (split-KV only) must issue no copy: as a TMA copy it would still be
-            # in flight into this program's shared memory when the program ends. Guarded, TileLang makes it a
-            # plain copy by all threads in the split kernel; the single pass keeps its TMA copy.
+            # The query block. An empty slice (split-KV only) must issue no
+            # copy: as a TMA copy it would still be in flight into this
+            # program's shared memory when the program ends. Guarded,
+            # TileLang makes it a plain copy by all threads in the split
+            # kernel; the single pass keeps its TMA copy.
             if split:
                 if end > start:
                     T.copy(q[i_b, i_h * BH, 0], q_c)
@@ -93,9 +99,11 @@ def _decode_kernel(T, rows, split, dtype, d_qk=D_QK, d_v=D_V):
                 row0 = T.cast(block_table[i_b, t0 // page], "int64") * page + t0 % page
                 T.copy(kv[row0:row0 + BN, 0:d_v], kv_c)  # TMA, by a producer warpgroup
                 T.copy(kv[row0:row0 + BN, d_v:d_qk], kv_pe)
-                # The last tile: rows past the end become 0. Written as a select that reads the tile, TileLang
-                # runs it in the consumer warpgroups after the copy has landed (a plain store of 0 went to the
-                # producer, before the copy that overwrote it).
+                # The last tile: rows past the end become 0. Written as a
+                # select that reads the tile, TileLang runs it in the
+                # consumer warpgroups after the copy has landed (a plain
+                # store of 0 went to the producer, before the copy that
+                # overwrote it).
                 if t0 + BN > end:
                     for i, j in T.Parallel(BN, d_v):
                         kv_c[i, j] = T.if_then_else(t0 + i < end, kv_c[i, j], 0)
@@ -103,7 +111,8 @@ def _decode_kernel(T, rows, split, dtype, d_qk=D_QK, d_v=D_V):
                 T.gemm(q_pe, kv_pe, s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
                 for i, j in T.Parallel(BH, BN):
                     s[i, j] = T.if_then_else(t0 + j < end, s[i, j], -T.infinity(f32))
-                # Online softmax: m is the running max of the raw scores, l the running sum of exp2.
+                # Online softmax: m is the running max of the raw scores, l
+                # the running sum of exp2.
                 T.copy(m, m_prev)
                 T.reduce_max(s, m, dim=1, clear=False)
                 for i in T.Parallel(BH):
@@ -117,8 +126,9 @@ def _decode_kernel(T, rows, split, dtype, d_qk=D_QK, d_v=D_V):
                     acc[i, j] *= alpha[i]
                 T.copy(s, p_shared)  # P as the A operand: every warpgroup needs all 64 columns
                 T.gemm(p_shared, kv_c, acc, policy=T.GemmWarpPolicy.FullCol)
-            # An empty slice (l = 0) writes o = 0 and lse = -inf: the merge gives it no weight. (A NaN l, from a
-            # NaN score, still divides: the NaN reaches the row, as in the reference.)
+            # An empty slice (l = 0) writes o = 0 and lse = -inf: the merge
+            # gives it no weight. (A NaN l, from a NaN score, still divides:
+            # the NaN reaches the row, as in the reference.)
             for i, j in T.Parallel(BH, d_v):
                 if i_h * BH + i < rows:
                     o[i_b, i_h * BH + i, i_s, j] = T.if_then_else(l[i] == 0, 0, acc[i, j] / l[i])
@@ -129,8 +139,9 @@ def _decode_kernel(T, rows, split, dtype, d_qk=D_QK, d_v=D_V):
 
 
 def _merge_kernel(T, rows, dtype, d_v=D_V):
-    """Merge the slices' partials o fp32 [B, rows, num_splits, d_v] and lse (base 2) [B, rows, num_splits]
-    into out [B, rows, d_v] (dtype) and lse fp32 [B, rows] (natural log)."""
+    """Merge the slices' partials o fp32 [B, rows, num_splits, d_v] and lse
+    (base 2) [B, rows, num_splits] into out [B, rows, d_v] (dtype) and lse
+    fp32 [B, rows] (natural log)."""
     f32, B, num_splits = T.float32, T.dynamic("B"), T.dynamic("num_splits")
 
     @T.prim_func

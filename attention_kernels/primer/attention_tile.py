@@ -25,8 +25,9 @@ def max_keys(dtype) -> int:
 
 
 def tile_candidates(BN: int):
-    """(BM, BN, num_warps, num_stages), best first: 64 query rows on the GPU, with 8 warps once
-    the score tile is 64 x 256; 16 rows under the interpreter (one program at a time)."""
+    """(BM, BN, num_warps, num_stages), best first: 64 query rows on the GPU,
+    with 8 warps once the score tile is 64 x 256; 16 rows under the
+    interpreter (one program at a time)."""
     warps = 8 if BN > 128 else 4
     return on_machine(gpu=[(64, BN, warps, 1), (32, BN, 4, 1)], interpreter=[(16, BN, 4, 1)])
 
@@ -40,14 +41,16 @@ def _attention_tile_kernel(p_q, p_k, p_v, p_o, T, S, H, qk_scale,
     o_n = tl.arange(0, BN)                  # every key of the head (padded to BN)
     o_d = tl.arange(0, BD)                  # the head dimension (padded to BD)
     m_m, m_n, m_d = o_m < T, o_n < S, o_d < D
-    # [B, T, H, D], contiguous: element (b, t, h, d) sits at ((b*T + t)*H + h)*D + d
+    # [B, T, H, D], contiguous: element (b, t, h, d) sits at ((b*T + t)*H +
+    # h)*D + d
     p_qm = p_q + ((i_b * T + o_m[:, None]).to(tl.int64) * H + i_h) * D + o_d[None, :]
     p_kn = p_k + ((i_b * S + o_n[:, None]).to(tl.int64) * H + i_h) * D + o_d[None, :]
     p_vn = p_v + ((i_b * S + o_n[:, None]).to(tl.int64) * H + i_h) * D + o_d[None, :]
     b_q = tl.load(p_qm, mask=m_m[:, None] & m_d[None, :], other=0.0)   # [BM, BD]
     b_k = tl.load(p_kn, mask=m_n[:, None] & m_d[None, :], other=0.0)   # [BN, BD]
     b_v = tl.load(p_vn, mask=m_n[:, None] & m_d[None, :], other=0.0)   # [BN, BD]
-    # scores in base 2: qk_scale = softmax scale * log2(e); fp32 accumulation on the tensor cores
+    # scores in base 2: qk_scale = softmax scale * log2(e); fp32 accumulation
+    # on the tensor cores
     b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale                          # [BM, BN] fp32
     b_s = tl.where(m_n[None, :], b_s, float("-inf"))                      # padding keys get no weight
     b_m = tl.max(b_s, axis=1)
@@ -59,7 +62,8 @@ def _attention_tile_kernel(p_q, p_k, p_v, p_o, T, S, H, qk_scale,
 
 
 def attention_tile_fwd(q, k, v, out, softmax_scale: float) -> None:
-    """out = softmax(q k^T * scale) v; q, out: contiguous [B, T, H, D]; k, v: contiguous [B, S, H, D]."""
+    """out = softmax(q k^T * scale) v; q, out: contiguous [B, T, H, D]; k, v:
+    contiguous [B, S, H, D]."""
     B, T, H, D = q.shape
     S = k.shape[1]
     BN, BD = pow2_at_least_16(S), pow2_at_least_16(D)

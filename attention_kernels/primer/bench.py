@@ -48,13 +48,15 @@ VECTOR_ADD = Benchmark("primer_vector_add", [{"B": 1, "T": t, "H": 32, "D": 128}
                        timer="flushed", module=__name__)
 
 
-# ---------------------------------------------------------------- row softmax
+# ---------------------------------------------------------------- row
+# softmax
 def softmax_elements(c) -> int:
     return c["B"] * c["H"] * c["T"] * c["S"]
 
 
 def softmax_flops(c) -> float:
-    """About five operations per element: max, subtract, exp2, sum, divide."""
+    """About five operations per element: max, subtract, exp2, sum,
+    divide."""
     return 5 * softmax_elements(c)
 
 
@@ -77,7 +79,8 @@ SOFTMAX = Benchmark("primer_softmax",
 
 BENCHMARKS = [VECTOR_ADD, SOFTMAX]
 
-# The primer's kernels are not attention: they add no panel to the book's headline figure.
+# The primer's kernels are not attention: they add no panel to the book's
+# headline figure.
 HEADLINE = None
 
 

@@ -27,8 +27,9 @@ def add_ref(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def softmax_naive(x: torch.Tensor) -> torch.Tensor:
-    """Row softmax straight from the formula, in x's dtype. exp overflows once an entry passes
-    ~88.7 in float32 (~11.1 in float16): the row then reads inf / inf = NaN."""
+    """Row softmax straight from the formula, in x's dtype. exp overflows
+    once an entry passes ~88.7 in float32 (~11.1 in float16): the row then
+    reads inf / inf = NaN."""
     check_tensor("x", x, ndim=2, dtypes=REFERENCE_FLOATS)
     check_has_values(x=x)
     e = torch.exp(x)
@@ -36,8 +37,9 @@ def softmax_naive(x: torch.Tensor) -> torch.Tensor:
 
 
 def softmax_ref(x: torch.Tensor) -> torch.Tensor:
-    """Row softmax of a [rows, cols] matrix in float64, each row shifted by its maximum first
-    (the result is the same; no exp of a positive number can overflow)."""
+    """Row softmax of a [rows, cols] matrix in float64, each row shifted by
+    its maximum first (the result is the same; no exp of a positive number
+    can overflow)."""
     check_tensor("x", x, ndim=2, dtypes=REFERENCE_FLOATS)
     check_has_values(x=x)
     x = x.double()
@@ -48,8 +50,8 @@ def softmax_ref(x: torch.Tensor) -> torch.Tensor:
 def attention_tile_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None):
     """softmax(q k^T * scale) v for every (batch, head), in float64, no mask.
 
-    q: [B, T, H, D]; k, v: [B, S, H, D] (the book's sequence-major layout); scale defaults to
-    D ** -0.5. Returns float64 [B, T, H, D].
+    q: [B, T, H, D]; k, v: [B, S, H, D] (the book's sequence-major layout);
+    scale defaults to D ** -0.5. Returns float64 [B, T, H, D].
     """
     check_tensor("q", q, ndim=4, dtypes=REFERENCE_FLOATS)
     B, T, H, D = q.shape

@@ -25,7 +25,8 @@ def _softmax_kernel(p_x, p_out, n_cols, BLOCK: tl.constexpr):
     i_r = tl.program_id(0).to(tl.int64)          # the row this program owns (int64: rows * cols may pass 2^31)
     o_c = tl.arange(0, BLOCK)
     m_c = o_c < n_cols
-    # padding lanes read -inf: they never win the max and exp2(-inf) adds 0 to the sum
+    # padding lanes read -inf: they never win the max and exp2(-inf) adds 0
+    # to the sum
     b_x = tl.load(p_x + i_r * n_cols + o_c, mask=m_c, other=float("-inf")).to(tl.float32)
     b_x = b_x - tl.max(b_x, axis=0)              # every entry <= 0 now: exp2 cannot overflow
     b_p = tl.exp2(b_x * _LOG2E)
@@ -34,6 +35,7 @@ def _softmax_kernel(p_x, p_out, n_cols, BLOCK: tl.constexpr):
 
 
 def softmax_fwd(x, out) -> None:
-    """out = row softmax of x, both contiguous [rows, cols]; fp32 maths, x's dtype out."""
+    """out = row softmax of x, both contiguous [rows, cols]; fp32 maths, x's
+    dtype out."""
     n_rows, n_cols = x.shape
     _softmax_kernel[(n_rows,)](x, out, n_cols, BLOCK=triton.next_power_of_2(n_cols))

@@ -20,7 +20,8 @@ def _add_kernel(p_x, p_y, p_out, n, BLOCK: tl.constexpr):
 
 
 def add_fwd(x, y, out, block: int) -> None:
-    """out = x + y for contiguous vectors of n elements, `block` (a power of two) per program."""
+    """out = x + y for contiguous vectors of n elements, `block` (a power of
+    two) per program."""
     n = x.numel()
     grid = (triton.cdiv(n, block),)             # enough programs to cover n
     _add_kernel[grid](x, y, out, n, BLOCK=block)
