@@ -1,6 +1,7 @@
 """Tuning probe for the open performance problems (notes/TUNING.md); GPU only, prints tables.
 
     python scripts/tune_probe.py fa_host fa_bwd fa_mask
+    python scripts/tune_probe.py fa_gluon      # the next GPU session's first call
 
 fa_host: where the host time of one FlashAttention-2 call goes (tiny shapes).
 fa_bwd: the backward at short T (B=1, H=32, D=128) against SDPA flash: through autograd, the
@@ -21,6 +22,10 @@ mla_variants FILE... [B,T ...] [in_order]: copies of attention_kernels/mla/gluon
   kernel on the dense cache those pages are a view of (the same memory, read without a block table).
 fa_mask: what keeping hidden NaN out costs the causal forward: the kernel as it is against a copy whose
   masked path multiplies P and V with a plain `tl.dot` (short lengths, where diagonal blocks weigh most).
+fa_gluon: the Gluon FlashAttention forward for Hopper (attention_kernels/flash_attn/gluon_forward.py, not dispatched):
+  checked against the fp64 formula on 3 shapes (stops there if wrong), then timed beside the Triton forward, SDPA
+  cuDNN and flash, and FA4 where it imports, at B = 4, H = 32, D = 128, T = 2K to 16K, causal and not: TFLOP/s
+  and the Gluon kernel's speed ratio to each. One table, under a minute.
 kda_step: KDA's decode step (H = 32, K = V = 128) at B = 1, 8 and 64: single calls with L2 flushed (do_bench),
   calls back to back (as the chapter times plain calls), the graph replay, and the host time of a call.
 
@@ -195,6 +200,48 @@ def fa_mask():
             for name, module in (("checked", forward), ("plain dot", plain)):
                 times[name].append(time_ms(lambda: module.attention_fwd(q, k, v, True, 128 ** -0.5)) * 1000)
         print(f"B={B} H={H} T={T} causal: " + "  ".join(f"{n} {min(t):.1f} us" for n, t in times.items()))
+
+
+def fa_gluon():
+    """The Gluon forward: right first (3 shapes against the fp64 formula, o and the base-2 lse), then one table of
+    TFLOP/s (bf16, B = 4, H = 32, D = 128, do_bench medians) and its speed ratio to each of the others."""
+    from attention_kernels import peers
+    from attention_kernels.flash_attn import attention_ref, gluon_forward
+
+    for B, T, S, HQ, HKV, D, causal in [(2, 1000, 1000, 8, 2, 128, True), (1, 4100, 4100, 4, 4, 64, False),
+                                        (2, 300, 77, 8, 2, 128, True)]:
+        q = torch.randn(B, T, HQ, D, device="cuda", dtype=torch.bfloat16)
+        k, v = torch.randn(2, B, S, HKV, D, device="cuda", dtype=torch.bfloat16)
+        o, lse = gluon_forward.gluon_attention_fwd(q, k, v, causal, D ** -0.5)
+        ref = attention_ref(q, k, v, causal=causal, compute_dtype=torch.float64, out_dtype=torch.float64)
+        _, lse_triton = attention_fwd(q, k, v, causal, D ** -0.5)
+        err, lse_err = rel_err(o, ref), (lse - lse_triton).abs().max().item()
+        right = not torch.isnan(o).any() and err < 1e-2 and lse_err < 1e-3
+        print(f"B={B} T={T} S={S} H={HQ}/{HKV} D={D} causal={causal}: rel err {err:.1e}, lse vs Triton "
+              f"{lse_err:.1e}: {'right' if right else 'WRONG'}", flush=True)
+        if not right:
+            print("the Gluon forward is wrong: not timed")
+            return
+    cudnn, flash, fa4 = peers.sdpa("cuDNN"), peers.sdpa("flash"), peers.fa4()
+    B, H, D = 4, 32, 128
+    names = ["Gluon", "Triton", "cuDNN", "SDPA flash"] + (["FA4"] if fa4 else [])
+    print(f"bf16, B={B} H={H} D={D}: TFLOP/s; in brackets the Gluon kernel's speed ratio to it")
+    print(f"  {'T':>6s} {'causal':>6s} " + " ".join(f"{n:>14s}" for n in names))
+    for causal in (False, True):
+        for T in (2048, 4096, 8192, 16384):
+            q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+            calls = {"Gluon": lambda: gluon_forward.gluon_attention_fwd(q, k, v, causal, D ** -0.5),
+                     "Triton": lambda: attention_fwd(q, k, v, causal, D ** -0.5),
+                     "cuDNN": lambda: cudnn(qt, kt, vt, causal=causal),
+                     "SDPA flash": lambda: flash(qt, kt, vt, causal=causal)}
+            if fa4:
+                calls["FA4"] = lambda: fa4(q, k, v, causal=causal)
+            flops = attention_flops(B, H, T, T, D, causal)
+            tflops = {n: flops / (time_ms(c) * 1e-3) / 1e12 for n, c in calls.items()}
+            print(f"  {T:6d} {str(causal):>6s} " + " ".join(
+                f"{tflops[n]:6.0f} ({tflops['Gluon'] / tflops[n]:4.2f})" for n in names), flush=True)
+            del q, k, v, qt, kt, vt
 
 
 # ---------------------------------------------------------------- where a prefill's time goes
@@ -450,5 +497,5 @@ if __name__ == "__main__":
         {"mla_variants": mla_variants, "mla_ncu": mla_ncu}[sys.argv[1]](*sys.argv[2:])
         sys.exit()
     for part in sys.argv[1:]:
-        {"fa_host": fa_host, "fa_bwd": fa_bwd, "fa_mask": fa_mask, "kda_step": kda_step, "mla_splits": mla_splits,
-         "mla_mixed": mla_mixed, "kda_prefill": kda_prefill}[part]()
+        {"fa_host": fa_host, "fa_bwd": fa_bwd, "fa_mask": fa_mask, "fa_gluon": fa_gluon, "kda_step": kda_step,
+         "mla_splits": mla_splits, "mla_mixed": mla_mixed, "kda_prefill": kda_prefill}[part]()

@@ -1,0 +1,305 @@
+"""FlashAttention forward for Hopper (sm_90a) in Gluon: a TMA copy warp and two consumer warpgroups.
+
+Not dispatched yet: no public call reaches it until it has been checked on a Hopper GPU
+(`tests/test_flash_attn_gluon.py`, `scripts/tune_probe.py fa_gluon`); `gluon_attention_fwd` calls it directly.
+
+Shapes as the Triton forward (`forward.py`), whose outputs it matches so that the backward could read them:
+    q [B, T, Hq, D], k, v [B, S, Hkv, D] (Hq % Hkv == 0, query head h reads KV head h // (Hq // Hkv)),
+    bf16 or fp16, D 64 or 128, contiguous; returns o like q and lse fp32 [B, Hq, T] in base 2
+    (lse = log2 sum_j exp2(s_ij * scale * log2 e); a row that sees no key: o = 0, lse = +inf).
+    causal: bottom-right aligned, query i sees key j iff j <= i + S - T.
+
+One CTA per (128 query rows, batch * query head), three partitions (gl.warp_specialize):
+  * a 1-warp producer makes the CTA's TMA descriptors on the device (each covers this batch element's rows
+    only, so the copy engine zero-fills rows past T and S instead of reading the next sequence), copies the
+    query block once as two 64-row halves, then every K and V tile of BN keys into a ring of STAGES slots; K
+    and V each have a ready barrier (the copy landed) and an empty one (both consumers are done with it), so a
+    slot's K is refilled while its V is still being read;
+  * two 4-warp consumer warpgroups, warpgroup w owning query rows 64w ... 64w + 63 of the block: S = Q K^T
+    with wgmma (both operands in shared memory), the online softmax in registers in base 2 with the scale
+    folded into the exponent, O += P V with wgmma, P from registers; last, O / l and the lse stored with
+    plain masked stores.
+Tiles that every row of the block sees in full skip the mask; the causal diagonal and the ragged last tile
+take it (`_key_tiles`). Non-causal calls pass a shift of S, so one masked path serves both settings.
+
+This first iteration keeps each warpgroup's steps in order (scores, softmax, P V, each waited on). What the
+next one tries (notes/TUNING.md): ping-pong between the two warpgroups (one's softmax while the other's
+GEMMs run, handed over with named barriers), and within a warpgroup the next tile's S = Q K^T issued before
+this tile's softmax, so the tensor cores never wait for the exponentials; a TMA store of O.
+Not handled yet: a NaN or inf in V at a key the causal mask hides inside the sequence reaches the rows that
+cannot see it (0 * NaN), which the Triton forward guards against (`dot_visible`); keys past S are zero-filled.
+
+Gluon/ptxas rules kept here (learnt on `attention_kernels/mla/gluon_decode.py`): no wgmma in flight across a
+loop back edge (ptxas would serialize every wgmma); shared buffers handed to wgmma indexed by an opaque zero
+(`_opaque_zero`), so LLVM does not hoist every per-k-step descriptor out of the loop; constexprs do not cross
+into the partitions, which read sizes off the buffers' shapes.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from ..launch import LOG2E, aligned16, launch_direct
+
+BM = 128           # query rows per CTA: two consumer warpgroups of 64 (wgmma's M)
+WG_ROWS = BM // 2
+# (keys per tile, ring slots) per head dim: a slot is a K and a V tile, BN x D each. D = 128: 2 x 64 KB
+# next to the 32 KB query block; D = 64: 3 x 32 KB. Not measured yet (the next GPU session's first probe).
+FWD_TILES = {64: (128, 3), 128: (128, 2)}
+# 4 + 4 + 1 warps (three warpgroups' register slots): the producer drops to 24 registers (setmaxnreg), which
+# leaves 240 to each consumer thread: 64 for S, 64 for O (D = 128), 32 for P, the rest for softmax state.
+WS_MAXNREG = 168
+WS_CONSUMER_REGS = 240
+WS_PRODUCER_REGS = 24
+
+
+@gluon.jit
+def _opaque_zero(t):
+    """0 for any t < 2**30 that LLVM cannot prove is 0: a shared buffer indexed with it gets its wgmma
+    descriptors computed next to each wgmma, not all hoisted out of the loop (and spilled)."""
+    return t >> 30
+
+
+@gluon.jit
+def _rows_desc(base, rows, row_stride, BLOCK_ROWS: gl.constexpr, D: gl.constexpr, layout: gl.constexpr):
+    """`rows` rows of D elements, row_stride apart, from `base`, in blocks of BLOCK_ROWS rows: rows past `rows`
+    are zero-filled by the copy engine."""
+    return tma.make_tensor_descriptor(base, shape=[rows, D], strides=[row_stride, 1], block_shape=[BLOCK_ROWS, D],
+                                      layout=layout)
+
+
+@gluon.jit
+def _load_partition(q_ptr, k_ptr, v_ptr, q_base, kv_base, m0, T, S, HQ, HKV, n_tiles, q_s, k_s, v_s, q_bar,
+                    k_ready, v_ready, k_empty, v_empty):
+    """1 warp: the query block (two 64-row halves, one barrier), then K and V of every key tile, each into its
+    ring slot as soon as both consumers have released that slot's previous tile."""
+    STAGES: gl.constexpr = k_s.shape[0]
+    BN: gl.constexpr = k_s.shape[1]
+    D: gl.constexpr = k_s.shape[2]
+    HALF: gl.constexpr = q_s.shape[1]
+    q_layout: gl.constexpr = q_s.layout
+    kv_layout: gl.constexpr = k_s.layout
+    qd = _rows_desc(q_ptr + q_base, T, HQ * D, HALF, D, q_layout)
+    mbarrier.expect(q_bar, 2 * HALF * D * q_s.dtype.primitive_bitwidth // 8)
+    tma.async_copy_global_to_shared(qd, [m0, 0], q_bar, q_s.index(0))
+    tma.async_copy_global_to_shared(qd, [m0 + HALF, 0], q_bar, q_s.index(1))
+    kd = _rows_desc(k_ptr + kv_base, S, HKV * D, BN, D, kv_layout)
+    vd = _rows_desc(v_ptr + kv_base, S, HKV * D, BN, D, kv_layout)
+    TILE_BYTES: gl.constexpr = BN * D * k_s.dtype.primitive_bitwidth // 8
+    for t in range(n_tiles):
+        st = t % STAGES
+        phase = ((t // STAGES) & 1) ^ 1   # a fresh barrier counts as having completed the phase before 0
+        mbarrier.wait(k_empty.index(st), phase)
+        mbarrier.expect(k_ready.index(st), TILE_BYTES)   # zero-filled rows are counted too
+        tma.async_copy_global_to_shared(kd, [t * BN, 0], k_ready.index(st), k_s.index(st))
+        mbarrier.wait(v_empty.index(st), phase)
+        mbarrier.expect(v_ready.index(st), TILE_BYTES)
+        tma.async_copy_global_to_shared(vd, [t * BN, 0], v_ready.index(st), v_s.index(st))
+
+
+@gluon.jit
+def _tile_update(acc, m_i, l_i, q_op, t, k_s, v_s, k_ready, v_ready, k_empty, v_empty, scale_log2, rows, S, shift,
+                 MASKED: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr):
+    """One key tile t for this warpgroup's 64 rows: S = Q K^T, the online softmax (base 2, scale folded in), O
+    rescaled, O += P V; each product waited on, and the slot's K and V released once read. MASKED: a score
+    whose key is past S or, causal, past the row's diagonal (shift = S - T; S when not causal) is -inf."""
+    STAGES: gl.constexpr = k_s.shape[0]
+    BN: gl.constexpr = k_s.shape[1]
+    st = t % STAGES
+    phase = (t // STAGES) & 1
+    slot = st + _opaque_zero(t)
+    s_zero = gl.zeros([rows.shape[0], BN], gl.float32, s_layout)
+    mbarrier.wait(k_ready.index(st), phase)
+    s = warpgroup_mma(q_op, k_s.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(st), count=1)
+    if MASKED:
+        cols = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+        keep = (gl.expand_dims(cols, 0) < S) & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + shift, 1))
+        s = gl.where(keep, s * scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)   # a row that has seen no key yet
+        p = gl.exp2(s - gl.expand_dims(m_use, 1))
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)
+        m_use = m_new
+        p = gl.exp2(s * scale_log2 - gl.expand_dims(m_use, 1))
+    alpha = gl.exp2(m_i - m_use)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+    mbarrier.wait(v_ready.index(st), phase)
+    p_op = gl.convert_layout(p.to(v_s.dtype), p_layout)
+    acc = warpgroup_mma(p_op, v_s.index(slot), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    mbarrier.arrive(v_empty.index(st), count=1)
+    return acc, m_new, l_i
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2,
+              q_s, k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty):
+    """Warpgroup WG: query rows m0 + 64 WG ... + 63 over every key tile (unmasked tiles first), then O / l and
+    the lse (masked stores: rows past T are not written)."""
+    HALF: gl.constexpr = q_s.shape[1]
+    BN: gl.constexpr = k_s.shape[1]
+    D: gl.constexpr = k_s.shape[2]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    rows = m0 + WG * HALF + gl.arange(0, HALF, layout=row_s)
+    acc = gl.zeros([HALF, D], gl.float32, o_layout)
+    m_i = gl.full([HALF], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([HALF], gl.float32, row_s)
+    mbarrier.wait(q_bar, 0)
+    for t in range(n_full):
+        q_op = q_s.index(WG + _opaque_zero(t))
+        acc, m_i, l_i = _tile_update(acc, m_i, l_i, q_op, t, k_s, v_s, k_ready, v_ready, k_empty, v_empty,
+                                     scale_log2, rows, S, shift, False, s_layout, p_layout, row_o)
+    for t in range(n_full, n_tiles):
+        q_op = q_s.index(WG + _opaque_zero(t))
+        acc, m_i, l_i = _tile_update(acc, m_i, l_i, q_op, t, k_s, v_s, k_ready, v_ready, k_empty, v_empty,
+                                     scale_log2, rows, S, shift, True, s_layout, p_layout, row_o)
+
+    empty = l_i == 0.0   # causal with T > S: a row that sees no key; its output is 0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, float("inf"), m_i + gl.log2(l_safe))   # +inf makes P = 0 in the backward
+    out = acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)
+    rows_o = gl.convert_layout(rows, row_o)
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    offs = gl.expand_dims(rows_o.to(gl.int64) * (HQ * D), 1) + gl.expand_dims(cols, 0)
+    gl.store(o_ptr + o_base + offs, out.to(o_ptr.dtype.element_ty), mask=gl.expand_dims(rows_o < T, 1))
+    gl.store(lse_ptr + lse_base + rows, lse, mask=rows < T)
+
+
+# One entry point per warpgroup: gl.warp_specialize cannot pass the constexpr WG, so each binds its own.
+@gluon.jit
+def _consumer0(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s, v_s,
+               q_bar, k_ready, v_ready, k_empty, v_empty):
+    _consumer(0, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s, v_s,
+              q_bar, k_ready, v_ready, k_empty, v_empty)
+
+
+@gluon.jit
+def _consumer1(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s, v_s,
+               q_bar, k_ready, v_ready, k_empty, v_empty):
+    _consumer(1, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s, v_s,
+              q_bar, k_ready, v_ready, k_empty, v_empty)
+
+
+@gluon.jit
+def _key_tiles(m0, T, S, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+    """For query rows [m0, m0 + BM): key tiles [0, n_full) are seen in full by every row (no mask), tiles
+    [n_full, n_tiles) need the mask (the forward's `_key_ranges`, counted in tiles)."""
+    if CAUSAL:
+        shift = S - T
+        n_full = gl.minimum(gl.maximum(m0 + shift + 1, 0), S) // BN
+        n_tiles = gl.maximum(gl.cdiv(gl.minimum(m0 + BM + shift, S), BN), n_full)
+    else:
+        n_full = S // BN
+        n_tiles = gl.cdiv(S, BN)
+    return n_full, n_tiles
+
+
+# Integer arguments equal to 1 would be specialized into constants, which gl.warp_specialize cannot hand to the
+# partitions (T = 1, one KV head): none is specialized, which also lets launch_direct skip the dispatcher.
+@gluon.jit(do_not_specialize=["T", "S", "HQ", "HKV"])
+def attn_fwd_ws_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, scale_log2, T, S, HQ, HKV, D: gl.constexpr,
+                       BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                       PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """q, o: [B, T, HQ, D], k, v: [B, S, HKV, D] contiguous; lse fp32 [B, HQ, T]. Grid (cdiv(T, 128), B * HQ)."""
+    gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
+    BM: gl.constexpr = 128
+    HALF: gl.constexpr = 64
+    i_m = gl.program_id(0)
+    if CAUSAL:   # the last query blocks see the most keys: start them first
+        i_m = gl.num_programs(0) - 1 - i_m
+    i_bh = gl.program_id(1)
+    i_b = i_bh // HQ
+    i_h = i_bh % HQ
+    i_hk = i_h // (HQ // HKV)   # GQA: the KV head this query head reads, no copy
+    m0 = i_m * BM
+    n_full, n_tiles = _key_tiles(m0, T, S, BM, BN, CAUSAL)
+    if CAUSAL:
+        shift = S - T
+    else:
+        shift = S   # every key < S is at or before row + S: the mask keeps only keys past S out
+    q_base = (i_b.to(gl.int64) * T * HQ + i_h) * D        # row 0 of this (batch, head) in q and o
+    kv_base = (i_b.to(gl.int64) * S * HKV + i_hk) * D
+    lse_base = i_bh.to(gl.int64) * T
+
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, D], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D], dtype)
+    q_s = gl.allocate_shared_memory(dtype, [2, HALF, D], q_layout)
+    k_s = gl.allocate_shared_memory(dtype, [STAGES, BN, D], kv_layout)
+    v_s = gl.allocate_shared_memory(dtype, [STAGES, BN, D], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for st in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(st), count=1)
+        mbarrier.init(v_ready.index(st), count=1)
+        mbarrier.init(k_empty.index(st), count=2)   # both consumer warpgroups read every tile
+        mbarrier.init(v_empty.index(st), count=2)
+
+    cargs = (o_ptr, lse_ptr, q_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s, v_s,
+             q_bar, k_ready, v_ready, k_empty, v_empty)
+    largs = (q_ptr, k_ptr, v_ptr, q_base, kv_base, m0, T, S, HQ, HKV, n_tiles, q_s, k_s, v_s, q_bar, k_ready,
+             v_ready, k_empty, v_empty)
+    gl.warp_specialize([(_consumer0, cargs), (_consumer1, cargs), (_load_partition, largs)], [4, 1],
+                       [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def gluon_forward_misfit(q, k, v) -> str | None:
+    """Why the Gluon forward cannot take these inputs (None if it can): a Hopper GPU, bf16 or fp16, D 64 or
+    128, contiguous [B, T, Hq, D] and [B, S, Hkv, D] with Hq % Hkv == 0, 16-byte aligned."""
+    if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
+        return "it runs on a Hopper GPU (sm_90) only"
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"q, k and v must all be bf16 or fp16, got {q.dtype}, {k.dtype}, {v.dtype}"
+    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        return f"q must be [B, T, Hq, D] and k, v [B, S, Hkv, D], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+    if q.shape[3] not in FWD_TILES:
+        return f"head dim must be one of {sorted(FWD_TILES)}, got {q.shape[3]}"
+    if q.shape[2] % k.shape[2]:
+        return f"query heads ({q.shape[2]}) must be a multiple of KV heads ({k.shape[2]})"
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        return "q, k and v must be contiguous"
+    if not aligned16((q, k, v)):
+        return "q, k and v must start at 16-byte aligned addresses (the copy engine reads them)"
+    return None
+
+
+def gluon_attention_fwd(q, k, v, causal: bool, softmax_scale: float | None = None):
+    """The Gluon forward, called directly (no dispatch reaches it yet). Returns (o like q, lse fp32 [B, Hq, T]
+    in base 2), the Triton forward's (`forward.attention_fwd`) outputs. ValueError, saying why, for inputs it
+    cannot take (`gluon_forward_misfit`)."""
+    misfit = gluon_forward_misfit(q, k, v)
+    if misfit:
+        raise ValueError(f"the Gluon forward cannot take these inputs: {misfit}")
+    B, T, HQ, D = q.shape
+    S, HKV = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else D ** -0.5
+    o = torch.empty_like(q)
+    lse = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
+    BN, STAGES = FWD_TILES[D]
+    grid = (triton.cdiv(T, BM), B * HQ)
+    constexprs = dict(D=D, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), CONSUMER_REGS=WS_CONSUMER_REGS,
+                      PRODUCER_REGS=WS_PRODUCER_REGS)
+    launch_direct(attn_fwd_ws_kernel, grid, ("gluon_fwd", q.device.index, q.dtype, D, bool(causal)),
+                  (q, k, v, o, lse, scale * LOG2E, T, S, HQ, HKV), constexprs, aligned=True,   # checked; o, lse fresh
+                  num_warps=4, maxnreg=WS_MAXNREG)
+    return o, lse
+
+
+__all__ = ["gluon_attention_fwd", "gluon_forward_misfit", "attn_fwd_ws_kernel", "FWD_TILES", "BM", "WS_MAXNREG",
+           "WS_CONSUMER_REGS", "WS_PRODUCER_REGS"]

@@ -1,0 +1,105 @@
+"""Compile the Gluon FlashAttention forward for sm_90a without a GPU and print what ptxas reports.
+
+    python scripts/flash_attn_gluon_compile.py                  # D 64 / 128 x causal or not, bf16: compile, print, check
+    python scripts/flash_attn_gluon_compile.py --only 128 causal # one configuration (what the CPU test runs)
+    python scripts/flash_attn_gluon_compile.py --keep DIR        # also write each variant's .ttgir / .ptx / ptxas log
+
+Per variant: Triton's shared-memory figure, ptxas's registers / spills / performance notes, and instruction counts from
+the PTX (wgmma, TMA copies, mbarrier ops, setmaxnreg), through `mla_gluon_compile.py`'s readers. Exits 1 if a
+compilation fails, ptxas spills or serializes the wgmma pipeline, shared memory exceeds 227 KB, or the PTX lacks
+wgmma or TMA copies. Needs no CUDA device: the target is given explicitly.
+Note: ptxas's "Used N registers" is the launch bound (maxnreg); the partitions then move to setmaxnreg's values.
+"""
+import os
+
+os.environ["TRITON_INTERPRET"] = "0"  # before triton is imported (attention_kernels/__init__ would pick the interpreter)
+
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import triton
+from triton.experimental.gluon._runtime import GluonASTSource
+
+from attention_kernels.flash_attn import gluon_forward as gf
+from mla_gluon_compile import PTXAS, SMEM_LIMIT, TARGET, ptx_counts, ptxas_stats
+
+SIG = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "lse_ptr": "*fp32",
+       "scale_log2": "fp32", "T": "i32", "S": "i32", "HQ": "i32", "HKV": "i32"}
+
+
+def build(D: int, causal: bool):
+    bn, stages = gf.FWD_TILES[D]
+    consts = {"D": D, "BN": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": gf.WS_CONSUMER_REGS,
+              "PRODUCER_REGS": gf.WS_PRODUCER_REGS, "num_warps": 4}
+    fn = gf.attn_fwd_ws_kernel
+    missing = set(fn.arg_names) - set(SIG) - set(consts)
+    if missing:
+        raise SystemExit(f"the kernel has arguments this script does not know: {sorted(missing)}")
+    sig = dict(SIG, **{k: "constexpr" for k in consts})
+    div16 = [["tt.divisibility", 16]]   # what the launcher sees: pointers 16-byte aligned (ints not specialized)
+    attrs = {(fn.arg_names.index(a), ): div16 for a in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr")}
+    return triton.compile(GluonASTSource(fn, sig, consts, attrs), target=TARGET,
+                          options={"num_warps": 4, "maxnreg": gf.WS_MAXNREG})
+
+
+def check(D: int, causal: bool, keep: Path | None) -> list:
+    tag = f"fa_fwd_ws_d{D}_{'causal' if causal else 'full'}"
+    print(f"\n=== {tag} (BN, STAGES = {gf.FWD_TILES[D]}) ===")
+    c = build(D, causal)
+    ptx = c.asm["ptx"]
+    if keep:
+        (keep / f"{tag}.ttgir").write_text(c.asm["ttgir"])
+        (keep / f"{tag}.ptx").write_text(ptx)
+    st = ptxas_stats(ptx, keep, tag)
+    smem = c.metadata.shared
+    print(f"triton: num_warps (total) {c.metadata.num_warps}, shared {smem} B ({smem / 1024:.1f} KB), "
+          f"global scratch {c.metadata.global_scratch_size} B")
+    print(f"ptxas : {st['regs']} registers, spill stores {st['spill_stores']} B, spill loads "
+          f"{st['spill_loads']} B, stack {st['stack']} B")
+    serialized = False
+    for line in st["log"].splitlines():
+        low = line.lower()
+        if "error" in low or "warning" in low or "performance loss" in low or "injected" in low:
+            print("ptxas :", line.strip())
+        serialized |= "wgmma.mma_async instructions are serialized" in line
+    counts = ptx_counts(ptx)
+    print("ptx   :", counts)
+    problems = []
+    if st["spill_stores"] or st["spill_loads"]:
+        problems.append(f"{tag}: register spills")
+    if smem > SMEM_LIMIT:
+        problems.append(f"{tag}: shared memory {smem} > {SMEM_LIMIT}")
+    if serialized:
+        problems.append(f"{tag}: ptxas serialized the wgmma instructions")
+    if not counts["wgmma"] or not counts["tma_load"]:
+        problems.append(f"{tag}: no wgmma or no TMA copy in the PTX")
+    return problems
+
+
+def main(argv):
+    keep = None
+    if "--keep" in argv:
+        keep = Path(argv[argv.index("--keep") + 1])
+        keep.mkdir(parents=True, exist_ok=True)
+    variants = [(D, causal) for D in (64, 128) for causal in (False, True)]
+    if "--only" in argv:
+        i = argv.index("--only")
+        variants = [(int(argv[i + 1]), argv[i + 2] == "causal")]
+    print(f"triton {triton.__version__}, target {TARGET}, ptxas {PTXAS.name}")
+    problems = []
+    for D, causal in variants:
+        try:
+            problems += check(D, causal, keep)
+        except Exception:  # noqa: BLE001 - report the failure, then exit non-zero
+            traceback.print_exc()
+            problems.append(f"D={D} causal={causal}: compilation error")
+    print("FAIL  : " + "; ".join(problems) if problems else "OK")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

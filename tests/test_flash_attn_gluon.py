@@ -1,0 +1,119 @@
+"""The Gluon FlashAttention forward for Hopper (attention_kernels/flash_attn/gluon_forward.py), not dispatched yet.
+
+On any machine: it compiles for sm_90a with no spills and with wgmma and TMA copies (ptxas judges it), and its
+call refuses what it cannot take. On a Hopper GPU: its output against the fp64 reference written from the formula
+(attention_ref) and its base-2 LSE against the formula's, on lengths that are not tile multiples, GQA 4:1, with
+the causal mask and without, and rows that see no key.
+"""
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attention_kernels.common import rel_err, tolerance
+from attention_kernels.flash_attn import attention_ref, causal_mask
+from attention_kernels.launch import TESTED_TRITON, triton_tested
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "flash_attn_gluon_compile.py"
+
+
+def _gluon_forward():
+    from attention_kernels.flash_attn import gluon_forward
+    return gluon_forward
+
+
+def test_gluon_forward_compiles_for_hopper_without_spills():
+    """No GPU needed: D = 128, causal, bf16 compiled for sm_90a; ptxas reports no spills, the wgmma pipeline is
+    not serialized, shared memory fits, and the PTX holds wgmma and TMA copies (the script exits 1 otherwise)."""
+    if not triton_tested():
+        pytest.skip(f"the Gluon kernels run on Triton {', '.join(TESTED_TRITON)} only "
+                    "(attention_kernels.launch.TESTED_TRITON)")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--only", "128", "causal"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "spill stores 0 B, spill loads 0 B" in out and "OK" in out, out[-3000:]
+    assert "'wgmma': 0" not in out and "'tma_load': 0" not in out, out[-3000:]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda q, k, v: (q.float(), k.float(), v.float()), "bf16 or fp16"),
+    (lambda q, k, v: (q[..., :32].contiguous(), k[..., :32].contiguous(), v[..., :32].contiguous()), "head dim"),
+    (lambda q, k, v: (q, torch.cat([k, k[:, :, :1]], 2), torch.cat([v, v[:, :, :1]], 2)), "multiple of KV heads"),
+    (lambda q, k, v: (q.transpose(1, 2), k, v), "B, T, Hq, D|contiguous"),
+])
+def test_gluon_forward_refuses_what_it_cannot_take(change, message, monkeypatch):
+    """ValueError, saying why, before any launch (the GPU played as a Hopper where there is none)."""
+    gf = _gluon_forward()
+    q = torch.randn(1, 8, 4, 64, dtype=torch.bfloat16)
+    k, v = torch.randn(2, 1, 8, 2, 64, dtype=torch.bfloat16)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    with pytest.raises(ValueError, match=message):
+        gf.gluon_attention_fwd(*change(q, k, v), causal=False)
+
+
+def test_gluon_forward_refuses_a_tensor_off_hopper():
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
+        pytest.skip("this GPU is a Hopper: the kernel runs (see the gpu tests)")
+    q = torch.randn(1, 8, 4, 64, dtype=torch.bfloat16, device="cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="Hopper"):
+        _gluon_forward().gluon_attention_fwd(q, q, q, causal=False)
+
+
+def _lse2_reference(q, k, causal, scale):
+    """log2 sum_j exp2(s_ij * scale * log2 e) in fp64, [B, Hq, T]; +inf where a row sees no key (the kernels'
+    convention: it makes P = 0 in the backward)."""
+    HQ = q.shape[2]
+    kk = k.double().repeat_interleave(HQ // k.shape[2], dim=2)
+    s = torch.einsum("bthd,bshd->bhts", q.double(), kk) * scale
+    if causal:
+        s = s.masked_fill(~causal_mask(q.shape[1], k.shape[1], device=q.device), -math.inf)
+    lse = torch.logsumexp(s, dim=-1) / math.log(2)
+    return torch.where(torch.isneginf(lse), math.inf, lse)
+
+
+def _check_against_reference(B, T, S, HQ, HKV, D, causal, dtype):
+    q = torch.randn(B, T, HQ, D, device="cuda", dtype=dtype)
+    k, v = torch.randn(2, B, S, HKV, D, device="cuda", dtype=dtype)
+    scale = D ** -0.5
+    o, lse = _gluon_forward().gluon_attention_fwd(q, k, v, causal=causal, softmax_scale=scale)
+    assert o.shape == q.shape and o.dtype == dtype and lse.shape == (B, HQ, T) and lse.dtype == torch.float32
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    ref = attention_ref(q, k, v, causal=causal, softmax_scale=scale, compute_dtype=torch.float64,
+                        out_dtype=torch.float64)
+    tol = tolerance(dtype, tf32_dots=True)   # the forward's tolerance (tests/test_flash_attn.py `_tols`)
+    err = rel_err(o, ref)
+    assert err <= tol, f"o: relative error {err:.2e} > {tol:.0e}"
+    lse_ref = _lse2_reference(q, k, causal, scale)
+    empty = torch.isinf(lse_ref)
+    assert torch.equal(torch.isinf(lse), empty) and (lse[empty] > 0).all(), "rows that see no key: lse must be +inf"
+    assert not o[empty.transpose(1, 2)].any(), "rows that see no key: o must be 0"
+    if (~empty).any():
+        err = rel_err(lse[~empty], lse_ref[~empty])
+        assert err <= tolerance(torch.float32, tf32_dots=True), f"lse: relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("T", [1, 77, 1000, 4100])
+def test_gpu_gluon_forward_matches_reference(T, D, causal):
+    """T = S, not multiples of the 128-row query block or the 128-key tile; GQA 4:1 (8 query heads, 2 KV)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon forward runs on Hopper only")
+    _check_against_reference(2, T, T, 8, 2, D, causal, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T, S", [(77, 1000), (1000, 77), (300, 5)], ids=["T<S", "T>S", "rows-see-nothing"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gpu_gluon_forward_unequal_lengths_causal(T, S, dtype):
+    """T != S under the bottom-right causal mask: with T > S the first T - S rows see no key (o = 0, lse = +inf)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon forward runs on Hopper only")
+    _check_against_reference(2, T, S, 8, 2, 128, True, dtype)
+    _check_against_reference(1, T, S, 4, 1, 64, False, dtype)
