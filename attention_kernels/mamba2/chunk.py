@@ -251,7 +251,8 @@ def _ssd_state_pass_kernel(
     g_next = tl.load(b + (i_b * T + tl.minimum(L, T) - 1) * H + i_h)
     for i_t in range(NT):
         b_loc, g_last = b_next, g_next
-        b_next = tl.load(local + p_c + H * N * P, mask=m_e & (i_t + 1 < NT), other=0.0)
+        # the condition as a tensor (o_e * 0 + ...): newer Tritons' interpreter refuses a scalar in a mask
+        b_next = tl.load(local + p_c + H * N * P, mask=m_e & (o_e * 0 + i_t + 1 < NT), other=0.0)
         g_next = tl.load(b + (i_b * T + tl.minimum(i_t * L + 2 * L, T) - 1) * H + i_h)
         tl.store(h + p_c, b_h.to(h.dtype.element_ty), mask=m_e)
         b_h = b_h * tl.exp(g_last) + b_loc
