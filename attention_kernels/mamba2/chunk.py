@@ -120,6 +120,27 @@ _STATE_CONFIGS = autotune_configs(_STATE_TILES, interpreter={"BK": 32, "BV": 32}
 _fits = tiles_that_fit("N", "P")  # dstate and headdim
 
 
+@triton.jit
+def _add_chunk_tokens(b_h, B, x, dt, b, b_last, i_t, i_b, i_h, i_g, o_k, o_v, m_k, m_v, T, H, G,
+                      N: tl.constexpr, P: tl.constexpr, L: tl.constexpr, BT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """b_h [dstate tile, headdim tile] plus what chunk i_t's tokens write into the state by its end, read in
+    blocks of BT <= 64 (L / BT of them, unrolled), so a long chunk holds no more in registers than a chunk of
+    64: token s enters as (dt_s e^{b_last - b_s} B_s) x_sᵀ. dt and the decay to the chunk end (exponent <= 0 in a
+    model) are one number per token, applied to Bᵀ's columns; x·dt is never formed."""
+    for i_s in tl.static_range(L // BT):
+        o_t = i_t * L + i_s * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        p_th = (i_b * T + o_t) * H + i_h
+        b_w = tl.load(dt + p_th, mask=m_t, other=0.0) * tl.exp(b_last - tl.load(b + p_th, mask=m_t, other=0.0))
+        b_w = tl.where(m_t, b_w, 0.0)
+        b_kt = tl.load(B + ((i_b * T + o_t[None, :]) * G + i_g) * N + o_k[:, None],
+                       mask=m_k[:, None] & m_t[None, :], other=0.0)
+        b_x = tl.load(x + ((i_b * T + o_t[:, None]) * H + i_h) * P + o_v[None, :],
+                      mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_h += tl.dot((b_kt * b_w[None, :]).to(b_x.dtype), b_x, input_precision=DOT_PREC)
+    return b_h
+
+
 @triton.autotune(configs=_STATE_CONFIGS, key=["N", "P", "NBH", "L"], prune_configs_by={"early_config_prune": _fits})
 @triton.jit(do_not_specialize=["T", "H", "NT", "NBH", "HPG", "G"])
 def _ssd_state_kernel(
@@ -153,21 +174,8 @@ def _ssd_state_kernel(
         t_last = tl.minimum(i_t * L + L, T) - 1
         b_last = tl.load(b + (i_b * T + t_last) * H + i_h)
         b_h = b_h * tl.exp(b_last)
-        for i_s in tl.static_range(L // BT):
-            o_t = i_t * L + i_s * BT + tl.arange(0, BT)
-            m_t = o_t < T
-            p_th = (i_b * T + o_t) * H + i_h
-            # token s enters the state as (dt_s e^{b_last - b_s} B_s) x_sᵀ:
-            # dt and the decay to the chunk end (exponent <= 0 in a model)
-            # are one number per token, applied to Bᵀ's columns; x·dt is
-            # never formed
-            b_w = tl.load(dt + p_th, mask=m_t, other=0.0) * tl.exp(b_last - tl.load(b + p_th, mask=m_t, other=0.0))
-            b_w = tl.where(m_t, b_w, 0.0)
-            b_kt = tl.load(B + ((i_b * T + o_t[None, :]) * G + i_g) * N + o_k[:, None],
-                           mask=m_k[:, None] & m_t[None, :], other=0.0)
-            b_x = tl.load(x + ((i_b * T + o_t[:, None]) * H + i_h) * P + o_v[None, :],
-                          mask=m_t[:, None] & m_v[None, :], other=0.0)
-            b_h += tl.dot((b_kt * b_w[None, :]).to(b_x.dtype), b_x, input_precision=DOT_PREC)
+        b_h = _add_chunk_tokens(b_h, B, x, dt, b, b_last, i_t, i_b, i_h, i_g, o_k, o_v, m_k, m_v, T, H, G,
+                                N, P, L, BT, DOT_PREC)
 
     if STORE_HT:
         tl.store(ht + i_bh * N * P + p_io, b_h, mask=m_h)
@@ -201,20 +209,8 @@ def _ssd_chunk_state_kernel(
     m_k, m_v = o_k < N, o_v < P
     t_last = tl.minimum(i_t * L + L, T) - 1
     b_last = tl.load(b + (i_b * T + t_last) * H + i_h)
-    b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    for i_s in tl.static_range(L // BT):
-        o_t = i_t * L + i_s * BT + tl.arange(0, BT)
-        m_t = o_t < T
-        p_th = (i_b * T + o_t) * H + i_h
-        # token s enters as (dt_s e^{b_last - b_s} B_s) x_sᵀ: dt and the decay to the chunk end (exponent
-        # <= 0 in a model) are one number per token, applied to Bᵀ's columns; x·dt is never formed
-        b_w = tl.load(dt + p_th, mask=m_t, other=0.0) * tl.exp(b_last - tl.load(b + p_th, mask=m_t, other=0.0))
-        b_w = tl.where(m_t, b_w, 0.0)
-        b_kt = tl.load(B + ((i_b * T + o_t[None, :]) * G + i_g) * N + o_k[:, None],
-                       mask=m_k[:, None] & m_t[None, :], other=0.0)
-        b_x = tl.load(x + ((i_b * T + o_t[:, None]) * H + i_h) * P + o_v[None, :],
-                      mask=m_t[:, None] & m_v[None, :], other=0.0)
-        b_h += tl.dot((b_kt * b_w[None, :]).to(b_x.dtype), b_x, input_precision=DOT_PREC)
+    b_h = _add_chunk_tokens(tl.zeros([BK, BV], dtype=tl.float32), B, x, dt, b, b_last, i_t, i_b, i_h, i_g,
+                            o_k, o_v, m_k, m_v, T, H, G, N, P, L, BT, DOT_PREC)
     p_c = ((i_b * NT + i_t) * H + i_h).to(tl.int64) * N * P     # 64-bit: [Bt, NT, H] states of N·P each
     tl.store(local + p_c + o_k[:, None] * P + o_v[None, :], b_h, mask=m_k[:, None] & m_v[None, :])
 
