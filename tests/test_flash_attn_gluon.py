@@ -56,6 +56,14 @@ def test_gluon_forward_refuses_what_it_cannot_take(change, message, monkeypatch)
         gf.gluon_attention_fwd(*change(q, k, v), causal=False)
 
 
+def test_gluon_forward_refuses_inputs_that_require_grad():
+    """Forward only: an input that requires grad is refused by name, never silently untrainable."""
+    gf = _gluon_forward()
+    q, k, v = torch.randn(3, 1, 8, 2, 64, dtype=torch.bfloat16).unbind(0)
+    with pytest.raises(ValueError, match="^k requires grad"):
+        gf.gluon_attention_fwd(q, k.requires_grad_(), v, causal=False)
+
+
 def test_gluon_forward_refuses_a_tensor_off_hopper():
     if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
         pytest.skip("this GPU is a Hopper: the kernel runs (see the gpu tests)")

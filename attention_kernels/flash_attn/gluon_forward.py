@@ -42,6 +42,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from ..checks import check_no_grad
 from ..launch import LOG2E, aligned16, launch_direct
 
 BM = 128           # query rows per CTA: two consumer warpgroups of 64 (wgmma's M)
@@ -283,6 +284,7 @@ def gluon_attention_fwd(q, k, v, causal: bool, softmax_scale: float | None = Non
     """The Gluon forward, called directly (no dispatch reaches it yet). Returns (o like q, lse fp32 [B, Hq, T]
     in base 2), the Triton forward's (`forward.attention_fwd`) outputs. ValueError, saying why, for inputs it
     cannot take (`gluon_forward_misfit`)."""
+    check_no_grad("gluon_attention_fwd", q=q, k=k, v=v)   # forward only: no backward of its own yet
     misfit = gluon_forward_misfit(q, k, v)
     if misfit:
         raise ValueError(f"the Gluon forward cannot take these inputs: {misfit}")
