@@ -281,6 +281,30 @@ def kda_prefill():
                   flush=True)
 
 
+def train_kernels():
+    """Where a training step's GPU time goes (forward + backward, bf16, B = 1, T = 16K): each kernel the
+    book's step launches and each its peer's, GPU µs per step, largest first. Mamba-2 at Mamba-2 2.7B's heads
+    (chunk 64 for the book, 256 for mamba_ssm), GLA at 32 heads x 128 against fla's chunk_gla."""
+    from attention_kernels.gla import bench as gla_bench
+    from attention_kernels.mamba2 import bench as mamba2_bench
+    for table, case, names in (
+            (mamba2_bench.TRAIN, {"B": 1, "T": 16384, "H": 80, "D": 64, "dstate": 128, "G": 1},
+             ("book: chunk 64", "mamba_ssm chunk 256")),
+            (gla_bench.TRAIN, {"B": 1, "T": 16384, "H": 32, "D": 128}, ("book: chunk", "fla chunk_gla"))):
+        print(f"--- {table.name}, {case}")
+        for name in names:
+            fn = table.providers[name](case)
+            if fn is None:
+                print(f"  {name}: not installed")
+                continue
+            times = _kernel_times_us(fn, reps=5)
+            for kernel, us in sorted(times.items(), key=lambda kv: -kv[1])[:25]:
+                print(f"  {name[:18]:18s} {us:9.1f} us  {kernel[:100]}")
+            print(f"  {name[:18]:18s} {sum(times.values()):9.1f} us  GPU time in all; plain call "
+                  f"{time_ms(fn) * 1000:.1f} us", flush=True)
+            del fn
+
+
 def kda_step():
     """KDA's step at B = 1, 8, 64 (H = 32, K = V = 128): single calls with L2 flushed (do_bench, as most chapters
     timed plain calls before), back to back (as the chapters time them now), graph replay and host time."""
@@ -498,4 +522,5 @@ if __name__ == "__main__":
         sys.exit()
     for part in sys.argv[1:]:
         {"fa_host": fa_host, "fa_bwd": fa_bwd, "fa_mask": fa_mask, "fa_gluon": fa_gluon, "kda_step": kda_step,
-         "mla_splits": mla_splits, "mla_mixed": mla_mixed, "kda_prefill": kda_prefill}[part]()
+         "mla_splits": mla_splits, "mla_mixed": mla_mixed, "kda_prefill": kda_prefill,
+         "train_kernels": train_kernels}[part]()
