@@ -125,3 +125,25 @@ def test_gpu_gluon_forward_unequal_lengths_causal(T, S, dtype):
         pytest.skip("the Gluon forward runs on Hopper only")
     _check_against_reference(2, T, S, 8, 2, 128, True, dtype)
     _check_against_reference(1, T, S, 4, 1, 64, False, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_gluon_forward_hidden_nan_reaches_only_rows_that_see_it(D):
+    """A NaN and an inf in V at keys inside the sequence (one on a diagonal tile, one in the middle of a tile
+    with rows on both sides of it), causal: rows before each key stay finite and equal the formula's with those
+    values zeroed; rows at or after it are NaN (0 * NaN stays out of the masked products)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon forward runs on Hopper only")
+    T, bad = 300, (130, 200)
+    q, k, v = torch.randn(3, 1, T, 2, D, device="cuda", dtype=torch.bfloat16)
+    v[0, bad[0], 0, 3], v[0, bad[1], 1, 5] = float("nan"), float("inf")
+    o, _ = _gluon_forward().gluon_attention_fwd(q, k, v, causal=True)
+    ref = attention_ref(q, k, torch.nan_to_num(v, nan=0.0, posinf=0.0), causal=True, compute_dtype=torch.float64,
+                        out_dtype=torch.float64)
+    for head, key in enumerate(bad):
+        before = o[0, :key, head]
+        assert torch.isfinite(before).all(), f"head {head}: a row before key {key} was reached by its value"
+        err = rel_err(before, ref[0, :key, head])
+        assert err <= tolerance(torch.bfloat16, tf32_dots=True), f"head {head}: relative error {err:.2e}"
+        assert not torch.isfinite(o[0, key:, head]).all(dim=-1).any(), f"head {head}: a row seeing key {key} is finite"

@@ -26,8 +26,9 @@ This first iteration keeps each warpgroup's steps in order (scores, softmax, P V
 next one tries (notes/TUNING.md): ping-pong between the two warpgroups (one's softmax while the other's
 GEMMs run, handed over with named barriers), and within a warpgroup the next tile's S = Q K^T issued before
 this tile's softmax, so the tensor cores never wait for the exponentials; a TMA store of O.
-Not handled yet: a NaN or inf in V at a key the causal mask hides inside the sequence reaches the rows that
-cannot see it (0 * NaN), which the Triton forward guards against (`dot_visible`); keys past S are zero-filled.
+A NaN or inf in V at a key the mask hides must not reach the rows that cannot see it (0 * NaN is NaN): a
+masked tile first checks its V tile and, only if it is not finite, takes P V on the CUDA cores key by key,
+skipping zero probabilities (as the Triton forward's `dot_visible` does); keys past S are zero-filled.
 
 Gluon/ptxas rules kept here (learnt on `attention_kernels/mla/gluon_decode.py`): no wgmma in flight across a
 loop back edge (ptxas would serialize every wgmma); shared buffers handed to wgmma indexed by an opaque zero
@@ -132,11 +133,51 @@ def _tile_update(acc, m_i, l_i, q_op, t, k_s, v_s, k_ready, v_ready, k_empty, v_
     l_i = l_i * alpha + gl.sum(p, axis=1)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
     mbarrier.wait(v_ready.index(st), phase)
-    p_op = gl.convert_layout(p.to(v_s.dtype), p_layout)
-    acc = warpgroup_mma(p_op, v_s.index(slot), acc, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    if MASKED and _has_non_finite(v_s.index(slot)):
+        acc = _pv_skipping_zeros(acc, p.to(v_s.dtype), v_s.index(slot), row_o)
+    else:
+        p_op = gl.convert_layout(p.to(v_s.dtype), p_layout)
+        acc = warpgroup_mma(p_op, v_s.index(slot), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.arrive(v_empty.index(st), count=1)
     return acc, m_new, l_i
+
+
+@gluon.jit
+def _has_non_finite(v_tile):
+    """Whether the [BN, D] tile in shared memory holds a NaN or an inf, read 16 rows at a time (16 values a
+    thread). Only masked tiles ask: there a key the row cannot see may hold one, and 0 * NaN is NaN."""
+    BN: gl.constexpr = v_tile.shape[0]
+    D: gl.constexpr = v_tile.shape[1]
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    bad = 0
+    for j0 in gl.static_range(0, BN, 16):
+        rows = v_tile.slice(j0, 16).load(layout).to(gl.float32)
+        bad = gl.maximum(bad, gl.max(gl.max(gl.where(gl.abs(rows) < float("inf"), 0, 1), axis=1), axis=0))
+    return bad > 0
+
+
+@gluon.jit
+def _pv_skipping_zeros(acc, p, v_tile, row_o: gl.constexpr):
+    """acc + P V on the CUDA cores, key by key, where a zero P[i, j] adds nothing even if row j of V holds a
+    NaN or an inf: a row then gets NaN or inf only from a key it sees, as the formula says. The slow path of
+    a masked tile whose V is not finite (never taken for finite inputs); P as the tensor cores would see it."""
+    BN: gl.constexpr = v_tile.shape[0]
+    col_o: gl.constexpr = gl.SliceLayout(0, acc.type.layout)
+    rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    keys = gl.arange(0, BN, layout=gl.SliceLayout(0, p.type.layout))
+    in_block = gl.arange(0, 16, layout=gl.SliceLayout(1, rows_layout))
+    for j0 in gl.static_range(0, BN, 16):          # shared memory is sliced at constant rows only
+        v_rows = v_tile.slice(j0, 16).load(rows_layout).to(gl.float32)
+        for j in range(16):
+            # one nonzero term per row: the 16-bit sum is exact, and P stays packed (registers)
+            p_j = gl.sum(gl.where(gl.expand_dims(keys, 0) == j0 + j, p, 0.0), axis=1)
+            p_j = gl.convert_layout(p_j.to(gl.float32), row_o)
+            v_j = gl.sum(gl.where(gl.expand_dims(in_block, 1) == j, v_rows, 0.0), axis=0)
+            v_j = gl.convert_layout(v_j, col_o)
+            term = gl.expand_dims(p_j, 1) * gl.expand_dims(v_j, 0)
+            acc = acc + gl.where(gl.expand_dims(p_j, 1) != 0.0, term, 0.0)
+    return acc
 
 
 @gluon.jit
