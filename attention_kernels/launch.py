@@ -206,6 +206,7 @@ class DirectLaunch:
         """The launch through the C launcher, on `stream` (`launch_stream()`, read once by a caller that launches
         several kernels; None inside a graph capture), for a caller that has asked `launch_hooked()` and
         `instrumented` first."""
+        grid = (*grid, 1, 1)[:3]   # the C launcher takes three grid dims; a launch may give one or two
         scratch = None
         if self._scratch_bytes:
             size = grid[0] * grid[1] * grid[2] * self._scratch_bytes

@@ -880,3 +880,19 @@ def test_relaunches_keep_what_does_not_change_and_take_each_calls_tensors():
     assert launch.relaunches([launch.Launched(d1, (1, 1, 1), (b, own))], (b,)) is None
     d2.instrumented = True
     assert launch.relaunches([launch.Launched(d2, (1, 1, 1), (b,))], (b,)) is None
+
+
+def test_direct_launch_gives_the_c_launcher_three_grid_dims(monkeypatch):
+    """A launch with a one- or two-dimensional grid reaches Triton's C launcher as (x, y, 1) and sizes a kernel's
+    TMA scratch by the CTAs it launches (a kernel launched on a 2-D grid once failed here on the GPU)."""
+    from attention_kernels import launch as launch_module
+    calls, made = [], []
+    direct = object.__new__(launch_module.DirectLaunch)
+    direct._launch = lambda *a: calls.append(a)
+    direct._head, direct._metadata, direct._constexprs = ("fn", False, False), "meta", ()
+    direct._scratch_bytes, direct._scratch = 384, {}
+    monkeypatch.setattr(launch_module, "reused", lambda kept, size, make, stream=None: made.append(size))
+    direct.on((None, 7), (5, 3), ("a", "b"))
+    direct.on((None, 7), (4,), ("a", "b"))
+    assert [c[:4] for c in calls] == [(5, 3, 1, 7), (4, 1, 1, 7)]
+    assert made == [5 * 3 * 384, 4 * 384]
