@@ -212,26 +212,29 @@ def fa_gluon():
                                         (2, 300, 77, 8, 2, 128, True)]:
         q = torch.randn(B, T, HQ, D, device="cuda", dtype=torch.bfloat16)
         k, v = torch.randn(2, B, S, HKV, D, device="cuda", dtype=torch.bfloat16)
-        o, lse = gluon_forward.gluon_attention_fwd(q, k, v, causal, D ** -0.5)
         ref = attention_ref(q, k, v, causal=causal, compute_dtype=torch.float64, out_dtype=torch.float64)
         _, lse_triton = attention_fwd(q, k, v, causal, D ** -0.5)
-        err, lse_err = rel_err(o, ref), (lse - lse_triton).abs().max().item()
-        right = not torch.isnan(o).any() and err < 1e-2 and lse_err < 1e-3
-        print(f"B={B} T={T} S={S} H={HQ}/{HKV} D={D} causal={causal}: rel err {err:.1e}, lse vs Triton "
-              f"{lse_err:.1e}: {'right' if right else 'WRONG'}", flush=True)
-        if not right:
-            print("the Gluon forward is wrong: not timed")
-            return
+        for overlap in (False, True):
+            o, lse = gluon_forward.gluon_attention_fwd(q, k, v, causal, D ** -0.5, overlap=overlap)
+            err, lse_err = rel_err(o, ref), (lse - lse_triton).abs().max().item()
+            right = not torch.isnan(o).any() and err < 1e-2 and lse_err < 1e-3
+            print(f"B={B} T={T} S={S} H={HQ}/{HKV} D={D} causal={causal} overlap={overlap}: rel err {err:.1e}, "
+                  f"lse vs Triton {lse_err:.1e}: {'right' if right else 'WRONG'}", flush=True)
+            if not right:
+                print("the Gluon forward is wrong: not timed")
+                return
     cudnn, flash, fa4 = peers.sdpa("cuDNN"), peers.sdpa("flash"), peers.fa4()
     B, H, D = 4, 32, 128
-    names = ["Gluon", "Triton", "cuDNN", "SDPA flash"] + (["FA4"] if fa4 else [])
+    names = ["Gluon", "Gluon overlapped", "Triton", "cuDNN", "SDPA flash"] + (["FA4"] if fa4 else [])
     print(f"bf16, B={B} H={H} D={D}: TFLOP/s; in brackets the Gluon kernel's speed ratio to it")
-    print(f"  {'T':>6s} {'causal':>6s} " + " ".join(f"{n:>14s}" for n in names))
+    print(f"  {'T':>6s} {'causal':>6s} " + " ".join(f"{n:>16s}" for n in names))
     for causal in (False, True):
         for T in (2048, 4096, 8192, 16384):
             q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
             calls = {"Gluon": lambda: gluon_forward.gluon_attention_fwd(q, k, v, causal, D ** -0.5),
+                     "Gluon overlapped": lambda: gluon_forward.gluon_attention_fwd(q, k, v, causal, D ** -0.5,
+                                                                                   overlap=True),
                      "Triton": lambda: attention_fwd(q, k, v, causal, D ** -0.5),
                      "cuDNN": lambda: cudnn(qt, kt, vt, causal=causal),
                      "SDPA flash": lambda: flash(qt, kt, vt, causal=causal)}
@@ -240,7 +243,7 @@ def fa_gluon():
             flops = attention_flops(B, H, T, T, D, causal)
             tflops = {n: flops / (time_ms(c) * 1e-3) / 1e12 for n, c in calls.items()}
             print(f"  {T:6d} {str(causal):>6s} " + " ".join(
-                f"{tflops[n]:6.0f} ({tflops['Gluon'] / tflops[n]:4.2f})" for n in names), flush=True)
+                f"{tflops[n]:8.0f} ({tflops['Gluon'] / tflops[n]:4.2f})" for n in names), flush=True)
             del q, k, v, qt, kt, vt
 
 

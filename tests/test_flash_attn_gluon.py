@@ -84,11 +84,11 @@ def _lse2_reference(q, k, causal, scale):
     return torch.where(torch.isneginf(lse), math.inf, lse)
 
 
-def _check_against_reference(B, T, S, HQ, HKV, D, causal, dtype):
+def _check_against_reference(B, T, S, HQ, HKV, D, causal, dtype, overlap):
     q = torch.randn(B, T, HQ, D, device="cuda", dtype=dtype)
     k, v = torch.randn(2, B, S, HKV, D, device="cuda", dtype=dtype)
     scale = D ** -0.5
-    o, lse = _gluon_forward().gluon_attention_fwd(q, k, v, causal=causal, softmax_scale=scale)
+    o, lse = _gluon_forward().gluon_attention_fwd(q, k, v, causal=causal, softmax_scale=scale, overlap=overlap)
     assert o.shape == q.shape and o.dtype == dtype and lse.shape == (B, HQ, T) and lse.dtype == torch.float32
     assert not torch.isnan(o).any() and not torch.isnan(lse).any()
     ref = attention_ref(q, k, v, causal=causal, softmax_scale=scale, compute_dtype=torch.float64,
@@ -105,31 +105,38 @@ def _check_against_reference(B, T, S, HQ, HKV, D, causal, dtype):
         assert err <= tolerance(torch.float32, tf32_dots=True), f"lse: relative error {err:.2e}"
 
 
+OVERLAP = pytest.mark.parametrize("overlap", [False, True], ids=["in-order", "overlapped"])
+
+
 @pytest.mark.gpu
+@OVERLAP
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("T", [1, 77, 1000, 4100])
-def test_gpu_gluon_forward_matches_reference(T, D, causal):
-    """T = S, not multiples of the 128-row query block or the 128-key tile; GQA 4:1 (8 query heads, 2 KV)."""
+def test_gpu_gluon_forward_matches_reference(T, D, causal, overlap):
+    """T = S, not multiples of the 128-row query block or the 128-key tile; GQA 4:1 (8 query heads, 2 KV);
+    both consumer loops (the next tile's scores issued before the softmax or not)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon forward runs on Hopper only")
-    _check_against_reference(2, T, T, 8, 2, D, causal, torch.bfloat16)
+    _check_against_reference(2, T, T, 8, 2, D, causal, torch.bfloat16, overlap)
 
 
 @pytest.mark.gpu
+@OVERLAP
 @pytest.mark.parametrize("T, S", [(77, 1000), (1000, 77), (300, 5)], ids=["T<S", "T>S", "rows-see-nothing"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_gpu_gluon_forward_unequal_lengths_causal(T, S, dtype):
+def test_gpu_gluon_forward_unequal_lengths_causal(T, S, dtype, overlap):
     """T != S under the bottom-right causal mask: with T > S the first T - S rows see no key (o = 0, lse = +inf)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon forward runs on Hopper only")
-    _check_against_reference(2, T, S, 8, 2, 128, True, dtype)
-    _check_against_reference(1, T, S, 4, 1, 64, False, dtype)
+    _check_against_reference(2, T, S, 8, 2, 128, True, dtype, overlap)
+    _check_against_reference(1, T, S, 4, 1, 64, False, dtype, overlap)
 
 
 @pytest.mark.gpu
+@OVERLAP
 @pytest.mark.parametrize("D", [64, 128])
-def test_gpu_gluon_forward_hidden_nan_reaches_only_rows_that_see_it(D):
+def test_gpu_gluon_forward_hidden_nan_reaches_only_rows_that_see_it(D, overlap):
     """A NaN and an inf in V at keys inside the sequence (one on a diagonal tile, one in the middle of a tile
     with rows on both sides of it), causal: rows before each key stay finite and equal the formula's with those
     values zeroed; rows at or after it are NaN (0 * NaN stays out of the masked products)."""
@@ -138,7 +145,7 @@ def test_gpu_gluon_forward_hidden_nan_reaches_only_rows_that_see_it(D):
     T, bad = 300, (130, 200)
     q, k, v = torch.randn(3, 1, T, 2, D, device="cuda", dtype=torch.bfloat16)
     v[0, bad[0], 0, 3], v[0, bad[1], 1, 5] = float("nan"), float("inf")
-    o, _ = _gluon_forward().gluon_attention_fwd(q, k, v, causal=True)
+    o, _ = _gluon_forward().gluon_attention_fwd(q, k, v, causal=True, overlap=overlap)
     ref = attention_ref(q, k, torch.nan_to_num(v, nan=0.0, posinf=0.0), causal=True, compute_dtype=torch.float64,
                         out_dtype=torch.float64)
     for head, key in enumerate(bad):

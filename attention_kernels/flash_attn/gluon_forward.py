@@ -22,10 +22,11 @@ One CTA per (128 query rows, batch * query head), three partitions (gl.warp_spec
 Tiles that every row of the block sees in full skip the mask; the causal diagonal and the ragged last tile
 take it (`_key_tiles`). Non-causal calls pass a shift of S, so one masked path serves both settings.
 
-This first iteration keeps each warpgroup's steps in order (scores, softmax, P V, each waited on). What the
-next one tries (notes/TUNING.md): ping-pong between the two warpgroups (one's softmax while the other's
-GEMMs run, handed over with named barriers), and within a warpgroup the next tile's S = Q K^T issued before
-this tile's softmax, so the tensor cores never wait for the exponentials; a TMA store of O.
+The default loop keeps each warpgroup's steps in order (scores, softmax, P V, each waited on). Its variant
+(`overlap=True`, `_consumer_overlapped`) issues the next tile's S = Q K^T before this tile's softmax on the
+unmasked tiles, so the tensor cores compute it while the exponentials run. Still to try (notes/TUNING.md):
+ping-pong between the two warpgroups (one's softmax while the other's GEMMs run, handed over with named
+barriers) and a TMA store of O.
 A NaN or inf in V at a key the mask hides must not reach the rows that cannot see it (0 * NaN is NaN): a
 masked tile first checks its V tile and, only if it is not finite, takes P V on the CUDA cores key by key,
 skipping zero probabilities (as the Triton forward's `dot_visible` does); keys past S are zero-filled.
@@ -56,6 +57,9 @@ FWD_TILES = {64: (128, 3), 128: (128, 2)}
 WS_MAXNREG = 168
 WS_CONSUMER_REGS = 240
 WS_PRODUCER_REGS = 24
+# Whether the consumers issue the next tile's S = Q K^T before this tile's softmax (`_consumer_overlapped`):
+# not the default until the GPU has timed it against the in-order loop.
+OVERLAP_SCORES = False
 
 
 @gluon.jit
@@ -109,17 +113,40 @@ def _tile_update(acc, m_i, l_i, q_op, t, k_s, v_s, k_ready, v_ready, k_empty, v_
     rescaled, O += P V; each product waited on, and the slot's K and V released once read. MASKED: a score
     whose key is past S or, causal, past the row's diagonal (shift = S - T; S when not causal) is -inf."""
     STAGES: gl.constexpr = k_s.shape[0]
+    st = t % STAGES
+    s = _scores_issue(q_op, t, k_s, k_ready, rows.shape[0], s_layout)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(st), count=1)
+    acc, m_i, l_i, s = _softmax_pv(acc, m_i, l_i, s, t, v_s, v_ready, v_empty, scale_log2, rows, S, shift, MASKED,
+                                   p_layout, row_o, s, False)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _scores_issue(q_op, t, k_s, k_ready, ROWS: gl.constexpr, s_layout: gl.constexpr):
+    """S = Q K_t^T issued on the tensor cores once tile t's K has landed; not waited on."""
+    STAGES: gl.constexpr = k_s.shape[0]
     BN: gl.constexpr = k_s.shape[1]
+    st = t % STAGES
+    mbarrier.wait(k_ready.index(st), (t // STAGES) & 1)
+    s_zero = gl.zeros([ROWS, BN], gl.float32, s_layout)
+    return warpgroup_mma(q_op, k_s.index(st + _opaque_zero(t)).permute((1, 0)), s_zero, use_acc=False,
+                         is_async=True)
+
+
+@gluon.jit
+def _softmax_pv(acc, m_i, l_i, s, t, v_s, v_ready, v_empty, scale_log2, rows, S, shift, MASKED: gl.constexpr,
+                p_layout: gl.constexpr, row_o: gl.constexpr, s_next, HAS_NEXT: gl.constexpr):
+    """The online softmax of tile t's scores s, O rescaled, O += P V_t, waited on (with HAS_NEXT, together with
+    s_next, the next tile's scores in flight), and V_t's slot released. Returns acc, m, l and s_next (waited
+    on; passed through as given without HAS_NEXT)."""
+    STAGES: gl.constexpr = v_s.shape[0]
+    BN: gl.constexpr = v_s.shape[1]
     st = t % STAGES
     phase = (t // STAGES) & 1
     slot = st + _opaque_zero(t)
-    s_zero = gl.zeros([rows.shape[0], BN], gl.float32, s_layout)
-    mbarrier.wait(k_ready.index(st), phase)
-    s = warpgroup_mma(q_op, k_s.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-    mbarrier.arrive(k_empty.index(st), count=1)
     if MASKED:
-        cols = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+        cols = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
         keep = (gl.expand_dims(cols, 0) < S) & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + shift, 1))
         s = gl.where(keep, s * scale_log2, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
@@ -139,8 +166,11 @@ def _tile_update(acc, m_i, l_i, q_op, t, k_s, v_s, k_ready, v_ready, k_empty, v_
         p_op = gl.convert_layout(p.to(v_s.dtype), p_layout)
         acc = warpgroup_mma(p_op, v_s.index(slot), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    if HAS_NEXT:   # an issued product cannot cross a branch, so its wait is out here (P V's took it already)
+        gl.static_assert(not MASKED, "a masked tile's check needs the registers the next scores would hold")
+        s_next = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, ))
     mbarrier.arrive(v_empty.index(st), count=1)
-    return acc, m_new, l_i
+    return acc, m_new, l_i, s_next
 
 
 @gluon.jit
@@ -208,6 +238,13 @@ def _consumer(WG: gl.constexpr, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, 
         acc, m_i, l_i = _tile_update(acc, m_i, l_i, q_op, t, k_s, v_s, k_ready, v_ready, k_empty, v_empty,
                                      scale_log2, rows, S, shift, True, s_layout, p_layout, row_o)
 
+    _finish(acc, m_i, l_i, rows, o_ptr, lse_ptr, o_base, lse_base, T, HQ, D, row_o, o_layout)
+
+
+@gluon.jit
+def _finish(acc, m_i, l_i, rows, o_ptr, lse_ptr, o_base, lse_base, T, HQ, D: gl.constexpr, row_o: gl.constexpr,
+            o_layout: gl.constexpr):
+    """O / l and the lse, stored with masks (rows past T are not written)."""
     empty = l_i == 0.0   # causal with T > S: a row that sees no key; its output is 0
     l_safe = gl.where(empty, 1.0, l_i)
     lse = gl.where(empty, float("inf"), m_i + gl.log2(l_safe))   # +inf makes P = 0 in the backward
@@ -217,6 +254,60 @@ def _consumer(WG: gl.constexpr, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, 
     offs = gl.expand_dims(rows_o.to(gl.int64) * (HQ * D), 1) + gl.expand_dims(cols, 0)
     gl.store(o_ptr + o_base + offs, out.to(o_ptr.dtype.element_ty), mask=gl.expand_dims(rows_o < T, 1))
     gl.store(lse_ptr + lse_base + rows, lse, mask=rows < T)
+
+
+@gluon.jit
+def _overlapped_step(acc, m_i, l_i, s, t, q_op, k_s, v_s, k_ready, v_ready, k_empty, v_empty, scale_log2, rows, S,
+                     shift, MASKED: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
+                     row_o: gl.constexpr):
+    """Tile t, its scores s already in registers, and a tile after it: the next tile's S = Q K^T issued first, so
+    the tensor cores compute it during this tile's softmax; then P V_t; both waited on before the loop's back
+    edge. Returns the next tile's scores."""
+    STAGES: gl.constexpr = k_s.shape[0]
+    s_next = _scores_issue(q_op, t + 1, k_s, k_ready, rows.shape[0], s_layout)
+    acc, m_i, l_i, s_next = _softmax_pv(acc, m_i, l_i, s, t, v_s, v_ready, v_empty, scale_log2, rows, S, shift,
+                                        MASKED, p_layout, row_o, s_next, True)
+    mbarrier.arrive(k_empty.index((t + 1) % STAGES), count=1)
+    return acc, m_i, l_i, s_next
+
+
+@gluon.jit
+def _consumer_overlapped(WG: gl.constexpr, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles,
+                         scale_log2, q_s, k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty):
+    """`_consumer` with each unmasked tile's softmax overlapped with the next tile's S = Q K^T (FA3's
+    intra-warpgroup pipelining): one more [64, BN] fp32 tile of scores held in registers. An issued product
+    cannot cross a branch, so the loop takes the unmasked tiles that have an unmasked next one, and the last
+    unmasked tile comes after it. The masked tiles (the diagonal, the ragged end) stay in order, as in
+    `_consumer`: their hidden-NaN check needs the registers the next scores would hold."""
+    HALF: gl.constexpr = q_s.shape[1]
+    BN: gl.constexpr = k_s.shape[1]
+    D: gl.constexpr = k_s.shape[2]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    rows = m0 + WG * HALF + gl.arange(0, HALF, layout=row_s)
+    acc = gl.zeros([HALF, D], gl.float32, o_layout)
+    m_i = gl.full([HALF], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([HALF], gl.float32, row_s)
+    mbarrier.wait(q_bar, 0)
+    if n_full > 0:
+        s = _scores_issue(q_s.index(WG), 0, k_s, k_ready, HALF, s_layout)   # tile 0's scores, before the loop
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        mbarrier.arrive(k_empty.index(0), count=1)
+        for t in range(n_full - 1):
+            q_op = q_s.index(WG + _opaque_zero(t))
+            acc, m_i, l_i, s = _overlapped_step(acc, m_i, l_i, s, t, q_op, k_s, v_s, k_ready, v_ready, k_empty,
+                                                v_empty, scale_log2, rows, S, shift, False, s_layout, p_layout, row_o)
+        acc, m_i, l_i, s = _softmax_pv(acc, m_i, l_i, s, n_full - 1, v_s, v_ready, v_empty, scale_log2, rows, S,
+                                       shift, False, p_layout, row_o, s, False)
+    for t in range(n_full, n_tiles):
+        q_op = q_s.index(WG + _opaque_zero(t))
+        acc, m_i, l_i = _tile_update(acc, m_i, l_i, q_op, t, k_s, v_s, k_ready, v_ready, k_empty, v_empty,
+                                     scale_log2, rows, S, shift, True, s_layout, p_layout, row_o)
+    _finish(acc, m_i, l_i, rows, o_ptr, lse_ptr, o_base, lse_base, T, HQ, D, row_o, o_layout)
 
 
 # One entry point per warpgroup: gl.warp_specialize cannot pass the constexpr WG, so each binds its own.
@@ -232,6 +323,20 @@ def _consumer1(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_
                q_bar, k_ready, v_ready, k_empty, v_empty):
     _consumer(1, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s, v_s,
               q_bar, k_ready, v_ready, k_empty, v_empty)
+
+
+@gluon.jit
+def _consumer0_overlapped(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
+                          k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty):
+    _consumer_overlapped(0, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
+                         k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty)
+
+
+@gluon.jit
+def _consumer1_overlapped(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
+                          k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty):
+    _consumer_overlapped(1, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
+                         k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty)
 
 
 @gluon.jit
@@ -252,8 +357,8 @@ def _key_tiles(m0, T, S, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexp
 # partitions (T = 1, one KV head): none is specialized, which also lets launch_direct skip the dispatcher.
 @gluon.jit(do_not_specialize=["T", "S", "HQ", "HKV"])
 def attn_fwd_ws_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, scale_log2, T, S, HQ, HKV, D: gl.constexpr,
-                       BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                       PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                       BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                       CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """q, o: [B, T, HQ, D], k, v: [B, S, HKV, D] contiguous; lse fp32 [B, HQ, T]. Grid (cdiv(T, 128), B * HQ)."""
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     BM: gl.constexpr = 128
@@ -297,8 +402,12 @@ def attn_fwd_ws_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, scale_log2, T, S, HQ
              q_bar, k_ready, v_ready, k_empty, v_empty)
     largs = (q_ptr, k_ptr, v_ptr, q_base, kv_base, m0, T, S, HQ, HKV, n_tiles, q_s, k_s, v_s, q_bar, k_ready,
              v_ready, k_empty, v_empty)
-    gl.warp_specialize([(_consumer0, cargs), (_consumer1, cargs), (_load_partition, largs)], [4, 1],
-                       [CONSUMER_REGS, PRODUCER_REGS])
+    if OVERLAP:
+        gl.warp_specialize([(_consumer0_overlapped, cargs), (_consumer1_overlapped, cargs), (_load_partition, largs)],
+                           [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([(_consumer0, cargs), (_consumer1, cargs), (_load_partition, largs)], [4, 1],
+                           [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def gluon_forward_misfit(q, k, v) -> str | None:
@@ -321,10 +430,11 @@ def gluon_forward_misfit(q, k, v) -> str | None:
     return None
 
 
-def gluon_attention_fwd(q, k, v, causal: bool, softmax_scale: float | None = None):
+def gluon_attention_fwd(q, k, v, causal: bool, softmax_scale: float | None = None, overlap: bool = OVERLAP_SCORES):
     """The Gluon forward, called directly (no dispatch reaches it yet). Returns (o like q, lse fp32 [B, Hq, T]
-    in base 2), the Triton forward's (`forward.attention_fwd`) outputs. ValueError, saying why, for inputs it
-    cannot take (`gluon_forward_misfit`)."""
+    in base 2), the Triton forward's (`forward.attention_fwd`) outputs. overlap: the consumers' loop with the
+    next tile's scores issued before the softmax. ValueError, saying why, for inputs it cannot take
+    (`gluon_forward_misfit`)."""
     check_no_grad("gluon_attention_fwd", q=q, k=k, v=v)   # forward only: no backward of its own yet
     misfit = gluon_forward_misfit(q, k, v)
     if misfit:
@@ -336,9 +446,9 @@ def gluon_attention_fwd(q, k, v, causal: bool, softmax_scale: float | None = Non
     lse = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
     BN, STAGES = FWD_TILES[D]
     grid = (triton.cdiv(T, BM), B * HQ)
-    constexprs = dict(D=D, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), CONSUMER_REGS=WS_CONSUMER_REGS,
-                      PRODUCER_REGS=WS_PRODUCER_REGS)
-    launch_direct(attn_fwd_ws_kernel, grid, ("gluon_fwd", q.device.index, q.dtype, D, bool(causal)),
+    constexprs = dict(D=D, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), OVERLAP=bool(overlap),
+                      CONSUMER_REGS=WS_CONSUMER_REGS, PRODUCER_REGS=WS_PRODUCER_REGS)
+    launch_direct(attn_fwd_ws_kernel, grid, ("gluon_fwd", q.device.index, q.dtype, D, bool(causal), bool(overlap)),
                   (q, k, v, o, lse, scale * LOG2E, T, S, HQ, HKV), constexprs, aligned=True,   # checked; o, lse fresh
                   num_warps=4, maxnreg=WS_MAXNREG)
     return o, lse
