@@ -64,6 +64,12 @@ from .chunk import (CHUNK, GATE_FLOOR, SUB_CHUNK, decay_exponent, dot_precision,
 _fits = tiles_that_fit()
 
 
+def _sum_precision(dtype: torch.dtype) -> str:
+    """input_precision of the gate gradient's triangle sums (products of fp32 values with ones): IEEE for fp32
+    inputs, 3xTF32 on the tensor cores for 16-bit ones (~22 bits a term, every term still at its own size)."""
+    return "ieee" if dtype == torch.float32 else "tf32x3"
+
+
 def _tile(n: int) -> int:
     """The K or V tile of the chunk-wide backward kernels: the whole dim up to 64, padded to a power of two."""
     return min(64, pow2_at_least_16(n))
@@ -287,12 +293,20 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None) ->
     if recompute and G != 1:
         raise ValueError(f"chunk_dv recomputes the scores for a gate per head only (G = 1), got G = {G}")
     NT = triton.cdiv(T, CHUNK)
+    # the scores read (GLA, K = V = 128): 255 registers and 120 KB of shared memory at 3 stages, one program
+    # of 4 warps an SM; at 2 stages 248 and 80 KB, two (ptxas, sm_90a, bf16: scripts/linear_bwd_compile.py)
+    stages = 2 if A is not None else 3
     _chunk_dv_kernel[(NT, B * H)](
         q, k, v, b, A, dstates, do, dv, dA, scale, T, H, NT, K, V, G, BT=CHUNK, BK=_tile(K), BV=_tile(V),
-        DOT_PREC=dot_precision(k.dtype), gamma=gamma, GAMMA=gamma is not None, RECOMPUTE_A=recompute)
+        DOT_PREC=dot_precision(k.dtype), gamma=gamma, GAMMA=gamma is not None, RECOMPUTE_A=recompute,
+        num_stages=stages)
 
 
 # ------------------------------------------------------------------ 3. dq, dk and the gate's gradient
+# A gate per key channel (GLA, K = 128): both kernels on 8 warps. At 4 warps ptxas (sm_90a, bf16) spilled: the
+# sub-chunk kernel 1.4 KB at 255 registers, the chunk-wide one 2.7 KB (with its gate sums as IEEE fp32 products,
+# 4,284 FFMA); at 8 warps 228 and 237 registers, no spills (scripts/linear_bwd_compile.py).
+_PER_CHANNEL_WARPS = 8
 @triton.jit(do_not_specialize=["T", "H"])
 def _chunk_dqk_intra_kernel(
     q, k, b, dA, dq, dk, T, H,
@@ -369,6 +383,7 @@ def _chunk_dqk_kernel(
     q, k, v, gk, b, h, dh, do, dA, dq_intra, dk_intra, dq, dk, dg, scale, T, H, NT,
     K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FLOOR: tl.constexpr, GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr, gamma=None, GAMMA: tl.constexpr = False,
+    SUM_PREC: tl.constexpr = "ieee",
 ):
     # one program: chunk i_t of one (batch, head), key columns [i_k·BK, (i_k+1)·BK)
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -445,31 +460,33 @@ def _chunk_dqk_kernel(
         b_dAc = b_dA.to(b_k.dtype)
         b_dq = b_dq_inter + tl.dot(b_dAc, b_k, input_precision=DOT_PREC)
         b_dk = b_dk_inter + tl.dot(tl.trans(b_dAc), b_q, input_precision=DOT_PREC)
+        tl.store(dq + p_x, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+        tl.store(dk + p_x, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     else:
-        # a gate per key channel (G = K): the intra-chunk pairs j < t from _chunk_dqk_intra_kernel
+        # a gate per key channel (G = K): the intra-chunk pairs j < t from _chunk_dqk_intra_kernel. dq, then dk,
+        # each stored as soon as it is whole, so that few [BT, BK] tiles are alive at once (ptxas spills else)
         b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
         b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-        b_dq_inter = b_dos * tl.exp(b_g) * scale
-        b_dk_inter = b_vdh * tl.exp(tl.where(m_tk, b_gl[None, :] - b_g, 0.0))
-        b_dq_off = tl.load(dq_intra + p_x, mask=m_tk, other=0.0)
-        b_dk_off = tl.load(dk_intra + p_x, mask=m_tk, other=0.0)
         b_dAd = tl.load(dA + ((i_b * T + o_t) * H + i_h) * BT + o_c, mask=m_t, other=0.0)    # the diagonal
         b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
-        b_dq = b_dq_inter + b_dq_off + b_dAd[:, None] * b_kf
-        b_dk = b_dk_inter + b_dk_off + b_dAd[:, None] * b_qf
+        b_dq = b_dos * tl.exp(b_g) * scale + tl.load(dq_intra + p_x, mask=m_tk, other=0.0)   # inter + off-diagonal
+        tl.store(dq + p_x, (b_dq + b_dAd[:, None] * b_kf).to(dq.dtype.element_ty), mask=m_tk)
+        b_dk_inter = b_vdh * tl.exp(tl.where(m_tk, b_gl[None, :] - b_g, 0.0))
+        b_dk_off = tl.load(dk_intra + p_x, mask=m_tk, other=0.0)
+        tl.store(dk + p_x, (b_dk_inter + b_dk_off + b_dAd[:, None] * b_qf).to(dk.dtype.element_ty), mask=m_tk)
         if GATE_GRAD:
             # Σ_{t >= s} of what is left of q ⊙ dq - k ⊙ dk after the exact cancellations, Σ_{j < s} of
-            # k ⊙ dk's inter-chunk part, as products with triangles of ones (exact fp32 sums)
-            b_r = b_qf * (b_dq_inter + b_dq_off) - b_kf * b_dk_off
+            # k ⊙ dk's inter-chunk part, as products with triangles of ones: every term at its own size (IEEE
+            # fp32 for fp32 inputs; for 16-bit ones three tf32 products, r = r_hi + r_lo, ~22 bits, on the
+            # tensor cores instead of 2·BT·BT·BK FMAs a thread block)
+            b_r = b_qf * b_dq - b_kf * b_dk_off
             b_p = b_kf * b_dk_inter
             b_ge = tl.where(o_c[None, :] >= o_c[:, None], 1.0, 0.0)
-            b_dg = tl.dot(b_ge, b_r, input_precision="ieee") \
-                + tl.dot(1.0 - b_ge, b_p, input_precision="ieee") + (b_hdh * tl.exp(b_gl))[None, :]
+            b_dg = tl.dot(b_ge, b_r, input_precision=SUM_PREC) \
+                + tl.dot(1.0 - b_ge, b_p, input_precision=SUM_PREC) + (b_hdh * tl.exp(b_gl))[None, :]
             b_gk = tl.load(gk + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
             b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
             tl.store(dg + p_x, b_dg.to(dg.dtype.element_ty), mask=m_tk)
-    tl.store(dq + p_x, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-    tl.store(dk + p_x, b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
 
 def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float, *, gamma=None) -> None:
@@ -504,14 +521,15 @@ def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float,
         dk_intra = torch.empty_like(dq_intra)
         _chunk_dqk_intra_kernel[(CHUNK // SUB_CHUNK, NT, B * H)](
             q, k, b, dA, dq_intra, dk_intra, T, H, K, G, BT=CHUNK, BC=SUB_CHUNK, BK=pow2_at_least_16(K),
-            DOT_PREC=dot_precision(q.dtype))
+            DOT_PREC=dot_precision(q.dtype), num_warps=_PER_CHANNEL_WARPS)
     gate_out = dg
     if dg is not None and G == 1:
         gate_out = dg_tiles = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device)
     _chunk_dqk_kernel[(NK, NT, B * H)](
         q, k, v, gk, b, states, dstates, do, dA, dq_intra, dk_intra, dq, dk, gate_out, scale, T, H, NT,
         K, V, G, BT=CHUNK, BK=BK, BV=_tile(V), FLOOR=GATE_FLOOR, GATE_GRAD=dg is not None,
-        DOT_PREC=dot_precision(q.dtype), gamma=gamma, GAMMA=gamma is not None)
+        DOT_PREC=dot_precision(q.dtype), gamma=gamma, GAMMA=gamma is not None, SUM_PREC=_sum_precision(q.dtype),
+        num_warps=4 if gamma is not None or G == 1 else _PER_CHANNEL_WARPS)
     if dg_tiles is not None:
         dg.copy_(dg_tiles.sum(0).unsqueeze(-1))
 
