@@ -378,6 +378,83 @@ def _chunk_dqk_intra_kernel(
         tl.store(dk + p_x, b_dk, mask=m_tk)
 
 
+@triton.jit
+def inter_chunk_products(v, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, NT, K: tl.constexpr,
+                         V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                         GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr):
+    """For chunk i_t of (batch i_b, head i_h) and the key columns o_k: dO S^T and V dS'^T ([BT, BK], fp32),
+    over the value dim in tiles, and rowsum(S ⊙ dS') ([BK], for the gate; zeros without GATE_GRAD)."""
+    p_hc = ((i_b * NT + i_t) * H + i_h) * K * V
+    b_dos = tl.zeros([BT, BK], dtype=tl.float32)
+    b_vdh = tl.zeros([BT, BK], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        b_do = tl.load(do + p_v, mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_v = tl.load(v + p_v, mask=m_t[:, None] & m_v[None, :], other=0.0)
+        p_s = p_hc + o_k[:, None] * V + o_v[None, :]
+        m_s = m_k[:, None] & m_v[None, :]
+        b_h = tl.load(h + p_s, mask=m_s, other=0.0)
+        b_dh = tl.load(dh + p_s, mask=m_s, other=0.0)
+        b_dos += tl.dot(b_do, tl.trans(b_h).to(b_do.dtype), input_precision=DOT_PREC)
+        b_vdh += tl.dot(b_v, tl.trans(b_dh).to(b_v.dtype), input_precision=DOT_PREC)
+        if GATE_GRAD:
+            b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
+    return b_dos, b_vdh, b_hdh
+
+
+@triton.jit
+def one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i_h, o_c, o_t, m_t, t_last, T, H,
+                  BT: tl.constexpr, FLOOR: tl.constexpr, GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr,
+                  GAMMA: tl.constexpr):
+    """dq and dk of one decay per head (b: the cumulative gates [B, T, H], gk the gates as given) or a fixed
+    decay (GAMMA: gamma [H]), from the inter-chunk products (`inter_chunk_products`) and dA, for one chunk of
+    (batch i_b, head i_h) and one key tile (b_q, b_k [BT, BK]); and this key tile's share of the gate's gradient
+    ([BT], zeros without GATE_GRAD or with GAMMA). The decay factors out of the key sum: the intra-chunk part
+    is (dA ⊙ M) K and (dA ⊙ M)^T Q over the whole chunk, M_tj the decay from j to t (dA is zero above the
+    diagonal)."""
+    b_dA = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
+    if GAMMA:
+        # M_tj = λ^(t-j), a fixed decay
+        b_gam = tl.load(gamma + i_h)
+        b_dA = b_dA * tl.exp(decay_exponent(b_gam, o_c[:, None] - o_c[None, :]))
+        b_q_decay = tl.exp(decay_exponent(b_gam, o_c + 1)) * scale
+        b_k_decay = tl.exp(decay_exponent(b_gam, t_last - o_t))
+    else:
+        # M_tj = e^{b_t - b_j} <= 1 for j <= t (every log gate <= 0), so no re-basing: the exponent is
+        # taken on the real pairs on and below the diagonal only (elsewhere it may be positive, dA is 0)
+        b_gc = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+        b_gl = tl.load(b + (i_b * T + t_last) * H + i_h)
+        m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
+        b_dA = b_dA * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
+        b_q_decay = tl.exp(b_gc) * scale
+        b_k_decay = tl.exp(tl.where(m_t, b_gl - b_gc, 0.0))
+    b_dq_inter = b_dos * b_q_decay[:, None]
+    b_dk_inter = b_vdh * b_k_decay[:, None]
+    b_dg = tl.zeros([BT], dtype=tl.float32)
+    if GATE_GRAD and not GAMMA:
+        # the docstring's dgk summed over this tile's key channels: with R_tj = (dA ⊙ M)_tj q_t · k_j
+        # (this tile's share of the scores), q_t · dq_t^off = Σ_{j<t} R_tj and k_t · dk_t^off = Σ_{i>t} R_it;
+        # the pairs j = t cancel exactly, so R is kept strictly below the diagonal
+        b_R = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * b_dA
+        b_R = tl.where(o_c[:, None] > o_c[None, :], b_R, 0.0)
+        b_r = tl.sum(b_q.to(tl.float32) * b_dq_inter, axis=1) + tl.sum(b_R, axis=1) - tl.sum(b_R, axis=0)
+        b_p = tl.sum(b_k.to(tl.float32) * b_dk_inter, axis=1)
+        # dg_s = Σ_{t >= s} r_t + Σ_{j < s} p_j + e^{b_L} Σ(S ⊙ dS'), one masked fp32 sum per row s
+        b_dg = tl.sum(tl.where(o_c[None, :] >= o_c[:, None], b_r[None, :], b_p[None, :]), axis=1) \
+            + tl.sum(b_hdh) * tl.exp(b_gl)
+        b_gk = tl.load(gk + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+        b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
+    # after the gate's sums, which end in vectors: the products then have the registers to themselves
+    # (in the other order, ptxas spills at 4 warps)
+    b_dAc = b_dA.to(b_k.dtype)
+    b_dq = b_dq_inter + tl.dot(b_dAc, b_k, input_precision=DOT_PREC)
+    b_dk = b_dk_inter + tl.dot(tl.trans(b_dAc), b_q, input_precision=DOT_PREC)
+    return b_dq, b_dk, b_dg
+
+
 @triton.jit(do_not_specialize=["T", "H", "NT"])
 def _chunk_dqk_kernel(
     q, k, v, gk, b, h, dh, do, dA, dq_intra, dk_intra, dq, dk, dg, scale, T, H, NT,
@@ -398,68 +475,15 @@ def _chunk_dqk_kernel(
     p_x = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
     b_q = tl.load(q + p_x, mask=m_tk, other=0.0)
     b_k = tl.load(k + p_x, mask=m_tk, other=0.0)
-    p_hc = ((i_b * NT + i_t) * H + i_h) * K * V
-
-    # dO S^T and V dS'^T over the value dim in tiles, and rowsum(S ⊙ dS') for the gate
-    b_dos = tl.zeros([BT, BK], dtype=tl.float32)
-    b_vdh = tl.zeros([BT, BK], dtype=tl.float32)
-    b_hdh = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        b_do = tl.load(do + p_v, mask=m_t[:, None] & m_v[None, :], other=0.0)
-        b_v = tl.load(v + p_v, mask=m_t[:, None] & m_v[None, :], other=0.0)
-        p_s = p_hc + o_k[:, None] * V + o_v[None, :]
-        m_s = m_k[:, None] & m_v[None, :]
-        b_h = tl.load(h + p_s, mask=m_s, other=0.0)
-        b_dh = tl.load(dh + p_s, mask=m_s, other=0.0)
-        b_dos += tl.dot(b_do, tl.trans(b_h).to(b_do.dtype), input_precision=DOT_PREC)
-        b_vdh += tl.dot(b_v, tl.trans(b_dh).to(b_v.dtype), input_precision=DOT_PREC)
-        if GATE_GRAD:
-            b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
+    b_dos, b_vdh, b_hdh = inter_chunk_products(v, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, NT, K, V,
+                                               BT, BK, BV, GATE_GRAD, DOT_PREC)
 
     if GAMMA or G == 1:
-        # one decay per head factors out of the key sum: the intra-chunk part is (dA ⊙ M) K and
-        # (dA ⊙ M)^T Q over the whole chunk, M_tj the decay from j to t (dA is zero above the diagonal)
-        b_dA = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
-        if GAMMA:
-            # M_tj = λ^(t-j), a fixed decay
-            b_gam = tl.load(gamma + i_h)
-            b_dA = b_dA * tl.exp(decay_exponent(b_gam, o_c[:, None] - o_c[None, :]))
-            b_q_decay = tl.exp(decay_exponent(b_gam, o_c + 1)) * scale
-            b_k_decay = tl.exp(decay_exponent(b_gam, t_last - o_t))
-        else:
-            # M_tj = e^{b_t - b_j} <= 1 for j <= t (every log gate <= 0), so no re-basing: the exponent is
-            # taken on the real pairs on and below the diagonal only (elsewhere it may be positive, dA is 0)
-            b_gc = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
-            b_gl = tl.load(b + (i_b * T + t_last) * H + i_h)
-            m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
-            b_dA = b_dA * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
-            b_q_decay = tl.exp(b_gc) * scale
-            b_k_decay = tl.exp(tl.where(m_t, b_gl - b_gc, 0.0))
-        b_dq_inter = b_dos * b_q_decay[:, None]
-        b_dk_inter = b_vdh * b_k_decay[:, None]
+        b_dq, b_dk, b_dg = one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i_h, o_c, o_t,
+                                         m_t, t_last, T, H, BT, FLOOR, GATE_GRAD, DOT_PREC, GAMMA)
         if GATE_GRAD and not GAMMA:
-            # the docstring's dgk summed over this tile's key channels: with R_tj = (dA ⊙ M)_tj q_t · k_j
-            # (this tile's share of the scores), q_t · dq_t^off = Σ_{j<t} R_tj and k_t · dk_t^off = Σ_{i>t} R_it;
-            # the pairs j = t cancel exactly, so R is kept strictly below the diagonal
-            b_R = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * b_dA
-            b_R = tl.where(o_c[:, None] > o_c[None, :], b_R, 0.0)
-            b_r = tl.sum(b_q.to(tl.float32) * b_dq_inter, axis=1) + tl.sum(b_R, axis=1) - tl.sum(b_R, axis=0)
-            b_p = tl.sum(b_k.to(tl.float32) * b_dk_inter, axis=1)
-            # dg_s = Σ_{t >= s} r_t + Σ_{j < s} p_j + e^{b_L} Σ(S ⊙ dS'), one masked fp32 sum per row s
-            b_dg = tl.sum(tl.where(o_c[None, :] >= o_c[:, None], b_r[None, :], b_p[None, :]), axis=1) \
-                + tl.sum(b_hdh) * tl.exp(b_gl)
-            b_gk = tl.load(gk + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
-            b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
             # this key tile's share, summed over the tiles by the caller
             tl.store(dg + i_k * T * tl.num_programs(2) + (i_b * T + o_t) * H + i_h, b_dg, mask=m_t)
-        # after the gate's sums, which end in vectors: the products then have the registers to themselves
-        # (in the other order, ptxas spills at 4 warps)
-        b_dAc = b_dA.to(b_k.dtype)
-        b_dq = b_dq_inter + tl.dot(b_dAc, b_k, input_precision=DOT_PREC)
-        b_dk = b_dk_inter + tl.dot(tl.trans(b_dAc), b_q, input_precision=DOT_PREC)
         tl.store(dq + p_x, b_dq.to(dq.dtype.element_ty), mask=m_tk)
         tl.store(dk + p_x, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     else:
