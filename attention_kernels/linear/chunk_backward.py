@@ -88,7 +88,7 @@ def _chunk_state_grad_kernel(
     K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
     gamma=None, GAMMA: tl.constexpr = False,
-    Aqk=None, kg=None, w=None, du=None, DELTA: tl.constexpr = False,
+    Aqk=None, kg=None, w=None, du=None, DELTA: tl.constexpr = False, GROUP=1,
 ):
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -114,7 +114,9 @@ def _chunk_state_grad_kernel(
         t_last = tl.minimum(i_t * BT + BT, T) - 1
         # Q^T as a [BK, BT] tile, dO as [BT, BV]
         m_kt = m_k[:, None] & m_t[None, :]
-        b_qt = tl.load(q + ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None], mask=m_kt, other=0.0)
+        # q: one row per GROUP heads (Mamba-2's C, per group)
+        b_qt = tl.load(q + ((i_b * T + o_t[None, :]) * (H // GROUP) + i_h // GROUP) * K + o_k[:, None], mask=m_kt,
+                       other=0.0)
         b_do = tl.load(do + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
                        mask=m_t[:, None] & m_v[None, :], other=0.0)
         if DELTA:
@@ -163,7 +165,7 @@ _delta_state_grad_kernel = triton.autotune(configs=_DELTA_STATE_GRAD_CONFIGS, ke
 
 
 def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *, gamma=None,
-                          Aqk=None, kg=None, w=None, du=None) -> None:
+                          Aqk=None, kg=None, w=None, du=None, group_size: int = 1) -> None:
     """The gradient of the state at the end of every chunk, walking the
     chunks backward from dht (the final state's gradient), and at the start
     of the first (dh0): the backward's only sequential pass.
@@ -186,6 +188,9 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
     each chunk added K_gᵀ U, U = W' - W S, and du receives U's gradient A_qkᵀ
     dO + K_g dS' (in its dtype); q and b are then the normalised queries and
     KDA's gates.
+
+    group_size: heads sharing one query row, q [B, T, H / group_size, K]
+    (Mamba-2's C, one per group of heads; not with the delta rule).
     """
     if (b is None) == (gamma is None):
         raise ValueError("chunk_state_grad_pass takes exactly one of b (cumulative gates) and gamma")
@@ -194,17 +199,31 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
         raise ValueError("chunk_state_grad_pass takes Aqk, kg, w and du together (the delta rule) or none")
     args = (q, do, b, dstates, dht, dh0, scale)
     flags = dict(BT=CHUNK, USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
-                 gamma=gamma, GAMMA=gamma is not None)
+                 gamma=gamma, GAMMA=gamma is not None, GROUP=group_size)
     launch_state_pass(_chunk_state_grad_kernel, _delta_state_grad_kernel, args, flags,
                       None if Aqk is None else dict(Aqk=Aqk, kg=kg, w=w, du=du))
 
 
 # ------------------------------------------------------------------ 2. dv and the scores' gradient
+@triton.jit
+def _group_rows(x, key_scale, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K: tl.constexpr, GROUP,
+                KEY_SCALE: tl.constexpr):
+    """Head i_h's [BT, BK] tile of x [B, T, H / GROUP, K] (one row per GROUP heads), times key_scale [B, T, H]
+    (one number per head and token, rounded once to x's dtype after the fp32 product) with KEY_SCALE."""
+    b_x = tl.load(x + ((i_b * T + o_t[:, None]) * (H // GROUP) + i_h // GROUP) * K + o_k[None, :],
+                  mask=m_t[:, None] & m_k[None, :], other=0.0)
+    if KEY_SCALE:
+        b_s = tl.load(key_scale + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+        b_x = (b_x.to(tl.float32) * b_s[:, None]).to(x.dtype.element_ty)
+    return b_x
+
+
 @triton.jit(do_not_specialize=["T", "H", "NT"])
 def _chunk_dv_kernel(
     q, k, v, b, A, dh, do, dv, dA, scale, T, H, NT,
     K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DOT_PREC: tl.constexpr, gamma=None, GAMMA: tl.constexpr = False, RECOMPUTE_A: tl.constexpr = False,
+    key_scale=None, KEY_SCALE: tl.constexpr = False, GROUP=1,
 ):
     # one program: chunk i_t of one (batch, head), every value column
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -222,10 +241,8 @@ def _chunk_dv_kernel(
         b_A = tl.zeros([BT, BT], dtype=tl.float32)
         for i_k in range(tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
-            p_qk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-            m_qk = m_t[:, None] & (o_k < K)[None, :]
-            b_q = tl.load(q + p_qk, mask=m_qk, other=0.0)
-            b_k = tl.load(k + p_qk, mask=m_qk, other=0.0)
+            b_q = _group_rows(q, None, i_b, i_h, o_t, m_t, o_k, o_k < K, T, H, K, GROUP, False)
+            b_k = _group_rows(k, key_scale, i_b, i_h, o_t, m_t, o_k, o_k < K, T, H, K, GROUP, KEY_SCALE)
             b_A += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
         if GAMMA:
             b_gam = tl.load(gamma + i_h)
@@ -251,7 +268,7 @@ def _chunk_dv_kernel(
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
             m_tk = m_t[:, None] & m_k[None, :]
-            b_k = tl.load(k + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+            b_k = _group_rows(k, key_scale, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K, GROUP, KEY_SCALE)
             if GAMMA:
                 b_decay = tl.exp(decay_exponent(tl.load(gamma + i_h), t_last - o_t))[:, None]
             else:
@@ -269,7 +286,8 @@ def _chunk_dv_kernel(
     tl.store(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], b_dA, mask=m_t[:, None])
 
 
-def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None) -> None:
+def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, group_size: int = 1,
+             key_scale=None) -> None:
     """dv = A^T dO + (K ⊙ e^{b_L - b}) dS' for every chunk, and dA = scale ·
     dO V^T on and below the diagonal (the scores' gradient, scale folded in),
     all chunks in parallel.
@@ -283,11 +301,15 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None) ->
     dstates: [B, NT, H, K, V] (`chunk_state_grad_pass`). Written: dv [B, T,
     H, V]; dA fp32 [B, T, H, CHUNK], zero above the diagonal.
 
+    group_size: heads sharing one row of q and k, [B, T, H / group_size, K];
+    key_scale: fp32 [B, T, H] or None, head h's keys are then k ⊙ key_scale
+    (Mamba-2: q = C and k = B per group, key_scale = dt).
+
         >>> dA = torch.empty(B, T, H, CHUNK, device=q.device)
         >>> chunk_dv(q, k, v, b, A, dstates, do, dv := torch.empty_like(v), dA, scale=K ** -0.5)
     """
-    B, T, H, K = k.shape
-    V = v.shape[-1]
+    B, T, _, K = k.shape
+    H, V = v.shape[2], v.shape[3]
     G = 1 if b is None else b.shape[-1]
     recompute = A is None and gamma is None
     if recompute and G != 1:
@@ -299,7 +321,7 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None) ->
     _chunk_dv_kernel[(NT, B * H)](
         q, k, v, b, A, dstates, do, dv, dA, scale, T, H, NT, K, V, G, BT=CHUNK, BK=_tile(K), BV=_tile(V),
         DOT_PREC=dot_precision(k.dtype), gamma=gamma, GAMMA=gamma is not None, RECOMPUTE_A=recompute,
-        num_stages=stages)
+        key_scale=key_scale, KEY_SCALE=key_scale is not None, GROUP=group_size, num_stages=stages)
 
 
 # ------------------------------------------------------------------ 3. dq, dk and the gate's gradient

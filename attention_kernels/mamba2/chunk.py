@@ -29,8 +29,9 @@ and written in mamba_ssm's [headdim, dstate] layout by the state pass itself.
 
 The backward (`ssd_chunk_scan_bwd`) is the shared one of attention_kernels/linear/chunk_backward.py on that same
 mapping, with k = B·dt (dt folded into the keys there) and v = x, recomputed in chunks of 64 from the
-inputs, except dq and dk: those are summed over each group's heads inside their kernel (B's and C's
-gradients, with dt's share through the keys), never written per head. The elementwise chain rule around it,
+inputs, with q = C and k = B read per group, as the forward reads them; dq and dk are summed over each
+group's heads inside their kernel (B's and C's gradients, with dt's share through the keys), never written
+per head. The elementwise chain rule around it,
 silu(z) and D, in one-pass Triton kernels; the softplus, dt_bias and A on [Bt, T, H] in PyTorch.
 """
 from __future__ import annotations
@@ -437,9 +438,8 @@ def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softp
 
 # ------------------------------------------------------------------ 4. the backward
 # The elementwise steps around the shared backward, each one pass over its tensors: the gate's and the
-# skip's gradients (before and after chunk_dv) and q and k expanded to every head. 8 warps on tiles of 2K
-# elements: ptxas (sm_90a, bf16, dstate 128) gives them 48, 48 and 25 registers, no spills; 4K-element tiles
-# on 4 warps spill.
+# skip's gradients (before and after chunk_dv). 8 warps on tiles of 2K elements: ptxas (sm_90a, bf16,
+# dstate 128) gives them 48 and 48 registers, no spills; 4K-element tiles on 4 warps spill.
 _TAIL_ROWS, _TAIL_COLS = 16, 128          # tokens × (head, headdim) columns of the elementwise passes
 _TAIL_WARPS = 8
 # dq and dk summed over a group's heads in the kernel: runs of 16 heads a program (80 heads: 5 runs, 5,120
@@ -501,31 +501,6 @@ def _ssd_skip_grad_kernel(
     tl.store(dx + p, b_dx.to(dx.dtype.element_ty), mask=m)
 
 
-@triton.jit(do_not_specialize=["T", "H", "HPG", "G"])
-def _ssd_expand_kernel(
-    B, C, dt, q, k, T, H, HPG, G,
-    N: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-):
-    # one program: tokens [i_t·BT, ..) of one (batch, head): q = C and k = B·dt of the head's group, rounded
-    # once to the inputs' dtype after the fp32 product
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_r = tl.arange(0, BT)
-    o_t = i_t * BT + o_r
-    m_t = o_t < T
-    b_dt = tl.load(dt + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
-    base_g = ((i_b * T + i_t * BT).to(tl.int64) * G + i_h // HPG) * N     # the tile's first row, 64-bit
-    base_h = ((i_b * T + i_t * BT).to(tl.int64) * H + i_h) * N
-    for i_n in range(tl.cdiv(N, BN)):
-        o_n = i_n * BN + tl.arange(0, BN)
-        m = m_t[:, None] & (o_n < N)[None, :]
-        p_g = base_g + (o_r[:, None] * G * N + o_n[None, :])
-        p_h = base_h + (o_r[:, None] * H * N + o_n[None, :])
-        tl.store(q + p_h, tl.load(C + p_g, mask=m, other=0.0), mask=m)
-        b_k = tl.load(B + p_g, mask=m, other=0.0).to(tl.float32) * b_dt[:, None]
-        tl.store(k + p_h, b_k.to(k.dtype.element_ty), mask=m)
-
-
 @triton.jit(do_not_specialize=["T", "H", "NT", "HPG", "G", "NB"])
 def _ssd_dqk_kernel(
     C, B, x, dt, g, b, h, dh, do, dA, dC_part, dB_part, dg_tiles, ddt_tiles, T, H, NT, HPG, G, NB,
@@ -557,7 +532,7 @@ def _ssd_dqk_kernel(
         i_h = i_g * HPG + i_r
         p_th = (i_b * T + o_t) * H + i_h
         b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)
-        b_k = (b_B.to(tl.float32) * b_dt[:, None]).to(x.dtype.element_ty)  # rounded once, as the expanded keys are
+        b_k = (b_B.to(tl.float32) * b_dt[:, None]).to(B.dtype.element_ty)  # rounded once, as chunk_dv rounds it
         b_dos, b_vdh, b_hdh = inter_chunk_products(x, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, NT, N, P,
                                                    BT, BK, BV, True, DOT_PREC)
         b_dq, b_dk, b_dg = one_decay_dqk(b_c, b_k, b_dos, b_vdh, b_hdh, dA, b, g, None, 1.0, i_b, i_h, o_c, o_t,
@@ -587,10 +562,10 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
 
     SSD is linear attention with one log gate per head and token (chunk.py's
     docstring), so the chunk recurrence's gradient is the shared backward's
-    (attention_kernels/linear/chunk_backward.py) with q = C and k = B·dt,
-    both expanded to every head for the reverse state pass and chunk_dv (one
-    launch writes both, in the inputs' dtype), v = x, scale 1, the gate g =
-    dt·A per head and the states transposed ([dstate, headdim] = [K, V]).
+    (attention_kernels/linear/chunk_backward.py) with q = C and k = B·dt, read
+    per group of heads (group_size; k's dt per head applied in the kernels,
+    rounded once to the inputs' dtype), v = x, scale 1, the gate g = dt·A per
+    head and the states transposed ([dstate, headdim] = [K, V]).
     dq and dk (its per-head products, `one_decay_dqk`) are summed over each
     group's heads in one kernel, which reads B and C per group and writes B's
     and C's gradients as partial sums over runs of heads, and each head's
@@ -642,22 +617,17 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
             dD = dD_part.sum(0).view(H, P)
             dD = (dD if D.dim() == 2 else dD.sum(-1)).to(D.dtype)
 
-    # the chunk recurrence: q = C, k = B·dt per head, v = x, the gate dt·A
-    # per head
-    q, k = torch.empty(Bt, T, H, N, dtype=C.dtype, device=dev), torch.empty(Bt, T, H, N, dtype=x.dtype, device=dev)
-    BN = min(128, pow2_at_least_16(N))
-    BT = 2048 // BN
-    _ssd_expand_kernel[(triton.cdiv(T, BT), Bt * H)](B, C, dtf, q, k, T, H, H // G, G, N, BT, BN,
-                                                     num_warps=_TAIL_WARPS)
+    # the chunk recurrence: q = C and k = B·dt, read per group (B scaled by each head's dt in the kernels),
+    # v = x, the gate dt·A per head
     Af = A.to(f32)
     g = dtf * Af                          # as given: a gate below the floor gets gradient 0 (_ssd_dqk_kernel)
     dstates = torch.empty(Bt, NT, H, N, P, dtype=f32, device=dev)
     dht = None if dfinal is None else dfinal.to(f32).transpose(-1, -2).contiguous()
     dh0 = None if h0 is None else torch.empty(Bt, H, N, P, dtype=f32, device=dev)
-    chunk_state_grad_pass(q, do, b, dstates, 1.0, dht, dh0)
+    chunk_state_grad_pass(C, do, b, dstates, 1.0, dht, dh0, group_size=H // G)
     dv = torch.empty(Bt, T, H, P, dtype=x.dtype if D is None else f32, device=dev)
     dscores = torch.empty(Bt, T, H, CHUNK, dtype=f32, device=dev)
-    chunk_dv(q, k, x, b, None, dstates, do, dv, dscores, 1.0)
+    chunk_dv(C, B, x, b, None, dstates, do, dv, dscores, 1.0, group_size=H // G, key_scale=dtf)
     # dq and dk summed over each group's heads in the kernel (dC, dB) with dt's share through the keys, in
     # runs of _DQK_HEADS heads a program: partial sums per run, and per key tile the gate's and dt's shares
     BK = min(_DQK_BK, pow2_at_least_16(N))
