@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from attention_kernels.common import DEVICE, assert_close, tolerance
+from attention_kernels.mamba2 import chunk as mamba2_chunk
 from attention_kernels.mamba2 import ssd_chunk_scan, ssd_scan_ref
 
 FP32 = tolerance(torch.float32)
@@ -134,6 +135,18 @@ def test_gradients_match_the_fp64_loop(case):
     inputs = make_inputs(case)
     H, P, N = 4, 8, 16
     dy, dfinal = torch.randn(1, case.T, H, P, device=DEVICE), torch.randn(1, H, P, N, device=DEVICE)
+    ref = run(ssd_scan_ref, inputs, case, dy, dfinal, math_dtype=torch.float64)
+    assert_same_gradients(run(ssd_chunk_scan, inputs, case, dy, dfinal), ref, FP32)
+
+
+def test_heads_summed_in_runs_over_dstate_tiles(monkeypatch):
+    # B's and C's gradients are summed over a group's heads inside the kernel, in runs of heads: runs of 3 of
+    # 4 heads (the last run short), dstate 80 in tiles of 32 (the last one partial), two batch rows
+    monkeypatch.setattr(mamba2_chunk, "_DQK_HEADS", 3)
+    case = Case(T=70, G=1)
+    Bt, H, P, N = 2, 4, 8, 80
+    inputs = make_inputs(case, Bt=Bt, H=H, P=P, N=N)
+    dy, dfinal = torch.randn(Bt, case.T, H, P, device=DEVICE), torch.randn(Bt, H, P, N, device=DEVICE)
     ref = run(ssd_scan_ref, inputs, case, dy, dfinal, math_dtype=torch.float64)
     assert_same_gradients(run(ssd_chunk_scan, inputs, case, dy, dfinal), ref, FP32)
 

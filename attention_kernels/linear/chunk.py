@@ -233,8 +233,8 @@ def launch_state_pass(kernel, delta_kernel, args: tuple, flags: dict, delta: dic
     ([B, T, H, K], [B, T, H, V], the gates [B, T, H, G] or None); the sizes (T, H, NT, B·H, K, V, G) follow
     them. flags: the constexprs and the gamma."""
     x, y, b = args[:3]
-    B, T, H, K = x.shape
-    V = y.shape[-1]
+    B, T, _, K = x.shape
+    _, _, H, V = y.shape             # the heads: y's (x may hold one row per group of heads)
     args = (*args, T, H, triton.cdiv(T, CHUNK), B * H, K, V, 1 if b is None else b.shape[-1])
     if delta is None:
         kernel[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), B * H)](*args, **flags)

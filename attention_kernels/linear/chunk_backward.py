@@ -64,6 +64,12 @@ from .chunk import (CHUNK, GATE_FLOOR, SUB_CHUNK, decay_exponent, dot_precision,
 _fits = tiles_that_fit()
 
 
+def _sum_precision(dtype: torch.dtype) -> str:
+    """input_precision of the gate gradient's triangle sums (products of fp32 values with ones): IEEE for fp32
+    inputs, 3xTF32 on the tensor cores for 16-bit ones (~22 bits a term, every term still at its own size)."""
+    return "ieee" if dtype == torch.float32 else "tf32x3"
+
+
 def _tile(n: int) -> int:
     """The K or V tile of the chunk-wide backward kernels: the whole dim up to 64, padded to a power of two."""
     return min(64, pow2_at_least_16(n))
@@ -82,7 +88,7 @@ def _chunk_state_grad_kernel(
     K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
     gamma=None, GAMMA: tl.constexpr = False,
-    Aqk=None, kg=None, w=None, du=None, DELTA: tl.constexpr = False,
+    Aqk=None, kg=None, w=None, du=None, DELTA: tl.constexpr = False, GROUP=1,
 ):
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -108,7 +114,9 @@ def _chunk_state_grad_kernel(
         t_last = tl.minimum(i_t * BT + BT, T) - 1
         # Q^T as a [BK, BT] tile, dO as [BT, BV]
         m_kt = m_k[:, None] & m_t[None, :]
-        b_qt = tl.load(q + ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None], mask=m_kt, other=0.0)
+        # q: one row per GROUP heads (Mamba-2's C, per group)
+        b_qt = tl.load(q + ((i_b * T + o_t[None, :]) * (H // GROUP) + i_h // GROUP) * K + o_k[:, None], mask=m_kt,
+                       other=0.0)
         b_do = tl.load(do + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
                        mask=m_t[:, None] & m_v[None, :], other=0.0)
         if DELTA:
@@ -157,7 +165,7 @@ _delta_state_grad_kernel = triton.autotune(configs=_DELTA_STATE_GRAD_CONFIGS, ke
 
 
 def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *, gamma=None,
-                          Aqk=None, kg=None, w=None, du=None) -> None:
+                          Aqk=None, kg=None, w=None, du=None, group_size: int = 1) -> None:
     """The gradient of the state at the end of every chunk, walking the
     chunks backward from dht (the final state's gradient), and at the start
     of the first (dh0): the backward's only sequential pass.
@@ -180,6 +188,9 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
     each chunk added K_gᵀ U, U = W' - W S, and du receives U's gradient A_qkᵀ
     dO + K_g dS' (in its dtype); q and b are then the normalised queries and
     KDA's gates.
+
+    group_size: heads sharing one query row, q [B, T, H / group_size, K]
+    (Mamba-2's C, one per group of heads; not with the delta rule).
     """
     if (b is None) == (gamma is None):
         raise ValueError("chunk_state_grad_pass takes exactly one of b (cumulative gates) and gamma")
@@ -188,17 +199,31 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
         raise ValueError("chunk_state_grad_pass takes Aqk, kg, w and du together (the delta rule) or none")
     args = (q, do, b, dstates, dht, dh0, scale)
     flags = dict(BT=CHUNK, USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
-                 gamma=gamma, GAMMA=gamma is not None)
+                 gamma=gamma, GAMMA=gamma is not None, GROUP=group_size)
     launch_state_pass(_chunk_state_grad_kernel, _delta_state_grad_kernel, args, flags,
                       None if Aqk is None else dict(Aqk=Aqk, kg=kg, w=w, du=du))
 
 
 # ------------------------------------------------------------------ 2. dv and the scores' gradient
+@triton.jit
+def _group_rows(x, key_scale, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K: tl.constexpr, GROUP,
+                KEY_SCALE: tl.constexpr):
+    """Head i_h's [BT, BK] tile of x [B, T, H / GROUP, K] (one row per GROUP heads), times key_scale [B, T, H]
+    (one number per head and token, rounded once to x's dtype after the fp32 product) with KEY_SCALE."""
+    b_x = tl.load(x + ((i_b * T + o_t[:, None]) * (H // GROUP) + i_h // GROUP) * K + o_k[None, :],
+                  mask=m_t[:, None] & m_k[None, :], other=0.0)
+    if KEY_SCALE:
+        b_s = tl.load(key_scale + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+        b_x = (b_x.to(tl.float32) * b_s[:, None]).to(x.dtype.element_ty)
+    return b_x
+
+
 @triton.jit(do_not_specialize=["T", "H", "NT"])
 def _chunk_dv_kernel(
     q, k, v, b, A, dh, do, dv, dA, scale, T, H, NT,
     K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DOT_PREC: tl.constexpr, gamma=None, GAMMA: tl.constexpr = False, RECOMPUTE_A: tl.constexpr = False,
+    key_scale=None, KEY_SCALE: tl.constexpr = False, GROUP=1,
 ):
     # one program: chunk i_t of one (batch, head), every value column
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -216,10 +241,8 @@ def _chunk_dv_kernel(
         b_A = tl.zeros([BT, BT], dtype=tl.float32)
         for i_k in range(tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
-            p_qk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-            m_qk = m_t[:, None] & (o_k < K)[None, :]
-            b_q = tl.load(q + p_qk, mask=m_qk, other=0.0)
-            b_k = tl.load(k + p_qk, mask=m_qk, other=0.0)
+            b_q = _group_rows(q, None, i_b, i_h, o_t, m_t, o_k, o_k < K, T, H, K, GROUP, False)
+            b_k = _group_rows(k, key_scale, i_b, i_h, o_t, m_t, o_k, o_k < K, T, H, K, GROUP, KEY_SCALE)
             b_A += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
         if GAMMA:
             b_gam = tl.load(gamma + i_h)
@@ -245,7 +268,7 @@ def _chunk_dv_kernel(
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
             m_tk = m_t[:, None] & m_k[None, :]
-            b_k = tl.load(k + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+            b_k = _group_rows(k, key_scale, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K, GROUP, KEY_SCALE)
             if GAMMA:
                 b_decay = tl.exp(decay_exponent(tl.load(gamma + i_h), t_last - o_t))[:, None]
             else:
@@ -263,7 +286,8 @@ def _chunk_dv_kernel(
     tl.store(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], b_dA, mask=m_t[:, None])
 
 
-def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None) -> None:
+def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, group_size: int = 1,
+             key_scale=None) -> None:
     """dv = A^T dO + (K ⊙ e^{b_L - b}) dS' for every chunk, and dA = scale ·
     dO V^T on and below the diagonal (the scores' gradient, scale folded in),
     all chunks in parallel.
@@ -277,22 +301,34 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None) ->
     dstates: [B, NT, H, K, V] (`chunk_state_grad_pass`). Written: dv [B, T,
     H, V]; dA fp32 [B, T, H, CHUNK], zero above the diagonal.
 
+    group_size: heads sharing one row of q and k, [B, T, H / group_size, K];
+    key_scale: fp32 [B, T, H] or None, head h's keys are then k ⊙ key_scale
+    (Mamba-2: q = C and k = B per group, key_scale = dt).
+
         >>> dA = torch.empty(B, T, H, CHUNK, device=q.device)
         >>> chunk_dv(q, k, v, b, A, dstates, do, dv := torch.empty_like(v), dA, scale=K ** -0.5)
     """
-    B, T, H, K = k.shape
-    V = v.shape[-1]
+    B, T, _, K = k.shape
+    H, V = v.shape[2], v.shape[3]
     G = 1 if b is None else b.shape[-1]
     recompute = A is None and gamma is None
     if recompute and G != 1:
         raise ValueError(f"chunk_dv recomputes the scores for a gate per head only (G = 1), got G = {G}")
     NT = triton.cdiv(T, CHUNK)
+    # the scores read (GLA, K = V = 128): 255 registers and 120 KB of shared memory at 3 stages, one program
+    # of 4 warps an SM; at 2 stages 248 and 80 KB, two (ptxas, sm_90a, bf16: scripts/linear_bwd_compile.py)
+    stages = 2 if A is not None else 3
     _chunk_dv_kernel[(NT, B * H)](
         q, k, v, b, A, dstates, do, dv, dA, scale, T, H, NT, K, V, G, BT=CHUNK, BK=_tile(K), BV=_tile(V),
-        DOT_PREC=dot_precision(k.dtype), gamma=gamma, GAMMA=gamma is not None, RECOMPUTE_A=recompute)
+        DOT_PREC=dot_precision(k.dtype), gamma=gamma, GAMMA=gamma is not None, RECOMPUTE_A=recompute,
+        key_scale=key_scale, KEY_SCALE=key_scale is not None, GROUP=group_size, num_stages=stages)
 
 
 # ------------------------------------------------------------------ 3. dq, dk and the gate's gradient
+# A gate per key channel (GLA, K = 128): both kernels on 8 warps. At 4 warps ptxas (sm_90a, bf16) spilled: the
+# sub-chunk kernel 1.4 KB at 255 registers, the chunk-wide one 2.7 KB (with its gate sums as IEEE fp32 products,
+# 4,284 FFMA); at 8 warps 228 and 237 registers, no spills (scripts/linear_bwd_compile.py).
+_PER_CHANNEL_WARPS = 8
 @triton.jit(do_not_specialize=["T", "H"])
 def _chunk_dqk_intra_kernel(
     q, k, b, dA, dq, dk, T, H,
@@ -364,28 +400,13 @@ def _chunk_dqk_intra_kernel(
         tl.store(dk + p_x, b_dk, mask=m_tk)
 
 
-@triton.jit(do_not_specialize=["T", "H", "NT"])
-def _chunk_dqk_kernel(
-    q, k, v, gk, b, h, dh, do, dA, dq_intra, dk_intra, dq, dk, dg, scale, T, H, NT,
-    K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    FLOOR: tl.constexpr, GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr, gamma=None, GAMMA: tl.constexpr = False,
-):
-    # one program: chunk i_t of one (batch, head), key columns [i_k·BK, (i_k+1)·BK)
-    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_c = tl.arange(0, BT)
-    o_t = i_t * BT + o_c
-    m_t = o_t < T
-    t_last = tl.minimum(i_t * BT + BT, T) - 1
-    o_k = i_k * BK + tl.arange(0, BK)
-    m_k = o_k < K
-    m_tk = m_t[:, None] & m_k[None, :]
-    p_x = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-    b_q = tl.load(q + p_x, mask=m_tk, other=0.0)
-    b_k = tl.load(k + p_x, mask=m_tk, other=0.0)
+@triton.jit
+def inter_chunk_products(v, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, NT, K: tl.constexpr,
+                         V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                         GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr):
+    """For chunk i_t of (batch i_b, head i_h) and the key columns o_k: dO S^T and V dS'^T ([BT, BK], fp32),
+    over the value dim in tiles, and rowsum(S ⊙ dS') ([BK], for the gate; zeros without GATE_GRAD)."""
     p_hc = ((i_b * NT + i_t) * H + i_h) * K * V
-
-    # dO S^T and V dS'^T over the value dim in tiles, and rowsum(S ⊙ dS') for the gate
     b_dos = tl.zeros([BT, BK], dtype=tl.float32)
     b_vdh = tl.zeros([BT, BK], dtype=tl.float32)
     b_hdh = tl.zeros([BK], dtype=tl.float32)
@@ -403,73 +424,115 @@ def _chunk_dqk_kernel(
         b_vdh += tl.dot(b_v, tl.trans(b_dh).to(b_v.dtype), input_precision=DOT_PREC)
         if GATE_GRAD:
             b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
+    return b_dos, b_vdh, b_hdh
+
+
+@triton.jit
+def one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i_h, o_c, o_t, m_t, t_last, T, H,
+                  BT: tl.constexpr, FLOOR: tl.constexpr, GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr,
+                  GAMMA: tl.constexpr):
+    """dq and dk of one decay per head (b: the cumulative gates [B, T, H], gk the gates as given) or a fixed
+    decay (GAMMA: gamma [H]), from the inter-chunk products (`inter_chunk_products`) and dA, for one chunk of
+    (batch i_b, head i_h) and one key tile (b_q, b_k [BT, BK]); and this key tile's share of the gate's gradient
+    ([BT], zeros without GATE_GRAD or with GAMMA). The decay factors out of the key sum: the intra-chunk part
+    is (dA ⊙ M) K and (dA ⊙ M)^T Q over the whole chunk, M_tj the decay from j to t (dA is zero above the
+    diagonal)."""
+    b_dA = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
+    if GAMMA:
+        # M_tj = λ^(t-j), a fixed decay
+        b_gam = tl.load(gamma + i_h)
+        b_dA = b_dA * tl.exp(decay_exponent(b_gam, o_c[:, None] - o_c[None, :]))
+        b_q_decay = tl.exp(decay_exponent(b_gam, o_c + 1)) * scale
+        b_k_decay = tl.exp(decay_exponent(b_gam, t_last - o_t))
+    else:
+        # M_tj = e^{b_t - b_j} <= 1 for j <= t (every log gate <= 0), so no re-basing: the exponent is
+        # taken on the real pairs on and below the diagonal only (elsewhere it may be positive, dA is 0)
+        b_gc = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+        b_gl = tl.load(b + (i_b * T + t_last) * H + i_h)
+        m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
+        b_dA = b_dA * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
+        b_q_decay = tl.exp(b_gc) * scale
+        b_k_decay = tl.exp(tl.where(m_t, b_gl - b_gc, 0.0))
+    b_dq_inter = b_dos * b_q_decay[:, None]
+    b_dk_inter = b_vdh * b_k_decay[:, None]
+    b_dg = tl.zeros([BT], dtype=tl.float32)
+    if GATE_GRAD and not GAMMA:
+        # the docstring's dgk summed over this tile's key channels: with R_tj = (dA ⊙ M)_tj q_t · k_j
+        # (this tile's share of the scores), q_t · dq_t^off = Σ_{j<t} R_tj and k_t · dk_t^off = Σ_{i>t} R_it;
+        # the pairs j = t cancel exactly, so R is kept strictly below the diagonal
+        b_R = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * b_dA
+        b_R = tl.where(o_c[:, None] > o_c[None, :], b_R, 0.0)
+        b_r = tl.sum(b_q.to(tl.float32) * b_dq_inter, axis=1) + tl.sum(b_R, axis=1) - tl.sum(b_R, axis=0)
+        b_p = tl.sum(b_k.to(tl.float32) * b_dk_inter, axis=1)
+        # dg_s = Σ_{t >= s} r_t + Σ_{j < s} p_j + e^{b_L} Σ(S ⊙ dS'), one masked fp32 sum per row s
+        b_dg = tl.sum(tl.where(o_c[None, :] >= o_c[:, None], b_r[None, :], b_p[None, :]), axis=1) \
+            + tl.sum(b_hdh) * tl.exp(b_gl)
+        b_gk = tl.load(gk + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+        b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
+    # after the gate's sums, which end in vectors: the products then have the registers to themselves
+    # (in the other order, ptxas spills at 4 warps)
+    b_dAc = b_dA.to(b_k.dtype)
+    b_dq = b_dq_inter + tl.dot(b_dAc, b_k, input_precision=DOT_PREC)
+    b_dk = b_dk_inter + tl.dot(tl.trans(b_dAc), b_q, input_precision=DOT_PREC)
+    return b_dq, b_dk, b_dg
+
+
+@triton.jit(do_not_specialize=["T", "H", "NT"])
+def _chunk_dqk_kernel(
+    q, k, v, gk, b, h, dh, do, dA, dq_intra, dk_intra, dq, dk, dg, scale, T, H, NT,
+    K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    FLOOR: tl.constexpr, GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr, gamma=None, GAMMA: tl.constexpr = False,
+    SUM_PREC: tl.constexpr = "ieee",
+):
+    # one program: chunk i_t of one (batch, head), key columns [i_k·BK, (i_k+1)·BK)
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_c = tl.arange(0, BT)
+    o_t = i_t * BT + o_c
+    m_t = o_t < T
+    t_last = tl.minimum(i_t * BT + BT, T) - 1
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    m_tk = m_t[:, None] & m_k[None, :]
+    p_x = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+    b_q = tl.load(q + p_x, mask=m_tk, other=0.0)
+    b_k = tl.load(k + p_x, mask=m_tk, other=0.0)
+    b_dos, b_vdh, b_hdh = inter_chunk_products(v, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, NT, K, V,
+                                               BT, BK, BV, GATE_GRAD, DOT_PREC)
 
     if GAMMA or G == 1:
-        # one decay per head factors out of the key sum: the intra-chunk part is (dA ⊙ M) K and
-        # (dA ⊙ M)^T Q over the whole chunk, M_tj the decay from j to t (dA is zero above the diagonal)
-        b_dA = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
-        if GAMMA:
-            # M_tj = λ^(t-j), a fixed decay
-            b_gam = tl.load(gamma + i_h)
-            b_dA = b_dA * tl.exp(decay_exponent(b_gam, o_c[:, None] - o_c[None, :]))
-            b_q_decay = tl.exp(decay_exponent(b_gam, o_c + 1)) * scale
-            b_k_decay = tl.exp(decay_exponent(b_gam, t_last - o_t))
-        else:
-            # M_tj = e^{b_t - b_j} <= 1 for j <= t (every log gate <= 0), so no re-basing: the exponent is
-            # taken on the real pairs on and below the diagonal only (elsewhere it may be positive, dA is 0)
-            b_gc = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
-            b_gl = tl.load(b + (i_b * T + t_last) * H + i_h)
-            m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
-            b_dA = b_dA * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
-            b_q_decay = tl.exp(b_gc) * scale
-            b_k_decay = tl.exp(tl.where(m_t, b_gl - b_gc, 0.0))
-        b_dq_inter = b_dos * b_q_decay[:, None]
-        b_dk_inter = b_vdh * b_k_decay[:, None]
+        b_dq, b_dk, b_dg = one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i_h, o_c, o_t,
+                                         m_t, t_last, T, H, BT, FLOOR, GATE_GRAD, DOT_PREC, GAMMA)
         if GATE_GRAD and not GAMMA:
-            # the docstring's dgk summed over this tile's key channels: with R_tj = (dA ⊙ M)_tj q_t · k_j
-            # (this tile's share of the scores), q_t · dq_t^off = Σ_{j<t} R_tj and k_t · dk_t^off = Σ_{i>t} R_it;
-            # the pairs j = t cancel exactly, so R is kept strictly below the diagonal
-            b_R = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * b_dA
-            b_R = tl.where(o_c[:, None] > o_c[None, :], b_R, 0.0)
-            b_r = tl.sum(b_q.to(tl.float32) * b_dq_inter, axis=1) + tl.sum(b_R, axis=1) - tl.sum(b_R, axis=0)
-            b_p = tl.sum(b_k.to(tl.float32) * b_dk_inter, axis=1)
-            # dg_s = Σ_{t >= s} r_t + Σ_{j < s} p_j + e^{b_L} Σ(S ⊙ dS'), one masked fp32 sum per row s
-            b_dg = tl.sum(tl.where(o_c[None, :] >= o_c[:, None], b_r[None, :], b_p[None, :]), axis=1) \
-                + tl.sum(b_hdh) * tl.exp(b_gl)
-            b_gk = tl.load(gk + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
-            b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
             # this key tile's share, summed over the tiles by the caller
             tl.store(dg + i_k * T * tl.num_programs(2) + (i_b * T + o_t) * H + i_h, b_dg, mask=m_t)
-        # after the gate's sums, which end in vectors: the products then have the registers to themselves
-        # (in the other order, ptxas spills at 4 warps)
-        b_dAc = b_dA.to(b_k.dtype)
-        b_dq = b_dq_inter + tl.dot(b_dAc, b_k, input_precision=DOT_PREC)
-        b_dk = b_dk_inter + tl.dot(tl.trans(b_dAc), b_q, input_precision=DOT_PREC)
+        tl.store(dq + p_x, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+        tl.store(dk + p_x, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     else:
-        # a gate per key channel (G = K): the intra-chunk pairs j < t from _chunk_dqk_intra_kernel
+        # a gate per key channel (G = K): the intra-chunk pairs j < t from _chunk_dqk_intra_kernel. dq, then dk,
+        # each stored as soon as it is whole, so that few [BT, BK] tiles are alive at once (ptxas spills else)
         b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
         b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-        b_dq_inter = b_dos * tl.exp(b_g) * scale
-        b_dk_inter = b_vdh * tl.exp(tl.where(m_tk, b_gl[None, :] - b_g, 0.0))
-        b_dq_off = tl.load(dq_intra + p_x, mask=m_tk, other=0.0)
-        b_dk_off = tl.load(dk_intra + p_x, mask=m_tk, other=0.0)
         b_dAd = tl.load(dA + ((i_b * T + o_t) * H + i_h) * BT + o_c, mask=m_t, other=0.0)    # the diagonal
         b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
-        b_dq = b_dq_inter + b_dq_off + b_dAd[:, None] * b_kf
-        b_dk = b_dk_inter + b_dk_off + b_dAd[:, None] * b_qf
+        b_dq = b_dos * tl.exp(b_g) * scale + tl.load(dq_intra + p_x, mask=m_tk, other=0.0)   # inter + off-diagonal
+        tl.store(dq + p_x, (b_dq + b_dAd[:, None] * b_kf).to(dq.dtype.element_ty), mask=m_tk)
+        b_dk_inter = b_vdh * tl.exp(tl.where(m_tk, b_gl[None, :] - b_g, 0.0))
+        b_dk_off = tl.load(dk_intra + p_x, mask=m_tk, other=0.0)
+        tl.store(dk + p_x, (b_dk_inter + b_dk_off + b_dAd[:, None] * b_qf).to(dk.dtype.element_ty), mask=m_tk)
         if GATE_GRAD:
             # Σ_{t >= s} of what is left of q ⊙ dq - k ⊙ dk after the exact cancellations, Σ_{j < s} of
-            # k ⊙ dk's inter-chunk part, as products with triangles of ones (exact fp32 sums)
-            b_r = b_qf * (b_dq_inter + b_dq_off) - b_kf * b_dk_off
+            # k ⊙ dk's inter-chunk part, as products with triangles of ones: every term at its own size (IEEE
+            # fp32 for fp32 inputs; for 16-bit ones three tf32 products, r = r_hi + r_lo, ~22 bits, on the
+            # tensor cores instead of 2·BT·BT·BK FMAs a thread block)
+            b_r = b_qf * b_dq - b_kf * b_dk_off
             b_p = b_kf * b_dk_inter
             b_ge = tl.where(o_c[None, :] >= o_c[:, None], 1.0, 0.0)
-            b_dg = tl.dot(b_ge, b_r, input_precision="ieee") \
-                + tl.dot(1.0 - b_ge, b_p, input_precision="ieee") + (b_hdh * tl.exp(b_gl))[None, :]
+            b_dg = tl.dot(b_ge, b_r, input_precision=SUM_PREC) \
+                + tl.dot(1.0 - b_ge, b_p, input_precision=SUM_PREC) + (b_hdh * tl.exp(b_gl))[None, :]
             b_gk = tl.load(gk + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
             b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
             tl.store(dg + p_x, b_dg.to(dg.dtype.element_ty), mask=m_tk)
-    tl.store(dq + p_x, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-    tl.store(dk + p_x, b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
 
 def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float, *, gamma=None) -> None:
@@ -504,14 +567,15 @@ def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float,
         dk_intra = torch.empty_like(dq_intra)
         _chunk_dqk_intra_kernel[(CHUNK // SUB_CHUNK, NT, B * H)](
             q, k, b, dA, dq_intra, dk_intra, T, H, K, G, BT=CHUNK, BC=SUB_CHUNK, BK=pow2_at_least_16(K),
-            DOT_PREC=dot_precision(q.dtype))
+            DOT_PREC=dot_precision(q.dtype), num_warps=_PER_CHANNEL_WARPS)
     gate_out = dg
     if dg is not None and G == 1:
         gate_out = dg_tiles = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device)
     _chunk_dqk_kernel[(NK, NT, B * H)](
         q, k, v, gk, b, states, dstates, do, dA, dq_intra, dk_intra, dq, dk, gate_out, scale, T, H, NT,
         K, V, G, BT=CHUNK, BK=BK, BV=_tile(V), FLOOR=GATE_FLOOR, GATE_GRAD=dg is not None,
-        DOT_PREC=dot_precision(q.dtype), gamma=gamma, GAMMA=gamma is not None)
+        DOT_PREC=dot_precision(q.dtype), gamma=gamma, GAMMA=gamma is not None, SUM_PREC=_sum_precision(q.dtype),
+        num_warps=4 if gamma is not None or G == 1 else _PER_CHANNEL_WARPS)
     if dg_tiles is not None:
         dg.copy_(dg_tiles.sum(0).unsqueeze(-1))
 

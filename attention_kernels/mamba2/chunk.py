@@ -29,8 +29,10 @@ and written in mamba_ssm's [headdim, dstate] layout by the state pass itself.
 
 The backward (`ssd_chunk_scan_bwd`) is the shared one of attention_kernels/linear/chunk_backward.py on that same
 mapping, with k = B·dt (dt folded into the keys there) and v = x, recomputed in chunks of 64 from the
-inputs, and the elementwise chain rule around it: silu(z), D, the group sums of B and C and dt's share
-through the keys in one-pass Triton kernels, the softplus, dt_bias and A on [Bt, T, H] in PyTorch.
+inputs, with q = C and k = B read per group, as the forward reads them; dq and dk are summed over each
+group's heads inside their kernel (B's and C's gradients, with dt's share through the keys), never written
+per head. The elementwise chain rule around it,
+silu(z) and D, in one-pass Triton kernels; the softplus, dt_bias and A on [Bt, T, H] in PyTorch.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ import triton.language as tl
 
 from ..launch import autotune_configs, pow2_at_least_16
 from ..linear.chunk import CHUNK, GATE_FLOOR, dot_precision, tiles_that_fit
-from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
+from ..linear.chunk_backward import chunk_dv, chunk_state_grad_pass, inter_chunk_products, one_decay_dqk
 from ..tl_helpers import dot_causal
 from .decode import _softplus
 
@@ -436,11 +438,14 @@ def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softp
 
 # ------------------------------------------------------------------ 4. the backward
 # The elementwise steps around the shared backward, each one pass over its tensors: the gate's and the
-# skip's gradients (before and after chunk_dv), q and k expanded to every head, and the group sums after
-# chunk_dqk. 8 warps on tiles of 2K elements (1K for the group sums, which hold three): ptxas (sm_90a,
-# bf16, dstate 128) gives them 48, 48, 62 and 80 registers, no spills; 4K-element tiles on 4 warps spill.
+# skip's gradients (before and after chunk_dv). 8 warps on tiles of 2K elements: ptxas (sm_90a, bf16,
+# dstate 128) gives them 48 and 48 registers, no spills; 4K-element tiles on 4 warps spill.
 _TAIL_ROWS, _TAIL_COLS = 16, 128          # tokens × (head, headdim) columns of the elementwise passes
 _TAIL_WARPS = 8
+# dq and dk summed over a group's heads in the kernel: runs of 16 heads a program (80 heads: 5 runs, 5,120
+# programs at 16K; partial sums 2 x 42 MB), dstate tiles of 32 on 8 warps and 2 stages. ptxas (sm_90a, bf16,
+# dstate 128, headdim 64): 255 registers, no spills; tiles of 64 spill (648 B at 8 warps, 1.6 KB at 4).
+_DQK_HEADS, _DQK_BK, _DQK_WARPS, _DQK_STAGES = 16, 32, 8, 2
 
 
 @triton.jit
@@ -496,59 +501,49 @@ def _ssd_skip_grad_kernel(
     tl.store(dx + p, b_dx.to(dx.dtype.element_ty), mask=m)
 
 
-@triton.jit(do_not_specialize=["T", "H", "HPG", "G"])
-def _ssd_expand_kernel(
-    B, C, dt, q, k, T, H, HPG, G,
-    N: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "H", "NT", "HPG", "G", "NB"])
+def _ssd_dqk_kernel(
+    C, B, x, dt, g, b, h, dh, do, dA, dC_part, dB_part, dg_tiles, ddt_tiles, T, H, NT, HPG, G, NB,
+    N: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HEADS: tl.constexpr, FLOOR: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    # one program: tokens [i_t·BT, ..) of one (batch, head): q = C and k = B·dt of the head's group, rounded
-    # once to the inputs' dtype after the fp32 product
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_r = tl.arange(0, BT)
-    o_t = i_t * BT + o_r
-    m_t = o_t < T
-    b_dt = tl.load(dt + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
-    base_g = ((i_b * T + i_t * BT).to(tl.int64) * G + i_h // HPG) * N     # the tile's first row, 64-bit
-    base_h = ((i_b * T + i_t * BT).to(tl.int64) * H + i_h) * N
-    for i_n in range(tl.cdiv(N, BN)):
-        o_n = i_n * BN + tl.arange(0, BN)
-        m = m_t[:, None] & (o_n < N)[None, :]
-        p_g = base_g + (o_r[:, None] * G * N + o_n[None, :])
-        p_h = base_h + (o_r[:, None] * H * N + o_n[None, :])
-        tl.store(q + p_h, tl.load(C + p_g, mask=m, other=0.0), mask=m)
-        b_k = tl.load(B + p_g, mask=m, other=0.0).to(tl.float32) * b_dt[:, None]
-        tl.store(k + p_h, b_k.to(k.dtype.element_ty), mask=m)
-
-
-@triton.jit(do_not_specialize=["T", "H", "HPG", "G"])
-def _ssd_group_grad_kernel(
-    dq, dk, B, dt, ddt, dB, dC, T, H, HPG, G,
-    N: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-):
-    # one program: tokens [i_t·BT, ..) of one (batch, group), all of dstate (BN >= N), walking the group's
-    # heads: dC = Σ_heads dq, dB = Σ_heads dt ⊙ dk, and each head's dt gets dk · B (k = B·dt)
-    i_t, i_bg = tl.program_id(0), tl.program_id(1)
+    # one program: chunk i_t, dstate columns [i_k·BK, ..), and a run of HEADS heads of one (batch, group),
+    # walked in turn: each head's dq and dk are the shared backward's for q = C and k = B·dt (a decay per
+    # head), summed here over the run, dC = Σ dq and dB = Σ dt ⊙ dk, instead of written per head. Per head it
+    # writes this key tile's share of the gate's gradient and of dt's through the keys, dk · B
+    i_k, i_t, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n_runs = tl.cdiv(HPG, HEADS)
+    i_bg, i_run = i_z // n_runs, i_z % n_runs
     i_b, i_g = i_bg // G, i_bg % G
-    o_r = tl.arange(0, BT)
-    o_t = i_t * BT + o_r
-    o_n = tl.arange(0, BN)
+    o_c = tl.arange(0, BT)
+    o_t = i_t * BT + o_c
     m_t = o_t < T
-    m = m_t[:, None] & (o_n < N)[None, :]
-    p_g = ((i_b * T + i_t * BT).to(tl.int64) * G + i_g) * N + (o_r[:, None] * G * N + o_n[None, :])
-    b_B = tl.load(B + p_g, mask=m, other=0.0).to(tl.float32)
-    b_dB = tl.zeros([BT, BN], dtype=tl.float32)
-    b_dC = tl.zeros([BT, BN], dtype=tl.float32)
-    for i_r in range(HPG):
+    t_last = tl.minimum(i_t * BT + BT, T) - 1
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < N
+    m_tk = m_t[:, None] & m_k[None, :]
+    p_g = ((i_b * T + o_t[:, None]) * G + i_g) * N + o_k[None, :]
+    b_c = tl.load(C + p_g, mask=m_tk, other=0.0)
+    b_B = tl.load(B + p_g, mask=m_tk, other=0.0)
+    b_dC = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dB = tl.zeros([BT, BK], dtype=tl.float32)
+    p_tile = i_k * NB * T * H                           # this key tile's [Bt, T, H] in the [NK, Bt, T, H] tiles
+    for i_r in range(i_run * HEADS, tl.minimum(i_run * HEADS + HEADS, HPG)):
         i_h = i_g * HPG + i_r
-        p_h = ((i_b * T + i_t * BT).to(tl.int64) * H + i_h) * N + (o_r[:, None] * H * N + o_n[None, :])
-        b_dk = tl.load(dk + p_h, mask=m, other=0.0)
-        b_dt = tl.load(dt + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
-        tl.store(ddt + (i_b * T + o_t) * H + i_h, tl.sum(b_dk * b_B, axis=1), mask=m_t)
+        p_th = (i_b * T + o_t) * H + i_h
+        b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)
+        b_k = (b_B.to(tl.float32) * b_dt[:, None]).to(B.dtype.element_ty)  # rounded once, as chunk_dv rounds it
+        b_dos, b_vdh, b_hdh = inter_chunk_products(x, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, NT, N, P,
+                                                   BT, BK, BV, True, DOT_PREC)
+        b_dq, b_dk, b_dg = one_decay_dqk(b_c, b_k, b_dos, b_vdh, b_hdh, dA, b, g, None, 1.0, i_b, i_h, o_c, o_t,
+                                         m_t, t_last, T, H, BT, FLOOR, True, DOT_PREC, False)
+        tl.store(dg_tiles + p_tile + p_th, b_dg, mask=m_t)
+        tl.store(ddt_tiles + p_tile + p_th, tl.sum(b_dk * b_B.to(tl.float32), axis=1), mask=m_t)
+        b_dC += b_dq
         b_dB += b_dk * b_dt[:, None]
-        b_dC += tl.load(dq + p_h, mask=m, other=0.0)
-    tl.store(dB + p_g, b_dB.to(dB.dtype.element_ty), mask=m)
-    tl.store(dC + p_g, b_dC.to(dC.dtype.element_ty), mask=m)
+    p_run = i_run.to(tl.int64) * NB * T * G * N        # this run's partial sums, [runs, Bt, T, G, N]
+    tl.store(dC_part + p_run + p_g, b_dC, mask=m_tk)
+    tl.store(dB_part + p_run + p_g, b_dB, mask=m_tk)
 
 
 def _elementwise_grid(Bt, T, HP):
@@ -567,17 +562,21 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
 
     SSD is linear attention with one log gate per head and token (chunk.py's
     docstring), so the chunk recurrence's gradient is the shared backward's
-    (attention_kernels/linear/chunk_backward.py) with q = C and k = B·dt,
-    both expanded to every head (one launch writes both, in the inputs'
-    dtype), v = x, scale 1, the gate g = dt·A as [Bt, T, H, 1] and the states
-    transposed ([dstate, headdim] = [K, V]). Around it, one elementwise
+    (attention_kernels/linear/chunk_backward.py) with q = C and k = B·dt, read
+    per group of heads (group_size; k's dt per head applied in the kernels,
+    rounded once to the inputs' dtype), v = x, scale 1, the gate g = dt·A per
+    head and the states transposed ([dstate, headdim] = [K, V]).
+    dq and dk (its per-head products, `one_decay_dqk`) are summed over each
+    group's heads in one kernel, which reads B and C per group and writes B's
+    and C's gradients as partial sums over runs of heads, and each head's
+    share of the gate's gradient and of dt's through the keys (dk · B): no
+    [Bt, T, H, N] gradient is written. Around it, one elementwise
     launch each (fp32 inside, every tensor of [Bt, T, H, P] read or written
     once): the tail y = (o + D ⊙ x) ⊙ silu(z) before (dz, o's gradient in x's
     dtype and dD's per-tile sums; its o + D ⊙ x recomputed by the output
     kernel when z is given), dx = dv + do ⊙ D after (dv is dx itself, in x's
-    dtype, without D), and the group sums of B's and C's gradients with dt's
-    share through the keys (dk · B), reading dq and dk once. dt's gate and
-    softplus paths, on [Bt, T, H], stay in PyTorch.
+    dtype, without D). dt's gate and softplus paths, on [Bt, T, H], stay in
+    PyTorch.
 
     Returns the gradients of x, dt, A, B, C, then of D, z, dt_bias and
     initial_states where those are given (an absent argument has no entry, so
@@ -618,25 +617,27 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
             dD = dD_part.sum(0).view(H, P)
             dD = (dD if D.dim() == 2 else dD.sum(-1)).to(D.dtype)
 
-    # the chunk recurrence: q = C, k = B·dt per head, v = x, the gate dt·A
-    # per head
-    q, k = torch.empty(Bt, T, H, N, dtype=C.dtype, device=dev), torch.empty(Bt, T, H, N, dtype=x.dtype, device=dev)
-    BN = min(128, pow2_at_least_16(N))
-    BT = 2048 // BN
-    _ssd_expand_kernel[(triton.cdiv(T, BT), Bt * H)](B, C, dtf, q, k, T, H, H // G, G, N, BT, BN,
-                                                     num_warps=_TAIL_WARPS)
+    # the chunk recurrence: q = C and k = B·dt, read per group (B scaled by each head's dt in the kernels),
+    # v = x, the gate dt·A per head
     Af = A.to(f32)
-    g = (dtf * Af)[..., None]             # as given: a gate below the floor gets gradient 0 (chunk_dqk)
+    g = dtf * Af                          # as given: a gate below the floor gets gradient 0 (_ssd_dqk_kernel)
     dstates = torch.empty(Bt, NT, H, N, P, dtype=f32, device=dev)
     dht = None if dfinal is None else dfinal.to(f32).transpose(-1, -2).contiguous()
     dh0 = None if h0 is None else torch.empty(Bt, H, N, P, dtype=f32, device=dev)
-    chunk_state_grad_pass(q, do, b, dstates, 1.0, dht, dh0)
+    chunk_state_grad_pass(C, do, b, dstates, 1.0, dht, dh0, group_size=H // G)
     dv = torch.empty(Bt, T, H, P, dtype=x.dtype if D is None else f32, device=dev)
     dscores = torch.empty(Bt, T, H, CHUNK, dtype=f32, device=dev)
-    chunk_dv(q, k, x, b, None, dstates, do, dv, dscores, 1.0)
-    dq, dk = torch.empty(Bt, T, H, N, dtype=f32, device=dev), torch.empty(Bt, T, H, N, dtype=f32, device=dev)
-    dg = torch.empty(Bt, T, H, 1, dtype=f32, device=dev)
-    chunk_dqk(q, k, x, g, b, states, dstates, do, dscores, dq, dk, dg, 1.0)
+    chunk_dv(C, B, x, b, None, dstates, do, dv, dscores, 1.0, group_size=H // G, key_scale=dtf)
+    # dq and dk summed over each group's heads in the kernel (dC, dB) with dt's share through the keys, in
+    # runs of _DQK_HEADS heads a program: partial sums per run, and per key tile the gate's and dt's shares
+    BK = min(_DQK_BK, pow2_at_least_16(N))
+    NK, runs = triton.cdiv(N, BK), triton.cdiv(H // G, _DQK_HEADS)
+    dC_part, dB_part = (torch.empty(runs, Bt, T, G, N, dtype=f32, device=dev) for _ in range(2))
+    dg_tiles, ddt_tiles = (torch.empty(NK, Bt, T, H, dtype=f32, device=dev) for _ in range(2))
+    _ssd_dqk_kernel[(NK, NT, Bt * G * runs)](
+        C, B, x, dtf, g, b, states, dstates, do, dscores, dC_part, dB_part, dg_tiles, ddt_tiles, T, H, NT, H // G,
+        G, Bt, N, P, BT=CHUNK, BK=BK, BV=min(64, pow2_at_least_16(P)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
+        DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_WARPS, num_stages=_DQK_STAGES)
     dx = dv
     if D is not None:
         dx = torch.empty_like(x)
@@ -647,14 +648,9 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
 
     # back through k = B·dt (the group sums), g = dt·A, dt = softplus(dt +
     # dt_bias)
-    ddt = torch.empty(Bt, T, H, dtype=f32, device=dev)
-    dB, dC = torch.empty_like(B), torch.empty_like(C)
-    BN = pow2_at_least_16(N)
-    BT = max(1, 1024 // BN)
-    _ssd_group_grad_kernel[(triton.cdiv(T, BT), Bt * G)](dq, dk, B, dtf, ddt, dB, dC, T, H, H // G, G, N, BT, BN,
-                                                         num_warps=_TAIL_WARPS)
-    dg = dg[..., 0]
-    ddt += dg * Af
+    dC, dB = dC_part.sum(0).to(C.dtype), dB_part.sum(0).to(B.dtype)
+    dg = dg_tiles.sum(0)
+    ddt = ddt_tiles.sum(0) + dg * Af
     dA = (dg * dtf).sum((0, 1)).to(A.dtype)
     if dt_softplus:
         raw = dt.to(f32) + (0 if dt_bias is None else dt_bias.to(f32))

@@ -1,0 +1,308 @@
+"""Where the linear backward's time should go, without a GPU: every launch of the Mamba-2 and GLA backward at
+the training table's shapes, compiled for sm_90a (registers, spills, tensor-core and FMA instructions), with its
+grid, sequential loop, HBM bytes and matmul FLOPs counted from the code, and a lower bound on an H100.
+
+    python scripts/linear_bwd_compile.py            # both tables; exits 1 if ptxas spills anywhere
+    python scripts/linear_bwd_compile.py --no-compile   # the byte / FLOP table only
+
+Shapes (bf16, B = 1, T = 16K, chunks of 64): Mamba-2 as `mamba2.bench.TRAIN` calls it (80 heads x headdim 64,
+dstate 128, one group, z, D [H], dt_bias, softplus); GLA as `gla.bench.TRAIN` (32 heads, K = V = 128, gk bf16).
+Each kernel is compiled in every config of its autotune list (the others at Triton's defaults, 4 warps and 3
+stages), with the pointers marked 16-divisible as contiguous tensors' are at launch. Instruction counts are from
+the SASS (cuobjdump): HGMMA (wgmma), HMMA (mma.sync), FFMA (fp32 FMA: elementwise code and any IEEE dot).
+
+Bytes count what the code asks of memory: each tensor a program loads, once per program that loads it (a tensor
+re-read by the programs of other tiles is counted each time, marked "xN"; some of those re-reads hit L2), and
+every store. The bound is max(bytes / 3.35 TB/s, FLOPs / rate), the rate that of the units the products run on:
+~990 TFLOP/s dense bf16, ~495 tf32, ~67 fp32 FMA. A sequential pass (loop over the chunks in each program) is
+also bounded by its steps: 256 dependent steps of one product each, ~1 us a step at best when a program's step
+cannot overlap with the next one's loads.
+"""
+import argparse
+import os
+
+os.environ["TRITON_INTERPRET"] = "0"  # before triton is imported (attention_kernels/__init__ would pick the interpreter)
+
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.autotuner import Autotuner
+
+from attention_kernels.gla import chunk as gla_chunk
+from attention_kernels.linear import chunk as lin
+from attention_kernels.linear import chunk_backward as lbw
+from attention_kernels.mamba2 import chunk as ssd
+
+TARGET = GPUTarget("cuda", 90, 32)
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+HBM, TC_BF16, TC_TF32, FMA32 = 3.35e12, 990e12, 495e12, 67e12
+MUFU = 132 * 16 * 1.755e9     # exponentials a second: 16 a clock per SM
+MB = 1e6
+L = lin.CHUNK
+T = 16384
+NT = T // L
+
+
+@dataclass
+class Launch:
+    """One launch of a backward: what it is, its grid and loop, its bytes and FLOPs, and how to compile it."""
+    name: str
+    fn: object                      # JITFunction or Autotuner
+    types: dict                     # non-constexpr arguments: "*bf16", "fp32", "i32"
+    consts: dict                    # constexprs (the others at their defaults)
+    programs: int
+    loop: str                       # the sequential loop of one program
+    read_mb: float
+    write_mb: float
+    gflop: float = 0.0
+    units: str = "-"                # what the products run on: "bf16 TC", "fp32 FMA", ...
+    note: str = ""
+    configs: list = field(default_factory=list)   # (kwargs, warps, stages); empty: the autotuner's list
+
+    def bound_ms(self) -> float:
+        rates = {"bf16 TC": TC_BF16, "tf32 TC": TC_TF32, "fp32 FMA": FMA32, "exp": MUFU}
+        compute = self.gflop / rates.get(self.units, TC_BF16) + sum(g / rates[u] for u, g in self.side.items())
+        return 1e3 * max((self.read_mb + self.write_mb) * MB / HBM, compute * 1e9)
+
+    side: dict = field(default_factory=dict)      # other work: units -> G operations (FLOPs, or exponentials)
+    reread_mb: float = 0.0                        # the part of read_mb that re-reads what another tile read
+
+    def bound_l2_ms(self) -> float:
+        """The bound with every re-read served by L2."""
+        return max(self.bound_ms() - 1e3 * self.reread_mb * MB / HBM, 1e3 * (self.read_mb + self.write_mb
+                   - self.reread_mb) * MB / HBM)
+
+
+def _configs(launch: Launch):
+    if launch.configs:
+        return launch.configs
+    if hasattr(launch.fn, "configs"):
+        return [(c.kwargs, c.num_warps, c.num_stages) for c in launch.fn.configs]
+    return [({}, 4, 3)]
+
+
+def compile_launch(launch: Launch, kwargs: dict, warps: int, stages: int):
+    fn = launch.fn.fn if isinstance(launch.fn, Autotuner) else launch.fn
+    consts = dict(launch.consts, **kwargs)
+    signature, constants = {}, {}
+    for p in fn.params:
+        if p.name in launch.types:
+            signature[p.name] = launch.types[p.name]
+        else:
+            value = consts[p.name] if p.name in consts else p.default
+            signature[p.name] = "constexpr"
+            constants[p.name] = value
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in launch.types.items() if t.startswith("*")}
+    return triton.compile(ASTSource(fn, signature, constants, attrs), target=TARGET,
+                          options={"num_warps": warps, "num_stages": stages})
+
+
+def inspect_binary(compiled) -> dict:
+    """ptxas's registers and spills, and the SASS's tensor-core and FMA instruction counts."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        ptx.write_text(compiled.asm["ptx"])
+        done = subprocess.run([str(BIN / "ptxas"), "-arch=sm_90a", "-v", str(ptx), "-o", str(cubin)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"ptxas failed:\n{done.stdout}{done.stderr}")
+        sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True).stdout
+    log = done.stdout + done.stderr
+    stores, loads = map(int, re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log).groups())
+    return dict(regs=int(re.search(r"Used (\d+) registers", log).group(1)), spill=stores + loads,
+                hgmma=len(re.findall(r"\bHGMMA\.", sass)), hmma=len(re.findall(r"\bHMMA\.", sass)),
+                ffma=len(re.findall(r"\bFFMA\b", sass)), smem=compiled.metadata.shared)
+
+
+# ------------------------------------------------------------------ the launches
+def mamba2_backward() -> list:
+    H, P, N = 80, 64, 128
+    thp = T * H * P / MB            # elements of a [T, H, P] tensor, in millions
+    thn = T * H * N / MB
+    th = T * H / MB
+    states = NT * H * N * P / MB    # elements of [NT, H, N, P]
+    bf, f4 = 2, 4
+    gemm = 2 * T * H * N * P / 1e9  # one [T, N] x [N, P] product per head: 21.5 GFLOP
+    nk, runs = N // ssd._DQK_BK, -(-H // ssd._DQK_HEADS)
+    i32 = {n: "i32" for n in ("T", "H", "NT", "NBH", "HPG", "G", "HP", "NTB", "P")}
+    dims = dict(N=N, P=P, L=L, BT=L)
+    return [
+        Launch("ssd_gates", ssd._ssd_gates_kernel,
+               dict(dt="*bf16", dt_bias="*fp32", A="*fp32", dtf="*fp32", b="*fp32", T="i32", H="i32", s_db="i32",
+                    s_dt="i32", s_dh="i32", s_bias="i32", s_A="i32"),
+               dict(HAS_BIAS=True, SOFTPLUS=True, FLOOR=lin.GATE_FLOOR, BT=L, BH=64),
+               NT * 2, "-", th * bf, 2 * th * f4),
+        Launch("ssd_state_pass (fp32 states)", ssd._ssd_state_kernel,
+               dict(B="*bf16", x="*bf16", dt="*fp32", b="*fp32", h="*fp32", **{k: i32[k] for k in
+                    ("T", "H", "NT", "NBH", "HPG", "G")}),
+               dict(dims, USE_H0=False, STORE_HT=False, DOT_PREC="tf32", h0=None, ht=None),
+               H * N // 32, "256 chunks", thp * bf * N / 32 + 2 * th * f4 * N / 32, states * f4, gemm, "bf16 TC",
+               "x read once per dstate tile (x4 at BK 32, x2 at 64); 160-320 programs, 256 dependent steps",
+               reread_mb=3 * thp * bf),
+        Launch("ssd_output (ungated y, for dz)", ssd._ssd_output_kernel,
+               dict(C="*bf16", B="*bf16", x="*bf16", dt="*fp32", b="*fp32", h="*fp32", D="*fp32", y="*bf16",
+                    **{k: "i32" for k in ("T", "H", "NT", "HPG", "G", "s_Dh", "s_Dp")}),
+               dict(dims, HAS_D=True, HAS_Z=False, DOT_PREC="tf32", z=None),
+               NT * H, "-", states * f4 + thp * bf + 2 * th * f4, thp * bf, 2.5 * gemm, "bf16 TC",
+               "the fp32 chunk-start states read (671 MB); B and C per program from L2"),
+        Launch("gate grad (dz, do, dD)", ssd._ssd_gate_grad_kernel,
+               dict(dy="*bf16", z="*bf16", y_ungated="*bf16", x="*bf16", do="*bf16", dz="*bf16", dD_part="*fp32",
+                    T="i32", HP="i32", NTB="i32"),
+               dict(HAS_Z=True, HAS_D=True, BT=16, BC=128), T // 16 * H * P // 128, "-", 4 * thp * bf,
+               2 * thp * bf + T / 16 * H * P * f4 / MB, configs=[({}, ssd._TAIL_WARPS, 3)]),
+        Launch("chunk_state_grad_pass (q = C per group)", lbw._chunk_state_grad_kernel,
+               dict(q="*bf16", do="*bf16", b="*fp32", dh="*fp32", scale="fp32", T="i32", H="i32", NT="i32", NBH="i32",
+                    GROUP="i32"),
+               dict(K=N, V=P, G=1, BT=L, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32", dht=None, dh0=None),
+               2 * 2 * H, "256 chunks", thn * bf * 2 + thp * bf * 2 + th * f4 * 4, states * f4, gemm, "bf16 TC",
+               "C (4 MB) read per head and value tile from L2, do x2 (key tiles); 160-320 programs, "
+               "256 dependent steps", reread_mb=thn * bf * 2 - T * N * bf / MB + thp * bf),
+        Launch("chunk_dv (scores recomputed; C, B per group)", lbw._chunk_dv_kernel,
+               dict(q="*bf16", k="*bf16", v="*bf16", b="*fp32", dh="*fp32", do="*bf16", dv="*fp32", dA="*fp32",
+                    scale="fp32", T="i32", H="i32", NT="i32", key_scale="*fp32", GROUP="i32"),
+               dict(K=N, V=P, G=1, BT=L, BK=64, BV=64, DOT_PREC="tf32", RECOMPUTE_A=True, A=None, KEY_SCALE=True),
+               NT * H, "-", 3 * thn * bf + 2 * thp * bf + states * f4 + 3 * th * f4,
+               thp * f4 + T * H * L * f4 / MB, 3 * gemm, "bf16 TC",
+               "C and B (4 MB each) read per head from L2, k = B dt in registers; dv fp32 (D given), dA fp32 "
+               "[T, H, 64]", reread_mb=3 * thn * bf - 2 * T * N * bf / MB),
+        Launch("ssd dqk (dq, dk summed over heads)", ssd._ssd_dqk_kernel,
+               dict(C="*bf16", B="*bf16", x="*bf16", dt="*fp32", g="*fp32", b="*fp32", h="*fp32", dh="*fp32",
+                    do="*bf16", dA="*fp32", dC_part="*fp32", dB_part="*fp32", dg_tiles="*fp32", ddt_tiles="*fp32",
+                    **{k: "i32" for k in ("T", "H", "NT", "HPG", "G", "NB")}),
+               dict(N=N, P=P, BT=L, BK=ssd._DQK_BK, BV=P, HEADS=ssd._DQK_HEADS, FLOOR=lin.GATE_FLOOR, DOT_PREC="tf32"),
+               nk * NT * runs, f"{ssd._DQK_HEADS} heads",
+               2 * states * f4 + nk * (2 * thp * bf + T * H * L * f4 / MB + 3 * th * f4) + 2 * runs * T * N * bf / MB,
+               2 * runs * T * N * f4 / MB + 2 * nk * th * f4, 5 * gemm, "bf16 TC",
+               f"do, x and dA read once per dstate tile (x{nk}: the {nk} programs of a chunk run side by side, "
+               "so mostly from L2); dC, dB as partial sums per run of heads",
+               configs=[({}, ssd._DQK_WARPS, ssd._DQK_STAGES)],
+               reread_mb=(nk - 1) * (2 * thp * bf + T * H * L * f4 / MB)),
+        Launch("skip grad (dx = dv + do D)", ssd._ssd_skip_grad_kernel,
+               dict(dv="*fp32", dy="*bf16", z="*bf16", D="*fp32", dx="*bf16", T="i32", HP="i32", P="i32",
+                    s_Dh="i32", s_Dp="i32"),
+               dict(HAS_Z=True, BT=16, BC=128), T // 16 * H * P // 128, "-", thp * f4 + 2 * thp * bf, thp * bf,
+               configs=[({}, ssd._TAIL_WARPS, 3)]),
+    ]
+
+
+def gla_backward() -> list:
+    H, K, V = 32, 128, 128
+    thk = T * H * K / MB
+    states = NT * H * K * V / MB
+    bf, f4 = 2, 4
+    gemm = 2 * T * H * K * V / 1e9  # one [T, K] x [K, V] product per head: 17.2 GFLOP
+    ints = {n: "i32" for n in ("T", "H", "NT", "NBH")}
+    tri = 2 * 2 * L * L * 64 * 2 * NT * H / 1e9          # chunk_dqk's two [64, 64] x [64, 64] triangle sums
+    return [
+        Launch("chunk_local_cumsum", lin._chunk_local_cumsum_kernel,
+               dict(g="*bf16", b="*fp32", T="i32", H="i32"), dict(G=K, FLOOR=lin.GATE_FLOOR, BT=L, BG=64),
+               2 * NT * H, "-", thk * bf, thk * f4),
+        Launch("chunk_state_pass (fp32 states)", lin._chunk_state_kernel,
+               dict(k="*bf16", v="*bf16", b="*fp32", h="*fp32", **ints),
+               dict(K=K, V=V, G=K, BT=L, USE_H0=False, STORE_HT=False, DOT_PREC="tf32", h0=None, ht=None),
+               2 * 4 * H, "256 chunks", thk * bf * 4 + thk * bf * 2 + thk * f4 * 4, states * f4, gemm, "bf16 TC",
+               "k and b re-read per value tile (x4 at BV 32), v per key tile (x2); 256 programs",
+               reread_mb=3 * thk * bf + 3 * thk * f4 + thk * bf),
+        Launch("chunk_gla_scores", gla_chunk._chunk_gla_scores_kernel,
+               dict(q="*bf16", k="*bf16", g="*fp32", A="*bf16", scale="fp32", T="i32", H="i32"),
+               dict(K=K, BT=L, BC=16, BK=128, DOT_PREC="tf32"),
+               4 * NT * H, "<= 3 sub-chunks", 2 * thk * bf + 2 * thk * f4, T * H * L * bf / MB,
+               1.5 * 2 * T * 16 * K * H / 1e9, "bf16 TC",
+               "the 16 x 16 diagonal blocks elementwise, an exp per key channel and pair: 1.2 G exp",
+               side={"fp32 FMA": 2 * T * 16 * K * H / 1e9, "exp": 1.24}),
+        Launch("chunk_state_grad_pass", lbw._chunk_state_grad_kernel,
+               dict(q="*bf16", do="*bf16", b="*fp32", dh="*fp32", scale="fp32", **ints),
+               dict(K=K, V=V, G=K, BT=L, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32", dht=None, dh0=None),
+               2 * 4 * H, "256 chunks", thk * bf * 4 + thk * bf * 2 + thk * f4 * 4, states * f4, gemm, "bf16 TC",
+               "q and b re-read per value tile (x4), do per key tile (x2); 256 programs",
+               reread_mb=3 * thk * bf + 3 * thk * f4 + thk * bf),
+        Launch("chunk_dv", lbw._chunk_dv_kernel,
+               dict(q="*bf16", k="*bf16", v="*bf16", b="*fp32", A="*bf16", dh="*fp32", do="*bf16", dv="*bf16",
+                    dA="*fp32", scale="fp32", T="i32", H="i32", NT="i32"),
+               dict(K=K, V=V, G=K, BT=L, BK=64, BV=64, DOT_PREC="tf32", RECOMPUTE_A=False),
+               NT * H, "-", T * H * L * bf / MB + 2 * thk * bf + 2 * thk * f4 + states * f4 + 2 * thk * bf,
+               thk * bf + T * H * L * f4 / MB, gemm + 2 * 2 * T * L * V * H / 1e9, "bf16 TC",
+               "k and b read once per value tile (x2)", configs=[({}, 4, 2)], reread_mb=thk * bf + thk * f4),
+        Launch("chunk_dqk intra (sub-chunks)", lbw._chunk_dqk_intra_kernel,
+               dict(q="*bf16", k="*bf16", b="*fp32", dA="*fp32", dq="*fp32", dk="*fp32", T="i32", H="i32"),
+               dict(K=K, G=K, BT=L, BC=16, BK=128, DOT_PREC="tf32"),
+               4 * NT * H, "<= 3 sub-chunks + 16 columns", 2.5 * thk * bf + 2.5 * thk * f4 + T * H * L * f4 / MB,
+               2 * thk * f4, 2 * 1.5 * 2 * T * 16 * K * H / 1e9, "bf16 TC",
+               "k, q and b re-read by the later / earlier sub-chunks (~x2.5); diagonal elementwise: 1.4 G exp",
+               side={"fp32 FMA": 4 * T * 16 * K * H / 1e9, "exp": 1.4},
+               configs=[({}, lbw._PER_CHANNEL_WARPS, 3)], reread_mb=1.5 * (thk * bf + thk * f4)),
+        Launch("chunk_dqk (gate per channel)", lbw._chunk_dqk_kernel,
+               dict(q="*bf16", k="*bf16", v="*bf16", gk="*bf16", b="*fp32", h="*fp32", dh="*fp32", do="*bf16",
+                    dA="*fp32", dq_intra="*fp32", dk_intra="*fp32", dq="*bf16", dk="*bf16", dg="*bf16",
+                    scale="fp32", T="i32", H="i32", NT="i32"),
+               dict(K=K, V=V, G=K, BT=L, BK=64, BV=64, FLOOR=lin.GATE_FLOOR, GATE_GRAD=True, DOT_PREC="tf32",
+                    SUM_PREC=lbw._sum_precision(torch.bfloat16)),
+               2 * NT * H, "-",
+               3 * thk * bf + 2 * 2 * thk * bf + 2 * states * f4 + 2 * thk * f4 + thk * f4 + T * H * L * f4 / MB,
+               3 * thk * bf, 2 * gemm, "bf16 TC",
+               f"v and do read once per key tile (x2); the gate's triangle sums 3xTF32 ({tri:.1f} GFLOP x 3)",
+               side={"tf32 TC": 3 * tri}, configs=[({}, lbw._PER_CHANNEL_WARPS, 3)], reread_mb=2 * thk * bf),
+    ]
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def byte_table(title: str, launches: list) -> float:
+    print(f"\n{title}\n")
+    print("| launch | programs | loop | read MB | written MB | GFLOP | products on | bound ms | "
+          "bound ms, re-reads in L2 | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    total = total_l2 = 0.0
+    for ln in launches:
+        total += ln.bound_ms()
+        total_l2 += ln.bound_l2_ms()
+        print(f"| {ln.name} | {ln.programs:,} | {ln.loop} | {_fmt(ln.read_mb)} | {_fmt(ln.write_mb)} | "
+              f"{ln.gflop:.1f} | {ln.units} | {ln.bound_ms():.3f} | {ln.bound_l2_ms():.3f} | {ln.note} |")
+    rd, wr = sum(ln.read_mb for ln in launches), sum(ln.write_mb for ln in launches)
+    print(f"| **all** | | | {_fmt(rd)} | {_fmt(wr)} | {sum(ln.gflop for ln in launches):.0f} | | **{total:.2f}** | "
+          f"**{total_l2:.2f}** | |")
+    return total
+
+
+def compile_table(launches: list) -> bool:
+    print("\n| kernel | config (kwargs, warps, stages) | registers | spill B | HGMMA | HMMA | FFMA | shared KB |")
+    print("|---|---|---|---|---|---|---|---|")
+    spilled = False
+    for ln in launches:
+        for kwargs, warps, stages in _configs(ln):
+            stats = inspect_binary(compile_launch(ln, kwargs, warps, stages))
+            spilled |= stats["spill"] > 0
+            cfg = " ".join(f"{k}={v}" for k, v in kwargs.items())
+            print(f"| {ln.name} | {cfg} {warps}w {stages}s | {stats['regs']} | {stats['spill']} | {stats['hgmma']} | "
+                  f"{stats['hmma']} | {stats['ffma']} | {stats['smem'] / 1024:.0f} |", flush=True)
+    return spilled
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-compile", action="store_true", help="print the byte / FLOP tables only")
+    args = parser.parse_args()
+    families = (("Mamba-2 backward, B 1, T 16K, 80 heads x 64, dstate 128, bf16", mamba2_backward()),
+                ("GLA backward, B 1, T 16K, 32 heads, K = V = 128, bf16", gla_backward()))
+    spilled = False
+    for title, launches in families:
+        byte_table(title, launches)
+        if not args.no_compile:
+            spilled |= compile_table(launches)
+    return 1 if spilled else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
