@@ -195,6 +195,8 @@ PRIVATE_ACROSS_MODULES = {
     ("scripts/ssd_state_compile.py", "_PASS_WARPS"): "compiles the state walk at its launch warps",
     ("scripts/mla_tilelang_compile.py", "_decode_kernel"): "compiles the TileLang MLA kernels alone",
     ("scripts/mla_tilelang_compile.py", "_merge_kernel"): "compiles the TileLang MLA kernels alone",
+    ("scripts/gla_tilelang_compile.py", "_state_kernel"): "compiles the TileLang GLA kernels alone",
+    ("scripts/gla_tilelang_compile.py", "_output_kernel"): "compiles the TileLang GLA kernels alone",
     ("scripts/mla_replay_check.py", "_paged_case"): "replays the MLA benchmark's own cases",
     ("scripts/mla_replay_check.py", "_paged_inputs"): "replays the MLA benchmark's own inputs",
 }
