@@ -26,8 +26,13 @@ input dtype, gate dtype); B, T and H are runtime values:
 The last chunk's rows past T are read as 0 (a gate of 0 leaves the cumulative gate as it is) and not
 written.
 
-What TileLang makes of it for sm_90a (`scripts/gla_tilelang_compile.py`, no GPU needed): see that
-script's report; the products become wgmma.
+What TileLang makes of it for sm_90a (`scripts/gla_tilelang_compile.py`, no GPU needed; K = V = 128,
+bf16): every product becomes wgmma (the state pass's Kᵀ V with K read transposed from shared memory);
+the tiles come in by plain 16-byte global loads guarded by the sequence's end (neither kernel has a
+pipelined loop, so TileLang adds no TMA copies and no producer warps: 128 threads each). The state
+pass: 80 registers, 40 KB of shared memory. The output kernel: 113 registers, 128 KB of shared memory
+(one program per SM), the scores' tile placed where the state tile was once its product is done. No
+spills.
 
 TileLang is imported lazily (`attention_kernels.peers.tilelang`): this module imports anywhere, and
 `interface.chunk_gla_tilelang` says so when TileLang is missing.
