@@ -85,14 +85,14 @@ def main():
     if tilelang is None:
         raise SystemExit("needs tilelang (pip install tilelang)")
     T = tilelang.language
-    kernels = {
+    builds = {
         "decode_H128_single_pass": td._decode_kernel(T, 128, False, T.bfloat16),
         "decode_H128_split": td._decode_kernel(T, 128, True, T.bfloat16),
         "decode_H16_single_pass": td._decode_kernel(T, 16, False, T.bfloat16),
         "merge_H128": td._merge_kernel(T, 128, T.bfloat16),
     }
     ok = True
-    for name, func in attention_kernels.items():
+    for name, func in builds.items():
         try:
             ok &= check(name, func, keep)
         except Exception as e:  # noqa: BLE001 (report every kernel, then fail)

@@ -4,7 +4,8 @@
                                   8 KV heads (LLaMA-3 8B's 4:1 grouping) against one GLA step (two
                                   operations, two tables, each its own work)
     DECODE_PLAIN, DECODE_GRAPH    one GLA step at B = 1, 8, 64: plain Python calls, CUDA-graph replay
-    PREFILL                       a whole prompt: chunk-parallel, the article's chunk kernel, fla, SDPA
+    PREFILL                       a whole prompt: chunk-parallel (Triton, and TileLang where it is installed),
+                                  the article's chunk kernel, fla, SDPA
     TRAIN                         a training step (forward and backward) of chunk_gla, fla's, and SDPA's
 
     >>> from attention_kernels.bench import run
@@ -20,8 +21,8 @@ import torch.nn.functional as F
 
 from ..bench import Benchmark, Panel
 from ..linear import costs
-from ..peers import fla
-from .interface import chunk_gla, fused_recurrent_gla, sequential_chunk_gla
+from ..peers import fla, tilelang
+from .interface import chunk_gla, chunk_gla_tilelang, fused_recurrent_gla, sequential_chunk_gla
 from .reference import naive_recurrent_gla, torch_gla_step
 
 DT = torch.bfloat16
@@ -109,6 +110,11 @@ def _fla_chunk(c):
     return None if fla_chunk_gla is None else _prefill(fla_chunk_gla)(c)
 
 
+def _tilelang_chunk(c):
+    """The book's TileLang chunk kernels (`tilelang_chunk.py`); n/a where TileLang is not installed."""
+    return None if tilelang() is None else _prefill(chunk_gla_tilelang)(c)
+
+
 # B = 1, H = 32, D = 128, T = 1K..16K, plus fla's test shape B = 4, T = 2048, H = 16. Plain calls.
 PREFILL = Benchmark(
     "gla_prefill",
@@ -116,6 +122,7 @@ PREFILL = Benchmark(
     + [{"B": 4, "T": 2048, "H": 16, "D": 128}],
     {
         "book: chunk": _prefill(chunk_gla),
+        "book: TileLang chunk": _tilelang_chunk,   # the same chunks and math, in TileLang (forward only)
         # one launch per chunk, linear in T: three points show the slope
         "book: sequential chunk": _prefill(sequential_chunk_gla, max_T=4096),
         "fla chunk_gla": _fla_chunk,

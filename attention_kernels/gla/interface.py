@@ -13,7 +13,8 @@ concatenated along T in one batch row (B = 1); the states are then [N, H, K, V],
 fused_recurrent_gla also serves: a pool of states, each batch row's slot, the state updated in place
 (inplace_final_state, ssm_state_indices: attention_kernels/linear/slots.py).
 chunk_gla trains (gradients to q, k, v, gk and initial_state, through o and the final state); the other
-forms have no backward and refuse an input that requires grad.
+forms have no backward and refuse an input that requires grad. chunk_gla_tilelang is the chunk form in
+TileLang (tilelang_chunk.py): bf16 or fp16, K and V of 64 or 128, CUDA tensors, TileLang installed.
 
 chunk_gla and fused_recurrent_gla also take fla's call (fla.ops.gla) as its model code makes it: its
 names and positions (chunk_gla's gate is `g` there), state_v_first (the state kept as [B, H, V, K]), and
@@ -24,11 +25,13 @@ from __future__ import annotations
 import torch
 import triton
 
+from .. import peers
+from . import tilelang_chunk
 from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_fake
 from ..linear.autograd import chunk_function
 from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_pass
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
-from ..checks import check_bool, check_no_grad
+from ..checks import check_bool, check_no_grad, check_tensor
 from ..linear.inputs import check_linear_inputs, check_output_gradients
 from ..linear.inputs import state_v_first_in as _state_in, state_v_first_out as _state_out
 from ..linear.packed import backward_per_sequence, forward_per_sequence
@@ -268,3 +271,38 @@ def chunk_gla(q, k, v, g=None, scale=None, initial_state=None, output_final_stat
     else:
         o, ht = _chunk_gla_fwd(q, k, v, gate, scale, h0, output_final_state, cu_seqlens)
     return o, _state_out(ht, state_v_first)
+
+
+def chunk_gla_tilelang(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """Chunk-parallel GLA forward with the TileLang kernels (`tilelang_chunk.py`): the same math and
+    chunks of 64 tokens as chunk_gla, for comparison with it.
+
+    q, k, g: [B, T, H, K]; v: [B, T, H, V]; g = log of the per-channel decay (fla's name for chunk_gla's
+    gate, fourth). q, k, v bf16 or fp16, g any float dtype; K and V each 64 or 128; scale defaults to
+    K ** -0.5; initial_state fp32 [B, H, K, V] or None (zeros). CUDA tensors only, none requiring grad
+    (no backward); cu_seqlens must be None (no packed sequences); needs TileLang (RuntimeError without
+    it). The first call with a new (K, V, dtype, gate dtype) compiles the two kernels, a few seconds
+    each; B, T and H are runtime. Returns (o [B, T, H, V] in v's dtype, final_state fp32 [B, H, K, V]
+    when output_final_state, else None).
+
+        >>> q, k, v, g = torch.randn(4, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
+        >>> g = torch.nn.functional.logsigmoid(g.float()) / 16
+        >>> o, S = chunk_gla_tilelang(q, k, v, g, output_final_state=True)     # S: [1, 32, 128, 128]
+    """
+    # ---- validate before anything else (the same answers with or without TileLang)
+    if cu_seqlens is not None:
+        raise ValueError("cu_seqlens must be None: chunk_gla_tilelang takes one sequence per batch row "
+                         "(chunk_gla takes packed sequences)")
+    (_, _, _, K, V), scale, (q, k, v, g, h0) = _checked(q, k, v, g, scale, initial_state, output_final_state,
+                                                        gate_name="g")
+    check_tensor("q", q, dtypes=tuple(tilelang_chunk.DTYPES))
+    dims = tilelang_chunk.HEAD_DIMS
+    if K not in dims or V not in dims:
+        raise ValueError(f"the TileLang kernels are built for head dims K, V in {dims}, got K={K}, V={V}")
+    check_no_grad("chunk_gla_tilelang", q=q, k=k, v=v, g=g, initial_state=h0)
+    if peers.tilelang() is None:
+        raise RuntimeError("chunk_gla_tilelang needs TileLang (`pip install tilelang`), which is not installed here")
+    for name, t in {"q": q, "k": k, "v": v, "g": g, "initial_state": h0}.items():
+        if t is not None and t.device.type != "cuda":
+            raise ValueError(f"{name} is on {t.device}: the TileLang kernels run on a CUDA GPU and take CUDA tensors")
+    return tilelang_chunk.launch_tilelang(q, k, v, g, scale, h0, output_final_state)
