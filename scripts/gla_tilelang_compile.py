@@ -9,54 +9,20 @@ Exits 1 if a kernel fails to compile, spills, has no wgmma, or starts a shared b
 H200 block may have.
 """
 import argparse
-import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")
-os.environ["PATH"] = f"{os.environ['CUDA_HOME']}/bin{os.pathsep}{os.environ['PATH']}"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attention_kernels import peers
 from attention_kernels.gla import tilelang_chunk as tc
-
-TARGET = {"kind": "cuda", "arch": "sm_90a"}
-SMEM_LIMIT = 227 * 1024
-PTX_COUNTS = {"wgmma": r"wgmma\.mma_async", "TMA loads": r"cp\.async\.bulk\.tensor",
-              "cp.async": r"cp\.async\.ca|cp\.async\.cg", "global loads": r"ld\.global", "global stores": r"st\.global"}
-
-
-def last_smem_offset(source: str) -> int:
-    """Where the last buffer of TileLang's dynamic shared memory starts, read off the CUDA source's
-    `buf_dyn_shmem + offset` lines (the source does not give that buffer's size)."""
-    return max((int(x) for x in re.findall(r"buf_dyn_shmem \+ (\d+)\)", source)), default=0)
+from mla_tilelang_compile import compile_and_report   # it also puts nvcc on the PATH (CUDA_HOME)
 
 
 def check(name, func, keep):
-    tilelang = peers.tilelang()
-    print(f"\n=== {name} ===", flush=True)
-    kernel = tilelang.compile(func, target=TARGET)
-    source, ptx = kernel.get_kernel_source(), kernel._get_ptx()
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx_file, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
-        ptx_file.write_text(ptx)
-        done = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(ptx_file), "-o", str(cubin)],
-                              check=False, capture_output=True, text=True)
-    info = done.stdout + done.stderr
-    print("\n".join(line for line in info.splitlines() if "Used" in line or "spill" in line or "error" in line))
-    counts = {k: len(re.findall(p, ptx)) for k, p in PTX_COUNTS.items()}
-    smem = last_smem_offset(source)
-    print(f"PTX: {counts}; dynamic shared memory: the last buffer starts at {smem} B ({smem / 1024:.1f} KB)")
-    if keep:
-        (keep / f"{name}.cu").write_text(source)
-        (keep / f"{name}.ptx").write_text(ptx)
-    spills = re.search(r"(\d+) bytes spill stores", info)
-    return (done.returncode == 0 and spills is not None and spills.group(1) == "0" and smem <= SMEM_LIMIT
-            and counts["wgmma"] > 0)
-
+    ok, _, counts = compile_and_report(name, func, keep)
+    return ok and counts["wgmma"] > 0
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -98,7 +98,13 @@ def build(paged: bool):
 def check(paged: bool, keep: Path | None) -> tuple[list, dict]:
     tag = "mla_decode_ws_paged" if paged else "mla_decode_ws_dense"
     print(f"\n=== {tag} (BN, STAGES = {gd.BN}, {gd.STAGES}) ===")
-    c = build(paged)
+    return report(build(paged), tag, keep)
+
+
+def report(c, tag: str, keep: Path | None, spills_allowed: str | None = None) -> tuple[list, dict]:
+    """Print what Triton and ptxas made of a compiled Gluon kernel `c` and return (problems, PTX counts):
+    spills (unless `spills_allowed` gives the reason they are, printed instead), shared memory past the
+    limit, a serialized wgmma pipeline. `keep`: a folder for its .ttgir, .ptx and ptxas log."""
     ptx = c.asm["ptx"]
     if keep:
         (keep / f"{tag}.ttgir").write_text(c.asm["ttgir"])
@@ -118,7 +124,9 @@ def check(paged: bool, keep: Path | None) -> tuple[list, dict]:
     counts = ptx_counts(ptx)
     print("ptx   :", counts)
     problems = []
-    if st["spill_stores"] or st["spill_loads"]:
+    if (st["spill_stores"] or st["spill_loads"]) and spills_allowed:
+        print(f"note  : {tag} spills; {spills_allowed}")
+    elif st["spill_stores"] or st["spill_loads"]:
         problems.append(f"{tag}: register spills")
     if smem > SMEM_LIMIT:
         problems.append(f"{tag}: shared memory {smem} > {SMEM_LIMIT}")

@@ -47,7 +47,10 @@ def zeroing_in_consumers(source: str) -> bool:
             and consumer.find(".wait(", 0, first_store.start()) >= 0)
 
 
-def check(name, func, keep):
+def compile_and_report(name, func, keep):
+    """Compile a TileLang kernel for sm_90a, run ptxas on its PTX and print what came out. Returns (ok: it
+    compiled without spills and its shared memory fits; its CUDA source; PTX instruction counts).
+    `keep`: a folder for its .cu and .ptx."""
     tilelang = peers.tilelang()
     print(f"\n=== {name} ===", flush=True)
     kernel = tilelang.compile(func, target=TARGET)
@@ -62,18 +65,22 @@ def check(name, func, keep):
     counts = {k: len(re.findall(p, ptx)) for k, p in PTX_COUNTS.items()}
     smem = last_smem_offset(source)
     print(f"PTX: {counts}; dynamic shared memory: the last buffer starts at {smem} B ({smem / 1024:.1f} KB)")
-    print("warp-specialized (setmaxnreg):", "warpgroup_reg_alloc" in source)
     if keep:
         (keep / f"{name}.cu").write_text(source)
         (keep / f"{name}.ptx").write_text(ptx)
     spills = re.search(r"(\d+) bytes spill stores", info)
     ok = done.returncode == 0 and spills is not None and spills.group(1) == "0" and smem <= SMEM_LIMIT
+    return ok, source, counts
+
+
+def check(name, func, keep):
+    ok, source, _ = compile_and_report(name, func, keep)
+    print("warp-specialized (setmaxnreg):", "warpgroup_reg_alloc" in source)
     if name.startswith("decode"):
         placed = zeroing_in_consumers(source)
         print("last-tile zeroing in the consumer warpgroups, after the copy's wait:", placed)
         ok &= placed
     return ok
-
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -23,7 +23,7 @@ Tiles that every row of the block sees in full skip the mask; the causal diagona
 take it (`_key_tiles`). Non-causal calls pass a shift of S, so one masked path serves both settings.
 
 The default loop keeps each warpgroup's steps in order (scores, softmax, P V, each waited on). Its variant
-(`overlap=True`, `_consumer_overlapped`) issues the next tile's S = Q K^T before this tile's softmax on the
+(`overlap=True`, `_consumer`'s OVERLAP) issues the next tile's S = Q K^T before this tile's softmax on the
 unmasked tiles, so the tensor cores compute it while the exponentials run. Still to try (notes/TUNING.md):
 ping-pong between the two warpgroups (one's softmax while the other's GEMMs run, handed over with named
 barriers) and a TMA store of O.
@@ -57,7 +57,7 @@ FWD_TILES = {64: (128, 3), 128: (128, 2)}
 WS_MAXNREG = 168
 WS_CONSUMER_REGS = 240
 WS_PRODUCER_REGS = 24
-# Whether the consumers issue the next tile's S = Q K^T before this tile's softmax (`_consumer_overlapped`):
+# Whether the consumers issue the next tile's S = Q K^T before this tile's softmax (`_consumer`'s OVERLAP):
 # not the default until the GPU has timed it against the in-order loop.
 OVERLAP_SCORES = False
 
@@ -211,10 +211,16 @@ def _pv_skipping_zeros(acc, p, v_tile, row_o: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2,
-              q_s, k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty):
+def _consumer(WG: gl.constexpr, OVERLAP: gl.constexpr, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift,
+              n_full, n_tiles, scale_log2, q_s, k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty):
     """Warpgroup WG: query rows m0 + 64 WG ... + 63 over every key tile (unmasked tiles first), then O / l and
-    the lse (masked stores: rows past T are not written)."""
+    the lse (masked stores: rows past T are not written).
+
+    OVERLAP: each unmasked tile's softmax overlapped with the next tile's S = Q K^T (FA3's intra-warpgroup
+    pipelining), one more [64, BN] fp32 tile of scores held in registers. An issued product cannot cross a
+    branch, so that loop takes the unmasked tiles that have an unmasked next one, and the last unmasked tile
+    comes after it. The masked tiles (the diagonal, the ragged end) stay in order either way: their hidden-NaN
+    check needs the registers the next scores would hold."""
     HALF: gl.constexpr = q_s.shape[1]
     BN: gl.constexpr = k_s.shape[1]
     D: gl.constexpr = k_s.shape[2]
@@ -229,15 +235,26 @@ def _consumer(WG: gl.constexpr, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, 
     m_i = gl.full([HALF], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([HALF], gl.float32, row_s)
     mbarrier.wait(q_bar, 0)
-    for t in range(n_full):
-        q_op = q_s.index(WG + _opaque_zero(t))
-        acc, m_i, l_i = _tile_update(acc, m_i, l_i, q_op, t, k_s, v_s, k_ready, v_ready, k_empty, v_empty,
-                                     scale_log2, rows, S, shift, False, s_layout, p_layout, row_o)
+    if OVERLAP:
+        if n_full > 0:
+            s = _scores_issue(q_s.index(WG), 0, k_s, k_ready, HALF, s_layout)   # tile 0's scores, before the loop
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+            mbarrier.arrive(k_empty.index(0), count=1)
+            for t in range(n_full - 1):
+                q_op = q_s.index(WG + _opaque_zero(t))
+                acc, m_i, l_i, s = _overlapped_step(acc, m_i, l_i, s, t, q_op, k_s, v_s, k_ready, v_ready, k_empty,
+                                                    v_empty, scale_log2, rows, S, shift, s_layout, p_layout, row_o)
+            acc, m_i, l_i, s = _softmax_pv(acc, m_i, l_i, s, n_full - 1, v_s, v_ready, v_empty, scale_log2, rows,
+                                           S, shift, False, p_layout, row_o, s, False)
+    else:
+        for t in range(n_full):
+            q_op = q_s.index(WG + _opaque_zero(t))
+            acc, m_i, l_i = _tile_update(acc, m_i, l_i, q_op, t, k_s, v_s, k_ready, v_ready, k_empty, v_empty,
+                                         scale_log2, rows, S, shift, False, s_layout, p_layout, row_o)
     for t in range(n_full, n_tiles):
         q_op = q_s.index(WG + _opaque_zero(t))
         acc, m_i, l_i = _tile_update(acc, m_i, l_i, q_op, t, k_s, v_s, k_ready, v_ready, k_empty, v_empty,
                                      scale_log2, rows, S, shift, True, s_layout, p_layout, row_o)
-
     _finish(acc, m_i, l_i, rows, o_ptr, lse_ptr, o_base, lse_base, T, HQ, D, row_o, o_layout)
 
 
@@ -258,85 +275,45 @@ def _finish(acc, m_i, l_i, rows, o_ptr, lse_ptr, o_base, lse_base, T, HQ, D: gl.
 
 @gluon.jit
 def _overlapped_step(acc, m_i, l_i, s, t, q_op, k_s, v_s, k_ready, v_ready, k_empty, v_empty, scale_log2, rows, S,
-                     shift, MASKED: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                     row_o: gl.constexpr):
-    """Tile t, its scores s already in registers, and a tile after it: the next tile's S = Q K^T issued first, so
-    the tensor cores compute it during this tile's softmax; then P V_t; both waited on before the loop's back
-    edge. Returns the next tile's scores."""
+                     shift, s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr):
+    """Unmasked tile t, its scores s already in registers, and an unmasked tile after it: the next tile's
+    S = Q K^T issued first, so the tensor cores compute it during this tile's softmax; then P V_t; both waited
+    on before the loop's back edge. Returns the next tile's scores."""
     STAGES: gl.constexpr = k_s.shape[0]
     s_next = _scores_issue(q_op, t + 1, k_s, k_ready, rows.shape[0], s_layout)
     acc, m_i, l_i, s_next = _softmax_pv(acc, m_i, l_i, s, t, v_s, v_ready, v_empty, scale_log2, rows, S, shift,
-                                        MASKED, p_layout, row_o, s_next, True)
+                                        False, p_layout, row_o, s_next, True)
     mbarrier.arrive(k_empty.index((t + 1) % STAGES), count=1)
     return acc, m_i, l_i, s_next
 
 
-@gluon.jit
-def _consumer_overlapped(WG: gl.constexpr, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles,
-                         scale_log2, q_s, k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty):
-    """`_consumer` with each unmasked tile's softmax overlapped with the next tile's S = Q K^T (FA3's
-    intra-warpgroup pipelining): one more [64, BN] fp32 tile of scores held in registers. An issued product
-    cannot cross a branch, so the loop takes the unmasked tiles that have an unmasked next one, and the last
-    unmasked tile comes after it. The masked tiles (the diagonal, the ragged end) stay in order, as in
-    `_consumer`: their hidden-NaN check needs the registers the next scores would hold."""
-    HALF: gl.constexpr = q_s.shape[1]
-    BN: gl.constexpr = k_s.shape[1]
-    D: gl.constexpr = k_s.shape[2]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-
-    rows = m0 + WG * HALF + gl.arange(0, HALF, layout=row_s)
-    acc = gl.zeros([HALF, D], gl.float32, o_layout)
-    m_i = gl.full([HALF], float("-inf"), gl.float32, row_s)
-    l_i = gl.zeros([HALF], gl.float32, row_s)
-    mbarrier.wait(q_bar, 0)
-    if n_full > 0:
-        s = _scores_issue(q_s.index(WG), 0, k_s, k_ready, HALF, s_layout)   # tile 0's scores, before the loop
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        mbarrier.arrive(k_empty.index(0), count=1)
-        for t in range(n_full - 1):
-            q_op = q_s.index(WG + _opaque_zero(t))
-            acc, m_i, l_i, s = _overlapped_step(acc, m_i, l_i, s, t, q_op, k_s, v_s, k_ready, v_ready, k_empty,
-                                                v_empty, scale_log2, rows, S, shift, False, s_layout, p_layout, row_o)
-        acc, m_i, l_i, s = _softmax_pv(acc, m_i, l_i, s, n_full - 1, v_s, v_ready, v_empty, scale_log2, rows, S,
-                                       shift, False, p_layout, row_o, s, False)
-    for t in range(n_full, n_tiles):
-        q_op = q_s.index(WG + _opaque_zero(t))
-        acc, m_i, l_i = _tile_update(acc, m_i, l_i, q_op, t, k_s, v_s, k_ready, v_ready, k_empty, v_empty,
-                                     scale_log2, rows, S, shift, True, s_layout, p_layout, row_o)
-    _finish(acc, m_i, l_i, rows, o_ptr, lse_ptr, o_base, lse_base, T, HQ, D, row_o, o_layout)
-
-
-# One entry point per warpgroup: gl.warp_specialize cannot pass the constexpr WG, so each binds its own.
+# One entry point per warpgroup and loop: gl.warp_specialize cannot pass constexprs, so each binds its own.
 @gluon.jit
 def _consumer0(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s, v_s,
                q_bar, k_ready, v_ready, k_empty, v_empty):
-    _consumer(0, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s, v_s,
-              q_bar, k_ready, v_ready, k_empty, v_empty)
+    _consumer(0, False, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
+              k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty)
 
 
 @gluon.jit
 def _consumer1(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s, v_s,
                q_bar, k_ready, v_ready, k_empty, v_empty):
-    _consumer(1, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s, v_s,
-              q_bar, k_ready, v_ready, k_empty, v_empty)
+    _consumer(1, False, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
+              k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty)
 
 
 @gluon.jit
 def _consumer0_overlapped(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
                           k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty):
-    _consumer_overlapped(0, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
-                         k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty)
+    _consumer(0, True, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
+              k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty)
 
 
 @gluon.jit
 def _consumer1_overlapped(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
                           k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty):
-    _consumer_overlapped(1, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
-                         k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty)
+    _consumer(1, True, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
+              k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty)
 
 
 @gluon.jit
