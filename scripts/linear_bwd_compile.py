@@ -48,6 +48,11 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 HBM, TC_BF16, TC_TF32, FMA32 = 3.35e12, 990e12, 495e12, 67e12
 MUFU = 132 * 16 * 1.755e9     # exponentials a second: 16 a clock per SM
 MB = 1e6
+# the backward's chunk-start states and their gradients ([NT, H, K, V] each): their dtype for bf16 inputs,
+# as a kernel argument type and in bytes an element
+STATE_DTYPE = lin.chunk_state_dtype(torch.bfloat16)
+STATE_PTR = "*" + {torch.bfloat16: "bf16", torch.float32: "fp32"}[STATE_DTYPE]
+STATE_BYTES = STATE_DTYPE.itemsize
 L = lin.CHUNK
 T = 16384
 NT = T // L
@@ -131,7 +136,7 @@ def mamba2_backward() -> list:
     thn = T * H * N / MB
     th = T * H / MB
     states = NT * H * N * P / MB    # elements of [NT, H, N, P]
-    bf, f4 = 2, 4
+    bf, f4, sb = 2, 4, STATE_BYTES
     gemm = 2 * T * H * N * P / 1e9  # one [T, N] x [N, P] product per head: 21.5 GFLOP
     nk, runs = N // ssd._DQK_BK, -(-H // ssd._DQK_HEADS)
     i32 = {n: "i32" for n in ("T", "H", "NT", "NBH", "HPG", "G", "HP", "NTB", "P")}
@@ -142,46 +147,47 @@ def mamba2_backward() -> list:
                     s_dt="i32", s_dh="i32", s_bias="i32", s_A="i32"),
                dict(HAS_BIAS=True, SOFTPLUS=True, FLOOR=lin.GATE_FLOOR, BT=L, BH=64),
                NT * 2, "-", th * bf, 2 * th * f4),
-        Launch("ssd_state_pass (fp32 states)", ssd._ssd_state_kernel,
-               dict(B="*bf16", x="*bf16", dt="*fp32", b="*fp32", h="*fp32", **{k: i32[k] for k in
+        Launch(f"ssd_state_pass ({STATE_PTR[1:]} states)", ssd._ssd_state_kernel,
+               dict(B="*bf16", x="*bf16", dt="*fp32", b="*fp32", h=STATE_PTR, **{k: i32[k] for k in
                     ("T", "H", "NT", "NBH", "HPG", "G")}),
                dict(dims, USE_H0=False, STORE_HT=False, DOT_PREC="tf32", h0=None, ht=None),
-               H * N // 32, "256 chunks", thp * bf * N / 32 + 2 * th * f4 * N / 32, states * f4, gemm, "bf16 TC",
+               H * N // 32, "256 chunks", thp * bf * N / 32 + 2 * th * f4 * N / 32, states * sb, gemm, "bf16 TC",
                "x read once per dstate tile (x4 at BK 32, x2 at 64); 160-320 programs, 256 dependent steps",
                reread_mb=3 * thp * bf),
         Launch("ssd_output (ungated y, for dz)", ssd._ssd_output_kernel,
-               dict(C="*bf16", B="*bf16", x="*bf16", dt="*fp32", b="*fp32", h="*fp32", D="*fp32", y="*bf16",
+               dict(C="*bf16", B="*bf16", x="*bf16", dt="*fp32", b="*fp32", h=STATE_PTR, D="*fp32", y="*bf16",
                     **{k: "i32" for k in ("T", "H", "NT", "HPG", "G", "s_Dh", "s_Dp")}),
                dict(dims, HAS_D=True, HAS_Z=False, DOT_PREC="tf32", z=None),
-               NT * H, "-", states * f4 + thp * bf + 2 * th * f4, thp * bf, 2.5 * gemm, "bf16 TC",
-               "the fp32 chunk-start states read (671 MB); B and C per program from L2"),
+               NT * H, "-", states * sb + thp * bf + 2 * th * f4, thp * bf, 2.5 * gemm, "bf16 TC",
+               f"the chunk-start states read ({states * sb:,.0f} MB); B and C per program from L2"),
         Launch("gate grad (dz, do, dD)", ssd._ssd_gate_grad_kernel,
                dict(dy="*bf16", z="*bf16", y_ungated="*bf16", x="*bf16", do="*bf16", dz="*bf16", dD_part="*fp32",
                     T="i32", HP="i32", NTB="i32"),
                dict(HAS_Z=True, HAS_D=True, BT=16, BC=128), T // 16 * H * P // 128, "-", 4 * thp * bf,
                2 * thp * bf + T / 16 * H * P * f4 / MB, configs=[({}, ssd._TAIL_WARPS, 3)]),
         Launch("chunk_state_grad_pass (q = C per group)", lbw._chunk_state_grad_kernel,
-               dict(q="*bf16", do="*bf16", b="*fp32", dh="*fp32", scale="fp32", T="i32", H="i32", NT="i32", NBH="i32",
+               dict(q="*bf16", do="*bf16", b="*fp32", dh=STATE_PTR, scale="fp32", T="i32", H="i32", NT="i32", NBH="i32",
                     GROUP="i32"),
                dict(K=N, V=P, G=1, BT=L, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32", dht=None, dh0=None),
-               2 * 2 * H, "256 chunks", thn * bf * 2 + thp * bf * 2 + th * f4 * 4, states * f4, gemm, "bf16 TC",
+               2 * 2 * H, "256 chunks", thn * bf * 2 + thp * bf * 2 + th * f4 * 4, states * sb, gemm, "bf16 TC",
                "C (4 MB) read per head and value tile from L2, do x2 (key tiles); 160-320 programs, "
                "256 dependent steps", reread_mb=thn * bf * 2 - T * N * bf / MB + thp * bf),
         Launch("chunk_dv (scores recomputed; C, B per group)", lbw._chunk_dv_kernel,
-               dict(q="*bf16", k="*bf16", v="*bf16", b="*fp32", dh="*fp32", do="*bf16", dv="*fp32", dA="*fp32",
+               dict(q="*bf16", k="*bf16", v="*bf16", b="*fp32", dh=STATE_PTR, do="*bf16", dv="*fp32", dA="*fp32",
                     scale="fp32", T="i32", H="i32", NT="i32", key_scale="*fp32", GROUP="i32"),
                dict(K=N, V=P, G=1, BT=L, BK=64, BV=64, DOT_PREC="tf32", RECOMPUTE_A=True, A=None, KEY_SCALE=True),
-               NT * H, "-", 3 * thn * bf + 2 * thp * bf + states * f4 + 3 * th * f4,
+               NT * H, "-", 3 * thn * bf + 2 * thp * bf + states * sb + 3 * th * f4,
                thp * f4 + T * H * L * f4 / MB, 3 * gemm, "bf16 TC",
                "C and B (4 MB each) read per head from L2, k = B dt in registers; dv fp32 (D given), dA fp32 "
                "[T, H, 64]", reread_mb=3 * thn * bf - 2 * T * N * bf / MB),
         Launch("ssd dqk (dq, dk summed over heads)", ssd._ssd_dqk_kernel,
-               dict(C="*bf16", B="*bf16", x="*bf16", dt="*fp32", g="*fp32", b="*fp32", h="*fp32", dh="*fp32",
+               dict(C="*bf16", B="*bf16", x="*bf16", dt="*fp32", g="*fp32", b="*fp32", h=STATE_PTR, dh=STATE_PTR,
                     do="*bf16", dA="*fp32", dC_part="*fp32", dB_part="*fp32", dg_tiles="*fp32", ddt_tiles="*fp32",
                     **{k: "i32" for k in ("T", "H", "NT", "HPG", "G", "NB")}),
-               dict(N=N, P=P, BT=L, BK=ssd._DQK_BK, BV=P, HEADS=ssd._DQK_HEADS, FLOOR=lin.GATE_FLOOR, DOT_PREC="tf32"),
+               dict(N=N, P=P, BT=L, BK=ssd._DQK_BK, BV=ssd._DQK_BV, HEADS=ssd._DQK_HEADS, FLOOR=lin.GATE_FLOOR,
+                    DOT_PREC="tf32"),
                nk * NT * runs, f"{ssd._DQK_HEADS} heads",
-               2 * states * f4 + nk * (2 * thp * bf + T * H * L * f4 / MB + 3 * th * f4) + 2 * runs * T * N * bf / MB,
+               2 * states * sb + nk * (2 * thp * bf + T * H * L * f4 / MB + 3 * th * f4) + 2 * runs * T * N * bf / MB,
                2 * runs * T * N * f4 / MB + 2 * nk * th * f4, 5 * gemm, "bf16 TC",
                f"do, x and dA read once per dstate tile (x{nk}: the {nk} programs of a chunk run side by side, "
                "so mostly from L2); dC, dB as partial sums per run of heads",
@@ -199,7 +205,7 @@ def gla_backward() -> list:
     H, K, V = 32, 128, 128
     thk = T * H * K / MB
     states = NT * H * K * V / MB
-    bf, f4 = 2, 4
+    bf, f4, sb = 2, 4, STATE_BYTES
     gemm = 2 * T * H * K * V / 1e9  # one [T, K] x [K, V] product per head: 17.2 GFLOP
     ints = {n: "i32" for n in ("T", "H", "NT", "NBH")}
     tri = 2 * 2 * L * L * 64 * 2 * NT * H / 1e9          # chunk_dqk's two [64, 64] x [64, 64] triangle sums
@@ -207,10 +213,10 @@ def gla_backward() -> list:
         Launch("chunk_local_cumsum", lin._chunk_local_cumsum_kernel,
                dict(g="*bf16", b="*fp32", T="i32", H="i32"), dict(G=K, FLOOR=lin.GATE_FLOOR, BT=L, BG=64),
                2 * NT * H, "-", thk * bf, thk * f4),
-        Launch("chunk_state_pass (fp32 states)", lin._chunk_state_kernel,
-               dict(k="*bf16", v="*bf16", b="*fp32", h="*fp32", **ints),
+        Launch(f"chunk_state_pass ({STATE_PTR[1:]} states)", lin._chunk_state_kernel,
+               dict(k="*bf16", v="*bf16", b="*fp32", h=STATE_PTR, **ints),
                dict(K=K, V=V, G=K, BT=L, USE_H0=False, STORE_HT=False, DOT_PREC="tf32", h0=None, ht=None),
-               2 * 4 * H, "256 chunks", thk * bf * 4 + thk * bf * 2 + thk * f4 * 4, states * f4, gemm, "bf16 TC",
+               2 * 4 * H, "256 chunks", thk * bf * 4 + thk * bf * 2 + thk * f4 * 4, states * sb, gemm, "bf16 TC",
                "k and b re-read per value tile (x4 at BV 32), v per key tile (x2); 256 programs",
                reread_mb=3 * thk * bf + 3 * thk * f4 + thk * bf),
         Launch("chunk_gla_scores", gla_chunk._chunk_gla_scores_kernel,
@@ -221,16 +227,16 @@ def gla_backward() -> list:
                "the 16 x 16 diagonal blocks elementwise, an exp per key channel and pair: 1.2 G exp",
                side={"fp32 FMA": 2 * T * 16 * K * H / 1e9, "exp": 1.24}),
         Launch("chunk_state_grad_pass", lbw._chunk_state_grad_kernel,
-               dict(q="*bf16", do="*bf16", b="*fp32", dh="*fp32", scale="fp32", **ints),
+               dict(q="*bf16", do="*bf16", b="*fp32", dh=STATE_PTR, scale="fp32", **ints),
                dict(K=K, V=V, G=K, BT=L, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32", dht=None, dh0=None),
-               2 * 4 * H, "256 chunks", thk * bf * 4 + thk * bf * 2 + thk * f4 * 4, states * f4, gemm, "bf16 TC",
+               2 * 4 * H, "256 chunks", thk * bf * 4 + thk * bf * 2 + thk * f4 * 4, states * sb, gemm, "bf16 TC",
                "q and b re-read per value tile (x4), do per key tile (x2); 256 programs",
                reread_mb=3 * thk * bf + 3 * thk * f4 + thk * bf),
         Launch("chunk_dv", lbw._chunk_dv_kernel,
-               dict(q="*bf16", k="*bf16", v="*bf16", b="*fp32", A="*bf16", dh="*fp32", do="*bf16", dv="*bf16",
+               dict(q="*bf16", k="*bf16", v="*bf16", b="*fp32", A="*bf16", dh=STATE_PTR, do="*bf16", dv="*bf16",
                     dA="*fp32", scale="fp32", T="i32", H="i32", NT="i32"),
                dict(K=K, V=V, G=K, BT=L, BK=64, BV=64, DOT_PREC="tf32", RECOMPUTE_A=False),
-               NT * H, "-", T * H * L * bf / MB + 2 * thk * bf + 2 * thk * f4 + states * f4 + 2 * thk * bf,
+               NT * H, "-", T * H * L * bf / MB + 2 * thk * bf + 2 * thk * f4 + states * sb + 2 * thk * bf,
                thk * bf + T * H * L * f4 / MB, gemm + 2 * 2 * T * L * V * H / 1e9, "bf16 TC",
                "k and b read once per value tile (x2)", configs=[({}, 4, 2)], reread_mb=thk * bf + thk * f4),
         Launch("chunk_dqk intra (sub-chunks)", lbw._chunk_dqk_intra_kernel,
@@ -242,13 +248,13 @@ def gla_backward() -> list:
                side={"fp32 FMA": 4 * T * 16 * K * H / 1e9, "exp": 1.4},
                configs=[({}, lbw._PER_CHANNEL_WARPS, 3)], reread_mb=1.5 * (thk * bf + thk * f4)),
         Launch("chunk_dqk (gate per channel)", lbw._chunk_dqk_kernel,
-               dict(q="*bf16", k="*bf16", v="*bf16", gk="*bf16", b="*fp32", h="*fp32", dh="*fp32", do="*bf16",
+               dict(q="*bf16", k="*bf16", v="*bf16", gk="*bf16", b="*fp32", h=STATE_PTR, dh=STATE_PTR, do="*bf16",
                     dA="*fp32", dq_intra="*fp32", dk_intra="*fp32", dq="*bf16", dk="*bf16", dg="*bf16",
                     scale="fp32", T="i32", H="i32", NT="i32"),
                dict(K=K, V=V, G=K, BT=L, BK=64, BV=64, FLOOR=lin.GATE_FLOOR, GATE_GRAD=True, DOT_PREC="tf32",
                     SUM_PREC=lbw._sum_precision(torch.bfloat16)),
                2 * NT * H, "-",
-               3 * thk * bf + 2 * 2 * thk * bf + 2 * states * f4 + 2 * thk * f4 + thk * f4 + T * H * L * f4 / MB,
+               3 * thk * bf + 2 * 2 * thk * bf + 2 * states * sb + 2 * thk * f4 + thk * f4 + T * H * L * f4 / MB,
                3 * thk * bf, 2 * gemm, "bf16 TC",
                f"v and do read once per key tile (x2); the gate's triangle sums 3xTF32 ({tri:.1f} GFLOP x 3)",
                side={"tf32 TC": 3 * tri}, configs=[({}, lbw._PER_CHANNEL_WARPS, 3)], reread_mb=2 * thk * bf),

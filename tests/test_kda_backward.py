@@ -7,7 +7,9 @@ uniform, near 1.
 fused_recurrent_kda has no backward and refuses an input that requires grad.
 
 CPU (interpreter): fp32, within 1e-5 of the fp64 loop (the kernels multiply fp32 in IEEE fp32, the
-PyTorch part of the backward is fp32). GPU: bf16 against the same function in fp32, within 5e-3.
+PyTorch part of the backward is fp32); fp16 against the same function in fp32, within the fp16 tolerance
+(the backward's chunk states and their gradients then in fp16). GPU: bf16 against the same function in
+fp32, within 5e-3.
 """
 import pytest
 import torch
@@ -103,18 +105,25 @@ def test_fused_recurrent_kda_refuses_grad(name):
         fused_recurrent_kda(**args)
 
 
-# ------------------------------------------------------------------ GPU: bf16 against the same function in fp32
-@pytest.mark.gpu
-def test_kda_bf16_gradients_gpu():
-    # q, k, v rounded to bf16 first (g and beta stay fp32), so the comparison measures bf16 arithmetic
-    B, T, H, K, V = 2, 300, 4, 64, 64
-    tensors, h0, _, _ = kda_inputs(B, T, H, K, V, "paper", "uniform", True, True, device="cuda")
-    low = [t.bfloat16() for t in tensors[:3]] + tensors[3:]
+# ------------------------------------------------------------------ 16-bit against the same function in fp32
+def low_against_fp32(shape, dtype, grad_tol, device=DEVICE):
+    # q, k, v rounded to dtype first (g and beta stay fp32), so the comparison measures 16-bit arithmetic
+    tensors, h0, _, _ = kda_inputs(*shape, "paper", "uniform", True, True, device=device)
+    low = [t.to(dtype) for t in tensors[:3]] + tensors[3:]
     do, dht = torch.randn_like(low[2]), torch.randn_like(h0)
     ref = grads(chunk_kda, [t.float() for t in low], h0, do.float(), dht, use_qk_l2norm_in_kernel=True)
     out = grads(chunk_kda, low, h0, do, dht, use_qk_l2norm_in_kernel=True)
-    assert_close(out[0], ref[0], tolerance(torch.bfloat16), "o")
-    assert_close(out[1], ref[1], tolerance(torch.bfloat16), "final_state")
+    assert_close(out[0], ref[0], tolerance(dtype), "o")
+    assert_close(out[1], ref[1], tolerance(dtype), "final_state")
     for name, a, b in zip(NAMES + ["dh0"], out[2], ref[2], strict=True):
         assert not a.isnan().any(), name
-        assert_close(a, b, BF16_GRAD, name)
+        assert_close(a, b, grad_tol, name)
+
+
+def test_kda_fp16_gradients():
+    low_against_fp32((1, 150, 2, 32, 32), torch.float16, tolerance(torch.float16))
+
+
+@pytest.mark.gpu
+def test_kda_bf16_gradients_gpu():
+    low_against_fp32((2, 300, 4, 64, 64), torch.bfloat16, BF16_GRAD, device="cuda")

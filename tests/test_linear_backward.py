@@ -5,8 +5,10 @@ through o and through the final state (random upstream gradients for both); leng
 reset, whose gradient is exactly 0); Lightning slopes 0 (no decay) to 2. The forms without a backward
 refuse an input that requires grad, by name.
 
-CPU (interpreter): fp32, held to the fp32 tolerance (the kernels multiply fp32 in IEEE fp32). GPU: bf16
-on B=2, T=1000, H=4, K=V=128 against the same kernels in fp32, each gradient within 5e-3 (fla's ratio).
+CPU (interpreter): fp32, held to the fp32 tolerance (the kernels multiply fp32 in IEEE fp32); fp16 against
+the same kernels in fp32, within the fp16 tolerance, with the backward's chunk states and their gradients
+stored in fp16 (`chunk_state_dtype`). GPU: bf16 on B=2, T=1000, H=4, K=V=128 against the same kernels in fp32,
+each gradient within 5e-3 (fla's ratio).
 """
 import pytest
 import torch
@@ -14,9 +16,10 @@ import torch.nn.functional as F
 
 from attention_kernels.common import DEVICE, assert_close, tolerance
 from attention_kernels.gla import chunk_gla, fused_recurrent_gla, naive_recurrent_gla, sequential_chunk_gla
+from attention_kernels.gla import interface as gla_interface
 from attention_kernels.gla.chunk import chunk_gla_scores
 from attention_kernels.lightning import chunk_lightning, fused_recurrent_lightning, lightning_slopes, naive_recurrent_lightning
-from attention_kernels.linear import CHUNK, chunk_local_cumsum, chunk_state_pass
+from attention_kernels.linear import CHUNK, chunk_local_cumsum, chunk_state_dtype, chunk_state_pass
 from attention_kernels.linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 
 FP32 = tolerance(torch.float32)
@@ -194,29 +197,64 @@ def test_forms_without_backward_refuse_grad(form):
         fn(**args)
 
 
-# ------------------------------------------------------------------ GPU: bf16 against the kernels in fp32
-def bf16_against_fp32(fn, tensors, h0, names, fixed=()):
-    """fn's gradients on bf16 q, k, v (and dO) against fn's own in fp32 on the same values: the inputs are
-    rounded to bf16 first, so the comparison measures the kernels' bf16 arithmetic, not the rounding."""
-    low = [t.bfloat16() for t in tensors[:3]] + tensors[3:]          # GLA's gates stay fp32
+# ------------------------------------------------------------------ 16-bit against the kernels in fp32
+def low_against_fp32(fn, tensors, h0, names, dtype, grad_tol, fixed=()):
+    """fn's gradients on 16-bit q, k, v (and dO) against fn's own in fp32 on the same values: the inputs are
+    rounded to dtype first, so the comparison measures the kernels' 16-bit arithmetic, not the rounding."""
+    low = [t.to(dtype) for t in tensors[:3]] + tensors[3:]          # GLA's gates stay fp32
     do, dht = torch.randn_like(low[2]), torch.randn_like(h0)
     ref = grads(fn, [t.float() for t in low], h0, do.float(), dht, fixed=fixed)
     out = grads(fn, low, h0, do, dht, fixed=fixed)
-    assert_close(out[0], ref[0], tolerance(torch.bfloat16), "o")
-    assert_close(out[1], ref[1], tolerance(torch.bfloat16), "final_state")
+    assert_close(out[0], ref[0], tolerance(dtype), "o")
+    assert_close(out[1], ref[1], tolerance(dtype), "final_state")
     for name, a, b in zip(names, out[2], ref[2], strict=True):
-        assert_close(a, b, BF16_GRAD, name)
+        assert_close(a, b, grad_tol, name)
+
+
+def test_chunk_state_dtype():
+    # the backward's per-chunk states and their gradients: 16-bit for 16-bit inputs (every product rounds
+    # them to the input dtype anyway), fp32 for fp32 inputs
+    assert [chunk_state_dtype(d) for d in (torch.float16, torch.bfloat16, torch.float32)] == \
+        [torch.float16, torch.bfloat16, torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_gla_backward_keeps_chunk_states_in_the_input_dtype(dtype, monkeypatch):
+    # the states and state gradients GLA's backward hands its last launch
+    seen = []
+
+    def recording(q, k, v, gk, b, states, dstates, *args, **kwargs):
+        seen.append((states.dtype, dstates.dtype))
+        return chunk_dqk(q, k, v, gk, b, states, dstates, *args, **kwargs)
+
+    monkeypatch.setattr(gla_interface, "chunk_dqk", recording)
+    tensors, h0, do, dht = gla_inputs(1, 70, 2, 16, 16, "paper", True)
+    grads(chunk_gla, [t.to(dtype) for t in tensors[:3]] + tensors[3:], h0, do, dht)
+    assert seen == [(dtype, dtype)]
+
+
+def test_gla_fp16_gradients():
+    tensors, h0, _, _ = gla_inputs(1, 150, 2, 32, 32, "paper", True)
+    low_against_fp32(chunk_gla, tensors, h0, ["dq", "dk", "dv", "dgk", "dh0"], torch.float16,
+                     tolerance(torch.float16))
+
+
+def test_lightning_fp16_gradients():
+    B, T, H, K, V = 1, 150, 2, 32, 32
+    tensors = [torch.randn(B, T, H, d, device=DEVICE) for d in (K, K, V)]
+    low_against_fp32(chunk_lightning, tensors, torch.randn(B, H, K, V, device=DEVICE), ["dq", "dk", "dv", "dh0"],
+                     torch.float16, tolerance(torch.float16), fixed=(lightning_slopes(H).to(DEVICE),))
 
 
 @pytest.mark.gpu
 def test_gla_bf16_gradients_gpu():
     tensors, h0, _, _ = gla_inputs(2, 1000, 4, 128, 128, "paper", True, device="cuda")
-    bf16_against_fp32(chunk_gla, tensors, h0, ["dq", "dk", "dv", "dgk", "dh0"])
+    low_against_fp32(chunk_gla, tensors, h0, ["dq", "dk", "dv", "dgk", "dh0"], torch.bfloat16, BF16_GRAD)
 
 
 @pytest.mark.gpu
 def test_lightning_bf16_gradients_gpu():
     B, T, H, K, V = 2, 1000, 4, 128, 128
     tensors = [torch.randn(B, T, H, d, device="cuda") for d in (K, K, V)]
-    bf16_against_fp32(chunk_lightning, tensors, torch.randn(B, H, K, V, device="cuda"), ["dq", "dk", "dv", "dh0"],
-                      fixed=(lightning_slopes(H).cuda(),))
+    low_against_fp32(chunk_lightning, tensors, torch.randn(B, H, K, V, device="cuda"), ["dq", "dk", "dv", "dh0"],
+                     torch.bfloat16, BF16_GRAD, fixed=(lightning_slopes(H).cuda(),))

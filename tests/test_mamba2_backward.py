@@ -13,8 +13,9 @@ Packed sequences (cu_seqlens): lengths 1, 64, 65, 129 and 300 in one call at eve
 each sequence alone through the same loop; an empty sequence; a NaN in one sequence reaching no other's
 output or gradient; bad offsets refused by name.
 
-CPU (interpreter): fp32, held to the fp32 tolerance. GPU: bf16 at B=2, T=1000, H=8, P=64, N=64, G=2
-against the same kernels in fp32.
+CPU (interpreter): fp32, held to the fp32 tolerance; fp16 against the same kernels in fp32, within the fp16
+tolerance, with the backward's chunk states and their gradients stored in fp16. GPU: bf16 at B=2, T=1000,
+H=8, P=64, N=64, G=2 against the same kernels in fp32.
 """
 from dataclasses import dataclass
 
@@ -173,6 +174,27 @@ def test_gradient_flows_only_to_inputs_that_require_it():
     with torch.no_grad():
         assert not ssd_chunk_scan(inputs["x"], inputs["dt"], inputs["A"], inputs["B"], inputs["C"],
                                   dt_bias=bias).requires_grad
+
+
+def test_fp16_gradients(monkeypatch):
+    """fp16 x, B, C, z at T=150 (three chunks), P=48 (two headdim tiles of the dq/dk kernel, the last one
+    partial), N=32, against the same kernels on the inputs in fp32; the chunk-start states' gradients, which
+    chunk_dv reads, are stored in fp16."""
+    seen = []
+
+    def recording(C, B, x, b, A, dstates, *args, **kwargs):
+        seen.append(dstates.dtype)
+        return shared_chunk_dv(C, B, x, b, A, dstates, *args, **kwargs)
+
+    shared_chunk_dv = mamba2_chunk.chunk_dv
+    monkeypatch.setattr(mamba2_chunk, "chunk_dv", recording)
+    case = Case(T=150)
+    inputs = make_inputs(case, H=4, P=48, N=32)
+    low = {n: None if t is None else (t.half() if n in ("x", "B", "C", "z") else t) for n, t in inputs.items()}
+    dy, dfinal = torch.randn(1, 150, 4, 48, device=DEVICE), torch.randn(1, 4, 48, 32, device=DEVICE)
+    ref = run(ssd_chunk_scan, {n: None if t is None else t.float() for n, t in low.items()}, case, dy, dfinal)
+    assert_same_gradients(run(ssd_chunk_scan, low, case, dy, dfinal), ref, tolerance(torch.float16))
+    assert seen == [torch.float32, torch.float16]
 
 
 @pytest.mark.gpu

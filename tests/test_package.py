@@ -211,6 +211,7 @@ PRIVATE_ACROSS_MODULES = {
     ("scripts/linear_bwd_compile.py", "_PER_CHANNEL_WARPS"): "compiles each kernel at its launch warps",
     ("scripts/linear_bwd_compile.py", "_sum_precision"): "compiles the gate's sums at the precision a launch picks",
     ("scripts/linear_bwd_compile.py", "_DQK_BK"): "compiles Mamba-2's dq/dk kernel at its launch tile",
+    ("scripts/linear_bwd_compile.py", "_DQK_BV"): "compiles Mamba-2's dq/dk kernel at its launch tile",
     ("scripts/linear_bwd_compile.py", "_DQK_HEADS"): "compiles Mamba-2's dq/dk kernel at its launch tile",
     ("scripts/linear_bwd_compile.py", "_DQK_STAGES"): "compiles Mamba-2's dq/dk kernel at its launch tile",
     ("scripts/linear_bwd_compile.py", "_DQK_WARPS"): "compiles Mamba-2's dq/dk kernel at its launch tile",

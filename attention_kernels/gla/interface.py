@@ -29,7 +29,7 @@ from .. import peers
 from . import tilelang_chunk
 from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_fake
 from ..linear.autograd import chunk_function
-from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_pass
+from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_dtype, chunk_state_pass
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 from ..checks import check_bool, check_no_grad, check_tensor
 from ..linear.inputs import check_linear_inputs, check_output_gradients
@@ -204,18 +204,19 @@ def _chunk_gla_bwd(q, k, v, gk, scale, h0: torch.Tensor | None, do, dht: torch.T
 
 
 def _backward(q, k, v, gk, scale, h0, do, dht):
-    """The backward's launches: recompute the cumulative gates, the chunk-start states (fp32, for the
-    gate's gradient) and the scores, then the reverse state pass, dv, and dq, dk, dgk."""
+    """The backward's launches: recompute the cumulative gates, the chunk-start states and the scores,
+    then the reverse state pass, dv, and dq, dk, dgk. The per-chunk states and their gradients are in
+    `chunk_state_dtype` (the input dtype for 16-bit inputs)."""
     B, T, H, K = q.shape
     V, dev = v.shape[-1], q.device
     NT = triton.cdiv(T, CHUNK)
     g = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
     chunk_local_cumsum(gk, g)
-    states = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=dev)
+    states = torch.empty(B, NT, H, K, V, dtype=chunk_state_dtype(q.dtype), device=dev)
     chunk_state_pass(k, v, g, states, h0)
     A = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)
     chunk_gla_scores(q, k, g, A, scale)
-    dstates = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=dev)
+    dstates = torch.empty_like(states)
     dh0 = None if h0 is None else torch.empty_like(h0)
     chunk_state_grad_pass(q, do, g, dstates, scale, dht, dh0)
     dv, dA = torch.empty_like(v), torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)

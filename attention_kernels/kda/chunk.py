@@ -267,7 +267,7 @@ def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool,
                             output_final_state: bool = False) -> ChunkIntermediates:
     """The forward's first five launches on contiguous, checked inputs: the gate pass (q and k normalised
     when l2norm), the scores, the solve, the state pass with the delta rule. The chunk-start states are kept
-    in state_dtype: the input dtype for the forward's output product, fp32 for the backward's gate gradient."""
+    in state_dtype: the input dtype for the forward's output product, `chunk_state_dtype` for the backward."""
     B, T, H, K = q.shape
     V, dev = v.shape[-1], q.device
     b = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)

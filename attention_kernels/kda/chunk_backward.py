@@ -1,8 +1,8 @@
 """chunk_kda's backward. It saves nothing from the forward: the forward's own launches
 (`chunk_kda_intermediates`, attention_kernels/kda/chunk.py) recompute the in-chunk cumulative gates b, the two score
 matrices, the solve's W and W' and the keys decayed to their chunk's end K_g, and the state S at every chunk
-start (fp32 here). The forward of one chunk (attention_kernels/kda/chunk.py
-has the derivation):
+start (in `chunk_state_dtype`, the input dtype for 16-bit inputs, as are the state gradients). The forward of
+one chunk (attention_kernels/kda/chunk.py has the derivation):
 
     U = W' - W S,                         W = (I + A)⁻¹ diag(β) (K ⊙ e^b),  W' = (I + A)⁻¹ diag(β) V
     S_next = e^{b_last} ⊙ S + K_gᵀ U,     K_g = K ⊙ e^{b_last - b}
@@ -12,7 +12,8 @@ The reverse state pass is the shared one with its delta-rule switch (attention_k
 Triton): from the last chunk to the first, dU = A_qkᵀ dO + K_g dS_next and
 dS = scale (Q ⊙ e^b)ᵀ dO + e^{b_last} ⊙ dS_next - Wᵀ dU.
 
-The rest is PyTorch ops, batched over all chunks (no Triton kernel for it yet), in fp32: the read-out's
+The rest is PyTorch ops, batched over all chunks (no Triton kernel for it yet), in fp32 (the states and
+their gradients read as stored, 16-bit for 16-bit inputs, then multiplied in fp32): the read-out's
 and the state update's gradients; the solve's, as one more triangular solve with each chunk's own
 (I + A)ᵀ (dR = (I + A)⁻ᵀ dW, never an explicit inverse), dA = -dR_k Wᵀ - dR_v W'ᵀ below the diagonal;
 the scores', from the exponent b_t - b_j of every pair (j <= t) per channel: a [C, C, K] fp32 tensor per
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..launch import cdiv
-from ..linear.chunk import CHUNK, GATE_FLOOR
+from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_state_dtype
 from ..linear.chunk_backward import chunk_state_grad_pass
 from .chunk import chunk_kda_intermediates
 from .reference import L2NORM_EPS
@@ -72,12 +73,12 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
         qn, kn = qf * rq, kf * rk
     else:
         qn, kn = qf, kf
-    # ---- the forward's intermediates, by the forward's kernels (states in fp32)
-    dev = q.device
+    # ---- the forward's intermediates, by the forward's kernels
+    dev, state_dtype = q.device, chunk_state_dtype(q.dtype)
     x = chunk_kda_intermediates(q, k, v, g, beta, scale, h0, l2norm=use_qk_l2norm_in_kernel,
-                                state_dtype=torch.float32)
+                                state_dtype=state_dtype)
     # ---- the reverse state pass (the delta rule's): dS' at every chunk's end, dS at the start, and dU
-    dstates = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=dev)
+    dstates = torch.empty(B, NT, H, K, V, dtype=state_dtype, device=dev)
     dU = torch.empty(B, T, H, V, dtype=torch.float32, device=dev)
     dh0 = None if h0 is None else torch.empty_like(h0)
     chunk_state_grad_pass(x.q, do, x.b, dstates, scale, dht, dh0, Aqk=x.Aqk, kg=x.kg, w=x.w, du=dU)
@@ -96,7 +97,7 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
     solve = torch.eye(C, device=dev) + betac * Akk                # I + A, unit lower triangular
     kb = kc * b.exp()
     W, Wv, kg, U, dU = (_to_chunks(t, NT) for t in (x.w, x.u, x.kg, x.v_new, dU))
-    states, dstates = x.states.transpose(1, 2), dstates.transpose(1, 2)   # [B, H, NT, K, V]
+    states, dstates = x.states.float().transpose(1, 2), dstates.float().transpose(1, 2)   # [B, H, NT, K, V]
     qb = qc * b.exp()
 
     # ---- per chunk: the read-out, the state update, the solve, the scores

@@ -25,7 +25,7 @@ import triton
 
 from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_fake
 from ..linear.autograd import chunk_function
-from ..linear.chunk import CHUNK, chunk_state_pass
+from ..linear.chunk import CHUNK, chunk_state_dtype, chunk_state_pass
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 from ..checks import check_no_grad
 from ..linear.inputs import check_linear_inputs, check_output_gradients
@@ -152,13 +152,13 @@ def _chunk_lightning_bwd(q, k, v, gamma, scale, h0: torch.Tensor | None, do, dht
 
 
 def _backward(q, k, v, gamma, scale, h0, do, dht):
-    """The backward's launches."""
+    """The backward's launches; the per-chunk states and their gradients in `chunk_state_dtype`."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
-    states = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=q.device)
+    states = torch.empty(B, NT, H, K, V, dtype=chunk_state_dtype(q.dtype), device=q.device)
     chunk_state_pass(k, v, None, states, h0, gamma=gamma)
-    dstates = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=q.device)
+    dstates = torch.empty_like(states)
     dh0 = None if h0 is None else torch.empty_like(h0)
     chunk_state_grad_pass(q, do, None, dstates, scale, dht, dh0, gamma=gamma)
     dv, dA = torch.empty_like(v), torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=q.device)

@@ -5,8 +5,9 @@ the output assembly) around each family's own scores, the autograd Function of a
 
     >>> from attention_kernels.linear import CHUNK, check_linear_inputs, chunk_local_cumsum, chunk_state_pass, chunk_output
 """
-from .chunk import CHUNK, GATE_FLOOR, chunk_local_cumsum, chunk_output, chunk_state_pass, dot_precision
+from .chunk import (CHUNK, GATE_FLOOR, chunk_local_cumsum, chunk_output, chunk_state_dtype, chunk_state_pass,
+                    dot_precision)
 from .inputs import MAX_HEAD_DIM, check_linear_inputs
 
 __all__ = ["CHUNK", "GATE_FLOOR", "MAX_HEAD_DIM", "check_linear_inputs", "chunk_local_cumsum", "chunk_state_pass",
-           "chunk_output", "dot_precision"]
+           "chunk_output", "chunk_state_dtype", "dot_precision"]

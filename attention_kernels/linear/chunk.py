@@ -52,6 +52,19 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def chunk_state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the backward stores its per-chunk tensors [B, NT, H, K, V] in, for inputs of this dtype:
+    the chunk-start states and their gradients dstates. The input dtype for 16-bit inputs (as the forward's
+    states, and as mamba_ssm's backward stores them), fp32 for fp32 ones. Every product that reads them
+    rounds them to the input dtype anyway; the one elementwise use, the gate's rowsum(S ⊙ dS'), multiplies
+    the stored values in fp32. Each is written once and read two or three times: half the bytes of fp32.
+    The state a pass carries from chunk to chunk, and the initial and final states, stay fp32.
+
+        >>> states = torch.empty(B, NT, H, K, V, dtype=chunk_state_dtype(q.dtype), device=q.device)
+    """
+    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32
+
+
 def tiles_that_fit(k: str = "K", v: str = "V"):
     """An autotune prune (`early_config_prune`): drop the configs whose BK or BV tile is wider than the
     kernel arguments named k and v, padded to a power of two (a config without BK or BV is kept on that
@@ -352,4 +365,4 @@ def chunk_output(q, v, b, states, A, o, scale: float) -> None:
 
 
 __all__ = ["CHUNK", "SUB_CHUNK", "GATE_FLOOR", "chunk_local_cumsum", "chunk_state_pass", "chunk_output",
-           "decay_exponent", "dot_precision", "load_log_decay"]
+           "chunk_state_dtype", "decay_exponent", "dot_precision", "load_log_decay"]

@@ -173,12 +173,14 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
     q: [B, T, H, K]; do: [B, T, H, V], o's gradient in q's dtype; b: fp32 [B,
     T, H, G], the in-chunk cumulative gates (G = K or 1), or b = None and
     gamma: fp32 [H], a log decay per step (as in `chunk_state_pass`).
-    Written: dstates [B, NT, H, K, V] (any float dtype; fp32 keeps the gate's
-    gradient accurate), dstates[:, n] the gradient reaching the state after
-    chunk n; dh0 fp32 [B, H, K, V] unless None. dht: fp32 [B, H, K, V] or
-    None (zeros). All contiguous.
+    Written: dstates [B, NT, H, K, V] (any float dtype, the families'
+    backwards `chunk_state_dtype`; the pass carries the gradient in fp32),
+    dstates[:, n] the gradient reaching the state after chunk n; dh0 fp32
+    [B, H, K, V] unless None. dht: fp32 [B, H, K, V] or None (zeros). All
+    contiguous.
 
-        >>> dstates = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, device=q.device)
+        >>> dstates = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, dtype=chunk_state_dtype(q.dtype),
+        ...                       device=q.device)
         >>> chunk_state_grad_pass(q, do, b, dstates, K ** -0.5, dht, dh0)
         >>> dstates[:, -1]          # dht itself
 
@@ -315,8 +317,9 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
     if recompute and G != 1:
         raise ValueError(f"chunk_dv recomputes the scores for a gate per head only (G = 1), got G = {G}")
     NT = triton.cdiv(T, CHUNK)
-    # the scores read (GLA, K = V = 128): 255 registers and 120 KB of shared memory at 3 stages, one program
-    # of 4 warps an SM; at 2 stages 248 and 80 KB, two (ptxas, sm_90a, bf16: scripts/linear_bwd_compile.py)
+    # the scores read (GLA, K = V = 128): with fp32 states 255 registers and 120 KB of shared memory at 3
+    # stages, one program of 4 warps an SM; at 2 stages 248 and 80 KB, two. With bf16 states 252 and 105 KB
+    # at 3 stages, 251 and 72 KB at 2 (ptxas, sm_90a, bf16: scripts/linear_bwd_compile.py)
     stages = 2 if A is not None else 3
     _chunk_dv_kernel[(NT, B * H)](
         q, k, v, b, A, dstates, do, dv, dA, scale, T, H, NT, K, V, G, BT=CHUNK, BK=_tile(K), BV=_tile(V),
@@ -423,6 +426,8 @@ def inter_chunk_products(v, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, 
         b_dos += tl.dot(b_do, tl.trans(b_h).to(b_do.dtype), input_precision=DOT_PREC)
         b_vdh += tl.dot(b_v, tl.trans(b_dh).to(b_v.dtype), input_precision=DOT_PREC)
         if GATE_GRAD:
+            # the states as stored (16-bit for 16-bit inputs, `chunk_state_dtype`), multiplied and summed in
+            # fp32: S and dS' are never in one kernel's registers in fp32 (two passes, opposite directions)
             b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
     return b_dos, b_vdh, b_hdh
 
@@ -543,10 +548,11 @@ def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float,
     q, k: [B, T, H, K]; v, do: [B, T, H, V]; gk: [B, T, H, G], the log gates
     as given (G = K or 1);
     b: fp32 [B, T, H, G], their in-chunk cumulative sum; states: [B, NT, H,
-    K, V] (`chunk_state_pass`) and dstates (`chunk_state_grad_pass`), fp32
-    for an accurate gate gradient; dA: fp32 [B, T, H, CHUNK] (`chunk_dv`). Or
-    gk = b = None and gamma: fp32 [H], a fixed log decay per step (no gate
-    gradient).
+    K, V] (`chunk_state_pass`) and dstates (`chunk_state_grad_pass`), any
+    float dtype (`chunk_state_dtype`: the products round them to q's dtype,
+    the gate's rowsum(S ⊙ dS') multiplies them in fp32); dA: fp32 [B, T, H,
+    CHUNK] (`chunk_dv`). Or gk = b = None and gamma: fp32 [H], a fixed log
+    decay per step (no gate gradient).
     Written: dq, dk [B, T, H, K]; dg [B, T, H, G] in any float dtype unless
     None. All contiguous. A gate per head (G = 1) or gamma: one launch of
     whole-chunk products (the decay factors out of the key sum); a gate per

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, pow2_at_least_16
-from ..linear.chunk import CHUNK, GATE_FLOOR, dot_precision, tiles_that_fit
+from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_state_dtype, dot_precision, tiles_that_fit
 from ..linear.chunk_backward import chunk_dv, chunk_state_grad_pass, inter_chunk_products, one_decay_dqk
 from ..tl_helpers import dot_causal
 from .decode import _softplus
@@ -269,8 +269,8 @@ def ssd_state_pass(B, x, dtf, b, states, initial_states=None, final_states=None,
 
     B: [Bt, T, G, N]; x: [Bt, T, H, P]; dtf, b: fp32 [Bt, T, H] and [Bt, T, H, 1] (`ssd_gates`, with
     the same chunk_size). Written: states [Bt, NT, H, N, P] (NT = ceil(T / chunk_size)), in x's dtype (the
-    output kernel's operand) or fp32 (the backward's, and fp32 inputs'; the split then computes the local
-    states in it and overwrites them in place, taking no more memory); final_states fp32 [Bt, H, P, N]
+    output kernel's and the backward's operand) or fp32 (the split then computes the local states in it and
+    overwrites them in place, taking no more memory); final_states fp32 [Bt, H, P, N]
     unless None. initial_states: fp32
     [Bt, H, P, N] or None (zeros). The initial and final states are in mamba_ssm's layout, which the decode
     step reads. All contiguous.
@@ -443,9 +443,11 @@ def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softp
 _TAIL_ROWS, _TAIL_COLS = 16, 128          # tokens × (head, headdim) columns of the elementwise passes
 _TAIL_WARPS = 8
 # dq and dk summed over a group's heads in the kernel: runs of 16 heads a program (80 heads: 5 runs, 5,120
-# programs at 16K; partial sums 2 x 42 MB), dstate tiles of 32 on 8 warps and 2 stages. ptxas (sm_90a, bf16,
-# dstate 128, headdim 64): 255 registers, no spills; tiles of 64 spill (648 B at 8 warps, 1.6 KB at 4).
-_DQK_HEADS, _DQK_BK, _DQK_WARPS, _DQK_STAGES = 16, 32, 8, 2
+# programs at 16K; partial sums 2 x 42 MB), dstate tiles of 32, headdim tiles of 32, on 8 warps and 2 stages.
+# ptxas (sm_90a, bf16, dstate 128, headdim 64): 230 registers, no spills. dstate tiles of 64 spill (648 B at
+# 8 warps, 1.6 KB at 4); with the chunk states in bf16 (`chunk_state_dtype`), a whole headdim of 64 a tile
+# spills 40 B at 255 registers (16 B at 3 stages, 84 B at 1; fp32 states had fit).
+_DQK_HEADS, _DQK_BK, _DQK_BV, _DQK_WARPS, _DQK_STAGES = 16, 32, 32, 8, 2
 
 
 @triton.jit
@@ -565,12 +567,13 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     (attention_kernels/linear/chunk_backward.py) with q = C and k = B·dt, read
     per group of heads (group_size; k's dt per head applied in the kernels,
     rounded once to the inputs' dtype), v = x, scale 1, the gate g = dt·A per
-    head and the states transposed ([dstate, headdim] = [K, V]).
-    dq and dk (its per-head products, `one_decay_dqk`) are summed over each
-    group's heads in one kernel, which reads B and C per group and writes B's
-    and C's gradients as partial sums over runs of heads, and each head's
-    share of the gate's gradient and of dt's through the keys (dk · B): no
-    [Bt, T, H, N] gradient is written. Around it, one elementwise
+    head and the states transposed ([dstate, headdim] = [K, V]); the
+    chunk-start states and their gradients in `chunk_state_dtype` (x's dtype
+    for 16-bit x). dq and dk (its per-head products, `one_decay_dqk`) are
+    summed over each group's heads in one kernel, which reads B and C per
+    group and writes B's and C's gradients as partial sums over runs of heads,
+    and each head's share of the gate's gradient and of dt's through the keys
+    (dk · B): no [Bt, T, H, N] gradient is written. Around it, one elementwise
     launch each (fp32 inside, every tensor of [Bt, T, H, P] read or written
     once): the tail y = (o + D ⊙ x) ⊙ silu(z) before (dz, o's gradient in x's
     dtype and dD's per-tile sums; its o + D ⊙ x recomputed by the output
@@ -593,7 +596,7 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     dtf = torch.empty(Bt, T, H, dtype=f32, device=dev)
     b = torch.empty(Bt, T, H, 1, dtype=f32, device=dev)
     ssd_gates(dt, dt_bias, A, dt_softplus, dtf, b, CHUNK)
-    states = torch.empty(Bt, NT, H, N, P, dtype=f32, device=dev)     # fp32: the gate's gradient reads them
+    states = torch.empty(Bt, NT, H, N, P, dtype=chunk_state_dtype(x.dtype), device=dev)
     h0 = None if initial_states is None else initial_states.contiguous()
     ssd_state_pass(B, x, dtf, b, states, h0, None, CHUNK)
 
@@ -621,7 +624,7 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     # v = x, the gate dt·A per head
     Af = A.to(f32)
     g = dtf * Af                          # as given: a gate below the floor gets gradient 0 (_ssd_dqk_kernel)
-    dstates = torch.empty(Bt, NT, H, N, P, dtype=f32, device=dev)
+    dstates = torch.empty_like(states)
     dht = None if dfinal is None else dfinal.to(f32).transpose(-1, -2).contiguous()
     dh0 = None if h0 is None else torch.empty(Bt, H, N, P, dtype=f32, device=dev)
     chunk_state_grad_pass(C, do, b, dstates, 1.0, dht, dh0, group_size=H // G)
@@ -636,7 +639,7 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     dg_tiles, ddt_tiles = (torch.empty(NK, Bt, T, H, dtype=f32, device=dev) for _ in range(2))
     _ssd_dqk_kernel[(NK, NT, Bt * G * runs)](
         C, B, x, dtf, g, b, states, dstates, do, dscores, dC_part, dB_part, dg_tiles, ddt_tiles, T, H, NT, H // G,
-        G, Bt, N, P, BT=CHUNK, BK=BK, BV=min(64, pow2_at_least_16(P)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
+        G, Bt, N, P, BT=CHUNK, BK=BK, BV=min(_DQK_BV, pow2_at_least_16(P)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
         DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_WARPS, num_stages=_DQK_STAGES)
     dx = dv
     if D is not None:
