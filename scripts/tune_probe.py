@@ -31,6 +31,8 @@ kda_step: KDA's decode step (H = 32, K = V = 128) at B = 1, 8 and 64: single cal
 
 Only the package's public names are used (tests/test_package.py checks it), but for the split count
 `mla_decode` picks, until the MLA package makes it public.
+train_kernels [mamba2] [gla]: where a training step's GPU time goes at 16K, per kernel (torch.profiler), the book's
+  and its peer's.
 train_ncu: one training step each of the book's Mamba-2 and GLA (B = 1, T = 16K) between cudaProfilerStart and
   Stop, after warm-up: the target of `ncu --profile-from-start off -k regex:'^_(chunk|ssd)'`.
 kda_prefill: KDA's prefill at T = 4K and 16K, GPU time per kernel, the book's and fla's (torch.profiler).
@@ -291,14 +293,17 @@ def kda_prefill():
 
 def train_kernels(*families):
     """Where a training step's GPU time goes (forward + backward, bf16, B = 1, T = 16K): each kernel the
-    book's step launches and each its peer's, GPU µs per step, largest first. Mamba-2 at Mamba-2 2.7B's heads
-    (chunk 64 for the book, 256 for mamba_ssm), GLA at 32 heads x 128 against fla's chunk_gla."""
+    book's step launches and each its peer's, GPU µs per step, largest first; `families` ("mamba2", "gla")
+    picks some, none picks both. Mamba-2 at Mamba-2 2.7B's heads (chunk 64 for the book, 256 for mamba_ssm),
+    GLA at 32 heads x 128 against fla's chunk_gla."""
     from attention_kernels.gla import bench as gla_bench
     from attention_kernels.mamba2 import bench as mamba2_bench
-    for table, case, names in [row for row in (
-            (mamba2_bench.TRAIN, {"B": 1, "T": 16384, "H": 80, "D": 64, "dstate": 128, "G": 1},
+    rows = ((mamba2_bench.TRAIN, {"B": 1, "T": 16384, "H": 80, "D": 64, "dstate": 128, "G": 1},
              ("book: chunk 64", "mamba_ssm chunk 256")),
-            (gla_bench.TRAIN, {"B": 1, "T": 16384, "H": 32, "D": 128}, ("book: chunk", "fla chunk_gla"))) if not families or row[0].name.split("_")[0] in families]:
+            (gla_bench.TRAIN, {"B": 1, "T": 16384, "H": 32, "D": 128}, ("book: chunk", "fla chunk_gla")))
+    for table, case, names in rows:
+        if families and table.name.split("_")[0] not in families:   # "mamba2", "gla"
+            continue
         print(f"--- {table.name}, {case}")
         for name in names:
             fn = table.providers[name](case)
