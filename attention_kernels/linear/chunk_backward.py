@@ -254,13 +254,21 @@ def _chunk_dv_kernel(
     if GAMMA or RECOMPUTE_A:
         # the scores recomputed, transposed: A^T_jt = scale · key_scale_j · (K Q^T)_jt · M_tj, with M_tj =
         # λ^(t-j) or e^{b_t - b_j} on and below the diagonal of A (t >= j), as dv's intra product takes them
+        # (with one value tile, V <= BV as Mamba-2's headdim, the same key tiles also give K dS')
         m_up = (o_c[:, None] <= o_c[None, :]) & m_t[:, None] & m_t[None, :]
         b_At = tl.zeros([BT, BT], dtype=tl.float32)
+        b_kdh = tl.zeros([BT, BV], dtype=tl.float32)
+        o_v = tl.arange(0, BV)
         for i_k in range(tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
-            b_q = _group_rows(q, None, i_b, i_h, o_t, m_t, o_k, o_k < K, T, H, K, GROUP, False)
-            b_k = _group_rows(k, None, i_b, i_h, o_t, m_t, o_k, o_k < K, T, H, K, GROUP, False)
+            m_k = o_k < K
+            b_q = _group_rows(q, None, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K, GROUP, False)
+            b_k = _group_rows(k, None, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K, GROUP, False)
             b_At += tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)
+            if V <= BV:
+                b_dh = tl.load(p_dhc + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :],
+                               other=0.0)
+                b_kdh += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)
         if GAMMA:
             b_decay = tl.exp(decay_exponent(b_gam, o_c[None, :] - o_c[:, None]))
         else:
@@ -282,14 +290,15 @@ def _chunk_dv_kernel(
         b_v = tl.load(v + p_v, mask=m_tv, other=0.0)
         # inter-chunk: (diag(row) K) dS', over the key dim in tiles; intra-chunk: A^T dO
         if G == 1:
-            b_kdh = tl.zeros([BT, BV], dtype=tl.float32)
-            for i_k in range(tl.cdiv(K, BK)):
-                o_k = i_k * BK + tl.arange(0, BK)
-                m_k = o_k < K
-                b_k = _group_rows(k, None, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K, GROUP, False)
-                b_dh = tl.load(p_dhc + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :],
-                               other=0.0)
-                b_kdh += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)
+            if not ((GAMMA or RECOMPUTE_A) and V <= BV):         # K dS' not taken with the scores
+                b_kdh = tl.zeros([BT, BV], dtype=tl.float32)
+                for i_k in range(tl.cdiv(K, BK)):
+                    o_k = i_k * BK + tl.arange(0, BK)
+                    m_k = o_k < K
+                    b_k = _group_rows(k, None, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K, GROUP, False)
+                    b_dh = tl.load(p_dhc + o_k[:, None] * V + o_v[None, :],
+                                   mask=m_k[:, None] & (o_v < V)[None, :], other=0.0)
+                    b_kdh += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)
             b_dv = tl.dot(b_At.to(b_do.dtype), b_do, b_kdh * b_row[:, None], input_precision=DOT_PREC)
         else:
             b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC)
@@ -341,7 +350,8 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
     NT = triton.cdiv(T, CHUNK)
     # the scores read (GLA, K = V = 128): with fp32 states 255 registers and 120 KB of shared memory at 3
     # stages, one program of 4 warps an SM; at 2 stages 248 and 80 KB, two. With bf16 states 252 and 105 KB
-    # at 3 stages, 251 and 72 KB at 2 (ptxas, sm_90a, bf16: scripts/linear_bwd_compile.py)
+    # at 3 stages, 251 and 72 KB at 2. The scores recomputed (Mamba-2, K = 128, V = 64, bf16 states): 227
+    # registers and 72 KB at 3 stages (ptxas, sm_90a, bf16: scripts/linear_bwd_compile.py)
     stages = 2 if A is not None else 3
     _chunk_dv_kernel[(NT, B * H)](
         q, k, v, b, A, dstates, do, dv, dA, scale, T, H, NT, K, V, G, BT=CHUNK, BK=_tile(K), BV=_tile(V),
