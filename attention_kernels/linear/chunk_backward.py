@@ -257,8 +257,9 @@ def _chunk_dv_kernel(
         # (with one value tile, V <= BV as Mamba-2's headdim, the same key tiles also give K dS')
         m_up = (o_c[:, None] <= o_c[None, :]) & m_t[:, None] & m_t[None, :]
         b_At = tl.zeros([BT, BT], dtype=tl.float32)
-        b_kdh = tl.zeros([BT, BV], dtype=tl.float32)
-        o_v = tl.arange(0, BV)
+        if V <= BV:
+            b_kdh = tl.zeros([BT, BV], dtype=tl.float32)
+            o_v = tl.arange(0, BV)
         for i_k in range(tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
@@ -318,6 +319,7 @@ def _chunk_dv_kernel(
 
     b_dA = tl.where(m_lo, b_dA * scale, 0.0)
     tl.store(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], b_dA, mask=m_t[:, None])
+
 
 def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, group_size: int = 1,
              key_scale=None) -> None:
