@@ -176,10 +176,11 @@ def mamba2_backward() -> list:
                dict(q="*bf16", k="*bf16", v="*bf16", b="*fp32", dh=STATE_PTR, do="*bf16", dv="*fp32", dA="*fp32",
                     scale="fp32", T="i32", H="i32", NT="i32", key_scale="*fp32", GROUP="i32"),
                dict(K=N, V=P, G=1, BT=L, BK=64, BV=64, DOT_PREC="tf32", RECOMPUTE_A=True, A=None, KEY_SCALE=True),
-               NT * H, "-", 3 * thn * bf + 2 * thp * bf + states * sb + 3 * th * f4,
+               NT * H, "-", 2 * thn * bf + 2 * thp * bf + states * sb + 2 * th * f4,
                thp * f4 + T * H * L * f4 / MB, 3 * gemm, "bf16 TC",
-               "C and B (4 MB each) read per head from L2, k = B dt in registers; dv fp32 (D given), dA fp32 "
-               "[T, H, 64]", reread_mb=3 * thn * bf - 2 * T * N * bf / MB),
+               "C and B (4 MB each) read once per head from L2, to the tensor cores as loaded (dt and the decay "
+               "scale rows of fp32 products); dv fp32 (D given), dA fp32 [T, H, 64]",
+               reread_mb=2 * thn * bf - 2 * T * N * bf / MB),
         Launch("ssd dqk (dq, dk summed over heads)", ssd._ssd_dqk_kernel,
                dict(C="*bf16", B="*bf16", x="*bf16", dt="*fp32", g="*fp32", b="*fp32", h=STATE_PTR, dh=STATE_PTR,
                     do="*bf16", dA="*fp32", dC_part="*fp32", dB_part="*fp32", dg_tiles="*fp32", ddt_tiles="*fp32",

@@ -148,6 +148,7 @@ LIGHTNING_CASES = [  # (B, T, H, K, V), initial state, scale
     ((1, 1, 3, 32, 16), True, 1.0),
     ((2, 37, 3, 16, 48), False, 0.25),
     ((1, 70, 3, 32, 16), True, 1.0),
+    ((1, 70, 3, 16, 80), True, 0.5),      # two value tiles, the last partial: K dS' apart from the scores
 ]
 
 

@@ -237,25 +237,50 @@ def _chunk_dv_kernel(
     m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
     p_dhc = dh + ((i_b * NT + i_t) * H + i_h) * K * V
 
-    if GAMMA or RECOMPUTE_A:
-        # the scores recomputed: scale · (Q K^T ⊙ M), with M_tj = λ^(t-j) (Lightning) or e^{b_t - b_j} (a
-        # gate per head, Mamba-2), the exponent taken on and below the diagonal only
-        b_A = tl.zeros([BT, BT], dtype=tl.float32)
-        for i_k in range(tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            b_q = _group_rows(q, None, i_b, i_h, o_t, m_t, o_k, o_k < K, T, H, K, GROUP, False)
-            b_k = _group_rows(k, key_scale, i_b, i_h, o_t, m_t, o_k, o_k < K, T, H, K, GROUP, KEY_SCALE)
-            b_A += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
+    if G == 1:
+        # a decay per head (a gate per head, Mamba-2, or λ, Lightning) is one number per token: every factor a
+        # key row carries (key_scale_j, the decays e^{b_t - b_j} and e^{b_L - b_j}) scales a row of an fp32
+        # product of the raw keys, so the key tiles go to the tensor cores as loaded
         if GAMMA:
             b_gam = tl.load(gamma + i_h)
-            b_A = b_A * tl.exp(decay_exponent(b_gam, o_c[:, None] - o_c[None, :])) * scale
+            b_row = tl.exp(decay_exponent(b_gam, t_last - o_t))                 # λ^(L - j)
         else:
-            b_gc = tl.load(b + ((i_b * T + o_t) * H + i_h) * G, mask=m_t, other=0.0)
-            b_A = b_A * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], 0.0)) * scale
+            b_gc = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+            b_gl = tl.load(b + (i_b * T + t_last) * H + i_h)
+            b_row = tl.exp(tl.where(m_t, b_gl - b_gc, 0.0))                      # <= 1 on every real token
+        if KEY_SCALE:
+            b_s = tl.load(key_scale + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+            b_row *= b_s
+    if GAMMA or RECOMPUTE_A:
+        # the scores recomputed, transposed: A^T_jt = scale · key_scale_j · (K Q^T)_jt · M_tj, with M_tj =
+        # λ^(t-j) or e^{b_t - b_j} on and below the diagonal of A (t >= j), as dv's intra product takes them
+        # (with one value tile, V <= BV as Mamba-2's headdim, the same key tiles also give K dS')
+        m_up = (o_c[:, None] <= o_c[None, :]) & m_t[:, None] & m_t[None, :]
+        b_At = tl.zeros([BT, BT], dtype=tl.float32)
+        if V <= BV:
+            b_kdh = tl.zeros([BT, BV], dtype=tl.float32)
+            o_v = tl.arange(0, BV)
+        for i_k in range(tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            b_q = _group_rows(q, None, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K, GROUP, False)
+            b_k = _group_rows(k, None, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K, GROUP, False)
+            b_At += tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)
+            if V <= BV:
+                b_dh = tl.load(p_dhc + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :],
+                               other=0.0)
+                b_kdh += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)
+        if GAMMA:
+            b_decay = tl.exp(decay_exponent(b_gam, o_c[None, :] - o_c[:, None]))
+        else:
+            b_decay = tl.exp(tl.where(m_up, b_gc[None, :] - b_gc[:, None], 0.0))
+        if KEY_SCALE:
+            b_decay *= b_s[:, None]
+        b_At = tl.where(m_up, b_At * b_decay * scale, 0.0)
     else:
         b_A = tl.load(A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None],
                       other=0.0).to(tl.float32)
-    b_A = tl.where(m_lo, b_A, 0.0)             # above the diagonal A was never written
+        b_At = tl.trans(tl.where(m_lo, b_A, 0.0))          # above the diagonal A was never written
 
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
@@ -264,23 +289,31 @@ def _chunk_dv_kernel(
         p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
         b_do = tl.load(do + p_v, mask=m_tv, other=0.0)
         b_v = tl.load(v + p_v, mask=m_tv, other=0.0)
-        # intra-chunk: A^T dO; inter-chunk: (K ⊙ e^{b_L - b}) dS', over the key dim in tiles
-        b_dv = tl.dot(tl.trans(b_A).to(b_do.dtype), b_do, input_precision=DOT_PREC)
-        for i_k in range(tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_k = o_k < K
-            m_tk = m_t[:, None] & m_k[None, :]
-            b_k = _group_rows(k, key_scale, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K, GROUP, KEY_SCALE)
-            if GAMMA:
-                b_decay = tl.exp(decay_exponent(tl.load(gamma + i_h), t_last - o_t))[:, None]
-            else:
-                o_gk = o_k if G == K else o_k * 0
-                b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_tk, other=0.0)
-                b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+        # inter-chunk: (diag(row) K) dS', over the key dim in tiles; intra-chunk: A^T dO
+        if G == 1:
+            if not ((GAMMA or RECOMPUTE_A) and V <= BV):         # K dS' not taken with the scores
+                b_kdh = tl.zeros([BT, BV], dtype=tl.float32)
+                for i_k in range(tl.cdiv(K, BK)):
+                    o_k = i_k * BK + tl.arange(0, BK)
+                    m_k = o_k < K
+                    b_k = _group_rows(k, None, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K, GROUP, False)
+                    b_dh = tl.load(p_dhc + o_k[:, None] * V + o_v[None, :],
+                                   mask=m_k[:, None] & (o_v < V)[None, :], other=0.0)
+                    b_kdh += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)
+            b_dv = tl.dot(b_At.to(b_do.dtype), b_do, b_kdh * b_row[:, None], input_precision=DOT_PREC)
+        else:
+            b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC)
+            for i_k in range(tl.cdiv(K, BK)):
+                o_k = i_k * BK + tl.arange(0, BK)
+                m_k = o_k < K
+                m_tk = m_t[:, None] & m_k[None, :]
+                b_k = _group_rows(k, key_scale, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K, GROUP, KEY_SCALE)
+                b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * G + o_k[None, :], mask=m_tk, other=0.0)
+                b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * G + o_k, mask=m_k, other=0.0)
                 b_decay = tl.exp(tl.where(m_tk, b_gl[None, :] - b_g, 0.0))    # <= 0 on every real token
-            b_dh = tl.load(p_dhc + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :],
-                           other=0.0)
-            b_dv += tl.dot((b_k * b_decay).to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=DOT_PREC)
+                b_dh = tl.load(p_dhc + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :],
+                               other=0.0)
+                b_dv += tl.dot((b_k * b_decay).to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=DOT_PREC)
         tl.store(dv + p_v, b_dv.to(dv.dtype.element_ty), mask=m_tv)
         b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
 
@@ -319,7 +352,8 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
     NT = triton.cdiv(T, CHUNK)
     # the scores read (GLA, K = V = 128): with fp32 states 255 registers and 120 KB of shared memory at 3
     # stages, one program of 4 warps an SM; at 2 stages 248 and 80 KB, two. With bf16 states 252 and 105 KB
-    # at 3 stages, 251 and 72 KB at 2 (ptxas, sm_90a, bf16: scripts/linear_bwd_compile.py)
+    # at 3 stages, 251 and 72 KB at 2. The scores recomputed (Mamba-2, K = 128, V = 64, bf16 states): 227
+    # registers and 72 KB at 3 stages (ptxas, sm_90a, bf16: scripts/linear_bwd_compile.py)
     stages = 2 if A is not None else 3
     _chunk_dv_kernel[(NT, B * H)](
         q, k, v, b, A, dstates, do, dv, dA, scale, T, H, NT, K, V, G, BT=CHUNK, BK=_tile(K), BV=_tile(V),

@@ -534,7 +534,7 @@ def _ssd_dqk_kernel(
         i_h = i_g * HPG + i_r
         p_th = (i_b * T + o_t) * H + i_h
         b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)
-        b_k = (b_B.to(tl.float32) * b_dt[:, None]).to(B.dtype.element_ty)  # rounded once, as chunk_dv rounds it
+        b_k = (b_B.to(tl.float32) * b_dt[:, None]).to(B.dtype.element_ty)  # rounded once to B's dtype
         b_dos, b_vdh, b_hdh = inter_chunk_products(x, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, NT, N, P,
                                                    BT, BK, BV, True, DOT_PREC)
         b_dq, b_dk, b_dg = one_decay_dqk(b_c, b_k, b_dos, b_vdh, b_hdh, dA, b, g, None, 1.0, i_b, i_h, o_c, o_t,
@@ -565,9 +565,10 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     SSD is linear attention with one log gate per head and token (chunk.py's
     docstring), so the chunk recurrence's gradient is the shared backward's
     (attention_kernels/linear/chunk_backward.py) with q = C and k = B·dt, read
-    per group of heads (group_size; k's dt per head applied in the kernels,
-    rounded once to the inputs' dtype), v = x, scale 1, the gate g = dt·A per
-    head and the states transposed ([dstate, headdim] = [K, V]); the
+    per group of heads (group_size; k's dt per head applied in the kernels:
+    chunk_dv scales the rows of its fp32 products of B by it, the dq/dk kernel
+    rounds B·dt once to the inputs' dtype), v = x, scale 1, the gate g = dt·A
+    per head and the states transposed ([dstate, headdim] = [K, V]); the
     chunk-start states and their gradients in `chunk_state_dtype` (x's dtype
     for 16-bit x). dq and dk (its per-head products, `one_decay_dqk`) are
     summed over each group's heads in one kernel, which reads B and C per
