@@ -170,7 +170,7 @@ def mamba2_backward() -> list:
                     GROUP="i32"),
                dict(K=N, V=P, G=1, BT=L, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32", dht=None, dh0=None),
                2 * 2 * H, "256 chunks", thn * bf * 2 + thp * bf * 2 + th * f4 * 4, states * sb, gemm, "bf16 TC",
-               "C (4 MB) read per head and value tile from L2, do x2 (key tiles); 160-320 programs, "
+               "C (4 MB) read per head and value tile from L2, do x2 (key tiles); 160-640 programs (autotuned), "
                "256 dependent steps", reread_mb=thn * bf * 2 - T * N * bf / MB + thp * bf),
         Launch("chunk_dv (scores recomputed; C, B per group)", lbw._chunk_dv_kernel,
                dict(q="*bf16", k="*bf16", v="*bf16", b="*fp32", dh=STATE_PTR, do="*bf16", dv="*fp32", dA="*fp32",

@@ -76,9 +76,22 @@ def _tile(n: int) -> int:
 
 
 # ------------------------------------------------------------------ 1. the reverse state pass
-# (BK, BV), num_warps, num_stages: the forward state pass's space (chunk.py).
+@triton.jit
+def _gate_at(b, i_b, i_h, t, T, H, o_k, m_k, G: tl.constexpr):
+    """The cumulative gate of head i_h at token t: a scalar for a gate per head (G = 1), else key channels o_k."""
+    if G == 1:
+        return tl.load(b + (i_b * T + t) * H + i_h)
+    else:
+        return tl.load(b + ((i_b * T + t) * H + i_h) * G + o_k, mask=m_k, other=0.0)
+
+
+# (BK, BV), num_warps, num_stages: the forward state pass's space (chunk.py), and tiles for more programs where
+# the heads are few for the SMs or V is small (Mamba-2: K = dstate 128, V = headdim 64, 64 x 64 tiles make 2
+# programs a head), of 2 warps (mma.sync) or 4 (one warpgroup, wgmma; not at BV 16 or 32, where the delta rule's pass met
+# a wgmma reading past its B operand's shared tile, notes/TUNING.md). The autotuner picks per K, V and B·H.
 _STATE_GRAD_CONFIGS = autotune_configs([({"BK": 64, "BV": 32}, 2, 3), ({"BK": 64, "BV": 32}, 2, 4),
-                                        ({"BK": 64, "BV": 64}, 2, 3)])
+                                        ({"BK": 64, "BV": 64}, 2, 3), ({"BK": 64, "BV": 16}, 2, 3),
+                                        ({"BK": 32, "BV": 32}, 2, 3), ({"BK": 64, "BV": 64}, 4, 3)])
 
 
 @triton.autotune(configs=_STATE_GRAD_CONFIGS, key=["K", "V", "NBH"], prune_configs_by={"early_config_prune": _fits})
@@ -94,7 +107,6 @@ def _chunk_state_grad_kernel(
     i_b, i_h = i_bh // H, i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    o_gk = o_k if G == K else o_k * 0          # a gate per head (G = 1): every key channel reads it
     m_k, m_v = o_k < K, o_v < V
     m_h = m_k[:, None] & m_v[None, :]
     p_h = o_k[:, None] * V + o_v[None, :]
@@ -102,6 +114,10 @@ def _chunk_state_grad_kernel(
         b_dh = tl.load(dht + i_bh * K * V + p_h, mask=m_h, other=0.0).to(tl.float32)
     else:
         b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if not GAMMA:
+        # the gate at the last token of the chunk the next step takes, loaded a step ahead: loaded in the step,
+        # its latency would stand before the step's product (Lightning's decay is computed)
+        b_gl_next = _gate_at(b, i_b, i_h, T - 1, T, H, o_k, m_k, G)
 
     for i_s in range(NT):
         # chunk NT - 1 - i_s; the maximum keeps the addresses a pipelined prefetch computes for the steps
@@ -112,6 +128,9 @@ def _chunk_state_grad_kernel(
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
         t_last = tl.minimum(i_t * BT + BT, T) - 1
+        if not GAMMA:
+            b_gl = b_gl_next
+            b_gl_next = _gate_at(b, i_b, i_h, tl.maximum(i_t * BT - 1, 0), T, H, o_k, m_k, G)
         # Q^T as a [BK, BT] tile, dO as [BT, BV]
         m_kt = m_k[:, None] & m_t[None, :]
         # q: one row per GROUP heads (Mamba-2's C, per group)
@@ -135,17 +154,24 @@ def _chunk_state_grad_kernel(
                 + tl.dot(b_kg, b_dh.to(b_kg.dtype), input_precision=DOT_PREC)
             tl.store(du + p_row[:, None] * V + o_v[None, :], b_du.to(du.dtype.element_ty),
                      mask=m_t[:, None] & m_v[None, :])
-        if GAMMA:
-            # from the chunk start to token t the decay is gamma·(c + 1), c = t's place in the chunk
-            b_gam = tl.load(gamma + i_h)
-            b_qt = b_qt * tl.exp(decay_exponent(b_gam, o_t - i_t * BT + 1))[None, :]
-            b_dh = b_dh * tl.exp(decay_exponent(b_gam, t_last + 1 - i_t * BT))
+        if GAMMA or G == 1:
+            # one decay per token (Lightning's fixed one, or a gate per head): it scales dO's rows, so that Q^T
+            # goes from shared memory into the product as loaded, and the gate is read as a [BT] vector
+            if GAMMA:
+                # from the chunk start to token t the decay is gamma·(c + 1), c = t's place in the chunk
+                b_gam = tl.load(gamma + i_h)
+                b_et = tl.exp(decay_exponent(b_gam, o_t - i_t * BT + 1))
+                b_el = tl.exp(decay_exponent(b_gam, t_last + 1 - i_t * BT))
+            else:
+                b_et = tl.exp(tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0))
+                b_el = tl.exp(b_gl)
+            b_dh = b_dh * b_el
+            b_dh += tl.dot(b_qt, (b_do * (b_et * scale)[:, None]).to(b_do.dtype), input_precision=DOT_PREC)
         else:
-            b_gt = tl.load(b + ((i_b * T + o_t[None, :]) * H + i_h) * G + o_gk[:, None], mask=m_kt, other=0.0)
-            b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+            b_gt = tl.load(b + ((i_b * T + o_t[None, :]) * H + i_h) * G + o_k[:, None], mask=m_kt, other=0.0)
             b_qt = b_qt * tl.exp(b_gt)              # every exponent b_t <= 0
             b_dh = b_dh * tl.exp(b_gl)[:, None]
-        b_dh += tl.dot((b_qt * scale).to(b_do.dtype), b_do, input_precision=DOT_PREC)
+            b_dh += tl.dot((b_qt * scale).to(b_do.dtype), b_do, input_precision=DOT_PREC)
         if DELTA:
             b_wt = tl.load(w + p_row[None, :] * K + o_k[:, None], mask=m_kt, other=0.0)
             b_dh -= tl.dot(b_wt, b_du.to(b_wt.dtype), input_precision=DOT_PREC)
