@@ -25,8 +25,9 @@ LN2 = math.log(2.0)        # a base-2 log-sum-exp times LN2 is the natural one
 
 
 # ------------------------------------------------------------------ the Tritons the fast paths were measured on
-# The direct launches below call Triton's C launcher and read its compiled kernels' internals, and the Gluon MLA
-# kernel is written in Triton's experimental Gluon language: both change between releases. One edit extends them.
+# The direct launches below call Triton's C launcher and read its compiled kernels' internals, and the Gluon
+# kernels (MLA's decode, FlashAttention's forward) are written in Triton's experimental Gluon language: both change
+# between releases. One edit extends them.
 TESTED_TRITON = ("3.6",)   # releases, major.minor
 _untested_warned = False   # set by the first warning, so that a process warns once
 
@@ -38,15 +39,16 @@ def triton_tested() -> bool:
 
 def fast_paths_on() -> bool:
     """Whether to take the paths measured on the tested Tritons only: `launch`'s and `launch_direct`'s direct
-    launches and the Gluon MLA kernel (`attention_kernels.mla`). On another Triton they step aside for the plain
-    `kernel[grid](...)` launch and the Triton kernels, and the first call that finds so warns, once per process."""
+    launches and the Gluon kernels (MLA's decode, `attention_kernels.mla`; FlashAttention's forward,
+    `attention_kernels.flash_attn`). On another Triton they step aside for the plain `kernel[grid](...)` launch and
+    the Triton kernels, and the first call that finds so warns, once per process."""
     if triton_tested():
         return True
     global _untested_warned
     if not _untested_warned:
         _untested_warned = True
         warnings.warn(f"Triton {triton.__version__} is not a release the book's fast paths were measured on "
-                      f"({', '.join(TESTED_TRITON)}): direct launches and the Gluon MLA kernel are off", stacklevel=2)
+                      f"({', '.join(TESTED_TRITON)}): direct launches and the Gluon kernels are off", stacklevel=2)
     return False
 
 

@@ -22,7 +22,8 @@ mla_variants FILE... [B,T ...] [in_order]: copies of attention_kernels/mla/gluon
   kernel on the dense cache those pages are a view of (the same memory, read without a block table).
 fa_mask: what keeping hidden NaN out costs the causal forward: the kernel as it is against a copy whose
   masked path multiplies P and V with a plain `tl.dot` (short lengths, where diagonal blocks weigh most).
-fa_gluon: the Gluon FlashAttention forward for Hopper (attention_kernels/flash_attn/gluon_forward.py, not dispatched):
+fa_gluon: the Gluon FlashAttention forward for Hopper (attention_kernels/flash_attn/gluon_forward.py; its timings are
+  flash_attn/interface.py's GLUON_FWD_MEASURED, which the dispatch reads):
   checked against the fp64 formula on 3 shapes (stops there if wrong), then timed beside the Triton forward, SDPA
   cuDNN and flash, and FA4 where it imports, at B = 4, H = 32, D = 128, T = 2K to 16K, causal and not: TFLOP/s
   and the Gluon kernel's speed ratio to each. One table, under a minute.

@@ -370,7 +370,7 @@ def test_schema_from_the_signature():
         "attention_kernels::vector_add(Tensor x, Tensor y, SymInt block=1024) -> Tensor[]")
     assert str(flash_interface.attention_fwd.op._opoverload._schema) == (
         "attention_kernels::attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, "
-        "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None) -> Tensor[]")
+        "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, str backend=\"auto\") -> Tensor[]")
 
 
 def _variadic(x, *rest):

@@ -1,4 +1,5 @@
-"""The Gluon FlashAttention forward for Hopper (attention_kernels/flash_attn/gluon_forward.py), not dispatched yet.
+"""The Gluon FlashAttention forward for Hopper (attention_kernels/flash_attn/gluon_forward.py), called directly
+(flash_attn_func's choice of it: tests/test_flash_attn_dispatch.py).
 
 On any machine: it compiles for sm_90a with no spills and with wgmma and TMA copies (ptxas judges it), and its
 call refuses what it cannot take. On a Hopper GPU: its output against the fp64 reference written from the formula

@@ -12,8 +12,10 @@
     DECODE    one query token against a KV cache (`flash_attn_with_kvcache`), 32 query heads over 8 KV
               heads of 128, B = 1 and 64, T = 4K, 16K, 64K; CUDA-graph replays, roofline: K and V read once
 
-Providers: "book" (this chapter's Triton kernels), "SDPA flash" and "SDPA cuDNN" (PyTorch's
-scaled_dot_product_attention pinned to one backend, in its own [B, H, T, D] layout), "FlexAttention"
+Providers: "book" (this chapter's Triton kernels, `backend="triton"`), "book: Gluon (Hopper)" (the forward
+in Gluon, `backend="gluon"`: FORWARD, FA3 and GQA forward cases on an sm_90 GPU, n/a elsewhere), "SDPA flash"
+and "SDPA cuDNN" (PyTorch's scaled_dot_product_attention pinned to one backend, in its own [B, H, T, D]
+layout), "FlexAttention"
 (PyTorch's flex_attention compiled for each shape, causal through a block mask; FORWARD, BACKWARD, GQA),
 "FA4" (FlashAttention-4, flash-attn's CuTe DSL kernels, where installed; same tables) and "eager"
 (einsum + softmax with the full score matrix in memory). Self-attention: S = T in every case but DECODE,
@@ -21,6 +23,7 @@ whose peers are SDPA flash and flash-attn's own flash_attn_with_kvcache (where i
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -100,7 +103,20 @@ def _timed(c, forward, layout):
 
 
 def _book(c):
-    return _timed(c, lambda q, k, v: flash_attn_func(q, k, v, causal=c["causal"]), "bthd")
+    return _timed(c, lambda q, k, v: flash_attn_func(q, k, v, causal=c["causal"], backend="triton"), "bthd")
+
+
+def _book_gluon(c):
+    """The Gluon forward (its backward is "book"'s Triton one): n/a for a backward case and where it cannot
+    run (not an sm_90 GPU; ValueError saying why on the first call)."""
+    if c["pass"] != "fwd":
+        return None
+    fn = _timed(c, lambda q, k, v: flash_attn_func(q, k, v, causal=c["causal"], backend="gluon"), "bthd")
+    try:
+        fn()
+    except ValueError:
+        return None
+    return fn
 
 
 def _sdpa(backend):
@@ -158,8 +174,9 @@ def _eager(c):
     return _timed(c, lambda q, k, v: attention_eager(q, k, v, causal=c["causal"]), "bthd")
 
 
-PROVIDERS = {"book": _book, "SDPA flash": _sdpa("flash"), "SDPA cuDNN": _sdpa("cuDNN"),
-             "FlexAttention": _peer(flex_forward, "bhtd"), "FA4": _peer(fa4_forward, "bthd"), "eager": _eager}
+PROVIDERS = {"book": _book, "book: Gluon (Hopper)": _book_gluon, "SDPA flash": _sdpa("flash"),
+             "SDPA cuDNN": _sdpa("cuDNN"), "FlexAttention": _peer(flex_forward, "bhtd"),
+             "FA4": _peer(fa4_forward, "bthd"), "eager": _eager}
 
 
 def peak_memory(fn) -> dict:
@@ -185,11 +202,14 @@ def _sweep(pass_):
 
 
 FORWARD = Benchmark("flash_attn_fwd", _sweep("fwd"), PROVIDERS, flops, bytes_moved, timer="flushed", module=__name__)
-BACKWARD = Benchmark("flash_attn_bwd", _sweep("bwd"), PROVIDERS, flops, bytes_moved, timer="flushed", module=__name__)
+BACKWARD = Benchmark("flash_attn_bwd", _sweep("bwd"),
+                     {label: make for label, make in PROVIDERS.items() if label != "book: Gluon (Hopper)"}, flops,
+                     bytes_moved, timer="flushed", module=__name__)
 FA3 = Benchmark("flash_attn_fa3",
                 [{"B": 16384 // t, "T": t, "H": 16, "D": 128, "pass": p, "causal": causal}
                  for p in ("fwd", "bwd") for causal in (False, True) for t in FA3_T],
-                {label: PROVIDERS[label] for label in ("book", "SDPA flash", "SDPA cuDNN")}, flops, bytes_moved,
+                {label: PROVIDERS[label] for label in ("book", "book: Gluon (Hopper)", "SDPA flash", "SDPA cuDNN")},
+                flops, bytes_moved,
                 timer="flushed", module=__name__)
 MEMORY = Benchmark("flash_attn_memory",
                    [{"B": 1, "T": t, "H": 32, "D": 128, "pass": "fwd", "causal": False} for t in MEMORY_T],
@@ -205,7 +225,8 @@ GQA_KV_HEADS = [32, 8, 1]  # against 32 query heads: MHA, GQA with groups of 4, 
 GQA = Benchmark("flash_attn_gqa",
                 [{"B": 1, "T": t, "H": 32, "Hkv": hkv, "D": 128, "pass": p, "causal": causal}
                  for p in ("fwd", "bwd") for causal in (False, True) for t in GQA_T for hkv in GQA_KV_HEADS],
-                {label: PROVIDERS[label] for label in ("book", "SDPA flash", "SDPA cuDNN", "FlexAttention", "FA4")},
+                {label: PROVIDERS[label] for label in ("book", "book: Gluon (Hopper)", "SDPA flash", "SDPA cuDNN",
+                                                       "FlexAttention", "FA4")},
                 flops, bytes_moved,
                 timer="flushed", module=__name__)
 
@@ -265,7 +286,8 @@ VARLEN = Benchmark("flash_attn_varlen",
                    [{"B": len(packed_lengths(VARLEN_TOKENS, VARLEN_SEED)), "T": VARLEN_TOKENS, "H": 16, "D": 128,
                      "pass": p, "causal": causal, "seed": VARLEN_SEED}
                     for p in ("fwd", "fwd+bwd") for causal in (False, True)],
-                   {"book": _varlen_book, "book: padded": _padded(lambda: flash_attn_func, "bthd"),
+                   {"book": _varlen_book,
+                    "book: padded": _padded(lambda: functools.partial(flash_attn_func, backend="triton"), "bthd"),
                     "SDPA flash: padded": _padded(lambda: peers.sdpa("flash"), "bhtd")},
                    varlen_flops, varlen_bytes, timer="flushed", module=__name__)
 

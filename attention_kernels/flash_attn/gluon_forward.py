@@ -1,7 +1,9 @@
 """FlashAttention forward for Hopper (sm_90a) in Gluon: a TMA copy warp and two consumer warpgroups.
 
-Not dispatched yet: no public call reaches it until it has been checked on a Hopper GPU
-(`tests/test_flash_attn_gluon.py`, `scripts/tune_probe.py fa_gluon`); `gluon_attention_fwd` calls it directly.
+`flash_attn_func` runs it for dense inputs on an sm_90 GPU where it measured faster than the Triton forward
+(`interface.gluon_fwd_loop`, which also picks the loop); `launch_gluon` is that call's launcher (inputs already
+checked) and `gluon_attention_fwd` calls it directly, checking its inputs first. Checked on a Hopper GPU by
+`tests/test_flash_attn_gluon.py` and `scripts/tune_probe.py fa_gluon`.
 
 Shapes as the Triton forward (`forward.py`), whose outputs it matches so that the backward could read them:
     q [B, T, Hq, D], k, v [B, S, Hkv, D] (Hq % Hkv == 0, query head h reads KV head h // (Hq // Hkv)),
@@ -57,8 +59,8 @@ FWD_TILES = {64: (128, 3), 128: (128, 2)}
 WS_MAXNREG = 168
 WS_CONSUMER_REGS = 240
 WS_PRODUCER_REGS = 24
-# Whether the consumers issue the next tile's S = Q K^T before this tile's softmax (`_consumer`'s OVERLAP):
-# not the default until the GPU has timed it against the in-order loop.
+# Whether the consumers issue the next tile's S = Q K^T before this tile's softmax (`_consumer`'s OVERLAP), for
+# a direct call; `flash_attn_func` picks the loop per shape from the timings (`interface.GLUON_FWD_MEASURED`).
 OVERLAP_SCORES = False
 
 
@@ -408,28 +410,39 @@ def gluon_forward_misfit(q, k, v) -> str | None:
 
 
 def gluon_attention_fwd(q, k, v, causal: bool, softmax_scale: float | None = None, overlap: bool = OVERLAP_SCORES):
-    """The Gluon forward, called directly (no dispatch reaches it yet). Returns (o like q, lse fp32 [B, Hq, T]
-    in base 2), the Triton forward's (`forward.attention_fwd`) outputs. overlap: the consumers' loop with the
-    next tile's scores issued before the softmax. ValueError, saying why, for inputs it cannot take
-    (`gluon_forward_misfit`)."""
-    check_no_grad("gluon_attention_fwd", q=q, k=k, v=v)   # forward only: no backward of its own yet
+    """The Gluon forward, called directly. Returns (o like q, lse fp32 [B, Hq, T] in base 2), the Triton
+    forward's (`forward.attention_fwd`) outputs. overlap: the consumers' loop with the next tile's scores issued
+    before the softmax. ValueError, saying why, for inputs it cannot take (`gluon_forward_misfit`) and for
+    inputs that require grad (`flash_attn_func` trains through it: the Triton backward reads its outputs).
+
+    >>> q, k, v = (torch.randn(2, 4096, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "qkv")
+    >>> o, lse = gluon_attention_fwd(q, k, v, causal=True)   # on an H100 or H200
+    """
+    check_no_grad("gluon_attention_fwd", q=q, k=k, v=v)
     misfit = gluon_forward_misfit(q, k, v)
     if misfit:
         raise ValueError(f"the Gluon forward cannot take these inputs: {misfit}")
+    D = q.shape[3]
+    return launch_gluon(q, k, v, causal, softmax_scale if softmax_scale is not None else D ** -0.5, overlap)
+
+
+def launch_gluon(q, k, v, causal: bool, softmax_scale: float, overlap: bool):
+    """Launch the forward on inputs `gluon_forward_misfit` accepts (not checked again here; inputs may require
+    grad: the autograd Function's forward calls it). Returns (o, lse) allocated as the Triton forward allocates
+    them: o contiguous like q, lse fp32 [B, Hq, T] contiguous, base 2, so the Triton backward reads either."""
     B, T, HQ, D = q.shape
     S, HKV = k.shape[1], k.shape[2]
-    scale = softmax_scale if softmax_scale is not None else D ** -0.5
-    o = torch.empty_like(q)
+    o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
     BN, STAGES = FWD_TILES[D]
     grid = (triton.cdiv(T, BM), B * HQ)
     constexprs = dict(D=D, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), OVERLAP=bool(overlap),
                       CONSUMER_REGS=WS_CONSUMER_REGS, PRODUCER_REGS=WS_PRODUCER_REGS)
     launch_direct(attn_fwd_ws_kernel, grid, ("gluon_fwd", q.device.index, q.dtype, D, bool(causal), bool(overlap)),
-                  (q, k, v, o, lse, scale * LOG2E, T, S, HQ, HKV), constexprs, aligned=True,   # checked; o, lse fresh
+                  (q, k, v, o, lse, softmax_scale * LOG2E, T, S, HQ, HKV), constexprs, aligned=True,   # o, lse fresh
                   num_warps=4, maxnreg=WS_MAXNREG)
     return o, lse
 
 
-__all__ = ["gluon_attention_fwd", "gluon_forward_misfit", "attn_fwd_ws_kernel", "FWD_TILES", "BM", "WS_MAXNREG",
-           "WS_CONSUMER_REGS", "WS_PRODUCER_REGS"]
+__all__ = ["gluon_attention_fwd", "gluon_forward_misfit", "launch_gluon", "attn_fwd_ws_kernel", "FWD_TILES", "BM",
+           "WS_MAXNREG", "WS_CONSUMER_REGS", "WS_PRODUCER_REGS"]

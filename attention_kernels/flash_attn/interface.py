@@ -1,22 +1,119 @@
-"""The public entry points, dense and packed: input validation, the choice of backward launch, and
-an autograd Function around the Triton kernels."""
+"""The public entry points, dense and packed: input validation, the choice of forward kernel (Triton, or
+on an sm_90 GPU the Gluon one where it measured faster) and of backward launch, and an autograd Function
+around them."""
 from __future__ import annotations
 
+import functools
 import numbers
 
 import torch
+import triton
 
 from ..checks import (FLOATS, check_bool, check_choice, check_gradient, check_int, check_kernel_device, check_no_grad,
                       check_not_empty, check_once_per_signature, check_same_device, check_same_device_and_dtype,
                       check_tensor, softmax_scale_or_default)
+from ..common import INTERPRET
 from ..custom_ops import attention_bwd_fake, attention_fwd_fake, compiled_as_op
 from ..launch import LN2  # the kernels keep the log-sum-exp in base 2; flash-attn returns it in natural log
+from ..launch import TESTED_TRITON, capability, fast_paths_on
 from . import backward, decode
-from .forward import attention_fwd
+from .forward import attention_fwd as triton_attention_fwd
 from .reference import attention_flops, check_attention_args, check_varlen_args
 
-# registered one level down, so that a compiled backward is FlashAttnFunction.backward, as in eager
-attention_fwd = compiled_as_op("attention_kernels::attention_fwd", fake=attention_fwd_fake)(attention_fwd)
+BACKENDS = ("auto", "triton", "gluon")   # flash_attn_func's forward: chosen, or forced
+
+# The Gluon forward against the Triton one, TFLOP/s, on an H100 (bf16, B = 4, H = 32, D = 128, S = T,
+# do_bench medians; `scripts/tune_probe.py fa_gluon`, notes/TUNING.md 2026-12-06 (10)): (T, causal) -> (Gluon
+# in-order loop, Gluon overlapped loop, Triton). `gluon_fwd_loop` reads its verdicts from here: a new measurement
+# updates this table and nothing else.
+GLUON_FWD_MEASURED = {
+    (2048, False): (491, 501, 451), (4096, False): (526, 534, 472),
+    (8192, False): (548, 569, 495), (16384, False): (540, 605, 487),
+    (2048, True): (341, 339, 353), (4096, True): (443, 428, 408),
+    (8192, True): (509, 488, 453), (16384, True): (533, 567, 489),
+}
+GLUON_FWD_HEAD_DIMS = (128,)   # the head dims measured; D = 64 runs too, but untimed it stays on Triton
+
+
+@functools.lru_cache(maxsize=256)   # asked on every dense call: a pure function of four ints
+def gluon_fwd_loop(T: int, S: int, causal: bool, D: int) -> str | None:
+    """The forward a dense call of T queries and S keys of head dim D should run, by the timings of
+    GLUON_FWD_MEASURED: None for the Triton forward, else the Gluon loop ("in-order" or "overlapped"), the
+    faster where Gluon beat Triton. A length takes the verdict of the longest measured length at or below it
+    (below the shortest, the shortest's); T != S (not measured) counts as the shorter of the two, which bounds
+    both the query blocks and each block's key loop. Unmeasured head dims: Triton.
+
+    >>> gluon_fwd_loop(8192, 8192, False, 128)   # 'overlapped'
+    >>> gluon_fwd_loop(2048, 2048, True, 128)    # None: Triton measured faster
+    """
+    if D not in GLUON_FWD_HEAD_DIMS:
+        return None
+    measured = sorted(t for t, c in GLUON_FWD_MEASURED if c == causal)
+    length = max((t for t in measured if t <= min(T, S)), default=measured[0])
+    in_order, overlapped, triton_ = GLUON_FWD_MEASURED[length, causal]
+    if max(in_order, overlapped) <= triton_:
+        return None
+    return "overlapped" if overlapped > in_order else "in-order"
+
+
+@functools.lru_cache(maxsize=1)
+def _gluon_forward():
+    """The Gluon forward's module, or None where this Triton's Gluon does not import (its API moves between
+    releases): imported on the first call that could run it, so that the Triton path never needs Gluon."""
+    try:
+        from . import gluon_forward
+    except ImportError:
+        return None
+    return gluon_forward
+
+
+def gluon_misfit(q, k, v) -> str | None:
+    """Why this dense call cannot run the Gluon forward (a phrase), or None if it can: an sm_90 GPU (not the
+    interpreter), a Triton the fast paths were measured on whose Gluon imports, and the inputs the kernel
+    takes (`gluon_forward.gluon_forward_misfit`: bf16 or fp16, D 64 or 128, contiguous, aligned).
+
+    >>> gluon_misfit(q, k, v)   # None on an H100 for bf16 [B, T, H, 128]
+    """
+    if INTERPRET or not q.is_cuda or capability(q.device) != (9, 0):
+        return "it runs on an sm_90 GPU (H100, H200) only"
+    if not fast_paths_on():
+        return f"it was measured on Triton {', '.join(TESTED_TRITON)} only, and this is Triton {triton.__version__}"
+    module = _gluon_forward()
+    if module is None:
+        return f"Gluon does not import in Triton {triton.__version__}"
+    return module.gluon_forward_misfit(q, k, v)
+
+
+def forward_kernel(q, k, v, causal: bool, backend: str) -> str | None:
+    """Which forward a dense call runs: None for the Triton one, else the Gluon loop ("in-order" or "overlapped").
+    backend "auto": Gluon where it fits (`gluon_misfit`) and measured faster (`gluon_fwd_loop`); "triton":
+    always Triton; "gluon": Gluon, with the loop that measured faster for the shape (in-order where the table
+    has no verdict), ValueError saying why where it does not fit."""
+    if backend == "triton":
+        return None
+    loop = gluon_fwd_loop(q.shape[1], k.shape[1], causal, q.shape[3])
+    if backend == "auto":
+        return loop if loop is not None and gluon_misfit(q, k, v) is None else None
+    misfit = gluon_misfit(q, k, v)
+    if misfit is not None:
+        raise ValueError(f"backend='gluon' does not apply here: {misfit}")
+    return loop or "in-order"
+
+
+def _attention_fwd(q, k, v, causal: bool, softmax_scale: float, cu_seqlens_q=None, cu_seqlens_k=None,
+                   backend: str = "auto"):
+    """The forward launch (inputs validated and contiguous): (o like q, lse fp32 in base 2, [B, Hq, T] dense,
+    [Hq, T] packed), from the kernel `forward_kernel` picks for a dense call, from the Triton one for packed
+    sequences."""
+    loop = None if cu_seqlens_q is not None else forward_kernel(q, k, v, causal, backend)
+    if loop is None:
+        return triton_attention_fwd(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k)
+    return _gluon_forward().launch_gluon(q, k, v, causal, softmax_scale, overlap=loop == "overlapped")
+
+
+# registered one level down, so that a compiled backward is FlashAttnFunction.backward, as in eager; the choice
+# of kernel is inside the op, where the tensors are real (it reads their addresses' alignment)
+attention_fwd = compiled_as_op("attention_kernels::attention_fwd", fake=attention_fwd_fake)(_attention_fwd)
 # the decode launch as an op; the checks and the in-place append around it are traced as they are
 decode_fwd = compiled_as_op("attention_kernels::attention_decode", fake=attention_fwd_fake)(decode.decode_fwd)
 
@@ -92,16 +189,18 @@ def _one_launch(q, k, causal: bool, max_seqlen_k: int | None = None) -> bool:
 
 
 class FlashAttnFunction(torch.autograd.Function):
-    """Forward: Triton FlashAttention-2 (saves O and the fp32 log-sum-exp,
-    not P), dense or packed (offsets given). Backward: `attention_bwd` (one
-    Triton kernel, launched once or twice), recomputing P. With return_lse,
-    the forward also returns the natural-log LSE, which takes no gradient."""
+    """Forward: Triton FlashAttention-2, or for a dense call on an sm_90
+    GPU the Gluon kernel where it measured faster (`forward_kernel`; both
+    save O and the same fp32 base-2 log-sum-exp, not P), dense or packed
+    (offsets given). Backward: `attention_bwd` (one Triton kernel, launched
+    once or twice), recomputing P. With return_lse, the forward also returns
+    the natural-log LSE, which takes no gradient."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, return_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k):
+    def forward(ctx, q, k, v, causal, softmax_scale, return_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, backend):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # the kernels derive strides from shapes
         cu_seqlens_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k   # (see _attend)
-        o, lse = attention_fwd(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k)
+        o, lse = attention_fwd(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k, backend)
         ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
         ctx.causal, ctx.softmax_scale = causal, softmax_scale
         ctx.one_launch = _one_launch(q, k, causal, max_seqlen_k)
@@ -116,19 +215,21 @@ class FlashAttnFunction(torch.autograd.Function):
         q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
         dq, dk, dv = attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.softmax_scale, ctx.one_launch,
                                    cu_seqlens_q, cu_seqlens_k)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def _attend(q, k, v, causal, scale, return_lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_k=None):
+def _attend(q, k, v, causal, scale, return_lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_k=None,
+            backend="auto"):
     """Validated inputs to the kernels: through autograd when an input requires grad."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         # one offsets tensor for queries and keys goes in once (as None for the keys'): torch.compile
         # traces no autograd Function that takes a tensor twice
         shared = cu_seqlens_k is cu_seqlens_q
         return FlashAttnFunction.apply(q, k, v, causal, scale, return_lse, cu_seqlens_q,
-                                       None if shared else cu_seqlens_k, max_seqlen_k)
+                                       None if shared else cu_seqlens_k, max_seqlen_k, backend)
     # inference: skip autograd's bookkeeping (a few microseconds a call, which matter at short T)
-    o, lse = attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, cu_seqlens_q, cu_seqlens_k)
+    o, lse = attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, cu_seqlens_q, cu_seqlens_k,
+                           backend)
     return (o, lse * LN2) if return_lse else o
 
 
@@ -170,9 +271,11 @@ def _outputs(result, return_attn_probs: bool):
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, return_lse=False):
-    """FlashAttention-2 (Triton), GQA-aware, differentiable; flash-attn's
-    arguments, in its order.
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, return_lse=False,
+                    backend="auto"):
+    """FlashAttention-2 (Triton; on an sm_90 GPU the forward in Gluon where
+    it measured faster), GQA-aware, differentiable; flash-attn's arguments,
+    in its order.
 
     q: [B, T, Hq, D]; k, v: [B, S, Hkv, D], Hq a multiple of Hkv (MHA, GQA,
     MQA); query head h reads KV head h // (Hq // Hkv). D in (32, 64, 128,
@@ -201,6 +304,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     differentiable; flash-attn hands out the same tensor as softmax_lse, the
     second of return_attn_probs's three outputs. Not both.
 
+    backend (keyword only, not flash-attn's): the forward's kernel. "auto"
+    (the default): on an sm_90 GPU (H100, H200), bf16 or fp16, D 64 or 128,
+    the warp-specialized Gluon kernel where it measured faster than the
+    Triton one (`gluon_fwd_loop`), else Triton; "triton": always Triton;
+    "gluon": always Gluon, ValueError saying why where it cannot run. The
+    backward is the Triton kernel's either way.
+
     >>> q = torch.randn(2, 1000, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     >>> k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
     >>> flash_attn_func(q, k, v, causal=True).sum().backward()   # q.grad: [2, 1000, 32, 128]
@@ -208,8 +318,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     """
     causal = _check_peer_options(causal, dropout_p, window_size, softcap, alibi_slopes, deterministic,
                                  return_attn_probs, return_lse)
+    check_choice("backend", backend, BACKENDS)
     scale = _validate(q, k, v, causal, softmax_scale)
-    return _outputs(_attend(q, k, v, causal, scale, return_lse or return_attn_probs), return_attn_probs)
+    return _outputs(_attend(q, k, v, causal, scale, return_lse or return_attn_probs, backend=backend),
+                    return_attn_probs)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,

@@ -6,7 +6,7 @@ this module declares the cases and the per-rank timing, and `run_sweep` spawns t
 B, T, H, D, causal, dtype, world, ms, tflops, note).
 
     RING_T    T = 128K, 256K, 512K, 1M tokens, B = 1, H = 32 (MHA), D = 128, bf16, causal, fwd + bwd
-    providers "book" (flash_attn_func, world 1), "book: ring" (ring_flash_attn_func, zig-zag),
+    providers "book" (flash_attn_func's Triton forward, world 1), "book: ring" (ring_flash_attn_func, zig-zag),
               "PyTorch context_parallel" (torch.distributed.tensor.experimental.context_parallel
               around SDPA, pinned to cuDNN or flash), world 1 where it applies and world W.
 
@@ -82,7 +82,7 @@ def _step_book(c, rank, world):
 
     q, k, v, do = _full_inputs(c, "cuda")
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    return lambda: torch.autograd.grad(flash_attn_func(q, k, v, causal=True), (q, k, v), do)
+    return lambda: torch.autograd.grad(flash_attn_func(q, k, v, causal=True, backend="triton"), (q, k, v), do)
 
 
 def _step_ring(c, rank, world):
@@ -91,7 +91,7 @@ def _step_ring(c, rank, world):
 
     q, k, v, do = (zigzag_split(t, rank, world) for t in _full_inputs(c, "cuda"))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    return lambda: torch.autograd.grad(ring_flash_attn_func(q, k, v, causal=True), (q, k, v), do)
+    return lambda: torch.autograd.grad(ring_flash_attn_func(q, k, v, causal=True, backend="triton"), (q, k, v), do)
 
 
 def _step_context_parallel(backend):
