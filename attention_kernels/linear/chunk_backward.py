@@ -339,7 +339,9 @@ def _chunk_dqk_intra_kernel(
     DOT_PREC: tl.constexpr,
 ):
     # one program: sub-chunk i_c of chunk i_t; its rows' dq and its columns' dk from the pairs j < t
-    # (the pairs j = t are left to the chunk-wide kernel, which drops them from the gate's gradient)
+    # (the pairs j = t are left to the chunk-wide kernel, which drops them from the gate's gradient).
+    # The tensor-core products and the elementwise diagonal accumulate apart and meet once at the end: an
+    # elementwise update of an accumulator in the products' layout costs a shared-memory round trip.
     i_c, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_t * BT + i_c * BC
@@ -352,55 +354,67 @@ def _chunk_dqk_intra_kernel(
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
         p_x = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-        p_g = ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :]
         p_dA = dA + ((i_b * T + o_t) * H + i_h) * BT                  # row starts of this sub-chunk's dA
-        b_q = tl.load(q + p_x, mask=m_tk, other=0.0).to(tl.float32)
-        b_g = tl.load(b + p_g, mask=m_tk, other=0.0)
-        b_dq = tl.zeros([BC, BK], dtype=tl.float32)
-        b_dk = tl.zeros([BC, BK], dtype=tl.float32)
+        b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_tk, other=0.0)
 
         # (a) dq against the earlier sub-chunks, re-based at b_n = b[t0] as the forward's scores are:
-        #     dq_t = e^{b_t - b_n} ⊙ Σ_j dA_tj (k_j ⊙ e^{b_n - b_j}), both exponents <= 0
-        b_gn = tl.load(b + ((i_b * T + t0) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
-        for i_j in range(0, i_c):
-            o_j = i_t * BT + i_j * BC + o_r
-            b_kj = tl.load(k + ((i_b * T + o_j[:, None]) * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-            b_gj = tl.load(b + ((i_b * T + o_j[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_k[None, :], other=0.0)
-            b_kn = (b_kj * tl.exp(b_gn[None, :] - b_gj)).to(k.dtype.element_ty)
-            b_dAj = tl.load(p_dA[:, None] + i_j * BC + o_r[None, :], mask=m_t[:, None], other=0.0)
-            b_dq += tl.dot(b_dAj.to(k.dtype.element_ty), b_kn, input_precision=DOT_PREC)
-        b_dq *= tl.exp(tl.where(m_tk, b_g - b_gn[None, :], 0.0))
+        #     dq_t = e^{b_t - b_n} ⊙ Σ_j dA_tj (k_j ⊙ e^{b_n - b_j}), both exponents <= 0 (j < t0 <= t)
+        b_dq_off = tl.zeros([BC, BK], dtype=tl.float32)
+        if i_c > 0:
+            b_gn = tl.load(b + ((i_b * T + t0) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+            for i_j in range(0, i_c):
+                o_j = i_t * BT + i_j * BC + o_r
+                p_j = ((i_b * T + o_j[:, None]) * H + i_h)
+                b_kj = tl.load(k + p_j * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+                b_gj = tl.load(b + p_j * G + o_gk[None, :], mask=m_k[None, :], other=0.0)
+                b_kn = (b_kj * tl.exp(b_gn[None, :] - b_gj)).to(k.dtype.element_ty)
+                b_dAj = tl.load(p_dA[:, None] + i_j * BC + o_r[None, :], mask=m_t[:, None], other=0.0)
+                b_dq_off += tl.dot(b_dAj.to(k.dtype.element_ty), b_kn, input_precision=DOT_PREC)
+            b_dq_off *= tl.exp(tl.where(m_tk, b_g - b_gn[None, :], 0.0))
 
-        # (b) dk against the later sub-chunks i, each re-based at its own first row b_n = b[t_i]:
-        #     dk_j = e^{b_n - b_j} ⊙ Σ_t dA_tj (q_t ⊙ e^{b_t - b_n})
+        # (b) dk against the later sub-chunks, all re-based at one row, the first after this sub-chunk
+        #     (b_n = b[t0 + BC]): dk_j = e^{b_n - b_j} ⊙ Σ_t dA_tj (q_t ⊙ e^{b_t - b_n}), both exponents
+        #     <= 0 (j < t0 + BC <= t); where e^{b_t - b_n} underflows, e^{b_t - b_j} <= it is as small
+        b_dk_off = tl.zeros([BC, BK], dtype=tl.float32)
         n_sub = tl.minimum(tl.cdiv(T - i_t * BT, BC), BT // BC)
-        for i_i in range(i_c + 1, n_sub):
-            t_i = i_t * BT + i_i * BC
-            o_i = t_i + o_r
-            m_ik = (o_i < T)[:, None] & m_k[None, :]
-            b_qi = tl.load(q + ((i_b * T + o_i[:, None]) * H + i_h) * K + o_k[None, :], mask=m_ik, other=0.0)
-            b_gi = tl.load(b + ((i_b * T + o_i[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_ik, other=0.0)
-            b_gni = tl.load(b + ((i_b * T + t_i) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
-            b_qn = (b_qi * tl.exp(tl.where(m_ik, b_gi - b_gni[None, :], 0.0))).to(k.dtype.element_ty)
-            b_dAi = tl.load(dA + ((i_b * T + o_i[:, None]) * H + i_h) * BT + i_c * BC + o_r[None, :],
-                            mask=(o_i < T)[:, None], other=0.0)
-            b_dk += tl.exp(tl.where(m_tk, b_gni[None, :] - b_g, 0.0)) * \
-                tl.dot(tl.trans(b_dAi).to(k.dtype.element_ty), b_qn, input_precision=DOT_PREC)
+        if i_c + 1 < n_sub:
+            b_gn = tl.load(b + ((i_b * T + t0 + BC) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+            for i_i in range(i_c + 1, n_sub):
+                o_i = i_t * BT + i_i * BC + o_r
+                m_ik = (o_i < T)[:, None] & m_k[None, :]
+                p_i = ((i_b * T + o_i[:, None]) * H + i_h)
+                b_qi = tl.load(q + p_i * K + o_k[None, :], mask=m_ik, other=0.0)
+                b_gi = tl.load(b + p_i * G + o_gk[None, :], mask=m_ik, other=0.0)
+                b_qn = (b_qi * tl.exp(tl.where(m_ik, b_gi - b_gn[None, :], float("-inf")))).to(k.dtype.element_ty)
+                b_dAi = tl.load(p_i * BT + i_c * BC + o_r[None, :] + dA, mask=(o_i < T)[:, None], other=0.0)
+                b_dk_off += tl.dot(tl.trans(b_dAi).to(k.dtype.element_ty), b_qn, input_precision=DOT_PREC)
+            b_dk_off *= tl.exp(tl.where(m_tk, b_gn[None, :] - b_g, 0.0))
 
-        # (c) the diagonal block's pairs j < t, one column j at a time, elementwise in fp32
-        for j in tl.static_range(BC):
-            p_j = (i_b * T + t0 + j) * H + i_h
-            m_j = (m_k & (t0 + j < T)) != 0    # `!= 0`: a boolean mask under the interpreter (chunk_gla_scores)
-            b_kj = tl.load(k + p_j * K + o_k, mask=m_j, other=0.0).to(tl.float32)
-            b_gj = tl.load(b + p_j * G + o_gk, mask=m_j, other=0.0)
-            b_dAj = tl.load(p_dA + i_c * BC + j, mask=m_t, other=0.0)           # column j, [BC]
-            m_after = (o_r > j) & m_t
-            b_w = b_dAj[:, None] * tl.exp(tl.where(m_after[:, None], b_g - b_gj[None, :], float("-inf")))
-            b_dq += b_w * b_kj[None, :]
-            b_dk += tl.where(o_r[:, None] == j, tl.sum(b_w * b_q, axis=0)[None, :], 0.0)
+        # (c) the diagonal block's pairs j < t, elementwise in fp32 on [BC, BK] tiles (the exponent b_t - b_j
+        #     of one pair, <= 0, taken alone: a gate may be as strong as GATE_FLOOR a step, so no common
+        #     reference keeps every factor of a product in range). dq one column j at a time, dk one row t at
+        #     a time, so that neither sums across rows (a cross-warp reduction through shared memory)
+        b_dq_diag = tl.zeros([BC, BK], dtype=tl.float32)
+        b_dk_diag = tl.zeros([BC, BK], dtype=tl.float32)
+        for s in range(BC):
+            p_s = (i_b * T + t0 + s) * H + i_h
+            m_s = (m_k & (t0 + s < T)) != 0    # `!= 0`: a boolean mask under the interpreter (chunk_gla_scores)
+            b_gs = tl.load(b + p_s * G + o_gk, mask=m_s, other=0.0)
+            # dq_t += dA_ts k_s ⊙ e^{b_t - b_s} for the rows t > s
+            b_ks = tl.load(k + p_s * K + o_k, mask=m_s, other=0.0).to(tl.float32)
+            b_dAc = tl.load(p_dA + i_c * BC + s, mask=m_t, other=0.0)            # column s, [BC]
+            m_after = ((o_r > s) & m_t)[:, None] & m_k[None, :]
+            b_dq_diag += b_dAc[:, None] * tl.exp(tl.where(m_after, b_g - b_gs[None, :], float("-inf"))) \
+                * b_ks[None, :]
+            # dk_j += dA_sj q_s ⊙ e^{b_s - b_j} for the columns j < s
+            b_qs = tl.load(q + p_s * K + o_k, mask=m_s, other=0.0).to(tl.float32)
+            b_dAr = tl.load(dA + p_s * BT + i_c * BC + o_r, mask=t0 + s < T, other=0.0)   # row s, [BC]
+            m_before = ((o_r < s) & (t0 + s < T))[:, None] & m_k[None, :]
+            b_dk_diag += b_dAr[:, None] * tl.exp(tl.where(m_before, b_gs[None, :] - b_g, float("-inf"))) \
+                * b_qs[None, :]
 
-        tl.store(dq + p_x, b_dq, mask=m_tk)
-        tl.store(dk + p_x, b_dk, mask=m_tk)
+        tl.store(dq + p_x, b_dq_off + b_dq_diag, mask=m_tk)
+        tl.store(dk + p_x, b_dk_off + b_dk_diag, mask=m_tk)
 
 
 @triton.jit
