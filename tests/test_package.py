@@ -209,6 +209,7 @@ PRIVATE_ACROSS_MODULES = {
     ("scripts/linear_bwd_compile.py", "_ssd_skip_grad_kernel"): "compiles the backward's kernels alone (ptxas)",
     ("scripts/linear_bwd_compile.py", "_ssd_state_kernel"): "compiles the backward's kernels alone (ptxas)",
     ("scripts/linear_bwd_compile.py", "_PER_CHANNEL_WARPS"): "compiles each kernel at its launch warps",
+    ("scripts/linear_bwd_compile.py", "_INTRA_STAGES"): "compiles the sub-chunk kernel at its launch stages",
     ("scripts/linear_bwd_compile.py", "_sum_precision"): "compiles the gate's sums at the precision a launch picks",
     ("scripts/linear_bwd_compile.py", "_DQK_BK"): "compiles Mamba-2's dq/dk kernel at its launch tile",
     ("scripts/linear_bwd_compile.py", "_DQK_BV"): "compiles Mamba-2's dq/dk kernel at its launch tile",

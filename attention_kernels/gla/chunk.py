@@ -65,17 +65,18 @@ def _chunk_gla_scores_kernel(
         #     holds a NaN or inf, so one select on the finished block clears it (a select per column
         #     inside the loop costs registers the loop does not have).
         b_A = tl.zeros([BC, BC], dtype=tl.float32)
-        for j in tl.static_range(BC):
-            p_j = ((i_b * T + t0 + j) * H + i_h) * K + o_k
-            # `!= 0` keeps the mask boolean under Triton's interpreter, which
-            # widens a broadcast scalar comparison to int32, a mask its 3.9
-            # refuses (compiled, the test adds no instruction)
-            m_j = (m_k & (t0 + j < T)) != 0
-            b_kj = tl.load(k + p_j, mask=m_j, other=0.0).to(tl.float32)
-            b_gj = tl.load(g + p_j, mask=m_j, other=0.0)
+        # A rolled loop over the rows present: unrolled, it needs 255
+        # registers at 2 warps and spills.
+        for j in range(0, tl.minimum(BC, T - t0)):
+            # key j's row loaded into every row of a [BC, BK] tile, so that it
+            # lands in the tile's layout: a [BK] row broadcast from a vector
+            # is converted to that layout through shared memory, each column
+            p_j = ((i_b * T + t0 + j) * H + i_h) * K + o_r[:, None] * 0 + o_k[None, :]
+            b_kj = tl.load(k + p_j, mask=m_k[None, :], other=0.0).to(tl.float32)
+            b_gj = tl.load(g + p_j, mask=m_k[None, :], other=0.0)
             m_lo = (o_r >= j) & m_t
-            b_e = tl.exp(tl.where(m_lo[:, None], b_g - b_gj[None, :], float("-inf")))
-            b_a = tl.sum(b_q * b_kj[None, :] * b_e, axis=1)
+            b_e = tl.exp(tl.where(m_lo[:, None], b_g - b_gj, float("-inf")))
+            b_a = tl.sum(b_q * b_kj * b_e, axis=1)
             b_A += tl.where(o_r[None, :] == j, b_a[:, None], 0.0)
         b_A = tl.where(o_r[:, None] >= o_r[None, :], b_A, 0.0)
         tl.store(p_A, b_A.to(A.dtype.element_ty), mask=m_t[:, None])

@@ -388,10 +388,13 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
 
 
 # ------------------------------------------------------------------ 3. dq, dk and the gate's gradient
-# A gate per key channel (GLA, K = 128): both kernels on 8 warps. At 4 warps ptxas (sm_90a, bf16) spilled: the
-# sub-chunk kernel 1.4 KB at 255 registers, the chunk-wide one 2.7 KB (with its gate sums as IEEE fp32 products,
-# 4,284 FFMA); at 8 warps 228 and 237 registers, no spills (scripts/linear_bwd_compile.py).
+# A gate per key channel (GLA, K = 128): both kernels on 8 warps. At 4 warps ptxas (sm_90a, bf16) spilled the
+# chunk-wide one 2.7 KB (with its gate sums as IEEE fp32 products, 4,284 FFMA); at 8 warps 237 registers, no
+# spills. The sub-chunk kernel: 96 registers at 8 warps (two programs an SM), 155 at 4 (one program of 4 warps
+# at 160+); one stage, as its loops over the other sub-chunks run at most 3 steps and a pipelined copy only
+# stages their tiles through shared memory (scripts/linear_bwd_compile.py).
 _PER_CHANNEL_WARPS = 8
+_INTRA_STAGES = 1
 @triton.jit(do_not_specialize=["T", "H"])
 def _chunk_dqk_intra_kernel(
     q, k, b, dA, dq, dk, T, H,
@@ -399,7 +402,9 @@ def _chunk_dqk_intra_kernel(
     DOT_PREC: tl.constexpr,
 ):
     # one program: sub-chunk i_c of chunk i_t; its rows' dq and its columns' dk from the pairs j < t
-    # (the pairs j = t are left to the chunk-wide kernel, which drops them from the gate's gradient)
+    # (the pairs j = t are left to the chunk-wide kernel, which drops them from the gate's gradient).
+    # The elementwise diagonal block and the tensor-core products accumulate apart and meet once, at the
+    # store: an elementwise update of an accumulator in the products' layout is a shared-memory round trip.
     i_c, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_t * BT + i_c * BC
@@ -412,55 +417,65 @@ def _chunk_dqk_intra_kernel(
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
         p_x = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-        p_g = ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :]
         p_dA = dA + ((i_b * T + o_t) * H + i_h) * BT                  # row starts of this sub-chunk's dA
-        b_q = tl.load(q + p_x, mask=m_tk, other=0.0).to(tl.float32)
-        b_g = tl.load(b + p_g, mask=m_tk, other=0.0)
-        b_dq = tl.zeros([BC, BK], dtype=tl.float32)
-        b_dk = tl.zeros([BC, BK], dtype=tl.float32)
+        b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_tk, other=0.0)
 
+        b_dq_off = tl.zeros([BC, BK], dtype=tl.float32)
         # (a) dq against the earlier sub-chunks, re-based at b_n = b[t0] as the forward's scores are:
-        #     dq_t = e^{b_t - b_n} ⊙ Σ_j dA_tj (k_j ⊙ e^{b_n - b_j}), both exponents <= 0
-        b_gn = tl.load(b + ((i_b * T + t0) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
-        for i_j in range(0, i_c):
-            o_j = i_t * BT + i_j * BC + o_r
-            b_kj = tl.load(k + ((i_b * T + o_j[:, None]) * H + i_h) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-            b_gj = tl.load(b + ((i_b * T + o_j[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_k[None, :], other=0.0)
-            b_kn = (b_kj * tl.exp(b_gn[None, :] - b_gj)).to(k.dtype.element_ty)
-            b_dAj = tl.load(p_dA[:, None] + i_j * BC + o_r[None, :], mask=m_t[:, None], other=0.0)
-            b_dq += tl.dot(b_dAj.to(k.dtype.element_ty), b_kn, input_precision=DOT_PREC)
-        b_dq *= tl.exp(tl.where(m_tk, b_g - b_gn[None, :], 0.0))
+        #     dq_t = e^{b_t - b_n} ⊙ Σ_j dA_tj (k_j ⊙ e^{b_n - b_j}), both exponents <= 0 (j < t0 <= t)
+        if i_c > 0:
+            b_gn = tl.load(b + ((i_b * T + t0) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+            for i_j in range(0, i_c):
+                o_j = i_t * BT + i_j * BC + o_r
+                p_j = ((i_b * T + o_j[:, None]) * H + i_h)
+                b_kj = tl.load(k + p_j * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+                b_gj = tl.load(b + p_j * G + o_gk[None, :], mask=m_k[None, :], other=0.0)
+                b_kn = (b_kj * tl.exp(b_gn[None, :] - b_gj)).to(k.dtype.element_ty)
+                b_dAj = tl.load(p_dA[:, None] + i_j * BC + o_r[None, :], mask=m_t[:, None], other=0.0)
+                b_dq_off += tl.dot(b_dAj.to(k.dtype.element_ty), b_kn, input_precision=DOT_PREC)
+            b_dq_off *= tl.exp(tl.where(m_tk, b_g - b_gn[None, :], 0.0))
 
-        # (b) dk against the later sub-chunks i, each re-based at its own first row b_n = b[t_i]:
-        #     dk_j = e^{b_n - b_j} ⊙ Σ_t dA_tj (q_t ⊙ e^{b_t - b_n})
+        b_dk_off = tl.zeros([BC, BK], dtype=tl.float32)
+        # (b) dk against the later sub-chunks, all re-based at one row, the first after this sub-chunk
+        #     (b_n = b[t0 + BC]): dk_j = e^{b_n - b_j} ⊙ Σ_t dA_tj (q_t ⊙ e^{b_t - b_n}), both exponents
+        #     <= 0 (j < t0 + BC <= t); where e^{b_t - b_n} underflows, e^{b_t - b_j} <= it is as small
         n_sub = tl.minimum(tl.cdiv(T - i_t * BT, BC), BT // BC)
-        for i_i in range(i_c + 1, n_sub):
-            t_i = i_t * BT + i_i * BC
-            o_i = t_i + o_r
-            m_ik = (o_i < T)[:, None] & m_k[None, :]
-            b_qi = tl.load(q + ((i_b * T + o_i[:, None]) * H + i_h) * K + o_k[None, :], mask=m_ik, other=0.0)
-            b_gi = tl.load(b + ((i_b * T + o_i[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_ik, other=0.0)
-            b_gni = tl.load(b + ((i_b * T + t_i) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
-            b_qn = (b_qi * tl.exp(tl.where(m_ik, b_gi - b_gni[None, :], 0.0))).to(k.dtype.element_ty)
-            b_dAi = tl.load(dA + ((i_b * T + o_i[:, None]) * H + i_h) * BT + i_c * BC + o_r[None, :],
-                            mask=(o_i < T)[:, None], other=0.0)
-            b_dk += tl.exp(tl.where(m_tk, b_gni[None, :] - b_g, 0.0)) * \
-                tl.dot(tl.trans(b_dAi).to(k.dtype.element_ty), b_qn, input_precision=DOT_PREC)
+        if i_c + 1 < n_sub:
+            b_gn = tl.load(b + ((i_b * T + t0 + BC) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+            for i_i in range(i_c + 1, n_sub):
+                o_i = i_t * BT + i_i * BC + o_r
+                m_ik = (o_i < T)[:, None] & m_k[None, :]
+                p_i = ((i_b * T + o_i[:, None]) * H + i_h)
+                b_qi = tl.load(q + p_i * K + o_k[None, :], mask=m_ik, other=0.0)
+                b_gi = tl.load(b + p_i * G + o_gk[None, :], mask=m_ik, other=0.0)
+                b_qn = (b_qi * tl.exp(tl.where(m_ik, b_gi - b_gn[None, :], float("-inf")))).to(k.dtype.element_ty)
+                b_dAi = tl.load(dA + p_i * BT + i_c * BC + o_r[None, :], mask=(o_i < T)[:, None], other=0.0)
+                b_dk_off += tl.dot(tl.trans(b_dAi).to(k.dtype.element_ty), b_qn, input_precision=DOT_PREC)
+            b_dk_off *= tl.exp(tl.where(m_tk, b_gn[None, :] - b_g, 0.0))
 
-        # (c) the diagonal block's pairs j < t, one column j at a time, elementwise in fp32
-        for j in tl.static_range(BC):
-            p_j = (i_b * T + t0 + j) * H + i_h
-            m_j = (m_k & (t0 + j < T)) != 0    # `!= 0`: a boolean mask under the interpreter (chunk_gla_scores)
-            b_kj = tl.load(k + p_j * K + o_k, mask=m_j, other=0.0).to(tl.float32)
-            b_gj = tl.load(b + p_j * G + o_gk, mask=m_j, other=0.0)
-            b_dAj = tl.load(p_dA + i_c * BC + j, mask=m_t, other=0.0)           # column j, [BC]
-            m_after = (o_r > j) & m_t
-            b_w = b_dAj[:, None] * tl.exp(tl.where(m_after[:, None], b_g - b_gj[None, :], float("-inf")))
-            b_dq += b_w * b_kj[None, :]
-            b_dk += tl.where(o_r[:, None] == j, tl.sum(b_w * b_q, axis=0)[None, :], 0.0)
+        # (c) the diagonal block's pairs j < t, elementwise in fp32, one row s of the block a step (a rolled
+        #     loop: unrolled, ptxas hoists every step's loads and runs out of registers). Row s is the key j
+        #     of the pairs (t > s, s), dq_t += dA_ts k_s ⊙ e^{b_t - b_s}, and the query t of the pairs
+        #     (s, j < s), dk_j += dA_sj q_s ⊙ e^{b_s - b_j}: one exponent tile serves both, b_r - b_s for the
+        #     rows r after s and b_s - b_r for those before, each that of one pair (never re-based: a gate can
+        #     be GATE_FLOOR a step, and e^{b_s - b_r} of a common reference would overflow). Both updates are
+        #     rank-1 on [BC, BK] tiles: no sum across rows (a cross-warp reduction through shared memory)
+        b_dq_diag = tl.zeros([BC, BK], dtype=tl.float32)
+        b_dk_diag = tl.zeros([BC, BK], dtype=tl.float32)
+        b_gd = tl.where(m_t[:, None], b_g, float("-inf"))    # rows past T: e^{b_r - b_s} = 0, not e^{+...}
+        for s in range(0, tl.minimum(BC, T - t0)):
+            p_s = (i_b * T + t0 + s) * H + i_h
+            b_gs = tl.load(b + p_s * G + o_gk, mask=m_k, other=0.0)
+            b_ks = tl.load(k + p_s * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+            b_qs = tl.load(q + p_s * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+            b_dAc = tl.load(p_dA + i_c * BC + s, mask=m_t & (o_r > s), other=0.0)   # column s, rows > s
+            b_dAr = tl.load(dA + p_s * BT + i_c * BC + o_r, mask=o_r < s, other=0.0)  # row s, columns < s
+            b_e = tl.exp((b_gd - b_gs[None, :]) * tl.where(o_r > s, 1.0, -1.0)[:, None])
+            b_dq_diag += (b_dAc[:, None] * b_e) * b_ks[None, :]
+            b_dk_diag += (b_dAr[:, None] * b_e) * b_qs[None, :]
 
-        tl.store(dq + p_x, b_dq, mask=m_tk)
-        tl.store(dk + p_x, b_dk, mask=m_tk)
+        tl.store(dq + p_x, b_dq_off + b_dq_diag, mask=m_tk)
+        tl.store(dk + p_x, b_dk_off + b_dk_diag, mask=m_tk)
 
 
 @triton.jit
@@ -633,7 +648,7 @@ def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float,
         dk_intra = torch.empty_like(dq_intra)
         _chunk_dqk_intra_kernel[(CHUNK // SUB_CHUNK, NT, B * H)](
             q, k, b, dA, dq_intra, dk_intra, T, H, K, G, BT=CHUNK, BC=SUB_CHUNK, BK=pow2_at_least_16(K),
-            DOT_PREC=dot_precision(q.dtype), num_warps=_PER_CHANNEL_WARPS)
+            DOT_PREC=dot_precision(q.dtype), num_warps=_PER_CHANNEL_WARPS, num_stages=_INTRA_STAGES)
     gate_out = dg
     if dg is not None and G == 1:
         gate_out = dg_tiles = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device)
