@@ -640,7 +640,7 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     # runs of _DQK_HEADS heads a program: partial sums per run, and per key tile the gate's and dt's shares
     BK = min(_DQK_BK, pow2_at_least_16(N))
     NK, runs = triton.cdiv(N, BK), triton.cdiv(H // G, _DQK_HEADS)
-    # its per-head scalars head-major ([Bt, H, T]), its dt and gate tiles written so
+    # its per-head scalars read head-major ([Bt, H, T]: a head's chunk contiguous), its dg and ddt tiles written so
     dt_heads = dtf.transpose(1, 2).contiguous()
     b_heads = b.view(Bt, T, H).transpose(1, 2).contiguous()
     g_heads = dt_heads * Af[:, None]      # as given: a gate below the floor gets gradient 0 (_ssd_dqk_kernel)
@@ -648,8 +648,8 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     dg_tiles, ddt_tiles = (torch.empty(NK, Bt, H, T, dtype=f32, device=dev) for _ in range(2))
     _ssd_dqk_kernel[(NK, NT, Bt * G * runs)](
         C, B, x, dt_heads, g_heads, b_heads, states, dstates, do, dscores, dC_part, dB_part, dg_tiles, ddt_tiles,
-        T, H, NT, H // G, G, Bt, N, P, BT=CHUNK, BK=BK, BV=min(_DQK_BV, pow2_at_least_16(P)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
-        DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_WARPS, num_stages=_DQK_STAGES)
+        T, H, NT, H // G, G, Bt, N, P, BT=CHUNK, BK=BK, BV=min(_DQK_BV, pow2_at_least_16(P)), HEADS=_DQK_HEADS,
+        FLOOR=GATE_FLOOR, DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_WARPS, num_stages=_DQK_STAGES)
     dx = dv
     if D is not None:
         dx = torch.empty_like(x)
