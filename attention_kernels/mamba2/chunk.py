@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ..launch import autotune_configs, pow2_at_least_16
 from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_state_dtype, dot_precision, tiles_that_fit
@@ -446,10 +447,10 @@ _TAIL_WARPS = 8
 # programs at 16K; partial sums 2 x 42 MB), dstate tiles of 32, a whole headdim of 64 a tile, on 8 warps and
 # 3 stages. With the headdim in one tile the loop over the heads is the innermost loop, so Triton pipelines
 # it: the next heads' x, do, dA, states, dt and gates are copied to shared memory while this head's products
-# run (120 KB at 3 stages). ptxas (sm_90a, bf16, dstate 128, headdim 64): 255 registers, no spills (16 B at
-# 2 stages); headdim tiles of 32 (a two-step inner loop, the heads not pipelined) 227. Dstate tiles of 32 on
-# 4 warps spill (272 B); tiles of 16 on 4 warps fit (255 registers, 104 KB: two programs an SM, but x, do and
-# dA read by twice the programs).
+# run (118 KB at 3 stages; 2 stages, 78 KB, where a GPU has less shared memory a program). ptxas (sm_90a,
+# bf16, dstate 128, headdim 64): 255 registers, no spills (16 B at 2 stages); headdim tiles of 32 (a two-step
+# inner loop, the heads not pipelined) 227. Dstate tiles of 32 on 4 warps spill (272 B); tiles of 16 on 4
+# warps fit (255 registers, 104 KB: two programs an SM, but x, do and dA read by twice the programs).
 _DQK_HEADS, _DQK_BK, _DQK_BV, _DQK_WARPS, _DQK_STAGES = 16, 32, 64, 8, 3
 
 
@@ -646,10 +647,14 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     g_heads = dt_heads * Af[:, None]      # as given: a gate below the floor gets gradient 0 (_ssd_dqk_kernel)
     dC_part, dB_part = (torch.empty(runs, Bt, T, G, N, dtype=f32, device=dev) for _ in range(2))
     dg_tiles, ddt_tiles = (torch.empty(NK, Bt, H, T, dtype=f32, device=dev) for _ in range(2))
-    _ssd_dqk_kernel[(NK, NT, Bt * G * runs)](
-        C, B, x, dt_heads, g_heads, b_heads, states, dstates, do, dscores, dC_part, dB_part, dg_tiles, ddt_tiles,
-        T, H, NT, H // G, G, Bt, N, P, BT=CHUNK, BK=BK, BV=min(_DQK_BV, pow2_at_least_16(P)), HEADS=_DQK_HEADS,
-        FLOOR=GATE_FLOOR, DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_WARPS, num_stages=_DQK_STAGES)
+    dqk_args = (C, B, x, dt_heads, g_heads, b_heads, states, dstates, do, dscores, dC_part, dB_part, dg_tiles,
+                ddt_tiles, T, H, NT, H // G, G, Bt, N, P)
+    dqk_meta = dict(BT=CHUNK, BK=BK, BV=min(_DQK_BV, pow2_at_least_16(P)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
+                    DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_WARPS)
+    try:
+        _ssd_dqk_kernel[(NK, NT, Bt * G * runs)](*dqk_args, **dqk_meta, num_stages=_DQK_STAGES)
+    except OutOfResources:      # less shared memory a program than the H100's (~100 KB on sm_86 and sm_89)
+        _ssd_dqk_kernel[(NK, NT, Bt * G * runs)](*dqk_args, **dqk_meta, num_stages=2)
     dx = dv
     if D is not None:
         dx = torch.empty_like(x)
