@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from triton.runtime.errors import OutOfResources
 
 from attention_kernels.common import DEVICE, assert_close, tolerance
 from attention_kernels.mamba2 import chunk as mamba2_chunk
@@ -150,6 +151,29 @@ def test_heads_summed_in_runs_over_dstate_tiles(monkeypatch):
     dy, dfinal = torch.randn(Bt, case.T, H, P, device=DEVICE), torch.randn(Bt, H, P, N, device=DEVICE)
     ref = run(ssd_scan_ref, inputs, case, dy, dfinal, math_dtype=torch.float64)
     assert_same_gradients(run(ssd_chunk_scan, inputs, case, dy, dfinal), ref, FP32)
+
+
+def test_dqk_kernel_takes_two_stages_where_shared_memory_is_short(monkeypatch):
+    # a GPU with less shared memory a program than the H100 (~100 KB on sm_86, sm_89) refuses the dq/dk
+    # kernel's pipeline of three stages: the launch is made again with two, and the gradients hold
+    kernel, stages = mamba2_chunk._ssd_dqk_kernel, []
+
+    class SharedMemoryShort:
+        def __getitem__(self, grid):
+            def launch(*args, num_stages, **kwargs):
+                stages.append(num_stages)
+                if num_stages > 2:
+                    raise OutOfResources(120 * 1024, 99 * 1024, "shared memory")
+                return kernel[grid](*args, num_stages=num_stages, **kwargs)
+            return launch
+
+    monkeypatch.setattr(mamba2_chunk, "_ssd_dqk_kernel", SharedMemoryShort())
+    case = Case(T=70, G=1)
+    inputs = make_inputs(case)
+    dy, dfinal = torch.randn(1, case.T, 4, 8, device=DEVICE), torch.randn(1, 4, 8, 16, device=DEVICE)
+    ref = run(ssd_scan_ref, inputs, case, dy, dfinal, math_dtype=torch.float64)
+    assert_same_gradients(run(ssd_chunk_scan, inputs, case, dy, dfinal), ref, FP32)
+    assert stages == [mamba2_chunk._DQK_STAGES, 2]
 
 
 def test_the_reference_is_differentiable():

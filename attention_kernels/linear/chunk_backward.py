@@ -510,13 +510,13 @@ def inter_chunk_products(v, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, 
 @triton.jit
 def one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i_h, o_c, o_t, m_t, t_last, T, H,
                   BT: tl.constexpr, FLOOR: tl.constexpr, GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr,
-                  GAMMA: tl.constexpr):
+                  GAMMA: tl.constexpr, HEAD_MAJOR: tl.constexpr = False):
     """dq and dk of one decay per head (b: the cumulative gates [B, T, H], gk the gates as given) or a fixed
     decay (GAMMA: gamma [H]), from the inter-chunk products (`inter_chunk_products`) and dA, for one chunk of
     (batch i_b, head i_h) and one key tile (b_q, b_k [BT, BK]); and this key tile's share of the gate's gradient
     ([BT], zeros without GATE_GRAD or with GAMMA). The decay factors out of the key sum: the intra-chunk part
     is (dA ⊙ M) K and (dA ⊙ M)^T Q over the whole chunk, M_tj the decay from j to t (dA is zero above the
-    diagonal)."""
+    diagonal). b and gk are [B, T, H], or [B, H, T] with HEAD_MAJOR (a head's chunk of gates contiguous)."""
     b_dA = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
     if GAMMA:
         # M_tj = λ^(t-j), a fixed decay
@@ -527,8 +527,12 @@ def one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i
     else:
         # M_tj = e^{b_t - b_j} <= 1 for j <= t (every log gate <= 0), so no re-basing: the exponent is
         # taken on the real pairs on and below the diagonal only (elsewhere it may be positive, dA is 0)
-        b_gc = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
-        b_gl = tl.load(b + (i_b * T + t_last) * H + i_h)
+        if HEAD_MAJOR:
+            p_gc, p_gl = (i_b * H + i_h) * T + o_t, (i_b * H + i_h) * T + t_last
+        else:
+            p_gc, p_gl = (i_b * T + o_t) * H + i_h, (i_b * T + t_last) * H + i_h
+        b_gc = tl.load(b + p_gc, mask=m_t, other=0.0)
+        b_gl = tl.load(b + p_gl)
         m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
         b_dA = b_dA * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
         b_q_decay = tl.exp(b_gc) * scale
@@ -547,7 +551,7 @@ def one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i
         # dg_s = Σ_{t >= s} r_t + Σ_{j < s} p_j + e^{b_L} Σ(S ⊙ dS'), one masked fp32 sum per row s
         b_dg = tl.sum(tl.where(o_c[None, :] >= o_c[:, None], b_r[None, :], b_p[None, :]), axis=1) \
             + tl.sum(b_hdh) * tl.exp(b_gl)
-        b_gk = tl.load(gk + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+        b_gk = tl.load(gk + p_gc, mask=m_t, other=0.0)
         b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
     # after the gate's sums, which end in vectors: the products then have the registers to themselves
     # (in the other order, ptxas spills at 4 warps)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ..launch import autotune_configs, pow2_at_least_16
 from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_state_dtype, dot_precision, tiles_that_fit
@@ -443,11 +444,14 @@ def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softp
 _TAIL_ROWS, _TAIL_COLS = 16, 128          # tokens × (head, headdim) columns of the elementwise passes
 _TAIL_WARPS = 8
 # dq and dk summed over a group's heads in the kernel: runs of 16 heads a program (80 heads: 5 runs, 5,120
-# programs at 16K; partial sums 2 x 42 MB), dstate tiles of 32, headdim tiles of 32, on 8 warps and 2 stages.
-# ptxas (sm_90a, bf16, dstate 128, headdim 64): 230 registers, no spills. dstate tiles of 64 spill (648 B at
-# 8 warps, 1.6 KB at 4); with the chunk states in bf16 (`chunk_state_dtype`), a whole headdim of 64 a tile
-# spills 40 B at 255 registers (16 B at 3 stages, 84 B at 1; fp32 states had fit).
-_DQK_HEADS, _DQK_BK, _DQK_BV, _DQK_WARPS, _DQK_STAGES = 16, 32, 32, 8, 2
+# programs at 16K; partial sums 2 x 42 MB), dstate tiles of 32, a whole headdim of 64 a tile, on 8 warps and
+# 3 stages. With the headdim in one tile the loop over the heads is the innermost loop, so Triton pipelines
+# it: the next heads' x, do, dA, states, dt and gates are copied to shared memory while this head's products
+# run (118 KB at 3 stages; 2 stages, 78 KB, where a GPU has less shared memory a program). ptxas (sm_90a,
+# bf16, dstate 128, headdim 64): 255 registers, no spills (16 B at 2 stages); headdim tiles of 32 (a two-step
+# inner loop, the heads not pipelined) 227. Dstate tiles of 32 on 4 warps spill (272 B); tiles of 16 on 4
+# warps fit (255 registers, 104 KB: two programs an SM, but x, do and dA read by twice the programs).
+_DQK_HEADS, _DQK_BK, _DQK_BV, _DQK_WARPS, _DQK_STAGES = 16, 32, 64, 8, 3
 
 
 @triton.jit
@@ -512,7 +516,9 @@ def _ssd_dqk_kernel(
     # one program: chunk i_t, dstate columns [i_k·BK, ..), and a run of HEADS heads of one (batch, group),
     # walked in turn: each head's dq and dk are the shared backward's for q = C and k = B·dt (a decay per
     # head), summed here over the run, dC = Σ dq and dB = Σ dt ⊙ dk, instead of written per head. Per head it
-    # writes this key tile's share of the gate's gradient and of dt's through the keys, dk · B
+    # writes this key tile's share of the gate's gradient and of dt's through the keys, dk · B. The per-head
+    # scalars (dt, g, b, and those two shares) are head-major, [Bt, H, T]: a head's chunk is 256 contiguous
+    # bytes, where [Bt, T, H] would cost a 32-byte sector per token and head
     i_k, i_t, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n_runs = tl.cdiv(HPG, HEADS)
     i_bg, i_run = i_z // n_runs, i_z % n_runs
@@ -529,16 +535,16 @@ def _ssd_dqk_kernel(
     b_B = tl.load(B + p_g, mask=m_tk, other=0.0)
     b_dC = tl.zeros([BT, BK], dtype=tl.float32)
     b_dB = tl.zeros([BT, BK], dtype=tl.float32)
-    p_tile = i_k * NB * T * H                           # this key tile's [Bt, T, H] in the [NK, Bt, T, H] tiles
+    p_tile = i_k * NB * H * T                           # this key tile's [Bt, H, T] in the [NK, Bt, H, T] tiles
     for i_r in range(i_run * HEADS, tl.minimum(i_run * HEADS + HEADS, HPG)):
         i_h = i_g * HPG + i_r
-        p_th = (i_b * T + o_t) * H + i_h
+        p_th = (i_b * H + i_h) * T + o_t
         b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)
         b_k = (b_B.to(tl.float32) * b_dt[:, None]).to(B.dtype.element_ty)  # rounded once to B's dtype
         b_dos, b_vdh, b_hdh = inter_chunk_products(x, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, NT, N, P,
                                                    BT, BK, BV, True, DOT_PREC)
         b_dq, b_dk, b_dg = one_decay_dqk(b_c, b_k, b_dos, b_vdh, b_hdh, dA, b, g, None, 1.0, i_b, i_h, o_c, o_t,
-                                         m_t, t_last, T, H, BT, FLOOR, True, DOT_PREC, False)
+                                         m_t, t_last, T, H, BT, FLOOR, True, DOT_PREC, False, HEAD_MAJOR=True)
         tl.store(dg_tiles + p_tile + p_th, b_dg, mask=m_t)
         tl.store(ddt_tiles + p_tile + p_th, tl.sum(b_dk * b_B.to(tl.float32), axis=1), mask=m_t)
         b_dC += b_dq
@@ -624,7 +630,6 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     # the chunk recurrence: q = C and k = B·dt, read per group (B scaled by each head's dt in the kernels),
     # v = x, the gate dt·A per head
     Af = A.to(f32)
-    g = dtf * Af                          # as given: a gate below the floor gets gradient 0 (_ssd_dqk_kernel)
     dstates = torch.empty_like(states)
     dht = None if dfinal is None else dfinal.to(f32).transpose(-1, -2).contiguous()
     dh0 = None if h0 is None else torch.empty(Bt, H, N, P, dtype=f32, device=dev)
@@ -636,12 +641,20 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     # runs of _DQK_HEADS heads a program: partial sums per run, and per key tile the gate's and dt's shares
     BK = min(_DQK_BK, pow2_at_least_16(N))
     NK, runs = triton.cdiv(N, BK), triton.cdiv(H // G, _DQK_HEADS)
+    # its per-head scalars read head-major ([Bt, H, T]: a head's chunk contiguous), its dg and ddt tiles written so
+    dt_heads = dtf.transpose(1, 2).contiguous()
+    b_heads = b.view(Bt, T, H).transpose(1, 2).contiguous()
+    g_heads = dt_heads * Af[:, None]      # as given: a gate below the floor gets gradient 0 (_ssd_dqk_kernel)
     dC_part, dB_part = (torch.empty(runs, Bt, T, G, N, dtype=f32, device=dev) for _ in range(2))
-    dg_tiles, ddt_tiles = (torch.empty(NK, Bt, T, H, dtype=f32, device=dev) for _ in range(2))
-    _ssd_dqk_kernel[(NK, NT, Bt * G * runs)](
-        C, B, x, dtf, g, b, states, dstates, do, dscores, dC_part, dB_part, dg_tiles, ddt_tiles, T, H, NT, H // G,
-        G, Bt, N, P, BT=CHUNK, BK=BK, BV=min(_DQK_BV, pow2_at_least_16(P)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
-        DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_WARPS, num_stages=_DQK_STAGES)
+    dg_tiles, ddt_tiles = (torch.empty(NK, Bt, H, T, dtype=f32, device=dev) for _ in range(2))
+    dqk_args = (C, B, x, dt_heads, g_heads, b_heads, states, dstates, do, dscores, dC_part, dB_part, dg_tiles,
+                ddt_tiles, T, H, NT, H // G, G, Bt, N, P)
+    dqk_meta = dict(BT=CHUNK, BK=BK, BV=min(_DQK_BV, pow2_at_least_16(P)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
+                    DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_WARPS)
+    try:
+        _ssd_dqk_kernel[(NK, NT, Bt * G * runs)](*dqk_args, **dqk_meta, num_stages=_DQK_STAGES)
+    except OutOfResources:      # less shared memory a program than the H100's (~100 KB on sm_86 and sm_89)
+        _ssd_dqk_kernel[(NK, NT, Bt * G * runs)](*dqk_args, **dqk_meta, num_stages=2)
     dx = dv
     if D is not None:
         dx = torch.empty_like(x)
@@ -653,15 +666,15 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     # back through k = B·dt (the group sums), g = dt·A, dt = softplus(dt +
     # dt_bias)
     dC, dB = dC_part.sum(0).to(C.dtype), dB_part.sum(0).to(B.dtype)
-    dg = dg_tiles.sum(0)
-    ddt = ddt_tiles.sum(0) + dg * Af
+    dg = dg_tiles.sum(0).transpose(1, 2)
+    ddt = ddt_tiles.sum(0).transpose(1, 2) + dg * Af
     dA = (dg * dtf).sum((0, 1)).to(A.dtype)
     if dt_softplus:
         raw = dt.to(f32) + (0 if dt_bias is None else dt_bias.to(f32))
         ddt = ddt * torch.where(raw <= 20.0, torch.sigmoid(raw), 1.0)     # the forward's softplus cut-off
     ddt_bias = None if dt_bias is None else ddt.sum((0, 1)).to(dt_bias.dtype)
     dh0 = None if dh0 is None else dh0.transpose(-1, -2).contiguous()
-    grads = (dx, ddt.to(dt.dtype), dA, dB, dC, dD, dz, ddt_bias, dh0)
+    grads = (dx, ddt.to(dt.dtype).contiguous(), dA, dB, dC, dD, dz, ddt_bias, dh0)
     return tuple(t for t in grads if t is not None)
 
 
