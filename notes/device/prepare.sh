@@ -18,6 +18,16 @@ for ignored in /.whl/ /.whl-book/ /.peers/ /.peers-flashmla/ /.tl/ /.device_comm
 done
 [ -d .whl ] && [ "$(ls .whl | wc -l)" -gt 30 ] || bash "$shared/gpu/wheels.sh"
 [ -d .peers/mamba_ssm ] || { mkdir -p .peers && cp -r "$shared/peers/mamba_ssm" .peers/; }
+# mamba_ssm's Mamba2 block for tests/test_peer_layers.py: modules/mamba2.py and distributed/ of the ops' commit,
+# taken from a mirror of state-spaces/mamba where this machine has one (the tool library's `fetch`,
+# github:state-spaces/mamba); without it those tests skip, saying so
+mamba_commit=e9594ce1c732d97440f0332fdc43170a2294dbfa
+mamba_mirror=${MAMBA_MIRROR:-/work/.mirror/state-spaces+mamba/repo}
+if [ ! -f .peers/mamba_ssm/mamba_ssm/modules/mamba2.py ] && git --git-dir="$mamba_mirror" cat-file -e "$mamba_commit" 2>/dev/null; then
+  chmod -R u+w .peers/mamba_ssm
+  git --git-dir="$mamba_mirror" archive "$mamba_commit" mamba_ssm/modules/__init__.py mamba_ssm/modules/mamba2.py \
+    mamba_ssm/distributed | tar -x -C .peers/mamba_ssm
+fi
 [ -d .peers-flashmla ] || cp -r "$shared/peers/flashmla" .peers-flashmla
 if [ "${1:-}" = --tilelang ] && [ ! -d .tl/b ]; then bash "$shared/gpu/tilelang.sh"; fi
 rm -rf .whl-book && python3 -m pip wheel -q --no-deps -w .whl-book . 2>&1 | grep -v '^WARNING' || true
