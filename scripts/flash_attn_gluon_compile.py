@@ -4,12 +4,15 @@
     python scripts/flash_attn_gluon_compile.py --only 128 causal # one configuration (what the CPU test runs)
     python scripts/flash_attn_gluon_compile.py --only 128 causal overlapped   # its variant with the next scores
                                                                             # issued before the softmax
+    python scripts/flash_attn_gluon_compile.py --only 128 causal pingpong     # the warpgroups taking turns
     python scripts/flash_attn_gluon_compile.py --keep DIR        # also write each variant's .ttgir / .ptx / ptxas log
 
-Per variant: Triton's shared-memory figure, ptxas's registers / spills / performance notes, and instruction counts from
-the PTX (wgmma, TMA copies, mbarrier ops, setmaxnreg), through `mla_gluon_compile.py`'s readers. Exits 1 if a
-compilation fails, ptxas spills or serializes the wgmma pipeline, shared memory exceeds 227 KB, or the PTX lacks
-wgmma or TMA copies. Needs no CUDA device: the target is given explicitly.
+Per variant (loop: in order, overlapped, ping-pong): Triton's shared-memory figure, ptxas's registers / spills /
+performance notes, and instruction counts from the PTX (wgmma, TMA copies, mbarrier ops, setmaxnreg), through
+`mla_gluon_compile.py`'s readers. Exits 1 if a compilation fails, ptxas spills or serializes the wgmma pipeline,
+shared memory exceeds 227 KB, or the PTX lacks wgmma or TMA copies; the ping-pong loop must also hold its
+hand-over (3 mbarrier waits and 3 arrives a warpgroup besides its own K and V ones, `TURN_OPS`). Needs no
+CUDA device: the target is given explicitly.
 Note: ptxas's "Used N registers" is the launch bound (maxnreg); the partitions then move to setmaxnreg's values.
 """
 import os
@@ -33,9 +36,16 @@ SIG = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "
        "scale_log2": "fp32", "T": "i32", "S": "i32", "HQ": "i32", "HKV": "i32"}
 
 
-def build(D: int, causal: bool, overlap: bool):
+SCHEDULES = {"in-order": gf.IN_ORDER.value, "overlapped": gf.OVERLAPPED.value, "pingpong": gf.PINGPONG.value}
+# The ping-pong loop's turn barrier sites per warpgroup in the PTX: waited on and handed over in round 0, in the
+# unmasked rounds' loop and in the last round. Its other extra sites, next to the in-order loop's, are one K and
+# one V wait and release a warpgroup (round 0 and the last round): without the turns it would have 2 of each.
+TURN_OPS = 3
+
+
+def build(D: int, causal: bool, schedule: str):
     bn, stages = gf.FWD_TILES[D]
-    consts = {"D": D, "BN": bn, "STAGES": stages, "CAUSAL": causal, "OVERLAP": overlap,
+    consts = {"D": D, "BN": bn, "STAGES": stages, "CAUSAL": causal, "SCHEDULE": SCHEDULES[schedule],
               "CONSUMER_REGS": gf.WS_CONSUMER_REGS,
               "PRODUCER_REGS": gf.WS_PRODUCER_REGS, "num_warps": 4}
     fn = gf.attn_fwd_ws_kernel
@@ -49,33 +59,59 @@ def build(D: int, causal: bool, overlap: bool):
                           options={"num_warps": 4, "maxnreg": gf.WS_MAXNREG})
 
 
-def check(D: int, causal: bool, overlap: bool, keep: Path | None) -> list:
-    tag = f"fa_fwd_ws_d{D}_{'causal' if causal else 'full'}{'_overlapped' if overlap else ''}"
+def check(D: int, causal: bool, schedule: str, keep: Path | None) -> tuple[list, dict]:
+    tag = f"fa_fwd_ws_d{D}_{'causal' if causal else 'full'}{'' if schedule == 'in-order' else '_' + schedule}"
     print(f"\n=== {tag} (BN, STAGES = {gf.FWD_TILES[D]}) ===")
-    # the overlapped loop is not the default yet: its spills are reported, and it is timed on the GPU first
-    why = "at D = 128 only in the hidden-NaN path (its SASS), which finite V never takes" if overlap else None
-    problems, counts = report(build(D, causal, overlap), tag, keep, spills_allowed=why)
+    # neither variant is the default yet: their spills are reported, and they are timed on the GPU first
+    why = {"overlapped": "at D = 128 only in the hidden-NaN path (its SASS), which finite V never takes",
+           "pingpong": "at D = 128 only in the masked tiles' softmax and hidden-NaN check, which take the other "
+                       "loops' code (its SASS: one register, 8 loads and 8 predicated stores a masked tile); "
+                       "the ping-pong loop itself has none"}.get(schedule)
+    problems, counts = report(build(D, causal, schedule), tag, keep, spills_allowed=why)
     if not counts["wgmma"] or not counts["tma_load"]:
         problems.append(f"{tag}: no wgmma or no TMA copy in the PTX")
+    return problems, counts
+
+
+def check_handover(counts: dict) -> list:
+    """The ping-pong loop's turn barriers, against the in-order loop compiled with the same D and mask: each of
+    the two warpgroups waits on its turn and hands it over at TURN_OPS sites more (in the PTX)."""
+    problems = []
+    for (D, causal, schedule), got in counts.items():
+        base = counts.get((D, causal, "in-order"))
+        if schedule != "pingpong" or base is None:
+            continue
+        for op in ("mbar_wait", "mbar_arrive"):
+            extra = got[op] - base[op]
+            print(f"D={D} causal={causal}: ping-pong {op} {got[op]} = in-order {base[op]} + {extra}")
+            if extra < 2 * TURN_OPS:
+                problems.append(f"D={D} causal={causal} pingpong: {extra} {op} more than in order, "
+                                f"expected >= {2 * TURN_OPS}")
     return problems
+
 
 def main(argv):
     keep = None
     if "--keep" in argv:
         keep = Path(argv[argv.index("--keep") + 1])
         keep.mkdir(parents=True, exist_ok=True)
-    variants = [(D, causal, overlap) for overlap in (False, True) for D in (64, 128) for causal in (False, True)]
+    variants = [(D, causal, schedule) for schedule in SCHEDULES for D in (64, 128) for causal in (False, True)]
     if "--only" in argv:
         i = argv.index("--only")
-        variants = [(int(argv[i + 1]), argv[i + 2] == "causal", "overlapped" in argv[i + 3:i + 4])]
+        schedule = argv[i + 3] if argv[i + 3:i + 4] and argv[i + 3] in SCHEDULES else "in-order"
+        variants = [(int(argv[i + 1]), argv[i + 2] == "causal", schedule)]
+        if schedule == "pingpong":   # with its in-order twin, to count the hand-over's barrier ops
+            variants.insert(0, (variants[0][0], variants[0][1], "in-order"))
     print(f"triton {triton.__version__}, target {TARGET}, ptxas {PTXAS.name}")
-    problems = []
-    for D, causal, overlap in variants:
+    problems, counts = [], {}
+    for D, causal, schedule in variants:
         try:
-            problems += check(D, causal, overlap, keep)
+            p, counts[D, causal, schedule] = check(D, causal, schedule, keep)
+            problems += p
         except Exception:  # noqa: BLE001 - report the failure, then exit non-zero
             traceback.print_exc()
-            problems.append(f"D={D} causal={causal} overlap={overlap}: compilation error")
+            problems.append(f"D={D} causal={causal} {schedule}: compilation error")
+    problems += check_handover(counts)
     print("FAIL  : " + "; ".join(problems) if problems else "OK")
     return 1 if problems else 0
 

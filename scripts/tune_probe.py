@@ -23,10 +23,10 @@ mla_variants FILE... [B,T ...] [in_order]: copies of attention_kernels/mla/gluon
 fa_mask: what keeping hidden NaN out costs the causal forward: the kernel as it is against a copy whose
   masked path multiplies P and V with a plain `tl.dot` (short lengths, where diagonal blocks weigh most).
 fa_gluon: the Gluon FlashAttention forward for Hopper (attention_kernels/flash_attn/gluon_forward.py; its timings are
-  flash_attn/interface.py's GLUON_FWD_MEASURED, which the dispatch reads):
-  checked against the fp64 formula on 3 shapes (stops there if wrong), then timed beside the Triton forward, SDPA
-  cuDNN and flash, and FA4 where it imports, at B = 4, H = 32, D = 128, T = 2K to 16K, causal and not: TFLOP/s
-  and the Gluon kernel's speed ratio to each. One table, under a minute.
+  flash_attn/interface.py's GLUON_FWD_MEASURED, which the dispatch reads), its three loops (in order, overlapped,
+  ping-pong): each checked against the fp64 formula on 3 shapes (a wrong one is not timed), then timed beside the
+  Triton forward, SDPA cuDNN and flash, and FA4 where it imports, at B = 4, H = 32, D = 128, T = 2K to 16K, causal
+  and not: TFLOP/s and the in-order loop's speed ratio to each. One table, about a minute.
 kda_step: KDA's decode step (H = 32, K = V = 128) at B = 1, 8 and 64: single calls with L2 flushed (do_bench),
   calls back to back (as the chapter times plain calls), the graph replay, and the host time of a call.
 
@@ -207,45 +207,55 @@ def fa_mask():
         print(f"B={B} H={H} T={T} causal: " + "  ".join(f"{n} {min(t):.1f} us" for n, t in times.items()))
 
 
+# The Gluon forward's consumer loops (the table's columns), as `gluon_attention_fwd` takes them.
+GLUON_LOOPS = {"Gluon": dict(overlap=False), "Gluon overlapped": dict(overlap=True),
+               "Gluon ping-pong": dict(pingpong=True)}
+
+
 def fa_gluon():
-    """The Gluon forward: right first (3 shapes against the fp64 formula, o and the base-2 lse), then one table of
-    TFLOP/s (bf16, B = 4, H = 32, D = 128, do_bench medians) and its speed ratio to each of the others."""
+    """The Gluon forward's loops: each right first (3 shapes against the fp64 formula, o and the base-2 lse; a
+    wrong one is left out of the table, and nothing is timed if the in-order loop is wrong), then one table of
+    TFLOP/s (bf16, B = 4, H = 32, D = 128, do_bench medians) and the in-order loop's speed ratio to each."""
     from attention_kernels import peers
     from attention_kernels.flash_attn import attention_ref, gluon_forward
 
+    wrong = set()
     for B, T, S, HQ, HKV, D, causal in [(2, 1000, 1000, 8, 2, 128, True), (1, 4100, 4100, 4, 4, 64, False),
                                         (2, 300, 77, 8, 2, 128, True)]:
         q = torch.randn(B, T, HQ, D, device="cuda", dtype=torch.bfloat16)
         k, v = torch.randn(2, B, S, HKV, D, device="cuda", dtype=torch.bfloat16)
         ref = attention_ref(q, k, v, causal=causal, compute_dtype=torch.float64, out_dtype=torch.float64)
         _, lse_triton = attention_fwd(q, k, v, causal, D ** -0.5)
-        for overlap in (False, True):
-            o, lse = gluon_forward.gluon_attention_fwd(q, k, v, causal, D ** -0.5, overlap=overlap)
+        for loop, keywords in GLUON_LOOPS.items():
+            o, lse = gluon_forward.gluon_attention_fwd(q, k, v, causal, D ** -0.5, **keywords)
             # rows with no key to attend (causal, T > S) have lse -inf in both: compared as a pattern
             finite = torch.isfinite(lse_triton)
             same_empty_rows = torch.equal(torch.isfinite(lse), finite)
             err, lse_err = rel_err(o, ref), (lse - lse_triton)[finite].abs().max().item()
             right = not torch.isnan(o).any() and err < 1e-2 and lse_err < 1e-3 and same_empty_rows
-            print(f"B={B} T={T} S={S} H={HQ}/{HKV} D={D} causal={causal} overlap={overlap}: rel err {err:.1e}, "
+            print(f"B={B} T={T} S={S} H={HQ}/{HKV} D={D} causal={causal} {loop}: rel err {err:.1e}, "
                   f"lse vs Triton {lse_err:.1e}: {'right' if right else 'WRONG'}", flush=True)
             if not right:
-                print("the Gluon forward is wrong: not timed")
-                return
+                wrong.add(loop)
+    if wrong:
+        print(f"wrong, not timed: {', '.join(sorted(wrong))}")
+    if "Gluon" in wrong:
+        return
     cudnn, flash, fa4 = peers.sdpa("cuDNN"), peers.sdpa("flash"), peers.fa4()
     B, H, D = 4, 32, 128
-    names = ["Gluon", "Gluon overlapped", "Triton", "cuDNN", "SDPA flash"] + (["FA4"] if fa4 else [])
+    names = ([n for n in GLUON_LOOPS if n not in wrong] + ["Triton", "cuDNN", "SDPA flash"]
+             + (["FA4"] if fa4 else []))
     print(f"bf16, B={B} H={H} D={D}: TFLOP/s; in brackets the Gluon kernel's speed ratio to it")
     print(f"  {'T':>6s} {'causal':>6s} " + " ".join(f"{n:>16s}" for n in names))
     for causal in (False, True):
         for T in (2048, 4096, 8192, 16384):
             q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-            calls = {"Gluon": lambda: gluon_forward.gluon_attention_fwd(q, k, v, causal, D ** -0.5),
-                     "Gluon overlapped": lambda: gluon_forward.gluon_attention_fwd(q, k, v, causal, D ** -0.5,
-                                                                                   overlap=True),
-                     "Triton": lambda: attention_fwd(q, k, v, causal, D ** -0.5),
-                     "cuDNN": lambda: cudnn(qt, kt, vt, causal=causal),
-                     "SDPA flash": lambda: flash(qt, kt, vt, causal=causal)}
+            calls = {n: (lambda kw=kw: gluon_forward.gluon_attention_fwd(q, k, v, causal, D ** -0.5, **kw))
+                     for n, kw in GLUON_LOOPS.items() if n not in wrong}
+            calls |= {"Triton": lambda: attention_fwd(q, k, v, causal, D ** -0.5),
+                      "cuDNN": lambda: cudnn(qt, kt, vt, causal=causal),
+                      "SDPA flash": lambda: flash(qt, kt, vt, causal=causal)}
             if fa4:
                 calls["FA4"] = lambda: fa4(q, k, v, causal=causal)
             flops = attention_flops(B, H, T, T, D, causal)

@@ -135,8 +135,8 @@ def launches(monkeypatch):
         *batch, T, HQ, _ = q.shape
         return torch.zeros_like(q), torch.zeros(*batch, HQ, T)
 
-    def gluon(q, k, v, causal, scale, overlap):
-        ran.append("gluon overlapped" if overlap else "gluon in-order")
+    def gluon(q, k, v, causal, scale, schedule):
+        ran.append({0: "gluon in-order", 1: "gluon overlapped"}[schedule])
         return torch.zeros_like(q), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
 
     monkeypatch.setattr(interface, "triton_attention_fwd", triton)
@@ -198,7 +198,7 @@ def test_autograd_path_through_the_gluon_launch(causal, backend, overlap, monkey
         for mine, theirs in ((o, o_t), (lse, lse_t)):
             assert (mine.shape, mine.dtype, mine.stride()) == (theirs.shape, theirs.dtype, theirs.stride())
         o.copy_(o_t), lse.copy_(lse_t)
-        launched.append(constexprs["OVERLAP"])
+        launched.append(constexprs["SCHEDULE"] == gluon_forward.OVERLAPPED.value)
 
     monkeypatch.setattr(interface, "gluon_misfit", lambda q, k, v: None)
     monkeypatch.setattr(gluon_forward, "launch_direct", kernel)

@@ -40,6 +40,28 @@ def test_gluon_forward_compiles_for_hopper_without_spills():
     assert "'wgmma': 0" not in out and "'tma_load': 0" not in out, out[-3000:]
 
 
+def test_gluon_pingpong_compiles_with_its_handover():
+    """No GPU needed: the ping-pong loop (D = 64, causal, bf16) compiled for sm_90a beside the in-order loop: no
+    spills in either, and each warpgroup's turn barriers in the PTX (mbarrier waits and arrives at 3 sites more
+    than its K and V ones; the script exits 1 otherwise)."""
+    if not triton_tested():
+        pytest.skip(f"the Gluon kernels run on Triton {', '.join(TESTED_TRITON)} only "
+                    "(attention_kernels.launch.TESTED_TRITON)")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--only", "64", "causal", "pingpong"], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "=== fa_fwd_ws_d64_causal_pingpong" in out and out.count("spill stores 0 B, spill loads 0 B") == 2, out
+    assert "ping-pong mbar_wait" in out and "ping-pong mbar_arrive" in out and "OK" in out, out[-3000:]
+
+
+def test_gluon_forward_refuses_overlap_with_pingpong():
+    """The two loops are alternatives: asking for both is refused by name, before any launch."""
+    q = torch.randn(1, 8, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="pingpong and overlap"):
+        _gluon_forward().gluon_attention_fwd(q, q, q, causal=False, overlap=True, pingpong=True)
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda q, k, v: (q.float(), k.float(), v.float()), "bf16 or fp16"),
     (lambda q, k, v: (q[..., :32].contiguous(), k[..., :32].contiguous(), v[..., :32].contiguous()), "head dim"),
@@ -85,11 +107,11 @@ def _lse2_reference(q, k, causal, scale):
     return torch.where(torch.isneginf(lse), math.inf, lse)
 
 
-def _check_against_reference(B, T, S, HQ, HKV, D, causal, dtype, overlap):
+def _check_against_reference(B, T, S, HQ, HKV, D, causal, dtype, loop):
     q = torch.randn(B, T, HQ, D, device="cuda", dtype=dtype)
     k, v = torch.randn(2, B, S, HKV, D, device="cuda", dtype=dtype)
     scale = D ** -0.5
-    o, lse = _gluon_forward().gluon_attention_fwd(q, k, v, causal=causal, softmax_scale=scale, overlap=overlap)
+    o, lse = _gluon_forward().gluon_attention_fwd(q, k, v, causal=causal, softmax_scale=scale, **loop)
     assert o.shape == q.shape and o.dtype == dtype and lse.shape == (B, HQ, T) and lse.dtype == torch.float32
     assert not torch.isnan(o).any() and not torch.isnan(lse).any()
     ref = attention_ref(q, k, v, causal=causal, softmax_scale=scale, compute_dtype=torch.float64,
@@ -106,38 +128,41 @@ def _check_against_reference(B, T, S, HQ, HKV, D, causal, dtype, overlap):
         assert err <= tolerance(torch.float32, tf32_dots=True), f"lse: relative error {err:.2e}"
 
 
-OVERLAP = pytest.mark.parametrize("overlap", [False, True], ids=["in-order", "overlapped"])
+# the consumers' loops, as gluon_attention_fwd's keywords
+LOOPS = pytest.mark.parametrize("loop", [dict(overlap=False), dict(overlap=True), dict(pingpong=True)],
+                                ids=["in-order", "overlapped", "pingpong"])
 
 
 @pytest.mark.gpu
-@OVERLAP
+@LOOPS
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("T", [1, 77, 1000, 4100])
-def test_gpu_gluon_forward_matches_reference(T, D, causal, overlap):
+def test_gpu_gluon_forward_matches_reference(T, D, causal, loop):
     """T = S, not multiples of the 128-row query block or the 128-key tile; GQA 4:1 (8 query heads, 2 KV);
-    both consumer loops (the next tile's scores issued before the softmax or not)."""
+    the three consumer loops (in order, the next tile's scores issued before the softmax, the warpgroups taking
+    turns on the tensor cores)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon forward runs on Hopper only")
-    _check_against_reference(2, T, T, 8, 2, D, causal, torch.bfloat16, overlap)
+    _check_against_reference(2, T, T, 8, 2, D, causal, torch.bfloat16, loop)
 
 
 @pytest.mark.gpu
-@OVERLAP
+@LOOPS
 @pytest.mark.parametrize("T, S", [(77, 1000), (1000, 77), (300, 5)], ids=["T<S", "T>S", "rows-see-nothing"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_gpu_gluon_forward_unequal_lengths_causal(T, S, dtype, overlap):
+def test_gpu_gluon_forward_unequal_lengths_causal(T, S, dtype, loop):
     """T != S under the bottom-right causal mask: with T > S the first T - S rows see no key (o = 0, lse = +inf)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon forward runs on Hopper only")
-    _check_against_reference(2, T, S, 8, 2, 128, True, dtype, overlap)
-    _check_against_reference(1, T, S, 4, 1, 64, False, dtype, overlap)
+    _check_against_reference(2, T, S, 8, 2, 128, True, dtype, loop)
+    _check_against_reference(1, T, S, 4, 1, 64, False, dtype, loop)
 
 
 @pytest.mark.gpu
-@OVERLAP
+@LOOPS
 @pytest.mark.parametrize("D", [64, 128])
-def test_gpu_gluon_forward_hidden_nan_reaches_only_rows_that_see_it(D, overlap):
+def test_gpu_gluon_forward_hidden_nan_reaches_only_rows_that_see_it(D, loop):
     """A NaN and an inf in V at keys inside the sequence (one on a diagonal tile, one in the middle of a tile
     with rows on both sides of it), causal: rows before each key stay finite and equal the formula's with those
     values zeroed; rows at or after it are NaN (0 * NaN stays out of the masked products)."""
@@ -146,7 +171,7 @@ def test_gpu_gluon_forward_hidden_nan_reaches_only_rows_that_see_it(D, overlap):
     T, bad = 300, (130, 200)
     q, k, v = torch.randn(3, 1, T, 2, D, device="cuda", dtype=torch.bfloat16)
     v[0, bad[0], 0, 3], v[0, bad[1], 1, 5] = float("nan"), float("inf")
-    o, _ = _gluon_forward().gluon_attention_fwd(q, k, v, causal=True, overlap=overlap)
+    o, _ = _gluon_forward().gluon_attention_fwd(q, k, v, causal=True, **loop)
     ref = attention_ref(q, k, torch.nan_to_num(v, nan=0.0, posinf=0.0), causal=True, compute_dtype=torch.float64,
                         out_dtype=torch.float64)
     for head, key in enumerate(bad):

@@ -24,11 +24,12 @@ One CTA per (128 query rows, batch * query head), three partitions (gl.warp_spec
 Tiles that every row of the block sees in full skip the mask; the causal diagonal and the ragged last tile
 take it (`_key_tiles`). Non-causal calls pass a shift of S, so one masked path serves both settings.
 
-The default loop keeps each warpgroup's steps in order (scores, softmax, P V, each waited on). Its variant
-(`overlap=True`, `_consumer`'s OVERLAP) issues the next tile's S = Q K^T before this tile's softmax on the
-unmasked tiles, so the tensor cores compute it while the exponentials run. Still to try (notes/TUNING.md):
-ping-pong between the two warpgroups (one's softmax while the other's GEMMs run, handed over with named
-barriers) and a TMA store of O.
+The default loop keeps each warpgroup's steps in order (scores, softmax, P V, each waited on). Two variants
+(`_consumer`'s SCHEDULE), on the unmasked tiles: `overlap=True` issues the next tile's S = Q K^T before this
+tile's softmax, so the tensor cores compute it while the exponentials run; `pingpong=True` has the two
+warpgroups take turns on the tensor cores, one's P V and next scores issued while the other runs its softmax,
+handed over through a pair of mbarriers (`_pingpong`; Triton 3.6's Gluon has no named barriers), not run on
+a GPU yet. Still to try (notes/TUNING.md): a TMA store of O.
 A NaN or inf in V at a key the mask hides must not reach the rows that cannot see it (0 * NaN is NaN): a
 masked tile first checks its V tile and, only if it is not finite, takes P V on the CUDA cores key by key,
 skipping zero probabilities (as the Triton forward's `dot_visible` does); keys past S are zero-filled.
@@ -59,8 +60,13 @@ FWD_TILES = {64: (128, 3), 128: (128, 2)}
 WS_MAXNREG = 168
 WS_CONSUMER_REGS = 240
 WS_PRODUCER_REGS = 24
-# Whether the consumers issue the next tile's S = Q K^T before this tile's softmax (`_consumer`'s OVERLAP), for
-# a direct call; `flash_attn_func` picks the loop per shape from the timings (`interface.GLUON_FWD_MEASURED`).
+# The consumers' loops (`_consumer`'s SCHEDULE): each warpgroup's steps in order; the next tile's S = Q K^T
+# issued before this tile's softmax; the two warpgroups taking turns on the tensor cores (ping-pong).
+IN_ORDER = gl.constexpr(0)
+OVERLAPPED = gl.constexpr(1)
+PINGPONG = gl.constexpr(2)
+# Whether a direct call's consumers issue the next tile's S = Q K^T before this tile's softmax;
+# `flash_attn_func` picks the loop per shape from the timings (`interface.GLUON_FWD_MEASURED`).
 OVERLAP_SCORES = False
 
 
@@ -142,11 +148,20 @@ def _softmax_pv(acc, m_i, l_i, s, t, v_s, v_ready, v_empty, scale_log2, rows, S,
     """The online softmax of tile t's scores s, O rescaled, O += P V_t, waited on (with HAS_NEXT, together with
     s_next, the next tile's scores in flight), and V_t's slot released. Returns acc, m, l and s_next (waited
     on; passed through as given without HAS_NEXT)."""
-    STAGES: gl.constexpr = v_s.shape[0]
-    BN: gl.constexpr = v_s.shape[1]
-    st = t % STAGES
-    phase = (t // STAGES) & 1
-    slot = st + _opaque_zero(t)
+    acc, m_i, l_i, p = _online_softmax(acc, m_i, l_i, s, t, scale_log2, rows, S, shift, MASKED, row_o)
+    acc = _pv_released(acc, p, t, v_s, v_ready, v_empty, MASKED, p_layout, row_o)
+    if HAS_NEXT:   # an issued product cannot cross a branch, so its wait is out here (P V's took it already)
+        gl.static_assert(not MASKED, "a masked tile's check needs the registers the next scores would hold")
+        s_next = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, ))
+    return acc, m_i, l_i, s_next
+
+
+@gluon.jit
+def _online_softmax(acc, m_i, l_i, s, t, scale_log2, rows, S, shift, MASKED: gl.constexpr, row_o: gl.constexpr):
+    """Tile t's scores s into probabilities p (fp32, base 2, scale folded in), the running max m and sum l
+    updated and O rescaled to the new max; returns acc, m, l, p. MASKED: a score whose key is past S or, causal,
+    past the row's diagonal (shift = S - T; S when not causal) is -inf."""
+    BN: gl.constexpr = s.shape[1]
     if MASKED:
         cols = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
         keep = (gl.expand_dims(cols, 0) < S) & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + shift, 1))
@@ -161,18 +176,26 @@ def _softmax_pv(acc, m_i, l_i, s, t, v_s, v_ready, v_empty, scale_log2, rows, S,
     alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-    mbarrier.wait(v_ready.index(st), phase)
+    return acc, m_new, l_i, p
+
+
+@gluon.jit
+def _pv_released(acc, p, t, v_s, v_ready, v_empty, MASKED: gl.constexpr, p_layout: gl.constexpr,
+                 row_o: gl.constexpr):
+    """acc + P V_t once V_t has landed (p fp32 or 16-bit, rounded to V's type), waited on, and V_t's slot
+    released. MASKED: V_t is first checked, and if it holds a NaN or an inf, the product is taken on the CUDA
+    cores (`_pv_skipping_zeros`)."""
+    STAGES: gl.constexpr = v_s.shape[0]
+    st = t % STAGES
+    slot = st + _opaque_zero(t)
+    mbarrier.wait(v_ready.index(st), (t // STAGES) & 1)
     if MASKED and _has_non_finite(v_s.index(slot)):
         acc = _pv_skipping_zeros(acc, p.to(v_s.dtype), v_s.index(slot), row_o)
     else:
-        p_op = gl.convert_layout(p.to(v_s.dtype), p_layout)
-        acc = warpgroup_mma(p_op, v_s.index(slot), acc, is_async=True)
+        acc = warpgroup_mma(gl.convert_layout(p.to(v_s.dtype), p_layout), v_s.index(slot), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    if HAS_NEXT:   # an issued product cannot cross a branch, so its wait is out here (P V's took it already)
-        gl.static_assert(not MASKED, "a masked tile's check needs the registers the next scores would hold")
-        s_next = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, ))
     mbarrier.arrive(v_empty.index(st), count=1)
-    return acc, m_new, l_i, s_next
+    return acc
 
 
 @gluon.jit
@@ -213,16 +236,20 @@ def _pv_skipping_zeros(acc, p, v_tile, row_o: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, OVERLAP: gl.constexpr, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift,
-              n_full, n_tiles, scale_log2, q_s, k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty):
+def _consumer(WG: gl.constexpr, SCHEDULE: gl.constexpr, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift,
+              n_full, n_tiles, scale_log2, q_s, k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty, turn):
     """Warpgroup WG: query rows m0 + 64 WG ... + 63 over every key tile (unmasked tiles first), then O / l and
     the lse (masked stores: rows past T are not written).
 
-    OVERLAP: each unmasked tile's softmax overlapped with the next tile's S = Q K^T (FA3's intra-warpgroup
-    pipelining), one more [64, BN] fp32 tile of scores held in registers. An issued product cannot cross a
-    branch, so that loop takes the unmasked tiles that have an unmasked next one, and the last unmasked tile
-    comes after it. The masked tiles (the diagonal, the ragged end) stay in order either way: their hidden-NaN
-    check needs the registers the next scores would hold."""
+    SCHEDULE OVERLAPPED: each unmasked tile's softmax overlapped with the next tile's S = Q K^T (FA3's
+    intra-warpgroup pipelining), one more [64, BN] fp32 tile of scores held in registers. An issued product
+    cannot cross a branch, so that loop takes the unmasked tiles that have an unmasked next one, and the last
+    unmasked tile comes after it. The masked tiles (the diagonal, the ragged end) stay in order either way:
+    their hidden-NaN check needs the registers the next scores would hold.
+
+    SCHEDULE PINGPONG (FA3's inter-warpgroup ping-pong, Shah et al. 2024 section 3.1): round t's products,
+    O += P_{t-1} V_{t-1} and S_t = Q K_t^T, are issued in this warpgroup's turn on the tensor cores, then the
+    turn goes to the other warpgroup, whose products run during this one's softmax of tile t (`_pingpong`)."""
     HALF: gl.constexpr = q_s.shape[1]
     BN: gl.constexpr = k_s.shape[1]
     D: gl.constexpr = k_s.shape[2]
@@ -237,7 +264,10 @@ def _consumer(WG: gl.constexpr, OVERLAP: gl.constexpr, o_ptr, lse_ptr, o_base, l
     m_i = gl.full([HALF], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([HALF], gl.float32, row_s)
     mbarrier.wait(q_bar, 0)
-    if OVERLAP:
+    if SCHEDULE == PINGPONG:
+        acc, m_i, l_i = _pingpong(WG, acc, m_i, l_i, n_full, scale_log2, rows, S, shift, q_s, k_s, v_s, k_ready,
+                                  v_ready, k_empty, v_empty, turn, s_layout, p_layout, row_o)
+    elif SCHEDULE == OVERLAPPED:
         if n_full > 0:
             s = _scores_issue(q_s.index(WG), 0, k_s, k_ready, HALF, s_layout)   # tile 0's scores, before the loop
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
@@ -289,33 +319,126 @@ def _overlapped_step(acc, m_i, l_i, s, t, q_op, k_s, v_s, k_ready, v_ready, k_em
     return acc, m_i, l_i, s_next
 
 
+@gluon.jit
+def _pingpong(WG: gl.constexpr, acc, m_i, l_i, n_full, scale_log2, rows, S, shift, q_s, k_s, v_s, k_ready, v_ready,
+              k_empty, v_empty, turn, s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr):
+    """Warpgroup WG's unmasked tiles 0 ... n_full - 1 in rounds 0 ... n_full, the two warpgroups taking turns on
+    the tensor cores. Round t, in WG's turn: O += P_{t-1} V_{t-1} (none in round 0) and S_t = Q K_t^T (none in
+    round n_full) issued back to back, the turn handed over, both waited on; then, during the other warpgroup's
+    turn, tile t's softmax. Returns acc, m, l; the masked tiles follow in order (`_consumer`).
+
+    Why the hand-over cannot deadlock: `turn` holds one mbarrier per warpgroup, arrived on once per round by the
+    other. Round r of warpgroup 0 waits for warpgroup 1's hand-over of round r - 1, round r of warpgroup 1 for
+    warpgroup 0's of round r, so the turns alternate 0, 1, 0, 1 ... and each barrier is at most one phase ahead
+    of its waiter (its parity never aliases); round 0 is warpgroup 0's, which waits on the parity a fresh
+    barrier counts as completed. Both warpgroups run the same rounds, n_full + 1 or none (n_full is the CTA's,
+    as is the mask: a warpgroup whose rows see no key takes its turns all the same), and warpgroup 1's last
+    hand-over has no waiter, which is harmless. The masked tiles (the causal diagonal, the ragged end) come after
+    the last round, outside the turns, in order as in the other loops: their hidden-NaN check and its CUDA-core
+    product stay out of the hand-over. While it holds the turn a warpgroup waits only for copies (K_t,
+    V_{t-1}) and its own products; the producer issues a copy once both warpgroups released the slot's tile
+    STAGES back, and each releases a tile right after its own product, never waiting on the other's turn to
+    do so. The turn guards no data, only the order in which the products reach the tensor cores."""
+    if n_full > 0:
+        _turn_begin(turn, WG, 0)
+        s = _scores_in_turn(q_s.index(WG), 0, k_s, k_ready, k_empty, turn, WG, s_layout)
+        acc, m_i, l_i, p = _online_softmax(acc, m_i, l_i, s, 0, scale_log2, rows, S, shift, False, row_o)
+        p = gl.convert_layout(p.to(v_s.dtype), p_layout)   # held through the next round's product, packed
+        for t in range(1, n_full):
+            _turn_begin(turn, WG, t)
+            acc, s = _pv_scores_in_turn(acc, p, t, q_s.index(WG + _opaque_zero(t)), k_s, v_s, k_ready, v_ready,
+                                        k_empty, v_empty, turn, WG, s_layout, p_layout)
+            acc, m_i, l_i, p = _online_softmax(acc, m_i, l_i, s, t, scale_log2, rows, S, shift, False, row_o)
+            p = gl.convert_layout(p.to(v_s.dtype), p_layout)
+        _turn_begin(turn, WG, n_full)   # the last round: the last unmasked tile's P V
+        acc = _pv_released(acc, p, n_full - 1, v_s, v_ready, v_empty, False, p_layout, row_o)
+        _turn_end(turn, WG)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _turn_begin(turn, WG: gl.constexpr, r):
+    """Wait until warpgroup WG may issue round r's products: warpgroup 0 first (a fresh barrier counts the phase
+    of parity 1 as completed), then alternately."""
+    mbarrier.wait(turn.index(WG), (r & 1) ^ (1 - WG))
+
+
+@gluon.jit
+def _turn_end(turn, WG: gl.constexpr):
+    """Hand the tensor cores to the other warpgroup (this one's products are issued)."""
+    mbarrier.arrive(turn.index(1 - WG), count=1)
+
+
+@gluon.jit
+def _scores_in_turn(q_op, t, k_s, k_ready, k_empty, turn, WG: gl.constexpr, s_layout: gl.constexpr):
+    """S_t = Q K_t^T issued, the turn handed over, S_t waited on and K_t's slot released."""
+    STAGES: gl.constexpr = k_s.shape[0]
+    s = _scores_issue(q_op, t, k_s, k_ready, q_op.shape[0], s_layout)
+    _turn_end(turn, WG)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(t % STAGES), count=1)
+    return s
+
+
+@gluon.jit
+def _pv_scores_in_turn(acc, p, t, q_op, k_s, v_s, k_ready, v_ready, k_empty, v_empty, turn, WG: gl.constexpr,
+                       s_layout: gl.constexpr, p_layout: gl.constexpr):
+    """An unmasked round t: O += P_{t-1} V_{t-1} and S_t = Q K_t^T issued back to back, the turn handed over,
+    both waited on, and the slots of V_{t-1} and K_t released. Returns acc and S_t."""
+    STAGES: gl.constexpr = v_s.shape[0]
+    prev = t - 1
+    st = prev % STAGES
+    mbarrier.wait(v_ready.index(st), (prev // STAGES) & 1)
+    acc = warpgroup_mma(gl.convert_layout(p, p_layout), v_s.index(st + _opaque_zero(t)), acc, is_async=True)
+    s = _scores_issue(q_op, t, k_s, k_ready, q_op.shape[0], s_layout)
+    _turn_end(turn, WG)
+    acc, s = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s))
+    mbarrier.arrive(v_empty.index(st), count=1)
+    mbarrier.arrive(k_empty.index(t % STAGES), count=1)
+    return acc, s
+
+
 # One entry point per warpgroup and loop: gl.warp_specialize cannot pass constexprs, so each binds its own.
 @gluon.jit
-def _consumer0(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s, v_s,
-               q_bar, k_ready, v_ready, k_empty, v_empty):
-    _consumer(0, False, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
-              k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty)
+def _consumer0(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s, v_s, q_bar,
+               k_ready, v_ready, k_empty, v_empty, turn):
+    _consumer(0, IN_ORDER, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s,
+              v_s, q_bar, k_ready, v_ready, k_empty, v_empty, turn)
 
 
 @gluon.jit
-def _consumer1(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s, v_s,
-               q_bar, k_ready, v_ready, k_empty, v_empty):
-    _consumer(1, False, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
-              k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty)
+def _consumer1(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s, v_s, q_bar,
+               k_ready, v_ready, k_empty, v_empty, turn):
+    _consumer(1, IN_ORDER, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s,
+              v_s, q_bar, k_ready, v_ready, k_empty, v_empty, turn)
 
 
 @gluon.jit
-def _consumer0_overlapped(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
-                          k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty):
-    _consumer(0, True, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
-              k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty)
+def _consumer0_overlapped(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s,
+                          v_s, q_bar, k_ready, v_ready, k_empty, v_empty, turn):
+    _consumer(0, OVERLAPPED, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
+              k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty, turn)
 
 
 @gluon.jit
-def _consumer1_overlapped(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
-                          k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty):
-    _consumer(1, True, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
-              k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty)
+def _consumer1_overlapped(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s,
+                          v_s, q_bar, k_ready, v_ready, k_empty, v_empty, turn):
+    _consumer(1, OVERLAPPED, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s,
+              k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty, turn)
+
+
+@gluon.jit
+def _consumer0_pingpong(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s,
+                        v_s, q_bar, k_ready, v_ready, k_empty, v_empty, turn):
+    _consumer(0, PINGPONG, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s,
+              v_s, q_bar, k_ready, v_ready, k_empty, v_empty, turn)
+
+
+@gluon.jit
+def _consumer1_pingpong(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s,
+                        v_s, q_bar, k_ready, v_ready, k_empty, v_empty, turn):
+    _consumer(1, PINGPONG, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s,
+              v_s, q_bar, k_ready, v_ready, k_empty, v_empty, turn)
 
 
 @gluon.jit
@@ -336,7 +459,7 @@ def _key_tiles(m0, T, S, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexp
 # partitions (T = 1, one KV head): none is specialized, which also lets launch_direct skip the dispatcher.
 @gluon.jit(do_not_specialize=["T", "S", "HQ", "HKV"])
 def attn_fwd_ws_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, scale_log2, T, S, HQ, HKV, D: gl.constexpr,
-                       BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                       BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, SCHEDULE: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """q, o: [B, T, HQ, D], k, v: [B, S, HKV, D] contiguous; lse fp32 [B, HQ, T]. Grid (cdiv(T, 128), B * HQ)."""
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
@@ -370,7 +493,10 @@ def attn_fwd_ws_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, scale_log2, T, S, HQ
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())   # ping-pong: one a warpgroup
     mbarrier.init(q_bar, count=1)
+    for wg in gl.static_range(2):
+        mbarrier.init(turn.index(wg), count=1)
     for st in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(st), count=1)
         mbarrier.init(v_ready.index(st), count=1)
@@ -378,10 +504,13 @@ def attn_fwd_ws_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, scale_log2, T, S, HQ
         mbarrier.init(v_empty.index(st), count=2)
 
     cargs = (o_ptr, lse_ptr, q_base, lse_base, m0, T, S, HQ, shift, n_full, n_tiles, scale_log2, q_s, k_s, v_s,
-             q_bar, k_ready, v_ready, k_empty, v_empty)
+             q_bar, k_ready, v_ready, k_empty, v_empty, turn)
     largs = (q_ptr, k_ptr, v_ptr, q_base, kv_base, m0, T, S, HQ, HKV, n_tiles, q_s, k_s, v_s, q_bar, k_ready,
              v_ready, k_empty, v_empty)
-    if OVERLAP:
+    if SCHEDULE == PINGPONG:
+        gl.warp_specialize([(_consumer0_pingpong, cargs), (_consumer1_pingpong, cargs), (_load_partition, largs)],
+                           [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    elif SCHEDULE == OVERLAPPED:
         gl.warp_specialize([(_consumer0_overlapped, cargs), (_consumer1_overlapped, cargs), (_load_partition, largs)],
                            [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
@@ -409,40 +538,48 @@ def gluon_forward_misfit(q, k, v) -> str | None:
     return None
 
 
-def gluon_attention_fwd(q, k, v, causal: bool, softmax_scale: float | None = None, overlap: bool = OVERLAP_SCORES):
+def gluon_attention_fwd(q, k, v, causal: bool, softmax_scale: float | None = None, overlap: bool | None = None,
+                        pingpong: bool = False):
     """The Gluon forward, called directly. Returns (o like q, lse fp32 [B, Hq, T] in base 2), the Triton
     forward's (`forward.attention_fwd`) outputs. overlap: the consumers' loop with the next tile's scores issued
-    before the softmax. ValueError, saying why, for inputs it cannot take (`gluon_forward_misfit`) and for
-    inputs that require grad (`flash_attn_func` trains through it: the Triton backward reads its outputs).
+    before the softmax (None: `OVERLAP_SCORES`); pingpong: the two consumer warpgroups taking turns on the tensor
+    cores instead (not with overlap=True). ValueError, saying why, for inputs it cannot take
+    (`gluon_forward_misfit`) and for inputs that require grad (`flash_attn_func` trains through it: the Triton
+    backward reads its outputs).
 
     >>> q, k, v = (torch.randn(2, 4096, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "qkv")
     >>> o, lse = gluon_attention_fwd(q, k, v, causal=True)   # on an H100 or H200
     """
     check_no_grad("gluon_attention_fwd", q=q, k=k, v=v)
+    if pingpong and overlap:
+        raise ValueError("pingpong and overlap are two different loops: pass one of them")
     misfit = gluon_forward_misfit(q, k, v)
     if misfit:
         raise ValueError(f"the Gluon forward cannot take these inputs: {misfit}")
+    overlap = OVERLAP_SCORES if overlap is None else overlap
+    schedule = PINGPONG.value if pingpong else OVERLAPPED.value if overlap else IN_ORDER.value
     D = q.shape[3]
-    return launch_gluon(q, k, v, causal, softmax_scale if softmax_scale is not None else D ** -0.5, overlap)
+    return launch_gluon(q, k, v, causal, softmax_scale if softmax_scale is not None else D ** -0.5, schedule)
 
 
-def launch_gluon(q, k, v, causal: bool, softmax_scale: float, overlap: bool):
-    """Launch the forward on inputs `gluon_forward_misfit` accepts (not checked again here; inputs may require
-    grad: the autograd Function's forward calls it). Returns (o, lse) allocated as the Triton forward allocates
-    them: o contiguous like q, lse fp32 [B, Hq, T] contiguous, base 2, so the Triton backward reads either."""
+def launch_gluon(q, k, v, causal: bool, softmax_scale: float, schedule: int):
+    """Launch the forward with the consumers' loop `schedule` (IN_ORDER, OVERLAPPED or PINGPONG's value) on
+    inputs `gluon_forward_misfit` accepts (not checked again here; inputs may require grad: the autograd
+    Function's forward calls it). Returns (o, lse) allocated as the Triton forward allocates them: o contiguous
+    like q, lse fp32 [B, Hq, T] contiguous, base 2, so the Triton backward reads either."""
     B, T, HQ, D = q.shape
     S, HKV = k.shape[1], k.shape[2]
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
     BN, STAGES = FWD_TILES[D]
     grid = (triton.cdiv(T, BM), B * HQ)
-    constexprs = dict(D=D, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), OVERLAP=bool(overlap),
+    constexprs = dict(D=D, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), SCHEDULE=schedule,
                       CONSUMER_REGS=WS_CONSUMER_REGS, PRODUCER_REGS=WS_PRODUCER_REGS)
-    launch_direct(attn_fwd_ws_kernel, grid, ("gluon_fwd", q.device.index, q.dtype, D, bool(causal), bool(overlap)),
+    launch_direct(attn_fwd_ws_kernel, grid, ("gluon_fwd", q.device.index, q.dtype, D, bool(causal), schedule),
                   (q, k, v, o, lse, softmax_scale * LOG2E, T, S, HQ, HKV), constexprs, aligned=True,   # o, lse fresh
                   num_warps=4, maxnreg=WS_MAXNREG)
     return o, lse
 
 
 __all__ = ["gluon_attention_fwd", "gluon_forward_misfit", "launch_gluon", "attn_fwd_ws_kernel", "FWD_TILES", "BM",
-           "WS_MAXNREG", "WS_CONSUMER_REGS", "WS_PRODUCER_REGS"]
+           "WS_MAXNREG", "WS_CONSUMER_REGS", "WS_PRODUCER_REGS", "IN_ORDER", "OVERLAPPED", "PINGPONG"]

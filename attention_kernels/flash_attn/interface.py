@@ -108,7 +108,9 @@ def _attention_fwd(q, k, v, causal: bool, softmax_scale: float, cu_seqlens_q=Non
     loop = None if cu_seqlens_q is not None else forward_kernel(q, k, v, causal, backend)
     if loop is None:
         return triton_attention_fwd(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k)
-    return _gluon_forward().launch_gluon(q, k, v, causal, softmax_scale, overlap=loop == "overlapped")
+    gluon = _gluon_forward()
+    schedule = gluon.OVERLAPPED.value if loop == "overlapped" else gluon.IN_ORDER.value
+    return gluon.launch_gluon(q, k, v, causal, softmax_scale, schedule)
 
 
 # registered one level down, so that a compiled backward is FlashAttnFunction.backward, as in eager; the choice
