@@ -12,14 +12,21 @@ The reverse state pass is the shared one with its delta-rule switch (attention_k
 Triton): from the last chunk to the first, dU = A_qkᵀ dO + K_g dS_next and
 dS = scale (Q ⊙ e^b)ᵀ dO + e^{b_last} ⊙ dS_next - Wᵀ dU.
 
-The rest is PyTorch ops, batched over all chunks (no Triton kernel for it yet), in fp32 (the states and
-their gradients read as stored, 16-bit for 16-bit inputs, then multiplied in fp32): the read-out's
-and the state update's gradients; the solve's, as one more triangular solve with each chunk's own
-(I + A)ᵀ (dR = (I + A)⁻ᵀ dW, never an explicit inverse), dA = -dR_k Wᵀ - dR_v W'ᵀ below the diagonal;
-the scores', from the exponent b_t - b_j of every pair (j <= t) per channel: a [C, C, K] fp32 tensor per
-chunk and head (the memory cost of this path); then the in-chunk reverse cumulative sum for g, and the
-L2 norm's gradient. A gate below GATE_FLOOR (-inf: a reset) counts as the floor, as in the forward,
-and gets gradient 0.
+The scores' gradients go through the exponent b_t - b_j of every pair j <= t per channel: both matrices
+are GLA's per-channel-gated scores A_tj = Σ_c a_tc k_jc e^{b_tc - b_jc}, with a = q (A_qk, scale folded in
+its gradient) and a = k (A_kk, under β, strictly below the diagonal), so their pairs j < t go to GLA's own
+sub-chunk launch (`chunk_dqk_intra`, attention_kernels/linear/chunk_backward.py: sub-chunks of 16 rows,
+every exponent <= 0), once per matrix; the pair j = t (A_qk's diagonal) has no exponent. They take q and
+k in fp32 (as the L2 norm's gradient needs them), in products of IEEE fp32 for fp32 inputs and TF32 for
+16-bit ones (more bits than the inputs had).
+
+The rest is PyTorch ops, batched over all chunks, in fp32 on per-chunk tensors [B, H, NT, C, K or V],
+[B, H, NT, C, C] and the states [B, H, NT, K, V] (the states and their gradients read as stored, 16-bit for
+16-bit inputs, then multiplied in fp32): the read-out's and the state update's gradients; the solve's, as
+one more triangular solve with each chunk's own (I + A)ᵀ (dR = (I + A)⁻ᵀ dW, never an explicit inverse),
+dA = -dR_k Wᵀ - dR_v W'ᵀ below the diagonal; the scores' gradients dA_qk and dA_kk themselves; then the
+in-chunk reverse cumulative sum for g, and the L2 norm's gradient. A gate below GATE_FLOOR (-inf: a reset)
+counts as the floor, as in the forward, and gets gradient 0.
 """
 from __future__ import annotations
 
@@ -27,8 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from ..launch import cdiv
-from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_state_dtype
-from ..linear.chunk_backward import chunk_state_grad_pass
+from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_state_dtype, dot_precision
+from ..linear.chunk_backward import chunk_dqk_intra, chunk_state_grad_pass
 from .chunk import chunk_kda_intermediates
 from .reference import L2NORM_EPS
 
@@ -52,8 +59,8 @@ def _l2_normalize_bwd(x: torch.Tensor, x_normed: torch.Tensor, rnorm: torch.Tens
 
 
 def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_kernel: bool):
-    """The gradients of chunk_kda (see the module docstring): Triton for the recomputed forward and the
-    reverse state pass, PyTorch ops on the per-chunk tensors for the rest.
+    """The gradients of chunk_kda (see the module docstring): Triton for the recomputed forward, the
+    reverse state pass and the scores' pairs j < t, PyTorch ops on the per-chunk tensors for the rest.
 
     q, k, g: [B, T, H, K]; v, do: [B, T, H, V] (do in v's dtype); beta: [B, T, H]; h0, dht: fp32
     [B, H, K, V] or None (zeros); all contiguous. do and dht are the gradients of o and of the final state.
@@ -91,8 +98,6 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
     b_last = b[..., -1, :]                                       # [B, H, NT, K]
     causal = torch.ones(C, C, dtype=torch.bool, device=dev).tril()
     strict = causal.tril(-1)
-    # e^{b_t - b_j} for j <= t, per channel: [B, H, NT, C(t), C(j), K]
-    decay = torch.exp(torch.where(causal[:, :, None], b[..., :, None, :] - b[..., None, :, :], float("-inf")))
     Akk = torch.where(strict, _to_chunks(x.Akk, NT), 0.0)          # the entries above were never written
     solve = torch.eye(C, device=dev) + betac * Akk                # I + A, unit lower triangular
     kb = kc * b.exp()
@@ -100,7 +105,7 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
     states, dstates = x.states.float().transpose(1, 2), dstates.float().transpose(1, 2)   # [B, H, NT, K, V]
     qb = qc * b.exp()
 
-    # ---- per chunk: the read-out, the state update, the solve, the scores
+    # ---- per chunk: the read-out, the state update, the solve, the scores (their pairs j < t by Triton)
     dqb = scale * doc @ states.transpose(-1, -2)                  # through (Q ⊙ e^b) S
     dq = dqb * b.exp()
     db = dqb * qb
@@ -117,15 +122,23 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
     dkb = betac * dR_k
     dk = dk + dkb * b.exp()
     db = db + dkb * kb
-    # the scores Σ_c a_tc k_jc e^{b_tc - b_jc}: a = q (A_qk, with scale) and a = k (A_kk, under β)
+    # the scores Σ_c a_tc k_jc e^{b_tc - b_jc}: a = q (A_qk, with scale) and a = k (A_kk, under β). Their pairs
+    # j < t by GLA's sub-chunk kernel, once per matrix, on [B, T, H, ·] tensors. The pair j = t (A_qk's
+    # diagonal; A_kk has none) has no exponent: dA_tt k_t to dq, dA_tt q_t to dk, and to b two shares that
+    # cancel exactly, left out
     dAqk = (doc @ U.transpose(-1, -2)) * causal * scale
     dAkk = dA * betac
-    dq_s = torch.einsum("...tj,...jc,...tjc->...tc", dAqk, kc, decay)
-    dk_rows = torch.einsum("...tj,...jc,...tjc->...tc", dAkk, kc, decay)
-    dk_cols = (torch.einsum("...tj,...tc,...tjc->...jc", dAqk, qc, decay)
-               + torch.einsum("...tj,...tc,...tjc->...jc", dAkk, kc, decay))
-    dq = dq + dq_s
-    dk = dk + dk_rows + dk_cols
+    # fp32 q and k (ptxas, sm_90a, K = 128: 98 registers at TF32, 102 at IEEE, no spills; 96 for GLA's bf16)
+    precision = dot_precision(q.dtype)
+    dq_s, dk_cols_q, dk_rows, dk_cols_k = (torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
+                                           for _ in range(4))
+    chunk_dqk_intra(qn, kn, x.b, _from_chunks(dAqk, T, dAqk), dq_s, dk_cols_q, input_precision=precision)
+    chunk_dqk_intra(kn, kn, x.b, _from_chunks(dAkk, T, dAkk), dk_rows, dk_cols_k, input_precision=precision)
+    dq_s, dk_rows = _to_chunks(dq_s, NT), _to_chunks(dk_rows, NT)
+    dk_cols = _to_chunks(dk_cols_q, NT) + _to_chunks(dk_cols_k, NT)
+    dAqk_diag = dAqk.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)      # [B, H, NT, C, 1]
+    dq = dq + dq_s + dAqk_diag * kc
+    dk = dk + dk_rows + dk_cols + dAqk_diag * qc
     db = db + dq_s * qc + (dk_rows - dk_cols) * kc
     db[..., -1, :] += db_last                                     # b_last is the last (maybe padded) row's b
     dg = db.flip(-2).cumsum(-2).flip(-2)                          # b = the in-chunk cumsum of g

@@ -268,11 +268,11 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     Differentiable in q, k, v, g, beta and initial_state, through o and the
     final state (and the L2 norm when it is on). The backward saves only the
     inputs: the forward's kernels recompute the rest, the shared reverse
-    state pass runs with its delta-rule switch, and the gradients of the
-    solve and the scores are PyTorch ops batched over chunks
-    (attention_kernels/kda/chunk_backward.py), which hold a [64, 64, K] fp32
-    tensor per chunk and head. A gate below GATE_FLOOR (-inf) gets gradient
-    0.
+    state pass runs with its delta-rule switch, the scores' pairs j < t go
+    to GLA's sub-chunk kernel (once per score matrix), and the rest (the
+    solve's gradient among it) is PyTorch ops batched over chunks
+    (attention_kernels/kda/chunk_backward.py). A gate below GATE_FLOOR
+    (-inf) gets gradient 0.
 
     fla's arguments in fla's order, A_log and dt_bias by keyword (fla reads
     them from its **kwargs). With use_gate_in_kernel, g is the raw gate

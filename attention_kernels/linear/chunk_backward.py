@@ -43,13 +43,15 @@ j < t are summed in sub-chunks of 16 rows, each re-based so that no exponent is 
 their own, inside chunk_dqk).
 
 Three launchable pieces, after the forward's chunk_local_cumsum and chunk_state_pass have recomputed b and
-the chunk-start states (the backward saves only the inputs):
+the chunk-start states (the backward saves only the inputs), and the sub-chunk launch on its own:
 
     chunk_state_grad_pass(q, do, b, dstates, scale, dht, dh0)   dS' at every chunk end, and dS at the start (dh0)
         with Aqk, kg, w, du: the delta rule's (KDA), which also writes U's gradient du
     chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale)         dv and dA
     chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, ...)     dq, dk and the gate's gradient (with the
         intra-chunk pairs of a gate per key channel first, in sub-chunks)
+    chunk_dqk_intra(q, k, b, dA, dq, dk)                        those pairs j < t alone (KDA's two score
+        matrices, whose other terms its backward forms apart)
 """
 from __future__ import annotations
 
@@ -619,6 +621,31 @@ def _chunk_dqk_kernel(
             tl.store(dg + p_x, b_dg.to(dg.dtype.element_ty), mask=m_tk)
 
 
+def chunk_dqk_intra(q, k, b, dA, dq, dk, *, input_precision: str | None = None) -> None:
+    """The intra-chunk pairs j < t of scores with a gate per key channel,
+    A_tj = Σ_c q_tc k_jc e^{b_tc - b_jc}, all chunks in parallel:
+    dq_t = Σ_{j<t} dA_tj k_j ⊙ e^{b_t - b_j} and dk_j = Σ_{t>j} dA_tj q_t ⊙
+    e^{b_t - b_j}, in sub-chunks of 16 rows, every exponent <= 0. dA's
+    diagonal is not read (the pair j = t has no exponent: the caller adds
+    dA_tt k_t to dq and dA_tt q_t to dk, and nothing to the gate's gradient).
+
+    q, k: [B, T, H, K]; b: fp32 [B, T, H, K], their in-chunk cumulative
+    gates; dA: fp32 [B, T, H, CHUNK], the scores' gradient, read below the
+    diagonal. Written: dq, dk fp32 [B, T, H, K]. All contiguous.
+    input_precision: that of the tensor-core products (default
+    `dot_precision(q.dtype)`). GLA's `chunk_dqk` launches it first; KDA's
+    backward twice, for A_qk (q) and for A_kk (k in both places).
+
+        >>> dq, dk = torch.empty_like(b), torch.empty_like(b)
+        >>> chunk_dqk_intra(q, k, b, dA, dq, dk)
+    """
+    B, T, H, K = q.shape
+    _chunk_dqk_intra_kernel[(CHUNK // SUB_CHUNK, triton.cdiv(T, CHUNK), B * H)](
+        q, k, b, dA, dq, dk, T, H, K, b.shape[-1], BT=CHUNK, BC=SUB_CHUNK, BK=pow2_at_least_16(K),
+        DOT_PREC=input_precision or dot_precision(q.dtype), num_warps=_PER_CHANNEL_WARPS,
+        num_stages=_INTRA_STAGES)
+
+
 def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float, *, gamma=None) -> None:
     """dq, dk and the gate's gradient dg for every chunk, all chunks in
     parallel: the inter-chunk terms from the chunk-start states and the
@@ -650,9 +677,7 @@ def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float,
     if gamma is None and G != 1:      # a gate per key channel: the intra-chunk pairs in sub-chunks first
         dq_intra = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
         dk_intra = torch.empty_like(dq_intra)
-        _chunk_dqk_intra_kernel[(CHUNK // SUB_CHUNK, NT, B * H)](
-            q, k, b, dA, dq_intra, dk_intra, T, H, K, G, BT=CHUNK, BC=SUB_CHUNK, BK=pow2_at_least_16(K),
-            DOT_PREC=dot_precision(q.dtype), num_warps=_PER_CHANNEL_WARPS, num_stages=_INTRA_STAGES)
+        chunk_dqk_intra(q, k, b, dA, dq_intra, dk_intra)
     gate_out = dg
     if dg is not None and G == 1:
         gate_out = dg_tiles = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device)
@@ -665,4 +690,4 @@ def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float,
         dg.copy_(dg_tiles.sum(0).unsqueeze(-1))
 
 
-__all__ = ["chunk_state_grad_pass", "chunk_dv", "chunk_dqk"]
+__all__ = ["chunk_state_grad_pass", "chunk_dv", "chunk_dqk", "chunk_dqk_intra"]
