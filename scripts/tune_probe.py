@@ -329,6 +329,18 @@ def train_kernels(*families):
             del fn
 
 
+def _profile_once(calls, label: str):
+    """Each of `calls` once between cudaProfilerStart and Stop (what `ncu --profile-from-start off` records),
+    the GPU idle before and after."""
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print(f"{label}: profiled {len(calls)} calls", flush=True)
+
+
 def train_ncu():
     """The target of `ncu --profile-from-start off`: one training step each of the book's Mamba-2 and GLA at
     `train_kernels`' shapes (B = 1, T = 16K), after two warm-up steps, between cudaProfilerStart and Stop."""
@@ -339,13 +351,7 @@ def train_ncu():
              gla_bench.TRAIN.providers["book: chunk"]({"B": 1, "T": 16384, "H": 32, "D": 128})]
     for step in steps:
         step(), step()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for step in steps:
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
-    print("train_ncu: profiled", len(steps), "steps", flush=True)
+    _profile_once(steps, "train_ncu")
 
 
 def kda_step():
@@ -468,13 +474,7 @@ def mla_ncu(*shapes):
         for _ in range(3):   # compiled, launched directly, caches warm
             book(), flash()
         calls += [book, flash]
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
-    print("mla_ncu: profiled", len(calls), "calls", flush=True)
+    _profile_once(calls, "mla_ncu")
 
 
 def mla_variants(*args):

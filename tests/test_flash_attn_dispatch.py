@@ -137,8 +137,11 @@ def launches(monkeypatch):
         *batch, T, HQ, _ = q.shape
         return torch.zeros_like(q), torch.zeros(*batch, HQ, T)
 
+    loops = {interface._gluon_forward().IN_ORDER.value: "gluon in-order",
+             interface._gluon_forward().OVERLAPPED.value: "gluon overlapped"}
+
     def gluon(q, k, v, causal, scale, schedule):
-        ran.append({0: "gluon in-order", 1: "gluon overlapped"}[schedule])
+        ran.append(loops[schedule])
         return torch.zeros_like(q), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
 
     monkeypatch.setattr(interface, "triton_attention_fwd", triton)
