@@ -155,7 +155,8 @@ def test_heads_summed_in_runs_over_dstate_tiles(monkeypatch):
 
 def test_dqk_kernel_takes_two_stages_where_shared_memory_is_short(monkeypatch):
     # a GPU with less shared memory a program than the H100 (~100 KB on sm_86, sm_89) refuses the dq/dk
-    # kernel's pipeline of three stages: the launch is made again with two, and the gradients hold
+    # kernel's pipeline of three stages: the launch is made again with two, the gradients hold, and the next call
+    # launches two at once
     kernel, stages = mamba2_chunk._ssd_dqk_kernel, []
 
     class SharedMemoryShort:
@@ -168,12 +169,15 @@ def test_dqk_kernel_takes_two_stages_where_shared_memory_is_short(monkeypatch):
             return launch
 
     monkeypatch.setattr(mamba2_chunk, "_ssd_dqk_kernel", SharedMemoryShort())
+    monkeypatch.setattr(mamba2_chunk, "_DQK_STAGES_ON", {})
     case = Case(T=70, G=1)
     inputs = make_inputs(case)
     dy, dfinal = torch.randn(1, case.T, 4, 8, device=DEVICE), torch.randn(1, 4, 8, 16, device=DEVICE)
     ref = run(ssd_scan_ref, inputs, case, dy, dfinal, math_dtype=torch.float64)
     assert_same_gradients(run(ssd_chunk_scan, inputs, case, dy, dfinal), ref, FP32)
     assert stages == [mamba2_chunk._DQK_STAGES, 2]
+    run(ssd_chunk_scan, inputs, case, dy, dfinal)      # the refusal remembered: two stages at once
+    assert stages == [mamba2_chunk._DQK_STAGES, 2, 2]
 
 
 def test_the_reference_is_differentiable():

@@ -452,6 +452,7 @@ _TAIL_WARPS = 8
 # inner loop, the heads not pipelined) 227. Dstate tiles of 32 on 4 warps spill (272 B); tiles of 16 on 4
 # warps fit (255 registers, 104 KB: two programs an SM, but x, do and dA read by twice the programs).
 _DQK_HEADS, _DQK_BK, _DQK_BV, _DQK_WARPS, _DQK_STAGES = 16, 32, 64, 8, 3
+_DQK_STAGES_ON = {}   # device -> the stage count that fits there, where it is not _DQK_STAGES
 
 
 @triton.jit
@@ -651,9 +652,15 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
                 ddt_tiles, T, H, NT, H // G, G, Bt, N, P)
     dqk_meta = dict(BT=CHUNK, BK=BK, BV=min(_DQK_BV, pow2_at_least_16(P)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
                     DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_WARPS)
+    # a GPU with less shared memory a program than the H100 (~100 KB on sm_86 and sm_89) refuses three stages:
+    # the first refusal is remembered per device, so later calls launch two at once
+    stages = _DQK_STAGES_ON.get(dev, _DQK_STAGES)
     try:
-        _ssd_dqk_kernel[(NK, NT, Bt * G * runs)](*dqk_args, **dqk_meta, num_stages=_DQK_STAGES)
-    except OutOfResources:      # less shared memory a program than the H100's (~100 KB on sm_86 and sm_89)
+        _ssd_dqk_kernel[(NK, NT, Bt * G * runs)](*dqk_args, **dqk_meta, num_stages=stages)
+    except OutOfResources:
+        if stages == 2:
+            raise
+        _DQK_STAGES_ON[dev] = 2
         _ssd_dqk_kernel[(NK, NT, Bt * G * runs)](*dqk_args, **dqk_meta, num_stages=2)
     dx = dv
     if D is not None:
