@@ -329,6 +329,44 @@ def train_kernels(*families):
             del fn
 
 
+def ssd_dqk_configs():
+    """Mamba-2's dq/dk kernel (`_ssd_dqk_kernel`) under the landed config and the two alternatives its
+    comment names, at the training table's 16K case: the kernel's GPU µs and the whole step's, and each
+    config's gradients against the landed one's (one set of inputs; bf16, so equal to rounding)."""
+    from attention_kernels.mamba2 import bench as mamba2_bench
+    from attention_kernels.mamba2 import chunk as mamba2_chunk
+    case = {"B": 1, "T": 16384, "H": 80, "D": 64, "dstate": 128, "G": 1}
+    landed = {n: getattr(mamba2_chunk, n) for n in ("_DQK_BK", "_DQK_BV", "_DQK_WARPS", "_DQK_STAGES")}
+    configs = {"landed": {}, "BV 32, 2 stages": {"_DQK_BV": 32, "_DQK_STAGES": 2},
+               "BK 16, 4 warps": {"_DQK_BK": 16, "_DQK_WARPS": 4}}
+    inputs = mamba2_bench._scan_inputs(case)
+    for name in mamba2_bench.TRAINED:
+        inputs[name].requires_grad_()
+    first = None
+    for name, patch in configs.items():
+        for n, value in {**landed, **patch}.items():
+            setattr(mamba2_chunk, n, value)
+
+        def step():
+            for n in mamba2_bench.TRAINED:
+                inputs[n].grad = None
+            y = mamba2_bench.ssd_chunk_scan(**inputs, chunk_size=64)
+            y.backward(torch.ones_like(y))
+        try:
+            times = _kernel_times_us(step, reps=5)
+        except Exception as e:   # a config that does not fit this GPU: say so, go on
+            print(f"  {name:16s} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+            continue
+        grads = [inputs[n].grad.float() for n in mamba2_bench.TRAINED]
+        first = first or grads
+        worst = max(((g - f).norm() / f.norm().clamp_min(1e-30)).item() for g, f in zip(grads, first))
+        dqk = sum(us for k, us in times.items() if "_ssd_dqk_kernel" in k)
+        print(f"  {name:16s} _ssd_dqk_kernel {dqk:8.1f} us, step GPU time {sum(times.values()):9.1f} us, "
+              f"gradients vs landed: rel err {worst:.1e}", flush=True)
+    for n, value in landed.items():
+        setattr(mamba2_chunk, n, value)
+
+
 def _profile_once(calls, label: str):
     """Each of `calls` once between cudaProfilerStart and Stop (what `ncu --profile-from-start off` records),
     the GPU idle before and after."""
@@ -566,4 +604,4 @@ if __name__ == "__main__":
     for part in sys.argv[1:]:
         {"fa_host": fa_host, "fa_bwd": fa_bwd, "fa_mask": fa_mask, "fa_gluon": fa_gluon, "kda_step": kda_step,
          "mla_splits": mla_splits, "mla_mixed": mla_mixed, "kda_prefill": kda_prefill,
-         "train_kernels": train_kernels, "train_ncu": train_ncu}[part]()
+         "train_kernels": train_kernels, "train_ncu": train_ncu, "ssd_dqk_configs": ssd_dqk_configs}[part]()
