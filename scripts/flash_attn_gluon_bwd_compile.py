@@ -13,7 +13,7 @@ Note: ptxas's "Used N registers" is the launch bound (maxnreg); the partitions t
 """
 import os
 
-os.environ["TRITON_INTERPRET"] = "0"  # before triton is imported (attention_kernels/__init__ would pick the interpreter)
+os.environ["TRITON_INTERPRET"] = "0"  # before triton is imported (attention_kernels would pick the interpreter)
 
 import sys
 import traceback

@@ -44,9 +44,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ..checks import check_tensor
-from ..launch import LOG2E, aligned16, launch, launch_direct
-from .backward import _attn_bwd_kernel, dq_tiles, group_parts
-from .gluon_forward import _opaque_zero, _rows_desc
+from ..launch import LOG2E, aligned16, launch_direct
+from .backward import dq_and_delta, group_parts
 
 BN = 128           # keys per CTA: two consumer warpgroups of 64 (wgmma's M)
 # (query rows per ring tile, ring slots) per head dim. A slot holds a Q and a dO tile, BM x D each, next to the
@@ -59,6 +58,13 @@ WS_MAXNREG = 168
 WS_CONSUMER_REGS = 240
 WS_PRODUCER_REGS = 24
 ROW_ALIGN = 4      # fp32 elements in 16 bytes: the lse and delta views' row length must be a multiple of it
+
+
+@gluon.jit
+def _opaque_zero(t):
+    """0 for any t < 2**30 that LLVM cannot prove is 0 (as in `gluon_forward.py`): a shared buffer indexed with it
+    gets its wgmma descriptors computed next to each wgmma, not all hoisted out of the loop (and spilled)."""
+    return t >> 30
 
 
 @gluon.jit
@@ -90,8 +96,11 @@ def _load_partition(q_ptr, do_ptr, k_ptr, v_ptr, lse_ptr, delta_ptr, q_row0, kv_
     kv_layout: gl.constexpr = k_s.layout
     qdo_layout: gl.constexpr = q_s.layout
     row_layout: gl.constexpr = lse_s.layout
-    kd = _rows_desc(k_ptr + kv_base, S, HKV * D, HALF, D, kv_layout)
-    vd = _rows_desc(v_ptr + kv_base, S, HKV * D, HALF, D, kv_layout)
+    # rows of this KV head: keys past S are zero-filled
+    kd = tma.make_tensor_descriptor(k_ptr + kv_base, shape=[S, D], strides=[HKV * D, 1], block_shape=[HALF, D],
+                                    layout=kv_layout)
+    vd = tma.make_tensor_descriptor(v_ptr + kv_base, shape=[S, D], strides=[HKV * D, 1], block_shape=[HALF, D],
+                                    layout=kv_layout)
     HALF_BYTES: gl.constexpr = HALF * D * k_s.dtype.primitive_bitwidth // 8
     mbarrier.expect(kv_bar, 4 * HALF_BYTES)   # zero-filled rows past S are counted too
     for w in gl.static_range(2):
@@ -289,7 +298,8 @@ def attn_bwd_dkdv_ws_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr
 def _check_inputs(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k) -> None:
     """TypeError or ValueError, naming the argument, for what the Gluon backward cannot take: packed sequences,
     dtypes other than bf16 or fp16 (lse fp32), a head dim other than 64 or 128, shapes that do not match, tensors
-    that are not contiguous (do may be any view) or not 16-byte aligned, a GPU that is not a Hopper. Reads no value (no device sync)."""
+    that are not contiguous (do may be any view) or not 16-byte aligned, a GPU that is not a Hopper. Reads no
+    value (no device sync)."""
     for name, offsets in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if offsets is not None:
             raise ValueError(f"{name}: the Gluon backward takes dense inputs only (no packed sequences); "
@@ -343,13 +353,7 @@ def gluon_attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float,
     B, T, HQ, D = q.shape
     S, HKV = k.shape[1], k.shape[2]
     group = HQ // HKV
-    dq = torch.empty_like(q)
-    delta = torch.empty(lse.shape, device=q.device, dtype=torch.float32)
-    # the Triton dQ programs alone: they also store delta = rowsum(dO o O) for the dK/dV kernel (dk, dv unused)
-    launch(_attn_bwd_kernel, lambda BM, BN: (triton.cdiv(T, BN) * B * HQ, ), dq_tiles(D),
-           ("gluon bwd dq", q.device, q.dtype, D, bool(causal)), q, k, v, o, do, dq, dq, dq, lse, delta, None, None,
-           B, T, S, HQ, group, 1, softmax_scale * LOG2E, softmax_scale, D=D, CAUSAL=bool(causal), DQ=True, DKDV=False,
-           VARLEN=False, PARTIAL=False)
+    dq, delta = dq_and_delta(do, q, k, v, o, lse, bool(causal), softmax_scale)   # and delta for the dK/dV kernel
 
     # the GQA split as the Triton backward's (`bwd_plan`), counted in this kernel's programs
     parts = group_parts(group, triton.cdiv(S, BN) * B * HKV)
