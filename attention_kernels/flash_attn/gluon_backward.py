@@ -24,12 +24,13 @@ One CTA per (block of 128 keys, KV head [, part of its GQA group], batch), three
     P^T = exp2(S^T scale log2 e - lse), dV += P^T dO, dP^T = V dO^T, dS^T = P^T o (dP^T - delta),
     dK += dS^T Q, all accumulated in fp32, every product waited on in order (the first iteration's loop: the
     overlapped and ping-pong loops of the forward are still to try). Last, dK * scale and dV stored with plain
-    masked stores, into dk, dv or, for a group split into parts (`backward.bwd_plan`), the fp32 workspace.
+    masked stores, into dk, dv or, for a group split into parts (`backward.group_parts`, the Triton backward's
+    rule), the fp32 workspace that one sum over the parts reduces.
 Causal: only the query blocks that cross this key block's diagonal take the mask (`_query_blocks`); a hidden
 pair's dS is 0 whatever dO or V hold there. Keys past S and queries past T need no mask: the copy engine
 zero-fills their rows (a query row past T adds 0 * 0 to dK and dV) and keys past S are not stored.
-The lse and delta rows ride in the ring as [1, BM] fp32 tiles of 2-D views [B * Hq, T] whose row stride the copy
-engine needs 16-byte aligned: for T not a multiple of 4 the launcher pads a copy of them first.
+The lse and delta rows ride in the ring as [1, BM] fp32 tiles of a batch element's [Hq, T] view, whose row stride
+the copy engine needs 16-byte aligned: for T not a multiple of 4 the launcher pads a copy of them first.
 
 The forward's Gluon/ptxas rules hold here too (`gluon_forward.py`'s docstring): no wgmma in flight across a loop
 back edge, ring buffers handed to wgmma indexed through `_opaque_zero`, sizes read off the buffers' shapes.
