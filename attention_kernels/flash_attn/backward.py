@@ -390,3 +390,19 @@ def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, one_l
     if not partial:
         return dq, dk_parts, dv_parts
     return dq, dk_parts.sum(-2).to(k.dtype), dv_parts.sum(-2).to(v.dtype)
+
+
+def dq_and_delta(do, q, k, v, o, lse, causal: bool, softmax_scale: float):
+    """The dQ programs alone on dense inputs (do, q, o [B, T, Hq, D], k, v [B, S, Hkv, D], all contiguous;
+    lse fp32 [B, Hq, T], base 2), for a dK/dV pass launched elsewhere (the Gluon one, `gluon_backward.py`).
+    Returns (dq in q's dtype, delta fp32 [B, Hq, T] = rowsum(dO ∘ O))."""
+    B, T, HQ, D = q.shape
+    S, HKV = k.shape[1], k.shape[2]
+    dq = torch.empty_like(q)
+    delta = torch.empty(lse.shape, device=q.device, dtype=torch.float32)
+    # dk and dv: the dQ programs write neither, dq stands in for both
+    launch(_attn_bwd_kernel, lambda BM, BN: (triton.cdiv(T, BN) * B * HQ,), dq_tiles(D),
+           ("bwd dq alone", q.device, q.dtype, D, causal), q, k, v, o, do, dq, dq, dq, lse, delta, None, None,
+           B, T, S, HQ, HQ // HKV, 1, softmax_scale * LOG2E, softmax_scale, D=D, CAUSAL=causal, DQ=True, DKDV=False,
+           VARLEN=False, PARTIAL=False)
+    return dq, delta

@@ -1,0 +1,191 @@
+"""The Gluon FlashAttention backward for Hopper (attention_kernels/flash_attn/gluon_backward.py): its dK/dV kernel
+and the Triton dQ pass, called directly (flash_attn_func does not dispatch to it yet).
+
+On any machine: the dK/dV kernel compiles for sm_90a with no spills and with wgmma and TMA copies (ptxas judges
+it), and the call refuses what it cannot take before any launch. On a Hopper GPU: dq, dk, dv against the fp64
+reference written from the formula (attention_ref and autograd) on lengths that are not tile multiples, T != S,
+GQA 4:1, MQA and MHA (a group split into parts, and not), with the causal mask and without.
+"""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attention_kernels.common import rel_err, tolerance
+from attention_kernels.flash_attn import attention_ref
+from attention_kernels.launch import TESTED_TRITON, triton_tested
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "flash_attn_gluon_bwd_compile.py"
+PROBE = Path(__file__).resolve().parent.parent / "scripts" / "tune_probe.py"
+
+
+def _gluon_backward():
+    from attention_kernels.flash_attn import gluon_backward
+    return gluon_backward
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_gluon_backward_compiles_for_hopper_without_spills(D):
+    """No GPU needed: the dK/dV kernel at D, causal, bf16 compiled for sm_90a; ptxas reports no spills, the wgmma
+    pipeline is not serialized, shared memory fits, and the PTX holds wgmma and TMA copies (the script exits 1
+    otherwise)."""
+    if not triton_tested():
+        pytest.skip(f"the Gluon kernels run on Triton {', '.join(TESTED_TRITON)} only "
+                    "(attention_kernels.launch.TESTED_TRITON)")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--only", str(D), "causal"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert f"=== fa_bwd_dkdv_ws_d{D}_causal" in out, out[-3000:]
+    assert "spill stores 0 B, spill loads 0 B" in out and "OK" in out, out[-3000:]
+    assert "'wgmma': 0" not in out and "'tma_load': 0" not in out, out[-3000:]
+
+
+def _inputs(dtype=torch.bfloat16, D=64, device="cpu"):
+    """do, q, k, v, o, lse of a small GQA call (B 1, T = S = 8, 4 query heads, 2 KV heads)."""
+    q, o, do = torch.randn(3, 1, 8, 4, D, dtype=dtype, device=device).unbind(0)
+    k, v = torch.randn(2, 1, 8, 2, D, dtype=dtype, device=device).unbind(0)
+    lse = torch.randn(1, 4, 8, device=device)
+    return do, q, k, v, o, lse
+
+
+def _no_launch(monkeypatch):
+    """Play the GPU as a Hopper where there is none, and fail any launch: a refusal must come first."""
+    gb = _gluon_backward()
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
+    def launched(*args, **kwargs):
+        raise AssertionError("a kernel was launched before the inputs were refused")
+
+    monkeypatch.setattr(gb, "dq_and_delta", launched)   # the Triton dQ pass
+    monkeypatch.setattr(gb, "launch_direct", launched)
+    return gb
+
+
+def _with(args, **changes):
+    names = ("do", "q", "k", "v", "o", "lse")
+    return [changes.get(name, a) for name, a in zip(names, args)]
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (lambda a: _with(a, **{n: t.float() for n, t in zip(("do", "q", "k", "v", "o"), a)}), TypeError, "^q has dtype"),
+    (lambda a: _with(a, k=a[2].half(), v=a[3].half()), TypeError, "^k has dtype"),
+    (lambda a: _with(a, lse=a[5].half()), TypeError, "^lse has dtype"),
+    (lambda a: [t[..., :32].contiguous() if t.dim() == 4 else t for t in a], ValueError, "^q: head dim"),
+    (lambda a: _with(a, q=a[1][..., :3, :].contiguous(), o=a[4][..., :3, :].contiguous(),
+                     do=a[0][..., :3, :].contiguous(), lse=a[5][:, :3]), ValueError, "multiple of KV heads"),
+    (lambda a: _with(a, o=a[4][:, :4]), ValueError, "^o must have shape"),
+    (lambda a: _with(a, q=a[1].transpose(1, 2).contiguous().transpose(1, 2)), ValueError, "^q must be contiguous"),
+], ids=["fp32", "k-fp16", "lse-fp16", "D32", "heads", "o-shape", "q-strided"])
+def test_gluon_backward_refuses_what_it_cannot_take(change, error, message, monkeypatch):
+    """TypeError or ValueError naming the argument, before any launch (the GPU played as a Hopper)."""
+    gb = _no_launch(monkeypatch)
+    with pytest.raises(error, match=message):
+        gb.gluon_attention_bwd(*change(_inputs()), causal=True, softmax_scale=0.125)
+
+
+@pytest.mark.parametrize("name", ["cu_seqlens_q", "cu_seqlens_k"])
+def test_gluon_backward_refuses_packed_sequences(name, monkeypatch):
+    gb = _no_launch(monkeypatch)
+    with pytest.raises(ValueError, match=f"^{name}: the Gluon backward takes dense inputs only"):
+        gb.gluon_attention_bwd(*_inputs(), causal=False, softmax_scale=0.125,
+                               **{name: torch.tensor([0, 8], dtype=torch.int32)})
+
+
+def test_gluon_backward_refuses_a_tensor_off_hopper():
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
+        pytest.skip("this GPU is a Hopper: the kernel runs (see the gpu tests)")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with pytest.raises(ValueError, match="Hopper"):
+        _gluon_backward().gluon_attention_bwd(*_inputs(device=device), causal=False, softmax_scale=0.125)
+
+
+def _check_against_reference(B, T, S, HQ, HKV, D, causal):
+    """dq, dk, dv of the Gluon backward (bf16) for the Triton forward's o and lse, against autograd through the
+    fp64 reference; relative error within the Triton backward's tolerance (tests/test_flash_attn.py `_tols`)."""
+    from attention_kernels.flash_attn.forward import attention_fwd
+    dtype = torch.bfloat16
+    q = torch.randn(B, T, HQ, D, device="cuda", dtype=dtype)
+    k, v = torch.randn(2, B, S, HKV, D, device="cuda", dtype=dtype)
+    do = torch.randn_like(q)
+    scale = D ** -0.5
+    o, lse = attention_fwd(q, k, v, causal, scale)
+    grads = _gluon_backward().gluon_attention_bwd(do, q, k, v, o, lse, causal, scale)
+    qr, kr, vr = (t.double().requires_grad_() for t in (q, k, v))
+    o_ref = attention_ref(qr, kr, vr, causal=causal, softmax_scale=scale, compute_dtype=torch.float64)
+    refs = torch.autograd.grad(o_ref, (qr, kr, vr), do.double())
+    tol = 3 * tolerance(dtype, tf32_dots=True)
+    for name, got, ref, like in zip(("dq", "dk", "dv"), grads, refs, (q, k, v)):
+        assert got.shape == like.shape and got.dtype == dtype, f"{name}: {tuple(got.shape)} {got.dtype}"
+        assert not torch.isnan(got).any(), f"{name} has NaN"
+        if not ref.any():   # e.g. S = 1: a softmax over one key is constant, so dq is exactly 0
+            assert got.abs().max().item() <= tol, f"{name} should be 0"
+            continue
+        err = rel_err(got, ref)
+        assert err <= tol, f"{name}: relative error {err:.2e} > {tol:.0e}"
+
+
+# (query heads, KV heads): GQA 4:1 and MQA split their groups into parts at these sizes, MHA has none to split
+HEADS = pytest.mark.parametrize("HQ, HKV", [(8, 2), (4, 1), (4, 4)], ids=["gqa4", "mqa", "mha"])
+
+
+@pytest.mark.gpu
+@HEADS
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("T", [1, 77, 1000, 4100])
+def test_gpu_gluon_backward_matches_reference(T, D, causal, HQ, HKV):
+    """T = S, not multiples of the 64-row query tile or the 128-key block."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon backward runs on Hopper only")
+    _check_against_reference(1 if T > 1000 else 2, T, T, HQ, HKV, D, causal)
+
+
+@pytest.mark.gpu
+@HEADS
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("T, S", [(77, 1000), (1000, 77), (300, 5)], ids=["T<S", "T>S", "rows-see-nothing"])
+def test_gpu_gluon_backward_unequal_lengths(T, S, D, causal, HQ, HKV):
+    """T != S, under the bottom-right causal mask too: with T > S the first T - S rows see no key (lse = +inf,
+    P = 0)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon backward runs on Hopper only")
+    _check_against_reference(2, T, S, HQ, HKV, D, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_dq_pass_beside_the_gluon_kernel(causal):
+    """On any machine (the Triton dQ programs run under the interpreter): `backward.dq_and_delta`, the dQ half of
+    the Gluon backward, gives dq against autograd through the fp64 formula and delta = rowsum(dO o O), on a GQA
+    call whose lengths are no tile multiples, T != S."""
+    from attention_kernels.common import DEVICE
+    from attention_kernels.flash_attn.backward import dq_and_delta
+    from attention_kernels.flash_attn.forward import attention_fwd
+    B, T, S, HQ, HKV, D = 1, 37, 45, 4, 2, 32
+    q = torch.randn(B, T, HQ, D, device=DEVICE)
+    k, v = torch.randn(2, B, S, HKV, D, device=DEVICE)
+    do = torch.randn_like(q)
+    scale = D ** -0.5
+    o, lse = attention_fwd(q, k, v, causal, scale)
+    dq, delta = dq_and_delta(do, q, k, v, o, lse, causal, scale)
+    qr, kr, vr = (t.double().requires_grad_() for t in (q, k, v))
+    o_ref = attention_ref(qr, kr, vr, causal=causal, softmax_scale=scale, compute_dtype=torch.float64)
+    (dq_ref, ) = torch.autograd.grad(o_ref, (qr, ), do.double())
+    tol = 3 * tolerance(torch.float32, tf32_dots=True)
+    assert rel_err(dq, dq_ref) <= tol
+    assert rel_err(delta, (do.double() * o.double()).sum(-1).transpose(1, 2)) <= tolerance(torch.float32)
+
+
+def test_tune_probe_runs_the_backward_probe():
+    """`tune_probe.py fa_gluon_bwd` imports and is registered: without a GPU it gets as far as its first CUDA tensor
+    (inside fa_gluon_bwd), not a KeyError or an ImportError."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the probe would run in full (minutes)")
+    done = subprocess.run([sys.executable, str(PROBE), "fa_gluon_bwd"], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and 'in fa_gluon_bwd' in done.stderr, done.stderr[-3000:]
+    assert "KeyError" not in done.stderr and "ImportError" not in done.stderr, done.stderr[-3000:]
+    assert "q = torch.randn(B, T, HQ, D, device=\"cuda\"" in done.stderr, done.stderr[-3000:]
