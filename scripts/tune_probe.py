@@ -397,25 +397,28 @@ def ssd_dqk_configs():
     landed = {n: getattr(mamba2_chunk, n) for n in ("_DQK_BK", "_DQK_BV", "_DQK_WARPS", "_DQK_STAGES")}
     configs = {"landed": {}, "BV 32, 2 stages": {"_DQK_BV": 32, "_DQK_STAGES": 2},
                "BK 16, 4 warps": {"_DQK_BK": 16, "_DQK_WARPS": 4}}
-    inputs = mamba2_bench._scan_inputs(case)
-    for name in mamba2_bench.TRAINED:
-        inputs[name].requires_grad_()
+    B, T, H, P, N, bf16 = case["B"], case["T"], case["H"], case["D"], case["dstate"], torch.bfloat16
+    inputs = dict(x=torch.randn(B, T, H, P, dtype=bf16), dt=torch.randn(B, T, H, dtype=bf16),
+                  A=-torch.exp(torch.rand(H)), B=torch.randn(B, T, 1, N, dtype=bf16),
+                  C=torch.randn(B, T, 1, N, dtype=bf16), D=torch.randn(H), z=torch.randn(B, T, H, P, dtype=bf16),
+                  dt_bias=torch.rand(H) - 4)
+    inputs = {n: t.cuda().requires_grad_() for n, t in inputs.items()}
     first = None
     for name, patch in configs.items():
         for n, value in {**landed, **patch}.items():
             setattr(mamba2_chunk, n, value)
 
         def step():
-            for n in mamba2_bench.TRAINED:
-                inputs[n].grad = None
-            y = mamba2_bench.ssd_chunk_scan(**inputs, chunk_size=64)
+            for t in inputs.values():
+                t.grad = None
+            y = mamba2_bench.ssd_chunk_scan(**inputs, chunk_size=64, dt_softplus=True)
             y.backward(torch.ones_like(y))
         try:
             times = _kernel_times_us(step, reps=5)
         except Exception as e:   # a config that does not fit this GPU: say so, go on
             print(f"  {name:16s} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
             continue
-        grads = [inputs[n].grad.float() for n in mamba2_bench.TRAINED]
+        grads = [t.grad.float() for t in inputs.values()]
         first = first or grads
         worst = max(((g - f).norm() / f.norm().clamp_min(1e-30)).item() for g, f in zip(grads, first))
         dqk = sum(us for k, us in times.items() if "_ssd_dqk_kernel" in k)
