@@ -414,6 +414,15 @@ def test_committed_outputs_hold_nothing_from_stderr():
     assert not problems, "\n".join(problems)
 
 
+def test_every_cell_with_outputs_has_an_execution_count():
+    """nbval fails a code cell whose committed outputs have no execution count ("unrun reference cell has
+    outputs"): a cell whose output was written by hand must be numbered like the executed ones."""
+    problems = [f"{path.name} cell {i}" for path in _notebooks()
+                for i, cell in enumerate(json.loads(path.read_text())["cells"])
+                if cell["cell_type"] == "code" and cell.get("outputs") and cell.get("execution_count") is None]
+    assert not problems, "\n".join(problems)
+
+
 def test_code_cells_and_printed_lines_fit_the_text_column():
     """What a chapter's code cells say and print stays within TEXT_WIDTH characters (the browser check
     measures the rendered page; this one names the cell)."""
