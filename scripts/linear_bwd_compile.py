@@ -189,10 +189,12 @@ def mamba2_backward() -> list:
                     DOT_PREC="tf32"),
                nk * NT * runs, f"{ssd._DQK_HEADS} heads",
                2 * states * sb + nk * (2 * thp * bf + T * H * L * f4 / MB + 3 * th * f4) + 2 * runs * T * N * bf / MB,
-               2 * runs * T * N * f4 / MB + 2 * nk * th * f4, 5 * gemm, "bf16 TC",
-               f"do, x and dA read once per dstate tile (x{nk}: the {nk} programs of a chunk run side by side, "
-               "so mostly from L2); dC, dB as partial sums per run of heads; dt, g, b read and the gate's and dt's "
-               "shares written head-major ([H, T]: 256 contiguous bytes a head and chunk)",
+               2 * runs * T * N * f4 / MB + 2 * nk * th * f4, 2 * gemm + 6 * T * L * N * runs / 1e9, "bf16 TC",
+               "two products a head (the inter-chunk ones), C B^T and the intra-chunk two once a run (on the "
+               f"score gradients summed over its heads); do, x and dA read once per dstate tile (x{nk}: the {nk} "
+               "programs of a chunk run side by side, so mostly from L2); dC, dB as partial sums per run of heads; "
+               "dt, g, b read and the gate's and dt's shares written head-major ([H, T]: 256 contiguous bytes a "
+               "head and chunk)",
                configs=[({}, ssd._DQK_WARPS, ssd._DQK_STAGES)],
                reread_mb=(nk - 1) * (2 * thp * bf + T * H * L * f4 / MB)),
         Launch("skip grad (dx = dv + do D)", ssd._ssd_skip_grad_kernel,

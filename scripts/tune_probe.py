@@ -388,15 +388,17 @@ def train_kernels(*families):
 
 
 def ssd_dqk_configs():
-    """Mamba-2's dq/dk kernel (`_ssd_dqk_kernel`) under the landed config and the two alternatives its
-    comment names, at the training table's 16K case: the kernel's GPU µs and the whole step's, and each
-    config's gradients against the landed one's (one set of inputs; bf16, so equal to rounding)."""
+    """Mamba-2's dq/dk kernel (`_ssd_dqk_kernel`) under the landed config and the alternatives its comment
+    names that compile without spills, at the training table's 16K case: the kernel's GPU µs and the whole
+    step's, and each config's gradients against the landed one's (one set of inputs; bf16, so equal to
+    rounding)."""
     from attention_kernels.mamba2 import bench as mamba2_bench
     from attention_kernels.mamba2 import chunk as mamba2_chunk
     case = {"B": 1, "T": 16384, "H": 80, "D": 64, "dstate": 128, "G": 1}
-    landed = {n: getattr(mamba2_chunk, n) for n in ("_DQK_BK", "_DQK_BV", "_DQK_WARPS", "_DQK_STAGES")}
-    configs = {"landed": {}, "BV 32, 2 stages": {"_DQK_BV": 32, "_DQK_STAGES": 2},
-               "BK 16, 4 warps": {"_DQK_BK": 16, "_DQK_WARPS": 4}}
+    landed = {n: getattr(mamba2_chunk, n) for n in ("_DQK_HEADS", "_DQK_BK", "_DQK_BV", "_DQK_WARPS",
+                                                    "_DQK_STAGES")}
+    configs = {"landed": {}, "2 stages": {"_DQK_STAGES": 2}, "4 stages": {"_DQK_STAGES": 4},
+               "runs of 40 heads": {"_DQK_HEADS": 40}}
     B, T, H, P, N, bf16 = case["B"], case["T"], case["H"], case["D"], case["dstate"], torch.bfloat16
     inputs = dict(x=torch.randn(B, T, H, P, dtype=bf16), dt=torch.randn(B, T, H, dtype=bf16),
                   A=-torch.exp(torch.rand(H)), B=torch.randn(B, T, 1, N, dtype=bf16),

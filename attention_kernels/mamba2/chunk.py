@@ -43,7 +43,7 @@ from triton.runtime.errors import OutOfResources
 
 from ..launch import autotune_configs, pow2_at_least_16
 from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_state_dtype, dot_precision, tiles_that_fit
-from ..linear.chunk_backward import chunk_dv, chunk_state_grad_pass, inter_chunk_products, one_decay_dqk
+from ..linear.chunk_backward import chunk_dv, chunk_state_grad_pass, inter_chunk_products
 from ..tl_helpers import dot_causal
 from .decode import _softplus
 
@@ -446,11 +446,12 @@ _TAIL_WARPS = 8
 # dq and dk summed over a group's heads in the kernel: runs of 16 heads a program (80 heads: 5 runs, 5,120
 # programs at 16K; partial sums 2 x 42 MB), dstate tiles of 32, a whole headdim of 64 a tile, on 8 warps and
 # 3 stages. With the headdim in one tile the loop over the heads is the innermost loop, so Triton pipelines
-# it: the next heads' x, do, dA, states, dt and gates are copied to shared memory while this head's products
-# run (118 KB at 3 stages; 2 stages, 78 KB, where a GPU has less shared memory a program). ptxas (sm_90a,
-# bf16, dstate 128, headdim 64): 255 registers, no spills (16 B at 2 stages); headdim tiles of 32 (a two-step
-# inner loop, the heads not pipelined) 227. Dstate tiles of 32 on 4 warps spill (272 B); tiles of 16 on 4
-# warps fit (255 registers, 104 KB: two programs an SM, but x, do and dA read by twice the programs).
+# it: the next heads' x, do, dA, states, dt and gates are copied to shared memory while this head's work
+# runs (80 KB at 3 stages, 56 KB at 2 where a GPU has less shared memory a program). A head costs its two
+# inter-chunk products and elementwise [64, 64] work; the intra-chunk products are summed over the run's heads
+# first (the kernel's comment), two a program. ptxas (sm_90a, bf16, dstate 128, headdim 64): 246 registers,
+# no spills, at 3 stages and at 2; 250 at 4 stages (104 KB); 244 with runs of 40 heads. Dstate tiles of 64
+# spill (60 B at 3 stages, 16 at 2), tiles of 16 or 32 on 4 warps too (52 and 168 B).
 _DQK_HEADS, _DQK_BK, _DQK_BV, _DQK_WARPS, _DQK_STAGES = 16, 32, 64, 8, 3
 _DQK_STAGES_ON = {}   # device -> the stage count that fits there, where it is not _DQK_STAGES
 
@@ -515,11 +516,20 @@ def _ssd_dqk_kernel(
     HEADS: tl.constexpr, FLOOR: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     # one program: chunk i_t, dstate columns [i_k·BK, ..), and a run of HEADS heads of one (batch, group),
-    # walked in turn: each head's dq and dk are the shared backward's for q = C and k = B·dt (a decay per
-    # head), summed here over the run, dC = Σ dq and dB = Σ dt ⊙ dk, instead of written per head. Per head it
-    # writes this key tile's share of the gate's gradient and of dt's through the keys, dk · B. The per-head
-    # scalars (dt, g, b, and those two shares) are head-major, [Bt, H, T]: a head's chunk is 256 contiguous
-    # bytes, where [Bt, T, H] would cost a 32-byte sector per token and head
+    # walked in turn. Each head's dq and dk are the shared backward's (`one_decay_dqk`) for q = C, k = B·dt_h
+    # (a decay per head), summed here over the run, dC = Σ_h dq_h and dB = Σ_h dt_h ⊙ dk_h, instead of
+    # written per head. With D_h = dA_h ⊙ M_h (M_ts = e^{b_t - b_s} for s <= t, else 0):
+    #   dq_h = e^{b_t} ⊙ dO_h S_hᵀ + D_h (B ⊙ dt_h)    dk_h = e^{b_L - b_t} ⊙ X_h dS'_hᵀ + D_hᵀ C
+    # C and B are the group's, the same for every head, so the intra-chunk products factor out of the sum:
+    #   Σ_h D_h (B ⊙rows dt_h) = W B    and    Σ_h dt_h ⊙rows D_hᵀ C = Wᵀ C,    W = Σ_h D_h ⊙ dt_h[None, s]
+    # W summed elementwise in fp32 over the run, then two products a program instead of two a head. The
+    # inter-chunk products stay per head (each head its own states), scaled in fp32 after the product and
+    # added into one accumulator each. The gate's and dt's shares need per-head sums of q·dq and k·dk; their
+    # intra parts are the scores of this key tile, CB_ts = C_t · B_s (one product a program, for every head),
+    # times D_h: with E_h = D_h ⊙ CB, k_s · (D_hᵀ C)_s = dt_s Σ_t E_h,ts and B_s · (D_hᵀ C)_s = Σ_t E_h,ts.
+    # Per head it writes this key tile's share of the gate's gradient and of dt's through the keys, dk · B.
+    # The per-head scalars (dt, g, b, and those two shares) are head-major, [Bt, H, T]: a head's chunk is
+    # 256 contiguous bytes, where [Bt, T, H] would cost a 32-byte sector per token and head
     i_k, i_t, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n_runs = tl.cdiv(HPG, HEADS)
     i_bg, i_run = i_z // n_runs, i_z % n_runs
@@ -534,6 +544,10 @@ def _ssd_dqk_kernel(
     p_g = ((i_b * T + o_t[:, None]) * G + i_g) * N + o_k[None, :]
     b_c = tl.load(C + p_g, mask=m_tk, other=0.0)
     b_B = tl.load(B + p_g, mask=m_tk, other=0.0)
+    b_cb = tl.dot(b_c, tl.trans(b_B), input_precision=DOT_PREC)      # this key tile's scores, every head's
+    m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
+    m_below = o_c[:, None] > o_c[None, :]
+    b_W = tl.zeros([BT, BT], dtype=tl.float32)
     b_dC = tl.zeros([BT, BK], dtype=tl.float32)
     b_dB = tl.zeros([BT, BK], dtype=tl.float32)
     p_tile = i_k * NB * H * T                           # this key tile's [Bt, H, T] in the [NK, Bt, H, T] tiles
@@ -541,15 +555,33 @@ def _ssd_dqk_kernel(
         i_h = i_g * HPG + i_r
         p_th = (i_b * H + i_h) * T + o_t
         b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)
-        b_k = (b_B.to(tl.float32) * b_dt[:, None]).to(B.dtype.element_ty)  # rounded once to B's dtype
+        b_gc = tl.load(b + p_th, mask=m_t, other=0.0)
+        b_gl = tl.load(b + (i_b * H + i_h) * T + t_last)
         b_dos, b_vdh, b_hdh = inter_chunk_products(x, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, NT, N, P,
                                                    BT, BK, BV, True, DOT_PREC)
-        b_dq, b_dk, b_dg = one_decay_dqk(b_c, b_k, b_dos, b_vdh, b_hdh, dA, b, g, None, 1.0, i_b, i_h, o_c, o_t,
-                                         m_t, t_last, T, H, BT, FLOOR, True, DOT_PREC, False, HEAD_MAJOR=True)
+        b_dq_inter = b_dos * tl.exp(b_gc)[:, None]
+        b_dk_inter = b_vdh * tl.exp(tl.where(m_t, b_gl - b_gc, 0.0))[:, None]
+        b_Bdk = tl.sum(b_B.to(tl.float32) * b_dk_inter, axis=1)
+        b_dC += b_dq_inter
+        b_dB += b_dk_inter * b_dt[:, None]
+        # D_h: the exponent taken on the pairs on and below the diagonal only (elsewhere dA is 0)
+        b_D = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
+        b_D = b_D * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
+        b_W += b_D * b_dt[None, :]
+        b_E = b_D * b_cb
+        # the gate's share as `one_decay_dqk` sums it, R = E_h ⊙ dt_h[None, s] strictly below the diagonal
+        b_R = tl.where(m_below, b_E * b_dt[None, :], 0.0)
+        b_r = tl.sum(b_c.to(tl.float32) * b_dq_inter, axis=1) + tl.sum(b_R, axis=1) - tl.sum(b_R, axis=0)
+        b_p = b_dt * b_Bdk
+        b_dg = tl.sum(tl.where(o_c[None, :] >= o_c[:, None], b_r[None, :], b_p[None, :]), axis=1) \
+            + tl.sum(b_hdh) * tl.exp(b_gl)
+        b_gk = tl.load(g + p_th, mask=m_t, other=0.0)
+        b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
         tl.store(dg_tiles + p_tile + p_th, b_dg, mask=m_t)
-        tl.store(ddt_tiles + p_tile + p_th, tl.sum(b_dk * b_B.to(tl.float32), axis=1), mask=m_t)
-        b_dC += b_dq
-        b_dB += b_dk * b_dt[:, None]
+        tl.store(ddt_tiles + p_tile + p_th, b_Bdk + tl.sum(b_E, axis=0), mask=m_t)
+    b_Wc = b_W.to(B.dtype.element_ty)                   # rounded once, after the sum over the run
+    b_dC += tl.dot(b_Wc, b_B, input_precision=DOT_PREC)
+    b_dB += tl.dot(tl.trans(b_Wc), b_c, input_precision=DOT_PREC)
     p_run = i_run.to(tl.int64) * NB * T * G * N        # this run's partial sums, [runs, Bt, T, G, N]
     tl.store(dC_part + p_run + p_g, b_dC, mask=m_tk)
     tl.store(dB_part + p_run + p_g, b_dB, mask=m_tk)
@@ -574,12 +606,13 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     (attention_kernels/linear/chunk_backward.py) with q = C and k = B·dt, read
     per group of heads (group_size; k's dt per head applied in the kernels:
     chunk_dv scales the rows of its fp32 products of B by it, the dq/dk kernel
-    rounds B·dt once to the inputs' dtype), v = x, scale 1, the gate g = dt·A
-    per head and the states transposed ([dstate, headdim] = [K, V]); the
+    the columns of its fp32 score gradients), v = x, scale 1, the gate g =
+    dt·A per head and the states transposed ([dstate, headdim] = [K, V]); the
     chunk-start states and their gradients in `chunk_state_dtype` (x's dtype
-    for 16-bit x). dq and dk (its per-head products, `one_decay_dqk`) are
-    summed over each group's heads in one kernel, which reads B and C per
-    group and writes B's and C's gradients as partial sums over runs of heads,
+    for 16-bit x). dq and dk are summed over each group's heads in one kernel,
+    which reads B and C per group, sums the intra-chunk score gradients over
+    the heads before their products (B and C are the same for every head of a
+    group), writes B's and C's gradients as partial sums over runs of heads,
     and each head's share of the gate's gradient and of dt's through the keys
     (dk · B): no [Bt, T, H, N] gradient is written. Around it, one elementwise
     launch each (fp32 inside, every tensor of [Bt, T, H, P] read or written
