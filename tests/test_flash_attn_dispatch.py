@@ -1,13 +1,15 @@
-"""flash_attn_func's choice of forward kernel (attention_kernels/flash_attn/interface.py): the Triton forward, or on
-an sm_90 GPU the Gluon one (gluon_forward.py) where it measured faster.
+"""flash_attn_func's choice of kernels (attention_kernels/flash_attn/interface.py): the Triton forward and backward,
+or on an sm_90 GPU the Gluon forward (gluon_forward.py) and the Gluon dK/dV backward (gluon_backward.py) where they
+measured faster.
 
-On any machine: the rule against its table (`gluon_fwd_loop`, `GLUON_FWD_MEASURED`) at the measured points and
-between them; the dispatch on a GPU played as an sm_90 one (the capability query, the interpreter flag and
-`Tensor.is_cuda` monkeypatched; no kernel runs), which picks Gluon only where everything holds and the Triton
-forward for any other capability, the interpreter, an untested Triton, a Gluon that does not import, inputs the
-kernel cannot take and packed sequences; `backend=` forcing either; and the whole autograd path with the Gluon
-launch standing in, so the saved (o, lse) it allocates feed the Triton backward. On an sm_90 GPU: flash_attn_func
-with the Gluon forward chosen, output and gradients against the fp64 formula.
+On any machine: the rules against their tables (`gluon_fwd_loop`, `GLUON_FWD_MEASURED`; `gluon_bwd_faster`,
+`GLUON_BWD_MEASURED`) at the measured points and between them; the dispatch on a GPU played as an sm_90 one (the
+capability query, the interpreter flag and `Tensor.is_cuda` monkeypatched; no kernel runs), which picks Gluon only
+where everything holds and Triton for any other capability, the interpreter, an untested Triton, a Gluon that does
+not import, inputs the kernel cannot take and packed sequences; `backend=` forcing either, forward and backward; and
+the whole autograd path with the Gluon launches standing in, so the saved (o, lse) the Gluon forward allocates feed
+either backward. On an sm_90 GPU: flash_attn_func with the Gluon kernels chosen, output and gradients against the
+fp64 formula.
 """
 import pytest
 import torch
@@ -20,22 +22,21 @@ D = 128   # the measured head dim
 
 
 @pytest.mark.parametrize("T, causal, loop", [
-    (2048, False, "overlapped"), (4096, False, "overlapped"), (8192, False, "overlapped"), (16384, False, "overlapped"),
-    (2048, True, None), (4096, True, "in-order"), (8192, True, "in-order"), (16384, True, "overlapped"),
+    (2048, False, "ping-pong"), (4096, False, "ping-pong"), (8192, False, "ping-pong"), (16384, False, "ping-pong"),
+    (2048, True, None), (4096, True, "ping-pong"), (8192, True, "ping-pong"), (16384, True, "ping-pong"),
 ])
 def test_rule_gives_the_table_s_verdict_at_each_measured_point(T, causal, loop):
-    """Gluon beat Triton everywhere but causal 2K (341 / 339 against 353 TFLOP/s on the H100); the overlapped loop
-    was the faster non-causal at every length and causal at 16K."""
+    """Gluon beat Triton everywhere but causal 2K (351 for the fastest loop, ping-pong, against 356 TFLOP/s on the
+    H200); the ping-pong loop was the fastest of the three at every other point."""
     assert (T, causal) in interface.GLUON_FWD_MEASURED
     assert interface.gluon_fwd_loop(T, T, causal, D) == loop
 
 
 @pytest.mark.parametrize("T, S, causal, loop", [
-    (1, 1, False, "overlapped"), (1, 1, True, None),              # below the shortest: the shortest's verdict
-    (4095, 4095, True, None), (4096, 4096, True, "in-order"),     # between points: the point at or below
-    (16383, 16383, True, "in-order"), (16384, 16384, True, "overlapped"),
-    (131072, 131072, True, "overlapped"),                         # past the longest: the longest's verdict
-    (300, 8192, True, None), (8192, 300, True, None), (5000, 9000, True, "in-order"),   # T != S: the shorter
+    (1, 1, False, "ping-pong"), (1, 1, True, None),               # below the shortest: the shortest's verdict
+    (4095, 4095, True, None), (4096, 4096, True, "ping-pong"),    # between points: the point at or below
+    (16383, 16383, True, "ping-pong"), (131072, 131072, True, "ping-pong"),   # past the longest: the longest's
+    (300, 8192, True, None), (8192, 300, True, None), (5000, 9000, True, "ping-pong"),   # T != S: the shorter
 ])
 def test_rule_between_and_beyond_the_measured_points(T, S, causal, loop):
     assert interface.gluon_fwd_loop(T, S, causal, D) == loop
@@ -44,10 +45,62 @@ def test_rule_between_and_beyond_the_measured_points(T, S, causal, loop):
 @pytest.mark.parametrize("head_dim", [32, 64, 256])
 def test_rule_keeps_unmeasured_head_dims_on_triton(head_dim):
     assert all(interface.gluon_fwd_loop(8192, 8192, causal, head_dim) is None for causal in (False, True))
+    assert not any(interface.gluon_bwd_faster(8192, 8192, causal, head_dim) for causal in (False, True))
+
+
+@pytest.fixture
+def table(monkeypatch):
+    """Replace the forward's and the backward's timings by `table.forward` / `table.backward` (dicts) for one
+    test, the rules' cached verdicts cleared before and after."""
+    def use(forward=None, backward=None):
+        if forward is not None:
+            monkeypatch.setattr(interface, "GLUON_FWD_MEASURED", forward)
+        if backward is not None:
+            monkeypatch.setattr(interface, "GLUON_BWD_MEASURED", backward)
+        interface.gluon_fwd_loop.cache_clear(), interface.gluon_bwd_faster.cache_clear()
+    yield use
+    interface.gluon_fwd_loop.cache_clear(), interface.gluon_bwd_faster.cache_clear()
+
+
+@pytest.mark.parametrize("timings, loop", [
+    ((300, 200, 100, 250), "in-order"), ((200, 300, 100, 250), "overlapped"), ((100, 200, 300, 250), "ping-pong"),
+    ((100, 200, 250, 250), None), ((100, 200, 240, 250), None),   # a tie with Triton, or slower: Triton
+])
+def test_rule_reads_its_verdict_from_the_table(timings, loop, table):
+    """A new measurement changes the table only: the rule picks whichever Gluon column is fastest, where it beats
+    the Triton column."""
+    table(forward={(2048, False): timings, (2048, True): (1, 1, 1, 2)})
+    assert interface.gluon_fwd_loop(4096, 4096, False, D) == loop
+    assert interface.gluon_fwd_loop(4096, 4096, True, D) is None
+
+
+@pytest.mark.parametrize("T, causal", [(t, c) for t in (2048, 4096, 8192, 16384) for c in (False, True)])
+def test_backward_rule_gives_the_table_s_verdict_at_each_measured_point(T, causal):
+    """The Gluon backward beat the Triton one at every measured point (1.14-1.20x on the H200)."""
+    gluon, triton_ = interface.GLUON_BWD_MEASURED[T, causal]
+    assert gluon > triton_ and interface.gluon_bwd_faster(T, T, causal, D)
+
+
+@pytest.mark.parametrize("T, S, causal, faster", [
+    (1, 1, False, True), (3000, 3000, False, True), (131072, 131072, False, True),
+    (1, 1, True, False), (4095, 4095, True, False), (4096, 4096, True, True), (131072, 131072, True, True),
+    (300, 9000, True, False), (9000, 300, True, False), (5000, 9000, True, True),
+])
+def test_backward_rule_between_and_beyond_the_measured_points(T, S, causal, faster, table):
+    """Played on the table with Triton made the winner at causal 2K, so that the point a shape takes shows: the
+    longest measured length at or below the shorter of T and S, below the shortest the shortest's."""
+    table(backward={**interface.GLUON_BWD_MEASURED, (2048, True): (300, 320)})
+    assert interface.gluon_bwd_faster(T, S, causal, D) == faster
 
 
 def _inputs(T=300, S=300, dtype=torch.float16, head_dim=D, hq=4, hkv=2):
     return (torch.randn(1, T, hq, head_dim, dtype=dtype), *torch.randn(2, 1, S, hkv, head_dim, dtype=dtype))
+
+
+def _bwd_inputs(T=300, S=300, dtype=torch.float16, head_dim=D):
+    """(do, q, k, v, o, lse) of a dense backward, as the forward leaves them."""
+    q, k, v = _inputs(T, S, dtype, head_dim)
+    return torch.randn_like(q), q, k, v, torch.randn_like(q), torch.randn(q.shape[0], q.shape[2], T)
 
 
 @pytest.fixture
@@ -70,9 +123,12 @@ def test_dispatch_picks_gluon_where_everything_holds(sm90):
     for dtype in (torch.float16, torch.bfloat16):
         q, k, v = _inputs(dtype=dtype)
         assert interface.gluon_misfit(q, k, v) is None
-        assert interface.forward_kernel(q, k, v, False, "auto") == "overlapped"
+        assert interface.forward_kernel(q, k, v, False, "auto") == "ping-pong"
+        assert interface.gluon_bwd_misfit(*_bwd_inputs(dtype=dtype)) is None
+        assert interface.backward_kernel(*_bwd_inputs(dtype=dtype), False, "auto") == "gluon"
     q, k, v = _inputs(T=5000, S=5000)
-    assert interface.forward_kernel(q, k, v, True, "auto") == "in-order"
+    assert interface.forward_kernel(q, k, v, True, "auto") == "ping-pong"
+    assert interface.backward_kernel(*_bwd_inputs(T=5000, S=5000), True, "auto") == "gluon"
 
 
 @pytest.mark.parametrize("capability", [(8, 0), (8, 9), (9, 1), (10, 0), (12, 0)])
@@ -81,15 +137,19 @@ def test_dispatch_keeps_other_capabilities_on_triton(capability, sm90):
     q, k, v = _inputs()
     assert "sm_90" in interface.gluon_misfit(q, k, v)
     assert interface.forward_kernel(q, k, v, False, "auto") is None
+    assert "sm_90" in interface.gluon_bwd_misfit(*_bwd_inputs())
+    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") == "triton"
 
 
 def test_dispatch_keeps_the_cpu_and_the_interpreter_on_triton(sm90, monkeypatch):
     q, k, v = _inputs()
     monkeypatch.setattr(interface, "INTERPRET", True)
     assert interface.forward_kernel(q, k, v, False, "auto") is None
+    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") == "triton"
     monkeypatch.setattr(interface, "INTERPRET", False)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: False))
     assert interface.forward_kernel(q, k, v, False, "auto") is None
+    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") == "triton"
 
 
 def test_dispatch_on_this_machine_is_triton():
@@ -97,8 +157,10 @@ def test_dispatch_on_this_machine_is_triton():
     if not INTERPRET:
         pytest.skip("a GPU machine: the stand-ins of the other tests play its cases")
     q, k, v = _inputs()
-    assert interface.gluon_fwd_loop(300, 300, False, D) == "overlapped"
+    assert interface.gluon_fwd_loop(300, 300, False, D) == "ping-pong"
     assert interface.forward_kernel(q, k, v, False, "auto") is None
+    assert interface.gluon_bwd_faster(300, 300, False, D)
+    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") == "triton"
 
 
 def test_dispatch_keeps_an_untested_or_gluon_less_triton_on_triton(sm90, monkeypatch):
@@ -106,10 +168,15 @@ def test_dispatch_keeps_an_untested_or_gluon_less_triton_on_triton(sm90, monkeyp
     monkeypatch.setattr(interface, "fast_paths_on", lambda: False)
     assert "measured on Triton" in interface.gluon_misfit(q, k, v)
     assert interface.forward_kernel(q, k, v, False, "auto") is None
+    assert "measured on Triton" in interface.gluon_bwd_misfit(*_bwd_inputs())
+    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") == "triton"
     monkeypatch.setattr(interface, "fast_paths_on", lambda: True)
     monkeypatch.setattr(interface, "_gluon_forward", lambda: None)
+    monkeypatch.setattr(interface, "_gluon_backward", lambda: None)
     assert "does not import" in interface.gluon_misfit(q, k, v)
     assert interface.forward_kernel(q, k, v, False, "auto") is None
+    assert "does not import" in interface.gluon_bwd_misfit(*_bwd_inputs())
+    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") == "triton"
 
 
 @pytest.mark.parametrize("inputs, why", [
@@ -127,6 +194,23 @@ def test_dispatch_keeps_misfits_on_triton(inputs, why, sm90):
         interface.forward_kernel(q, k, v, False, "gluon")
 
 
+@pytest.mark.parametrize("change, why", [
+    (lambda b: [t.float() for t in b[:5]] + [b[5]], "dtype"),
+    (lambda b: [t.repeat(1, 1, 1, 2) for t in b[:5]] + [b[5]], "head dim"),
+    (lambda b: [b[0], b[1].transpose(1, 2).contiguous().transpose(1, 2), *b[2:]], "contiguous"),
+    (lambda b: [b[0], torch.empty(b[1].numel() + 1, dtype=b[1].dtype)[1:].view(b[1].shape), *b[2:]], "aligned"),
+    (lambda b: [torch.empty(b[0].numel() + 1, dtype=b[0].dtype)[1:].view(b[0].shape), *b[1:]], "do must start"),
+], ids=["fp32", "D256", "strided", "unaligned", "unaligned-do"])
+def test_backward_dispatch_keeps_misfits_on_triton(change, why, sm90):
+    """The Gluon backward's own refusals (`gluon_backward._check_inputs`) as the phrase the dispatch reads; D = 256
+    is also off the measured table, so the misfit check is asked directly."""
+    inputs = change(list(_bwd_inputs()))
+    assert why in interface.gluon_bwd_misfit(*inputs)
+    assert interface.backward_kernel(*inputs, False, "auto") == "triton"
+    with pytest.raises(ValueError, match=f"backend='gluon' does not apply here: .*{why}"):
+        interface.backward_kernel(*inputs, False, "gluon")
+
+
 @pytest.fixture
 def launches(monkeypatch):
     """Stand-ins for the two forward launchers, recording which ran (and the Gluon loop); no kernel runs."""
@@ -137,8 +221,9 @@ def launches(monkeypatch):
         *batch, T, HQ, _ = q.shape
         return torch.zeros_like(q), torch.zeros(*batch, HQ, T)
 
-    loops = {interface._gluon_forward().IN_ORDER.value: "gluon in-order",
-             interface._gluon_forward().OVERLAPPED.value: "gluon overlapped"}
+    gluon_forward = interface._gluon_forward()
+    loops = {gluon_forward.IN_ORDER.value: "gluon in-order", gluon_forward.OVERLAPPED.value: "gluon overlapped",
+             gluon_forward.PINGPONG.value: "gluon ping-pong"}
 
     def gluon(q, k, v, causal, scale, schedule):
         ran.append(loops[schedule])
@@ -155,19 +240,71 @@ def test_packed_sequences_stay_on_triton(sm90, launches):
     cu = torch.tensor([0, 100, 300], dtype=torch.int32)
     interface.attention_fwd(q, k, v, False, D ** -0.5, cu, cu)
     interface.attention_fwd(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), False, D ** -0.5)   # dense: Gluon
-    assert launches == ["triton", "gluon overlapped"]
+    assert launches == ["triton", "gluon ping-pong"]
 
 
-@pytest.mark.parametrize("backend, causal, T, ran", [
-    ("auto", False, 300, "gluon overlapped"), ("auto", True, 300, "triton"), ("auto", True, 5000, "gluon in-order"),
-    ("triton", False, 300, "triton"), ("gluon", True, 300, "gluon in-order"), ("gluon", False, 300, "gluon overlapped"),
+@pytest.mark.parametrize("backend, causal, T, head_dim, ran", [
+    ("auto", False, 300, D, "gluon ping-pong"), ("auto", True, 300, D, "triton"),
+    ("auto", True, 5000, D, "gluon ping-pong"), ("triton", False, 300, D, "triton"),
+    ("gluon", True, 300, D, "gluon ping-pong"), ("gluon", False, 300, D, "gluon ping-pong"),
+    ("auto", False, 300, 64, "triton"), ("gluon", False, 300, 64, "gluon in-order"),
 ])
-def test_backend_forces_either_forward(backend, causal, T, ran, sm90, launches):
+def test_backend_forces_either_forward(backend, causal, T, head_dim, ran, sm90, launches):
     """backend="triton" runs Triton where the rule says Gluon; backend="gluon" runs Gluon where it says Triton
-    (with the in-order loop, the faster Gluon loop there), the rule's loop elsewhere."""
-    q, k, v = _inputs(T=T, S=T)
+    (with the fastest Gluon loop there, ping-pong; in-order at a head dim not measured), the rule's loop
+    elsewhere."""
+    q, k, v = _inputs(T=T, S=T, head_dim=head_dim)
     interface.attention_fwd(q, k, v, causal, D ** -0.5, backend=backend)
     assert launches == [ran]
+
+
+@pytest.fixture
+def bwd_launches(monkeypatch):
+    """Stand-ins for the two backward launchers, recording which ran; no kernel runs."""
+    ran = []
+
+    def triton(do, q, k, v, o, lse, causal, scale, one_launch, cu_seqlens_q=None, cu_seqlens_k=None):
+        ran.append("triton")
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    def gluon(do, q, k, v, o, lse, causal, scale, cu_seqlens_q=None, cu_seqlens_k=None):
+        ran.append("gluon")
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    monkeypatch.setattr(interface.backward, "attention_bwd", triton)
+    monkeypatch.setattr(interface._gluon_backward(), "gluon_attention_bwd", gluon)
+    return ran
+
+
+@pytest.mark.parametrize("backend, causal, T, head_dim, ran", [
+    ("auto", False, 300, D, "gluon"), ("auto", True, 300, D, "gluon"), ("auto", True, 5000, D, "gluon"),
+    ("triton", False, 300, D, "triton"), ("triton", True, 5000, D, "triton"),
+    ("auto", False, 300, 64, "triton"), ("gluon", False, 300, 64, "gluon"),
+])
+def test_backend_forces_either_backward(backend, causal, T, head_dim, ran, sm90, bwd_launches):
+    """The backward op on a played sm_90: "auto" runs the Gluon backward where it was measured faster (every
+    measured point at D = 128) and Triton at an unmeasured head dim; "triton" and "gluon" force either."""
+    do, q, k, v, o, lse = _bwd_inputs(T=T, S=T, head_dim=head_dim)
+    interface.attention_bwd(do, q, k, v, o, lse, causal, head_dim ** -0.5, False, None, None, backend)
+    assert bwd_launches == [ran]
+
+
+def test_packed_backward_stays_on_triton(sm90, bwd_launches):
+    """flash_attn_varlen_func's backward is the Triton one even where its dense shape would take Gluon."""
+    do, q, k, v, o, _ = (t[0] for t in _bwd_inputs())
+    cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+    interface.attention_bwd(do, q, k, v, o, torch.randn(q.shape[1], q.shape[0]), False, D ** -0.5, False, cu, cu)
+    interface.attention_bwd(*_bwd_inputs(), False, D ** -0.5, False)   # dense: Gluon
+    assert bwd_launches == ["triton", "gluon"]
+
+
+@pytest.mark.parametrize("backend, ran", [("auto", ["gluon ping-pong", "gluon"]), ("triton", ["triton", "triton"]),
+                                          ("gluon", ["gluon ping-pong", "gluon"])])
+def test_backend_reaches_the_backward_through_autograd(backend, ran, sm90, launches, bwd_launches):
+    """flash_attn_func's backend= is carried from the forward to the backward op: one choice for both passes."""
+    q, k, v = (t.requires_grad_() for t in _inputs())
+    flash_attn_func(q, k, v, backend=backend).sum().backward()
+    assert launches + bwd_launches == ran
 
 
 def test_backend_is_checked_by_name():
@@ -184,36 +321,74 @@ def test_forcing_gluon_off_sm90_says_why():
         flash_attn_func(q, k, v, backend="gluon")
 
 
+def _dkdv_from_the_formula(kernel, grid, key, args, constexprs, **options):
+    """Stands in for the Gluon dK/dV launch: dK and dV from what the kernel is handed (q, k, v, dO, the lse and
+    delta rows as the copy engine would read them), in fp64, written where the kernel writes them (dk, dv, or part
+    0 of the per-part workspace that the launcher sums)."""
+    q, k, v, do, dk, dv, lse_rows, delta_rows, scale_log2, scale, T, S, HQ, HKV, parts, row_stride = args
+    assert lse_rows.shape[-1] == row_stride and row_stride % 4 == 0
+    group = HQ // HKV
+    q, do, lse, delta = q.double(), do.double(), lse_rows[..., :T].double(), delta_rows[..., :T].double()
+    k, v = (t.double().repeat_interleave(group, dim=2) for t in (k, v))
+    s = torch.einsum("bthd,bshd->bhts", q, k)
+    if constexprs["CAUSAL"]:   # bottom-right: query i sees key j iff j <= i + S - T
+        hidden = torch.arange(S)[None, :] > torch.arange(T)[:, None] + S - T
+        s = s.masked_fill(hidden, float("-inf"))
+    p = torch.exp2(s * scale_log2 - lse[..., None])
+    ds = p * (torch.einsum("bthd,bshd->bhts", do, v) - delta[..., None])
+    B, D = q.shape[0], q.shape[3]
+    dv_heads, dk_heads = torch.einsum("bhts,bthd->bshd", p, do), scale * torch.einsum("bhts,bthd->bshd", ds, q)
+    for out, grad in ((dv, dv_heads), (dk, dk_heads)):
+        summed = grad.reshape(B, S, HKV, group, D).sum(3)
+        if parts > 1:
+            out.zero_()
+            out[..., 0, :] = summed
+        else:
+            out.copy_(summed)
+
+
 @pytest.mark.skipif(not INTERPRET, reason="plays a Hopper on the CPU; on a GPU, test_gpu_* runs the kernel")
-@pytest.mark.parametrize("causal, backend, overlap", [(False, "auto", True), (True, "gluon", False)],
-                         ids=["full-auto", "causal-forced"])
-def test_autograd_path_through_the_gluon_launch(causal, backend, overlap, monkeypatch):
-    """flash_attn_func with inputs that require grad, the dispatch choosing Gluon (its misfit answered None) and
-    the Gluon kernel's launch standing in (it fills the o and lse that `launch_gluon` allocated with the Triton
-    forward's values): no refusal of inputs that require grad, the backward reads the saved o and lse, and
-    output and gradients match the fp64 formula. Also asserts what `launch_gluon` allocates is what the Triton
-    forward returns (shape, dtype, contiguity)."""
-    from attention_kernels.flash_attn import gluon_forward
+@pytest.mark.parametrize("T, causal, backend, loop", [(67, False, "auto", "ping-pong"),
+                                                      (66, True, "gluon", "ping-pong"), (67, True, "auto", None)],
+                         ids=["full-auto", "causal-forced", "causal-fwd-triton"])
+def test_autograd_path_through_the_gluon_launches(T, causal, backend, loop, monkeypatch):
+    """flash_attn_func with inputs that require grad, the dispatch choosing Gluon for both passes (the misfits
+    answered None) and the Gluon kernels' launches standing in: the forward's fills the o and lse that
+    `launch_gluon` allocated with the Triton forward's values, the dK/dV launch computes from what it is handed
+    (`_dkdv_from_the_formula`; the dQ pass is the Triton one). No refusal of inputs that require grad, the
+    backward reads the saved o and lse, and output and gradients match the fp64 formula. Also asserts what
+    `launch_gluon` allocates is what the Triton forward returns (shape, dtype, contiguity). Causal at this short
+    T, "auto" keeps the Triton forward (the table's causal 2K) and still runs the Gluon backward on its o and lse."""
+    from attention_kernels.flash_attn import gluon_backward, gluon_forward
 
     launched = []
+    names = {gluon_forward.IN_ORDER.value: "in-order", gluon_forward.OVERLAPPED.value: "overlapped",
+             gluon_forward.PINGPONG.value: "ping-pong"}
 
-    def kernel(kernel, grid, key, args, constexprs, **options):
+    def forward_kernel(kernel, grid, key, args, constexprs, **options):
         q, k, v, o, lse, scale_log2, *_ = args
         o_t, lse_t = triton_forward(q, k, v, constexprs["CAUSAL"], scale, None, None)
         for mine, theirs in ((o, o_t), (lse, lse_t)):
             assert (mine.shape, mine.dtype, mine.stride()) == (theirs.shape, theirs.dtype, theirs.stride())
         o.copy_(o_t), lse.copy_(lse_t)
-        launched.append(constexprs["SCHEDULE"] == gluon_forward.OVERLAPPED.value)
+        launched.append(names[constexprs["SCHEDULE"]])
+
+    def dkdv_kernel(*args, **options):
+        _dkdv_from_the_formula(*args, **options)
+        launched.append("gluon backward")
 
     monkeypatch.setattr(interface, "gluon_misfit", lambda q, k, v: None)
-    monkeypatch.setattr(gluon_forward, "launch_direct", kernel)
-    T, S, scale = 67, 90, 0.2
+    monkeypatch.setattr(interface, "gluon_bwd_misfit", lambda *inputs: None)
+    monkeypatch.setattr(gluon_backward, "_check_inputs", lambda *inputs: None)   # CPU tensors: no Hopper's
+    monkeypatch.setattr(gluon_forward, "launch_direct", forward_kernel)
+    monkeypatch.setattr(gluon_backward, "launch_direct", dkdv_kernel)
+    S, scale = 90, 0.2
     mk = lambda *shape: torch.randn(*shape).half().requires_grad_()   # noqa: E731
     q, k, v = mk(2, T, 4, D), mk(2, S, 2, D), mk(2, S, 2, D)
     o = flash_attn_func(q, k, v, causal=causal, softmax_scale=scale, backend=backend)
-    assert launched == [overlap] and o.grad_fn is not None   # the rule's loop; forced at a short causal T: in-order
     g = torch.randn_like(o)
     grads = torch.autograd.grad(o, (q, k, v), g)
+    assert launched == [loop] * (loop is not None) + ["gluon backward"] and o.grad_fn is not None
     qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref = attention_ref(qr, kr, vr, causal=causal, softmax_scale=scale, compute_dtype=torch.float64)
     refs = (ref, *torch.autograd.grad(ref, (qr, kr, vr), g.double()))
@@ -224,19 +399,22 @@ def test_autograd_path_through_the_gluon_launch(causal, backend, overlap, monkey
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T, S, causal, loop", [(1000, 1000, False, "overlapped"), (4100, 4100, True, "in-order"),
-                                                (300, 77, False, "overlapped")],
-                         ids=["full-1000", "causal-4100", "full-T>S"])
+@pytest.mark.parametrize("T, S, causal, loop", [(1000, 1000, False, "ping-pong"), (4100, 4100, True, "ping-pong"),
+                                                (300, 77, False, "ping-pong"), (1001, 1001, True, None)],
+                         ids=["full-1000", "causal-4100", "full-T>S", "causal-1001-fwd-triton"])
 def test_gpu_flash_attn_func_through_gluon_matches_reference(T, S, causal, loop):
-    """On an sm_90 GPU the dispatch chooses the Gluon forward for these bf16 D = 128 shapes (GQA 8/2); output and
-    the Triton backward's gradients from it against attention_ref in fp64."""
+    """On an sm_90 GPU the dispatch chooses the Gluon forward for these bf16 D = 128 shapes (GQA 8/2) but causal
+    1001 (Triton's, as at causal 2K), and the Gluon backward for all; output and gradients against attention_ref
+    in fp64. T = 1001 also takes the lse and delta rows the launcher pads for the copy engine."""
     if not torch.cuda.is_available() or interface.capability(torch.device("cuda")) != (9, 0):
-        pytest.skip("the Gluon forward is dispatched on sm_90 GPUs only")
+        pytest.skip("the Gluon kernels are dispatched on sm_90 GPUs only")
     mk = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)   # noqa: E731
     q, k, v = mk(1, T, 8, D), mk(1, S, 2, D), mk(1, S, 2, D)
     assert interface.forward_kernel(q.detach(), k.detach(), v.detach(), causal, "auto") == loop
     o = flash_attn_func(q, k, v, causal=causal)
     g = torch.randn_like(o)
+    lse = torch.empty(1, 8, T, device="cuda")   # the forward's saved lse: the dispatch reads its shape and address
+    assert interface.backward_kernel(g, q.detach(), k.detach(), v.detach(), o.detach(), lse, causal, "auto") == "gluon"
     grads = torch.autograd.grad(o, (q, k, v), g)
     with torch.no_grad():
         assert torch.equal(flash_attn_func(q, k, v, causal=causal), o)   # the inference path takes the same kernel

@@ -107,8 +107,8 @@ def _book(c):
 
 
 def _book_gluon(c):
-    """The Gluon forward (its backward is "book"'s Triton one): n/a for a backward case and where it cannot
-    run (not an sm_90 GPU; ValueError saying why on the first call)."""
+    """The Gluon forward: n/a for a backward case (`scripts/tune_probe.py fa_gluon_bwd` times the Gluon backward)
+    and where it cannot run (not an sm_90 GPU; ValueError saying why on the first call)."""
     if c["pass"] != "fwd":
         return None
     fn = _timed(c, lambda q, k, v: flash_attn_func(q, k, v, causal=c["causal"], backend="gluon"), "bthd")

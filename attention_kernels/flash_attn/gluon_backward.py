@@ -1,9 +1,10 @@
 """FlashAttention backward for Hopper (sm_90a) in Gluon: a dK/dV kernel with a TMA copy warp and two consumer
 warpgroups, and the Triton dQ pass (`backward.py`) beside it.
 
-`gluon_attention_bwd` is a whole backward with `backward.attention_bwd`'s contract (dense inputs only); nothing
-dispatches to it yet: `flash_attn_func` keeps the Triton backward until GPU timings say otherwise
-(`scripts/tune_probe.py fa_gluon_bwd`). Checked on a Hopper GPU by `tests/test_flash_attn_gluon_backward.py`.
+`gluon_attention_bwd` is a whole backward with `backward.attention_bwd`'s contract (dense inputs only);
+`flash_attn_func`'s backward runs it on an sm_90 GPU where it measured faster than the Triton backward
+(`interface.gluon_bwd_faster`, `interface.GLUON_BWD_MEASURED`; `scripts/tune_probe.py fa_gluon_bwd`) and where it
+takes the inputs (`gluon_backward_misfit`). Checked on a Hopper GPU by `tests/test_flash_attn_gluon_backward.py`.
 
 With P = exp2(s * scale * log2 e - lse) (lse in base 2, from the forward), dP = dO V^T, delta = rowsum(dO o O),
 dS = P o (dP - delta): dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K.
@@ -325,6 +326,18 @@ def _check_inputs(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k) -> None:
         raise ValueError("q, k, v, o and lse must start at 16-byte aligned addresses (the copy engine reads them)")
 
 
+def gluon_backward_misfit(do, q, k, v, o, lse) -> str | None:
+    """Why the Gluon backward cannot take these dense inputs (None if it can), as a phrase: `_check_inputs`'s
+    refusal, or do's address where do is contiguous (a view is copied, so its copy is aligned)."""
+    try:
+        _check_inputs(do, q, k, v, o, lse, None, None)
+    except (TypeError, ValueError) as refusal:
+        return str(refusal)
+    if do.is_contiguous() and not aligned16((do, )):
+        return "do must start at a 16-byte aligned address (the copy engine reads it)"
+    return None
+
+
 def _rows_for_the_copy_engine(x):
     """x fp32 [B, Hq, T] as rows the copy engine can read (row stride a multiple of 16 bytes): x itself, or a
     copy padded to a multiple of 4 columns. Returns (rows, row_stride)."""
@@ -376,5 +389,5 @@ def gluon_attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float,
     return dq, dk.sum(-2).to(k.dtype), dv.sum(-2).to(v.dtype)
 
 
-__all__ = ["gluon_attention_bwd", "attn_bwd_dkdv_ws_kernel", "BWD_TILES", "BN", "WS_MAXNREG", "WS_CONSUMER_REGS",
-           "WS_PRODUCER_REGS"]
+__all__ = ["gluon_attention_bwd", "gluon_backward_misfit", "attn_bwd_dkdv_ws_kernel", "BWD_TILES", "BN", "WS_MAXNREG",
+           "WS_CONSUMER_REGS", "WS_PRODUCER_REGS"]

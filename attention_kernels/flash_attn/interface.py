@@ -20,40 +20,75 @@ from . import backward, decode
 from .forward import attention_fwd as triton_attention_fwd
 from .reference import attention_flops, check_attention_args, check_varlen_args
 
-BACKENDS = ("auto", "triton", "gluon")   # flash_attn_func's forward: chosen, or forced
+BACKENDS = ("auto", "triton", "gluon")   # flash_attn_func's kernels, forward and backward: chosen, or forced
 
-# The Gluon forward against the Triton one, TFLOP/s, on an H100 (bf16, B = 4, H = 32, D = 128, S = T,
-# do_bench medians; `scripts/tune_probe.py fa_gluon`, notes/TUNING.md 2026-12-06 (10)): (T, causal) -> (Gluon
-# in-order loop, Gluon overlapped loop, Triton). `gluon_fwd_loop` reads its verdicts from here: a new measurement
-# updates this table and nothing else.
+# The Gluon kernels against the Triton ones, TFLOP/s, on an H200 (bf16, B = 4, H = 32, D = 128, S = T, do_bench
+# medians; `scripts/tune_probe.py fa_gluon` and `fa_gluon_bwd`, notes/TUNING.md 2026-12-06 (19), the "NVIDIA H200"
+# rows of results/logs/fa_gluon_forward.csv and fa_gluon_backward.csv). `gluon_fwd_loop` and `gluon_bwd_faster`
+# read their verdicts from here: a new measurement updates these tables and nothing else.
+# Forward: (T, causal) -> (Gluon in-order loop, Gluon overlapped loop, Gluon ping-pong loop, Triton).
 GLUON_FWD_MEASURED = {
-    (2048, False): (491, 501, 451), (4096, False): (526, 534, 472),
-    (8192, False): (548, 569, 495), (16384, False): (540, 605, 487),
-    (2048, True): (341, 339, 353), (4096, True): (443, 428, 408),
-    (8192, True): (509, 488, 453), (16384, True): (533, 567, 489),
+    (2048, False): (485, 506, 517, 423), (4096, False): (529, 525, 555, 471),
+    (8192, False): (543, 582, 593, 490), (16384, False): (551, 595, 619, 498),
+    (2048, True): (342, 343, 351, 356), (4096, True): (441, 424, 452, 422),
+    (8192, True): (507, 466, 526, 456), (16384, True): (537, 563, 585, 478),
 }
+GLUON_FWD_LOOPS = ("in-order", "overlapped", "ping-pong")   # the Gluon columns of GLUON_FWD_MEASURED, in order
 GLUON_FWD_HEAD_DIMS = (128,)   # the head dims measured; D = 64 runs too, but untimed it stays on Triton
+# Backward: (T, causal) -> (Gluon dK/dV with the Triton dQ pass, Triton).
+GLUON_BWD_MEASURED = {
+    (2048, False): (395, 347), (4096, False): (429, 373), (8192, False): (447, 379), (16384, False): (456, 385),
+    (2048, True): (322, 270), (4096, True): (380, 324), (8192, True): (422, 351), (16384, True): (446, 373),
+}
+GLUON_BWD_HEAD_DIMS = (128,)
+
+
+def _measured_point(table, T: int, S: int, causal: bool) -> tuple[int, bool]:
+    """The key of `table` ((length, causal) -> timings) whose verdict a call of T queries and S keys takes: the
+    longest measured length at or below it (below the shortest, the shortest); T != S (not measured) counts as
+    the shorter of the two, which bounds both the query blocks and each block's key loop."""
+    measured = sorted(t for t, c in table if c == causal)
+    return max((t for t in measured if t <= min(T, S)), default=measured[0]), causal
+
+
+def _fastest_gluon_loop(T: int, S: int, causal: bool) -> tuple[str, bool]:
+    """The Gluon forward loop that measured fastest at the point T, S take (`_measured_point`), and whether it
+    beat the Triton forward there."""
+    *gluon, triton_ = GLUON_FWD_MEASURED[_measured_point(GLUON_FWD_MEASURED, T, S, causal)]
+    fastest = max(range(len(gluon)), key=gluon.__getitem__)
+    return GLUON_FWD_LOOPS[fastest], gluon[fastest] > triton_
 
 
 @functools.lru_cache(maxsize=256)   # asked on every dense call: a pure function of four ints
 def gluon_fwd_loop(T: int, S: int, causal: bool, D: int) -> str | None:
     """The forward a dense call of T queries and S keys of head dim D should run, by the timings of
-    GLUON_FWD_MEASURED: None for the Triton forward, else the Gluon loop ("in-order" or "overlapped"), the
-    faster where Gluon beat Triton. A length takes the verdict of the longest measured length at or below it
-    (below the shortest, the shortest's); T != S (not measured) counts as the shorter of the two, which bounds
-    both the query blocks and each block's key loop. Unmeasured head dims: Triton.
+    GLUON_FWD_MEASURED: None for the Triton forward, else the fastest Gluon loop ("in-order", "overlapped" or
+    "ping-pong") where it beat Triton. A length takes the verdict of the longest measured length at or below
+    it (below the shortest, the shortest's); T != S counts as the shorter of the two. Unmeasured head dims:
+    Triton.
 
-    >>> gluon_fwd_loop(8192, 8192, False, 128)   # 'overlapped'
+    >>> gluon_fwd_loop(8192, 8192, False, 128)   # 'ping-pong'
     >>> gluon_fwd_loop(2048, 2048, True, 128)    # None: Triton measured faster
     """
     if D not in GLUON_FWD_HEAD_DIMS:
         return None
-    measured = sorted(t for t, c in GLUON_FWD_MEASURED if c == causal)
-    length = max((t for t in measured if t <= min(T, S)), default=measured[0])
-    in_order, overlapped, triton_ = GLUON_FWD_MEASURED[length, causal]
-    if max(in_order, overlapped) <= triton_:
-        return None
-    return "overlapped" if overlapped > in_order else "in-order"
+    loop, beats_triton = _fastest_gluon_loop(T, S, causal)
+    return loop if beats_triton else None
+
+
+@functools.lru_cache(maxsize=256)
+def gluon_bwd_faster(T: int, S: int, causal: bool, D: int) -> bool:
+    """Whether a dense backward of T queries and S keys of head dim D should run the Gluon dK/dV kernel (with
+    the Triton dQ pass) rather than the Triton backward, by the timings of GLUON_BWD_MEASURED, read at the
+    point `gluon_fwd_loop` reads its own. Unmeasured head dims: Triton.
+
+    >>> gluon_bwd_faster(8192, 8192, True, 128)   # True
+    >>> gluon_bwd_faster(8192, 8192, True, 64)    # False: not measured
+    """
+    if D not in GLUON_BWD_HEAD_DIMS:
+        return False
+    gluon, triton_ = GLUON_BWD_MEASURED[_measured_point(GLUON_BWD_MEASURED, T, S, causal)]
+    return gluon > triton_
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,6 +102,28 @@ def _gluon_forward():
     return gluon_forward
 
 
+@functools.lru_cache(maxsize=1)
+def _gluon_backward():
+    """The Gluon backward's module, or None where this Triton's Gluon does not import (as `_gluon_forward`)."""
+    try:
+        from . import gluon_backward
+    except ImportError:
+        return None
+    return gluon_backward
+
+
+def _gluon_platform_misfit(q, module) -> str | None:
+    """Why no Gluon kernel runs here (a phrase), or None: an sm_90 GPU (not the interpreter), a Triton the fast
+    paths were measured on, whose Gluon imports (`module`: the kernel's module, None where it did not)."""
+    if INTERPRET or not q.is_cuda or capability(q.device) != (9, 0):
+        return "it runs on an sm_90 GPU (H100, H200) only"
+    if not fast_paths_on():
+        return f"it was measured on Triton {', '.join(TESTED_TRITON)} only, and this is Triton {triton.__version__}"
+    if module is None:
+        return f"Gluon does not import in Triton {triton.__version__}"
+    return None
+
+
 def gluon_misfit(q, k, v) -> str | None:
     """Why this dense call cannot run the Gluon forward (a phrase), or None if it can: an sm_90 GPU (not the
     interpreter), a Triton the fast paths were measured on whose Gluon imports, and the inputs the kernel
@@ -74,30 +131,48 @@ def gluon_misfit(q, k, v) -> str | None:
 
     >>> gluon_misfit(q, k, v)   # None on an H100 for bf16 [B, T, H, 128]
     """
-    if INTERPRET or not q.is_cuda or capability(q.device) != (9, 0):
-        return "it runs on an sm_90 GPU (H100, H200) only"
-    if not fast_paths_on():
-        return f"it was measured on Triton {', '.join(TESTED_TRITON)} only, and this is Triton {triton.__version__}"
     module = _gluon_forward()
-    if module is None:
-        return f"Gluon does not import in Triton {triton.__version__}"
-    return module.gluon_forward_misfit(q, k, v)
+    return _gluon_platform_misfit(q, module) or module.gluon_forward_misfit(q, k, v)
+
+
+def gluon_bwd_misfit(do, q, k, v, o, lse) -> str | None:
+    """Why this dense backward cannot run the Gluon one (a phrase), or None if it can: the platform as for the
+    forward, and the inputs the kernel takes (`gluon_backward.gluon_backward_misfit`: bf16 or fp16, D 64 or
+    128, contiguous, aligned)."""
+    module = _gluon_backward()
+    return _gluon_platform_misfit(q, module) or module.gluon_backward_misfit(do, q, k, v, o, lse)
 
 
 def forward_kernel(q, k, v, causal: bool, backend: str) -> str | None:
-    """Which forward a dense call runs: None for the Triton one, else the Gluon loop ("in-order" or "overlapped").
-    backend "auto": Gluon where it fits (`gluon_misfit`) and measured faster (`gluon_fwd_loop`); "triton":
-    always Triton; "gluon": Gluon, with the loop that measured faster for the shape (in-order where the table
-    has no verdict), ValueError saying why where it does not fit."""
+    """Which forward a dense call runs: None for the Triton one, else the Gluon loop ("in-order", "overlapped" or
+    "ping-pong"). backend "auto": Gluon where it fits (`gluon_misfit`) and measured faster (`gluon_fwd_loop`);
+    "triton": always Triton; "gluon": Gluon, with the loop that measured fastest for the shape (in-order at an
+    unmeasured head dim), ValueError saying why where it does not fit."""
     if backend == "triton":
         return None
-    loop = gluon_fwd_loop(q.shape[1], k.shape[1], causal, q.shape[3])
+    T, S, D = q.shape[1], k.shape[1], q.shape[3]
     if backend == "auto":
+        loop = gluon_fwd_loop(T, S, causal, D)
         return loop if loop is not None and gluon_misfit(q, k, v) is None else None
     misfit = gluon_misfit(q, k, v)
     if misfit is not None:
         raise ValueError(f"backend='gluon' does not apply here: {misfit}")
-    return loop or "in-order"
+    return _fastest_gluon_loop(T, S, causal)[0] if D in GLUON_FWD_HEAD_DIMS else "in-order"
+
+
+def backward_kernel(do, q, k, v, o, lse, causal: bool, backend: str) -> str:
+    """Which backward a dense call runs: "gluon" (the Gluon dK/dV kernel with the Triton dQ pass) or "triton".
+    backend as `forward_kernel`'s: "auto": Gluon where it fits (`gluon_bwd_misfit`) and measured faster
+    (`gluon_bwd_faster`); "triton": always Triton; "gluon": Gluon, ValueError saying why where it does not fit."""
+    if backend == "triton":
+        return "triton"
+    if backend == "auto":
+        faster = gluon_bwd_faster(q.shape[1], k.shape[1], causal, q.shape[3])
+        return "gluon" if faster and gluon_bwd_misfit(do, q, k, v, o, lse) is None else "triton"
+    misfit = gluon_bwd_misfit(do, q, k, v, o, lse)
+    if misfit is not None:
+        raise ValueError(f"backend='gluon' does not apply here: {misfit}")
+    return "gluon"
 
 
 def _attention_fwd(q, k, v, causal: bool, softmax_scale: float, cu_seqlens_q=None, cu_seqlens_k=None,
@@ -109,8 +184,8 @@ def _attention_fwd(q, k, v, causal: bool, softmax_scale: float, cu_seqlens_q=Non
     if loop is None:
         return triton_attention_fwd(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k)
     gluon = _gluon_forward()
-    schedule = gluon.OVERLAPPED.value if loop == "overlapped" else gluon.IN_ORDER.value
-    return gluon.launch_gluon(q, k, v, causal, softmax_scale, schedule)
+    schedule = {"in-order": gluon.IN_ORDER, "overlapped": gluon.OVERLAPPED, "ping-pong": gluon.PINGPONG}[loop]
+    return gluon.launch_gluon(q, k, v, causal, softmax_scale, schedule.value)
 
 
 # registered one level down, so that a compiled backward is FlashAttnFunction.backward, as in eager; the choice
@@ -122,13 +197,17 @@ decode_fwd = compiled_as_op("attention_kernels::attention_decode", fake=attentio
 
 @compiled_as_op("attention_kernels::attention_bwd", fake=attention_bwd_fake)
 def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, one_launch: bool,
-                  cu_seqlens_q=None, cu_seqlens_k=None):
-    """`backward.attention_bwd` behind a check of everything it is given (`_check_backward_inputs`): the op is
-    reachable on its own (torch.ops.attention_kernels.attention_bwd), and a tensor of the wrong shape would be read out
-    of bounds. The kernels derive strides from shapes: what is not contiguous is copied."""
+                  cu_seqlens_q=None, cu_seqlens_k=None, backend: str = "auto"):
+    """The backward behind a check of everything it is given (`_check_backward_inputs`): the op is reachable on
+    its own (torch.ops.attention_kernels.attention_bwd), and a tensor of the wrong shape would be read out of
+    bounds. A dense call runs the kernel `backward_kernel` picks (the choice is inside the op, where the tensors
+    are real), packed sequences `backward.attention_bwd`. The kernels derive strides from shapes: what is not
+    contiguous is copied."""
     _check_backward_inputs(q, k, v, o, lse, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k)
     check_gradient("do", do, q.shape, q.dtype, q.device)
-    q, k, v, o, lse = (t.contiguous() for t in (q, k, v, o, lse))
+    do, q, k, v, o, lse = (t.contiguous() for t in (do, q, k, v, o, lse))
+    if cu_seqlens_q is None and backward_kernel(do, q, k, v, o, lse, causal, backend) == "gluon":
+        return _gluon_backward().gluon_attention_bwd(do, q, k, v, o, lse, causal, softmax_scale)
     return backward.attention_bwd(do, q, k, v, o, lse, causal, softmax_scale, one_launch, cu_seqlens_q, cu_seqlens_k)
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
@@ -194,9 +273,11 @@ class FlashAttnFunction(torch.autograd.Function):
     """Forward: Triton FlashAttention-2, or for a dense call on an sm_90
     GPU the Gluon kernel where it measured faster (`forward_kernel`; both
     save O and the same fp32 base-2 log-sum-exp, not P), dense or packed
-    (offsets given). Backward: `attention_bwd` (one Triton kernel, launched
-    once or twice), recomputing P. With return_lse, the forward also returns
-    the natural-log LSE, which takes no gradient."""
+    (offsets given). Backward: `attention_bwd`, recomputing P: one Triton
+    kernel, launched once or twice, or for a dense call on an sm_90 GPU the
+    Gluon dK/dV kernel beside the Triton dQ pass where it measured faster
+    (`backward_kernel`), whichever forward ran. With return_lse, the forward
+    also returns the natural-log LSE, which takes no gradient."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, softmax_scale, return_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, backend):
@@ -204,7 +285,7 @@ class FlashAttnFunction(torch.autograd.Function):
         cu_seqlens_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k   # (see _attend)
         o, lse = attention_fwd(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k, backend)
         ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
-        ctx.causal, ctx.softmax_scale = causal, softmax_scale
+        ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
         ctx.one_launch = _one_launch(q, k, causal, max_seqlen_k)
         if not return_lse:
             return o
@@ -216,7 +297,7 @@ class FlashAttnFunction(torch.autograd.Function):
     def backward(ctx, do, *_):  # *_: the LSE's gradient (None) when the forward returned it
         q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
         dq, dk, dv = attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.softmax_scale, ctx.one_launch,
-                                   cu_seqlens_q, cu_seqlens_k)
+                                   cu_seqlens_q, cu_seqlens_k, ctx.backend)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
@@ -275,9 +356,9 @@ def _outputs(result, return_attn_probs: bool):
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False, *, return_lse=False,
                     backend="auto"):
-    """FlashAttention-2 (Triton; on an sm_90 GPU the forward in Gluon where
-    it measured faster), GQA-aware, differentiable; flash-attn's arguments,
-    in its order.
+    """FlashAttention-2 (Triton; on an sm_90 GPU the forward and the
+    backward's dK/dV in Gluon where they measured faster), GQA-aware,
+    differentiable; flash-attn's arguments, in its order.
 
     q: [B, T, Hq, D]; k, v: [B, S, Hkv, D], Hq a multiple of Hkv (MHA, GQA,
     MQA); query head h reads KV head h // (Hq // Hkv). D in (32, 64, 128,
@@ -306,12 +387,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     differentiable; flash-attn hands out the same tensor as softmax_lse, the
     second of return_attn_probs's three outputs. Not both.
 
-    backend (keyword only, not flash-attn's): the forward's kernel. "auto"
-    (the default): on an sm_90 GPU (H100, H200), bf16 or fp16, D 64 or 128,
-    the warp-specialized Gluon kernel where it measured faster than the
-    Triton one (`gluon_fwd_loop`), else Triton; "triton": always Triton;
-    "gluon": always Gluon, ValueError saying why where it cannot run. The
-    backward is the Triton kernel's either way.
+    backend (keyword only, not flash-attn's): the kernels, forward and
+    backward. "auto" (the default): on an sm_90 GPU (H100, H200), bf16 or
+    fp16, D 64 or 128, the warp-specialized Gluon kernels where they
+    measured faster than the Triton ones (`gluon_fwd_loop`,
+    `gluon_bwd_faster`), else Triton; "triton": always Triton; "gluon":
+    always Gluon, ValueError saying why where it cannot run.
 
     >>> q = torch.randn(2, 1000, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     >>> k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
