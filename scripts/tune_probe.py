@@ -253,7 +253,7 @@ def fa_gluon():
     print(f"bf16, B={B} H={H} D={D}: TFLOP/s; in brackets the Gluon kernel's speed ratio to it")
     print(f"  {'T':>6s} {'causal':>6s} " + " ".join(f"{n:>16s}" for n in names))
     for causal in (False, True):
-        for T in (2048, 4096, 8192, 16384):
+        for T in (512, 1024, 2048, 4096, 8192, 16384):
             q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
             calls = {n: (lambda kw=kw: gluon_forward.gluon_attention_fwd(q, k, v, causal, D ** -0.5, **kw))
@@ -307,7 +307,7 @@ def fa_gluon_bwd():
     print(f"bf16, B={B} H={H} D={D}, backward: TFLOP/s; in brackets the Gluon backward's speed ratio to it")
     print(f"  {'T':>6s} {'causal':>6s} " + " ".join(f"{n:>16s}" for n in names))
     for causal in (False, True):
-        for T in (2048, 4096, 8192, 16384):
+        for T in (512, 1024, 2048, 4096, 8192, 16384):
             q, k, v, do = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
             o, lse = attention_fwd(q, k, v, causal, D ** -0.5)
             one = _one_launch(q, k, causal)
