@@ -361,7 +361,10 @@ def test_schema_from_the_signature():
         "attention_kernels::fused_recurrent_lightning(Tensor q, Tensor k, Tensor v, Tensor slopes, float? scale=1., ")
     assert str(gla_interface._chunk_gla_bwd.op._opoverload._schema) == (
         "attention_kernels::chunk_gla_bwd(Tensor q, Tensor k, Tensor v, Tensor gk, float scale, Tensor? h0, Tensor do, "
-        "Tensor? dht, Tensor? cu_seqlens=None) -> Tensor[]")
+        "Tensor? dht, Tensor? cu_seqlens=None, Tensor? A=None) -> Tensor[]")
+    assert str(gla_interface._chunk_gla_fwd_keeping_scores.op._opoverload._schema) == (
+        "attention_kernels::chunk_gla_fwd_keeping_scores(Tensor q, Tensor k, Tensor v, Tensor gk, float scale, "
+        "Tensor? h0, bool output_final_state, Tensor? cu_seqlens=None) -> Tensor[]")
     assert str(selective_state_update.op._opoverload._schema) == (
         "attention_kernels::selective_state_update(Tensor(a0!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
         "Tensor? D=None, Tensor? z=None, Tensor? dt_bias=None, bool dt_softplus=False, "
@@ -525,15 +528,17 @@ def _linear_training_run(fn, q, k, v, gate, h0, trained):
 
 @pytest.mark.parametrize("family", ["gla", "lightning"])
 def test_linear_forms_train_compiled_as_eager(family):
-    """chunk_gla and chunk_lightning under torch.compile(fullgraph=True): one op in the forward graph,
-    and every gradient (through o and the final state) equal to the eager call's, bit for bit."""
+    """chunk_gla and chunk_lightning under torch.compile(fullgraph=True): one op in the forward graph
+    (GLA's the forward that keeps its scores for the backward), and every gradient (through o and the final
+    state) equal to the eager call's, bit for bit."""
     fn = chunk_gla if family == "gla" else chunk_lightning
     trained = ("q", "k", "v", "gate", "h0") if family == "gla" else ("q", "k", "v", "h0")
+    forward_op = "chunk_gla_fwd_keeping_scores" if family == "gla" else "chunk_lightning_fwd"
     inputs = _linear_training_inputs(family, torch.float32)
     backend, nodes = _recording_backend()
     compiled = torch.compile(fn, fullgraph=True, backend=backend)
     _assert_same(_linear_training_run(compiled, *inputs, trained), _linear_training_run(fn, *inputs, trained))
-    assert sum(f"attention_kernels.chunk_{family}_fwd.default" in n for n in nodes) == 1, nodes
+    assert sum(f"attention_kernels.{forward_op}.default" in n for n in nodes) == 1, nodes
     assert sum(f"attention_kernels.chunk_{family}_bwd.default" in n for n in nodes) == 1, nodes
 
 
@@ -565,6 +570,24 @@ def test_kda_backward_opcheck(with_state):
     h0, dht = (h0, torch.randn_like(h0)) if with_state else (None, None)
     torch.library.opcheck(kda_interface._chunk_kda_bwd.op,
                           (q, k, v, g, beta, 0.25, h0, torch.randn_like(v), dht, with_state))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("with_state", [False, True], ids=["no-state", "state"])
+def test_gla_training_ops_opcheck(packed, with_state):
+    """GLA's training forward (o, the scores A, the final state or none) and its backward given those scores:
+    each op's fake gives the real outputs' shapes, dtypes and strides, one sequence or two packed."""
+    q, k, v, gate, h0 = _linear_training_inputs("gla", torch.float32)
+    cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=DEVICE) if packed else None
+    h0 = (torch.cat([h0] * 2) if packed else h0) if with_state else None
+    forward = gla_interface._chunk_gla_fwd_keeping_scores
+    # A's blocks above the diagonal are left unwritten (never read), so two runs' A differ there: the check
+    # that compares a traced run's outputs with eager's is left out for the forward
+    torch.library.opcheck(forward.op, (q, k, v, gate, 0.2, h0, with_state, cu),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    _, A, _ = forward(q, k, v, gate, 0.2, h0, with_state, cu)
+    dht = torch.randn_like(h0) if with_state else None
+    torch.library.opcheck(gla_interface._chunk_gla_bwd.op, (q, k, v, gate, 0.2, h0, torch.randn_like(v), dht, cu, A))
 
 
 def _mamba2_training_run(fn, inputs, trained, cu_seqlens=None):

@@ -10,6 +10,9 @@ the same kernels in fp32, within the fp16 tolerance, with the backward's chunk s
 stored in fp16 (`chunk_state_dtype`). GPU: bf16 on B=2, T=1000, H=4, K=V=128 against the same kernels in fp32,
 each gradient within 5e-3 (fla's ratio).
 """
+import contextlib
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -232,6 +235,59 @@ def test_gla_backward_keeps_chunk_states_in_the_input_dtype(dtype, monkeypatch):
     tensors, h0, do, dht = gla_inputs(1, 70, 2, 16, 16, "paper", True)
     grads(chunk_gla, [t.to(dtype) for t in tensors[:3]] + tensors[3:], h0, do, dht)
     assert seen == [(dtype, dtype)]
+
+
+def _recording_scores(monkeypatch):
+    """Count GLA's scores launches and hold a weak reference to each scores buffer they write (the packed
+    row's buffer, where a launch writes one sequence's rows of it)."""
+    launched = []
+
+    def recording(q, k, g, A, scale):
+        launched.append(weakref.ref(A if A._base is None else A._base))
+        return chunk_gla_scores(q, k, g, A, scale)
+
+    monkeypatch.setattr(gla_interface, "chunk_gla_scores", recording)
+    return launched
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_gla_training_step_launches_the_scores_once(packed, monkeypatch):
+    # the backward takes the forward's scores: one scores launch a step (a sequence, when packed), the
+    # scores kept from the forward to the backward and freed with the graph, the gradients still the fp64 loop's
+    launched = _recording_scores(monkeypatch)
+    tensors, h0, do, dht = gla_inputs(1, 70, 2, 16, 32, "paper", True)
+    lengths = [33, 37] if packed else [70]
+    cu = torch.tensor([0, 33, 70], dtype=torch.int32, device=DEVICE) if packed else None
+    if packed:
+        h0, dht = torch.cat([h0, torch.randn_like(h0)]), torch.cat([dht, torch.randn_like(dht)])
+    leaves = [t.clone().requires_grad_() for t in (*tensors, h0)]
+    o, ht = chunk_gla(*leaves[:4], initial_state=leaves[4], output_final_state=True, cu_seqlens=cu)
+    assert len(launched) == len(lengths) and all(A() is not None for A in launched)   # kept for the backward
+    got = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), leaves)
+    assert len(launched) == len(lengths) and all(A() is None for A in launched)       # freed with the graph
+    starts = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    for n, (s, e) in enumerate(zip(starts[:-1], starts[1:])):
+        refs = [t[:, s:e].double().requires_grad_() for t in tensors] + [h0[n:n + 1].double().requires_grad_()]
+        o_ref, ht_ref = naive_recurrent_gla(*refs[:4], initial_state=refs[4], output_final_state=True)
+        loss = (o_ref * do[:, s:e].double()).sum() + (ht_ref * dht[n:n + 1].double()).sum()
+        want = torch.autograd.grad(loss, refs)
+        for name, a, b in zip(["dq", "dk", "dv", "dgk"], got[:4], want[:4]):
+            assert_close(a[:, s:e], b, FP32, name)
+        assert_close(got[4][n:n + 1], want[4], FP32, "dh0")
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "no_input_requires_grad"])
+def test_gla_forward_without_gradient_keeps_nothing(mode, monkeypatch):
+    # a prefill keeps nothing for a backward: its scores are freed when the call returns, o in hand
+    launched = _recording_scores(monkeypatch)
+    tensors, h0, _, _ = gla_inputs(1, 70, 2, 16, 32, "paper", True)
+    inputs = [t.clone().requires_grad_(mode != "no_input_requires_grad") for t in (*tensors, h0)]
+    context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
+               "no_input_requires_grad": contextlib.nullcontext}[mode]
+    with context():
+        o, ht = chunk_gla(*inputs[:4], initial_state=inputs[4], output_final_state=True)
+    assert o.grad_fn is None and ht.grad_fn is None
+    assert len(launched) == 1 and launched[0]() is None
 
 
 def test_gla_fp16_gradients():

@@ -164,18 +164,44 @@ def sequential_chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_fin
 @compiled_as_op("attention_kernels::chunk_gla_fwd", fake=linear_attention_fake, tuple_size=2)
 def _chunk_gla_fwd(q, k, v, gk, scale, h0: torch.Tensor | None, output_final_state: bool,
                    cu_seqlens: torch.Tensor | None = None):
-    """The forward, once or once per packed sequence; returns (o, final_state or None). Its inputs are checked
-    again, by the op's names (a lookup for a call the public function has checked): the op is reachable on its
-    own (torch.ops.attention_kernels.chunk_gla_fwd)."""
+    """The forward without a backward to follow (it keeps nothing), once or once per packed sequence; returns
+    (o, final_state or None). Its inputs are checked again, by the op's names (a lookup for a call the public
+    function has checked): the op is reachable on its own (torch.ops.attention_kernels.chunk_gla_fwd)."""
     _, scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, h0, output_final_state, cu_seqlens)
+    return _forward_dense_or_packed(q, k, v, gk, scale, h0, output_final_state, cu_seqlens, None)
+
+
+def _keeping_scores_fake(q, v, output_final_state, cu_seqlens=None, **_):
+    """The training forward's outputs: the forward's (o, final state or None) with the scores between them."""
+    o, ht = linear_attention_fake(q=q, v=v, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+    return o, q.new_empty((*q.shape[:3], CHUNK)), ht
+
+
+@compiled_as_op("attention_kernels::chunk_gla_fwd_keeping_scores", fake=_keeping_scores_fake, tuple_size=3)
+def _chunk_gla_fwd_keeping_scores(q, k, v, gk, scale, h0: torch.Tensor | None, output_final_state: bool,
+                                  cu_seqlens: torch.Tensor | None = None):
+    """The training forward (ChunkGLAFunction's): `_chunk_gla_fwd`, and it returns the intra-chunk scores too,
+    (o, A, final_state or None) with A [B, T, H, CHUNK] in q's dtype, for the backward to take instead of
+    launching the scores kernel again, as fla's chunk_gla keeps its A. Cheaper kept than recomputed: A is
+    CHUNK values a token and head (half of q at K = 128), the scores kernel one of the step's longest."""
+    (B, T, H, _, _), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, h0, output_final_state, cu_seqlens)
+    A = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=q.device)
+    o, ht = _forward_dense_or_packed(q, k, v, gk, scale, h0, output_final_state, cu_seqlens, A)
+    return o, A, ht
+
+
+def _forward_dense_or_packed(q, k, v, gk, scale, h0, output_final_state, cu_seqlens, A):
+    """The forward, once or once per packed sequence, its scores written into A (a packed sequence's into its
+    rows: every sequence's chunks start at its first token) or, A None, into a buffer dropped after it."""
     if cu_seqlens is None:
-        return _forward(q, k, v, gk, scale, h0, output_final_state)
-    return forward_per_sequence(lambda rows, h0_n, final: _forward(*rows, scale, h0_n, final),
-                                (q, k, v, gk), v, h0, output_final_state, cu_seqlens)
+        return _forward(q, k, v, gk, scale, h0, output_final_state, A)
+    rows = (q, k, v, gk) if A is None else (q, k, v, gk, A)
+    return forward_per_sequence(lambda rows_n, h0_n, final: _forward(*rows_n[:4], scale, h0_n, final, *rows_n[4:]),
+                                rows, v, h0, output_final_state, cu_seqlens)
 
 
-def _forward(q, k, v, gk, scale, h0, output_final_state):
-    """The forward's four launches."""
+def _forward(q, k, v, gk, scale, h0, output_final_state, A=None):
+    """The forward's four launches; the scores go to A (allocated here when None)."""
     B, T, H, K = q.shape
     V, dev = v.shape[-1], q.device
     g = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
@@ -183,7 +209,8 @@ def _forward(q, k, v, gk, scale, h0, output_final_state):
     states = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, dtype=q.dtype, device=dev)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     chunk_state_pass(k, v, g, states, h0, ht)
-    A = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)   # blocks above the diagonal stay unwritten
+    if A is None:
+        A = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)   # blocks above the diagonal stay unwritten
     chunk_gla_scores(q, k, g, A, scale)
     o = torch.empty_like(v)
     chunk_output(q, v, g, states, A, o, scale)
@@ -192,30 +219,37 @@ def _forward(q, k, v, gk, scale, h0, output_final_state):
 
 @compiled_as_op("attention_kernels::chunk_gla_bwd", fake=gradients_like("q", "k", "v", "gk", "h0"), tuple_size=5)
 def _chunk_gla_bwd(q, k, v, gk, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None,
-                   cu_seqlens: torch.Tensor | None = None):
+                   cu_seqlens: torch.Tensor | None = None, A: torch.Tensor | None = None):
     """The backward, once or once per packed sequence. do: o's gradient, dht: the final state's (or
-    None). Returns (dq, dk, dv, dgk, dh0 or None)."""
-    (_, _, _, K, _), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, h0, False, cu_seqlens)
+    None); A: the forward's scores (`_chunk_gla_fwd_keeping_scores`), or None to recompute them. Returns
+    (dq, dk, dv, dgk, dh0 or None)."""
+    (B, T, H, K, _), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, h0, False, cu_seqlens)
     check_output_gradients(do, dht, v, K, cu_seqlens)
+    if A is not None:
+        A = check_tensor("A", A, dtypes=(q.dtype,), shape=(B, T, H, CHUNK)).contiguous()
     if cu_seqlens is None:
-        return _backward(q, k, v, gk, scale, h0, do, dht)
-    return backward_per_sequence(lambda rows, h0_n, do_n, dht_n: _backward(*rows, scale, h0_n, do_n, dht_n),
-                                 (q, k, v, gk), h0, do, dht, cu_seqlens)
+        return _backward(q, k, v, gk, scale, h0, do, dht, A)
+    # each sequence's rows of A are its own scores, cut from the packed row as q, k, v and gk are
+    return backward_per_sequence(
+        lambda rows_n, h0_n, do_n, dht_n: _backward(*rows_n[:4], scale, h0_n, do_n, dht_n, *rows_n[4:]),
+        (q, k, v, gk), h0, do, dht, cu_seqlens, kept=() if A is None else (A,))
 
 
-def _backward(q, k, v, gk, scale, h0, do, dht):
-    """The backward's launches: recompute the cumulative gates, the chunk-start states and the scores,
-    then the reverse state pass, dv, and dq, dk, dgk. The per-chunk states and their gradients are in
+def _backward(q, k, v, gk, scale, h0, do, dht, A=None):
+    """The backward's launches: recompute the cumulative gates and the chunk-start states, and the scores
+    only where A is None (the training forward keeps its A, as fla's chunk_gla does), then the reverse
+    state pass, dv, and dq, dk, dgk. The per-chunk states and their gradients are in
     `chunk_state_dtype` (the input dtype for 16-bit inputs)."""
     B, T, H, K = q.shape
     V, dev = v.shape[-1], q.device
     NT = triton.cdiv(T, CHUNK)
     g = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
-    chunk_local_cumsum(gk, g)
+    chunk_local_cumsum(gk, g)      # recomputed, not kept: fp32 and as large as q in fp32, and cheap to redo
     states = torch.empty(B, NT, H, K, V, dtype=chunk_state_dtype(q.dtype), device=dev)
     chunk_state_pass(k, v, g, states, h0)
-    A = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)
-    chunk_gla_scores(q, k, g, A, scale)
+    if A is None:
+        A = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)
+        chunk_gla_scores(q, k, g, A, scale)
     dstates = torch.empty_like(states)
     dh0 = None if h0 is None else torch.empty_like(h0)
     chunk_state_grad_pass(q, do, g, dstates, scale, dht, dh0)
@@ -226,7 +260,8 @@ def _backward(q, k, v, gk, scale, h0, do, dht):
     return dq, dk, dv, dgk, dh0
 
 
-ChunkGLAFunction = chunk_function("ChunkGLAFunction", _chunk_gla_fwd, _chunk_gla_bwd)
+# The forward keeps the scores for the backward only here, where a gradient will be taken.
+ChunkGLAFunction = chunk_function("ChunkGLAFunction", _chunk_gla_fwd_keeping_scores, _chunk_gla_bwd, kept=("A",))
 
 
 def chunk_gla(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, state_v_first=False,
@@ -243,9 +278,10 @@ def chunk_gla(q, k, v, g=None, scale=None, initial_state=None, output_final_stat
     GPU too.
 
     Differentiable in q, k, v, gk and initial_state, through o and the final
-    state: the backward (attention_kernels/linear/chunk_backward.py) saves
-    only the inputs and recomputes the rest. A gate below GATE_FLOOR (-inf)
-    gets gradient 0.
+    state: the backward (attention_kernels/linear/chunk_backward.py) takes
+    the inputs and the forward's scores A (kept only when a gradient is
+    needed: CHUNK values a token and head in q's dtype) and recomputes the
+    rest. A gate below GATE_FLOOR (-inf) gets gradient 0.
 
     fla's arguments in fla's order: the gate is `g` (fla's name, fourth) or
     `gk` (keyword, the name the other forms use), one of them;

@@ -55,12 +55,14 @@ def forward_per_sequence(forward: Callable, rows: tuple, v: torch.Tensor, h0, ou
     return o, ht
 
 
-def backward_per_sequence(backward: Callable, rows: tuple, h0, do: torch.Tensor, dht, cu_seqlens: torch.Tensor):
-    """Run `backward(rows_n, h0_n, do_n, dht_n) -> (*row_grads, dh0_n)` on each packed sequence.
+def backward_per_sequence(backward: Callable, rows: tuple, h0, do: torch.Tensor, dht, cu_seqlens: torch.Tensor,
+                          kept: tuple = ()):
+    """Run `backward(rows_n + kept_n, h0_n, do_n, dht_n) -> (*row_grads, dh0_n)` on each packed sequence.
 
-    rows as `forward_per_sequence` takes them; do [1, T, H, V]; dht fp32 [N, H, K, V] or None. Returns the
-    gradients of rows, each shaped and typed like its row tensor, then dh0 (fp32 [N, H, K, V]) or None. An
-    empty sequence passes dht through to its dh0.
+    rows as `forward_per_sequence` takes them; do [1, T, H, V]; dht fp32 [N, H, K, V] or None; kept: per-token
+    tensors the forward kept for the backward (GLA's scores), cut to each sequence's rows as rows are but taking
+    no gradient. Returns the gradients of rows, each shaped and typed like its row tensor, then dh0 (fp32
+    [N, H, K, V]) or None. An empty sequence passes dht through to its dh0.
     """
     grads = [torch.zeros_like(t) for t in rows]
     dh0 = None if h0 is None else torch.zeros_like(h0)
@@ -71,7 +73,7 @@ def backward_per_sequence(backward: Callable, rows: tuple, h0, do: torch.Tensor,
             if dh0 is not None and dht_n is not None:
                 dh0[n] = dht_n[0]
             continue
-        *row_grads, dh0_n = backward(_rows(rows, start, end), h0_n, do[:, start:end], dht_n)
+        *row_grads, dh0_n = backward(_rows(rows + tuple(kept), start, end), h0_n, do[:, start:end], dht_n)
         for g, g_n in zip(grads, row_grads, strict=True):
             g[:, start:end] = g_n
         if dh0 is not None:
