@@ -34,7 +34,8 @@ The lse and delta rows ride in the ring as [1, BM] fp32 tiles of a batch element
 the copy engine needs 16-byte aligned: for T not a multiple of 4 the launcher pads a copy of them first.
 
 The forward's Gluon/ptxas rules hold here too (`gluon_forward.py`'s docstring): no wgmma in flight across a loop
-back edge, ring buffers handed to wgmma indexed through `_opaque_zero`, sizes read off the buffers' shapes.
+back edge, ring buffers handed to wgmma indexed through `gluon_helpers.opaque_zero`, sizes read off the buffers'
+shapes.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ..checks import check_tensor
+from ..gluon_helpers import opaque_zero
 from ..launch import LOG2E, aligned16, launch_direct
 from .backward import dq_and_delta, group_parts
 
@@ -60,13 +62,6 @@ WS_MAXNREG = 168
 WS_CONSUMER_REGS = 240
 WS_PRODUCER_REGS = 24
 ROW_ALIGN = 4      # fp32 elements in 16 bytes: the lse and delta views' row length must be a multiple of it
-
-
-@gluon.jit
-def _opaque_zero(t):
-    """0 for any t < 2**30 that LLVM cannot prove is 0 (as in `gluon_forward.py`): a shared buffer indexed with it
-    gets its wgmma descriptors computed next to each wgmma, not all hoisted out of the loop (and spilled)."""
-    return t >> 30
 
 
 @gluon.jit
@@ -148,7 +143,7 @@ def _block_update(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     stats_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])
     st = i % STAGES
-    slot = st + _opaque_zero(i)
+    slot = st + opaque_zero(i)
     phase = (i // STAGES) & 1
     s_zero = gl.zeros([HALF, BM], gl.float32, s_layout)
 
@@ -200,13 +195,13 @@ def _consumer(WG: gl.constexpr, dk_ptr, dv_ptr, out_base, out_row_stride, n0, S,
     i = 0   # the ring tile, numbered as the producer sends them
     for g in range(n_heads):
         for m in range(m_lo, m_full):
-            dk, dv = _block_update(dk, dv, i, m * BM, keys, shift, scale_log2, k_s.index(WG + _opaque_zero(i)),
-                                   v_s.index(WG + _opaque_zero(i)), q_s, do_s, lse_s, delta_s, q_ready, do_ready,
+            dk, dv = _block_update(dk, dv, i, m * BM, keys, shift, scale_log2, k_s.index(WG + opaque_zero(i)),
+                                   v_s.index(WG + opaque_zero(i)), q_s, do_s, lse_s, delta_s, q_ready, do_ready,
                                    q_empty, do_empty, True, s_layout, a_layout)
             i += 1
         for m in range(m_full, n_blocks):
-            dk, dv = _block_update(dk, dv, i, m * BM, keys, shift, scale_log2, k_s.index(WG + _opaque_zero(i)),
-                                   v_s.index(WG + _opaque_zero(i)), q_s, do_s, lse_s, delta_s, q_ready, do_ready,
+            dk, dv = _block_update(dk, dv, i, m * BM, keys, shift, scale_log2, k_s.index(WG + opaque_zero(i)),
+                                   v_s.index(WG + opaque_zero(i)), q_s, do_s, lse_s, delta_s, q_ready, do_ready,
                                    q_empty, do_empty, False, s_layout, a_layout)
             i += 1
     keys_o = gl.convert_layout(keys, gl.SliceLayout(1, acc_layout))

@@ -36,8 +36,8 @@ skipping zero probabilities (as the Triton forward's `dot_visible` does); keys p
 
 Gluon/ptxas rules kept here (learnt on `attention_kernels/mla/gluon_decode.py`): no wgmma in flight across a
 loop back edge (ptxas would serialize every wgmma); shared buffers handed to wgmma indexed by an opaque zero
-(`_opaque_zero`), so LLVM does not hoist every per-k-step descriptor out of the loop; constexprs do not cross
-into the partitions, which read sizes off the buffers' shapes.
+(`gluon_helpers.opaque_zero`), so LLVM does not hoist every per-k-step descriptor out of the loop; constexprs do
+not cross into the partitions, which read sizes off the buffers' shapes.
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ..checks import check_no_grad
+from ..gluon_helpers import opaque_zero
 from ..launch import LOG2E, aligned16, launch_direct
 
 BM = 128           # query rows per CTA: two consumer warpgroups of 64 (wgmma's M)
@@ -68,13 +69,6 @@ PINGPONG = gl.constexpr(2)
 # Whether a direct call's consumers issue the next tile's S = Q K^T before this tile's softmax;
 # `flash_attn_func` picks the loop per shape from the timings (`interface.GLUON_FWD_MEASURED`).
 OVERLAP_SCORES = False
-
-
-@gluon.jit
-def _opaque_zero(t):
-    """0 for any t < 2**30 that LLVM cannot prove is 0: a shared buffer indexed with it gets its wgmma
-    descriptors computed next to each wgmma, not all hoisted out of the loop (and spilled)."""
-    return t >> 30
 
 
 @gluon.jit
@@ -138,7 +132,7 @@ def _scores_issue(q_op, t, k_s, k_ready, ROWS: gl.constexpr, s_layout: gl.conste
     st = t % STAGES
     mbarrier.wait(k_ready.index(st), (t // STAGES) & 1)
     s_zero = gl.zeros([ROWS, BN], gl.float32, s_layout)
-    return warpgroup_mma(q_op, k_s.index(st + _opaque_zero(t)).permute((1, 0)), s_zero, use_acc=False,
+    return warpgroup_mma(q_op, k_s.index(st + opaque_zero(t)).permute((1, 0)), s_zero, use_acc=False,
                          is_async=True)
 
 
@@ -187,7 +181,7 @@ def _pv_released(acc, p, t, v_s, v_ready, v_empty, MASKED: gl.constexpr, p_layou
     cores (`_pv_skipping_zeros`)."""
     STAGES: gl.constexpr = v_s.shape[0]
     st = t % STAGES
-    slot = st + _opaque_zero(t)
+    slot = st + opaque_zero(t)
     mbarrier.wait(v_ready.index(st), (t // STAGES) & 1)
     if MASKED and _has_non_finite(v_s.index(slot)):
         acc = _pv_skipping_zeros(acc, p.to(v_s.dtype), v_s.index(slot), row_o)
@@ -273,18 +267,18 @@ def _consumer(WG: gl.constexpr, SCHEDULE: gl.constexpr, o_ptr, lse_ptr, o_base, 
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
             mbarrier.arrive(k_empty.index(0), count=1)
             for t in range(n_full - 1):
-                q_op = q_s.index(WG + _opaque_zero(t))
+                q_op = q_s.index(WG + opaque_zero(t))
                 acc, m_i, l_i, s = _overlapped_step(acc, m_i, l_i, s, t, q_op, k_s, v_s, k_ready, v_ready, k_empty,
                                                     v_empty, scale_log2, rows, S, shift, s_layout, p_layout, row_o)
             acc, m_i, l_i, s = _softmax_pv(acc, m_i, l_i, s, n_full - 1, v_s, v_ready, v_empty, scale_log2, rows,
                                            S, shift, False, p_layout, row_o, s, False)
     else:
         for t in range(n_full):
-            q_op = q_s.index(WG + _opaque_zero(t))
+            q_op = q_s.index(WG + opaque_zero(t))
             acc, m_i, l_i = _tile_update(acc, m_i, l_i, q_op, t, k_s, v_s, k_ready, v_ready, k_empty, v_empty,
                                          scale_log2, rows, S, shift, False, s_layout, p_layout, row_o)
     for t in range(n_full, n_tiles):
-        q_op = q_s.index(WG + _opaque_zero(t))
+        q_op = q_s.index(WG + opaque_zero(t))
         acc, m_i, l_i = _tile_update(acc, m_i, l_i, q_op, t, k_s, v_s, k_ready, v_ready, k_empty, v_empty,
                                      scale_log2, rows, S, shift, True, s_layout, p_layout, row_o)
     _finish(acc, m_i, l_i, rows, o_ptr, lse_ptr, o_base, lse_base, T, HQ, D, row_o, o_layout)
@@ -346,7 +340,7 @@ def _pingpong(WG: gl.constexpr, acc, m_i, l_i, n_full, scale_log2, rows, S, shif
         p = gl.convert_layout(p.to(v_s.dtype), p_layout)   # held through the next round's product, packed
         for t in range(1, n_full):
             _turn_begin(turn, WG, t)
-            acc, s = _pv_scores_in_turn(acc, p, t, q_s.index(WG + _opaque_zero(t)), k_s, v_s, k_ready, v_ready,
+            acc, s = _pv_scores_in_turn(acc, p, t, q_s.index(WG + opaque_zero(t)), k_s, v_s, k_ready, v_ready,
                                         k_empty, v_empty, turn, WG, s_layout, p_layout)
             acc, m_i, l_i, p = _online_softmax(acc, m_i, l_i, s, t, scale_log2, rows, S, shift, False, row_o)
             p = gl.convert_layout(p.to(v_s.dtype), p_layout)
@@ -389,7 +383,7 @@ def _pv_scores_in_turn(acc, p, t, q_op, k_s, v_s, k_ready, v_ready, k_empty, v_e
     prev = t - 1
     st = prev % STAGES
     mbarrier.wait(v_ready.index(st), (prev // STAGES) & 1)
-    acc = warpgroup_mma(gl.convert_layout(p, p_layout), v_s.index(st + _opaque_zero(t)), acc, is_async=True)
+    acc = warpgroup_mma(gl.convert_layout(p, p_layout), v_s.index(st + opaque_zero(t)), acc, is_async=True)
     s = _scores_issue(q_op, t, k_s, k_ready, q_op.shape[0], s_layout)
     _turn_end(turn, WG)
     acc, s = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s))

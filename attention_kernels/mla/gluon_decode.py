@@ -45,7 +45,7 @@ descriptor of its own that stops at the sequence's end, so that page's unused sl
 Gluon/ptxas constraints this code works around (see the comments at each place):
   * no wgmma may be in flight across a loop back edge or the end of an `if`: ptxas copies the
     accumulator registers there and then serializes every wgmma in the kernel (C7514/C7515);
-  * shared buffers handed to wgmma are indexed by an opaque zero (_opaque_zero), or LLVM hoists all
+  * shared buffers handed to wgmma are indexed by an opaque zero (`gluon_helpers.opaque_zero`), or LLVM hoists all
     per-k-step wgmma descriptors out of the loop and ptxas spills them;
   * constexprs do not survive gl.warp_specialize's argument tuples: partitions read sizes off the
     buffers' static shapes.
@@ -64,6 +64,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from ..gluon_helpers import opaque_zero
 from ..launch import LN2, LOG2E, aligned16, launch_direct
 
 D_QK, D_V = 576, 512
@@ -137,16 +138,6 @@ def _load_q(q_ptr, q_row0, q_nope_s, q_pe_s, q_bar):
     mbarrier.expect(q_bar, BM * (D_V + D_PE) * 2)
     tma.async_copy_global_to_shared(qn, [0, 0], q_bar, q_nope_s.index(0))
     tma.async_copy_global_to_shared(qp, [0, D_V], q_bar, q_pe_s.index(0))
-
-
-@gluon.jit
-def _opaque_zero(t):
-    """0 for any tile index t < 2**30, but not provably 0 to LLVM. Shared buffers handed to wgmma are indexed
-    with it (the query block and the P buffer as [1, ...] buffers, the ring slot as slot + 0): with an address
-    LLVM can see is constant, or a two-valued slot it turns into a select, it precomputes every per-k-step
-    wgmma descriptor (64 bits each, 36 for Q, 36 per slot for K) outside the loop, and ptxas spills them.
-    Computed in the loop, each descriptor is one add next to its wgmma."""
-    return t >> 30
 
 
 @gluon.jit
@@ -316,9 +307,9 @@ def _ws_load_partition_paged(q_ptr, kv_ptr, bt_ptr, o_ptr, num_splits, q_row0, b
 @gluon.jit
 def _v_half(kv_nope_s, t, h: gl.constexpr, STAGES: gl.constexpr):
     """Value half h (latent columns 256h to 256h + 255) of ring tile t, as wgmma's B operand (the slot indexed
-    through `_opaque_zero`)."""
+    through `opaque_zero`)."""
     BV: gl.constexpr = kv_nope_s.shape[2] // 2
-    return kv_nope_s.index(t % STAGES + _opaque_zero(t)).slice(h * BV, BV, dim=1)
+    return kv_nope_s.index(t % STAGES + opaque_zero(t)).slice(h * BV, BV, dim=1)
 
 
 @gluon.jit
@@ -335,7 +326,7 @@ def _ws_issue_scores(q_nope_s, q_pe_s, kv_nope_s, kv_pe_s, kv_ready, t, s_zero, 
     HALF: gl.constexpr = kv_nope_s.shape[2] // 2
     st = t % STAGES
     phase = (t // STAGES) & 1
-    qz = _opaque_zero(t)
+    qz = opaque_zero(t)
     ks = st + qz
     mbarrier.wait(kv_ready.index(st * 3 + 2), phase)
     s_acc = warpgroup_mma(q_pe_s.index(qz), kv_pe_s.index(ks).permute((1, 0)), s_zero, use_acc=False,
