@@ -16,7 +16,6 @@ import os
 os.environ["TRITON_INTERPRET"] = "0"  # before triton is imported (attention_kernels would pick the interpreter)
 
 import sys
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -26,7 +25,8 @@ import triton
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from attention_kernels.flash_attn import gluon_backward as gb
-from mla_gluon_compile import PTXAS, TARGET, report
+from flash_attn_gluon_compile import compile_variants, parse_args
+from mla_gluon_compile import TARGET, report
 
 SIG = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "do_ptr": "*bf16", "dk_ptr": "*bf16", "dv_ptr": "*bf16",
        "lse_ptr": "*fp32", "delta_ptr": "*fp32", "scale_log2": "fp32", "sm_scale": "fp32", "T": "i32", "S": "i32",
@@ -49,34 +49,21 @@ def build(D: int, causal: bool):
                           options={"num_warps": 4, "maxnreg": gb.WS_MAXNREG})
 
 
-def check(D: int, causal: bool, keep: Path | None) -> list:
+def check(D: int, causal: bool, keep: Path | None) -> tuple[list, dict]:
     tag = f"fa_bwd_dkdv_ws_d{D}_{'causal' if causal else 'full'}"
     print(f"\n=== {tag} (BM, STAGES = {gb.BWD_TILES[D]}) ===")
     problems, counts = report(build(D, causal), tag, keep)
     if not counts["wgmma"] or not counts["tma_load"]:
         problems.append(f"{tag}: no wgmma or no TMA copy in the PTX")
-    return problems
+    return problems, counts
 
 
 def main(argv):
-    keep = None
-    if "--keep" in argv:
-        keep = Path(argv[argv.index("--keep") + 1])
-        keep.mkdir(parents=True, exist_ok=True)
+    keep, only = parse_args(argv)
     variants = [(D, causal) for D in (64, 128) for causal in (False, True)]
-    if "--only" in argv:
-        i = argv.index("--only")
-        variants = [(int(argv[i + 1]), argv[i + 2] == "causal")]
-    print(f"triton {triton.__version__}, target {TARGET}, ptxas {PTXAS.name}")
-    problems = []
-    for D, causal in variants:
-        try:
-            problems += check(D, causal, keep)
-        except Exception:  # noqa: BLE001 - report the failure, then exit non-zero
-            traceback.print_exc()
-            problems.append(f"D={D} causal={causal}: compilation error")
-    print("FAIL  : " + "; ".join(problems) if problems else "OK")
-    return 1 if problems else 0
+    if only is not None:
+        variants = [(int(only[0]), only[1] == "causal")]
+    return compile_variants(variants, check, keep)
 
 
 if __name__ == "__main__":

@@ -90,30 +90,45 @@ def check_handover(counts: dict) -> list:
     return problems
 
 
-def main(argv):
+def parse_args(argv) -> tuple[Path | None, list[str] | None]:
+    """--keep DIR (made if missing) and the words after --only (D, causal or full, and what the script adds),
+    each None where not given. The backward's script (`flash_attn_gluon_bwd_compile.py`) shares it."""
     keep = None
     if "--keep" in argv:
         keep = Path(argv[argv.index("--keep") + 1])
         keep.mkdir(parents=True, exist_ok=True)
-    variants = [(D, causal, schedule) for schedule in SCHEDULES for D in (64, 128) for causal in (False, True)]
-    if "--only" in argv:
-        i = argv.index("--only")
-        schedule = argv[i + 3] if argv[i + 3:i + 4] and argv[i + 3] in SCHEDULES else "in-order"
-        variants = [(int(argv[i + 1]), argv[i + 2] == "causal", schedule)]
-        if schedule == "pingpong":   # with its in-order twin, to count the hand-over's barrier ops
-            variants.insert(0, (variants[0][0], variants[0][1], "in-order"))
+    only = argv[argv.index("--only") + 1:] if "--only" in argv else None
+    return keep, only
+
+
+def compile_variants(variants, check, keep: Path | None, check_all=lambda counts: []) -> int:
+    """Compile and check each variant, a tuple (D, causal, ...) of `check`'s leading arguments, which returns
+    (problems, PTX counts); then `check_all` on the counts of those that compiled. Prints the verdict, returns the
+    exit code: 1 if anything failed. The backward's script shares it."""
     print(f"triton {triton.__version__}, target {TARGET}, ptxas {PTXAS.name}")
     problems, counts = [], {}
-    for D, causal, schedule in variants:
+    for variant in variants:
         try:
-            p, counts[D, causal, schedule] = check(D, causal, schedule, keep)
+            p, counts[variant] = check(*variant, keep)
             problems += p
         except Exception:  # noqa: BLE001 - report the failure, then exit non-zero
             traceback.print_exc()
-            problems.append(f"D={D} causal={causal} {schedule}: compilation error")
-    problems += check_handover(counts)
+            D, causal, *rest = variant
+            problems.append(" ".join([f"D={D} causal={causal}", *rest]) + ": compilation error")
+    problems += check_all(counts)
     print("FAIL  : " + "; ".join(problems) if problems else "OK")
     return 1 if problems else 0
+
+
+def main(argv):
+    keep, only = parse_args(argv)
+    variants = [(D, causal, schedule) for schedule in SCHEDULES for D in (64, 128) for causal in (False, True)]
+    if only is not None:
+        schedule = only[2] if only[2:3] and only[2] in SCHEDULES else "in-order"
+        variants = [(int(only[0]), only[1] == "causal", schedule)]
+        if schedule == "pingpong":   # with its in-order twin, to count the hand-over's barrier ops
+            variants.insert(0, (variants[0][0], variants[0][1], "in-order"))
+    return compile_variants(variants, check, keep, check_handover)
 
 
 if __name__ == "__main__":
