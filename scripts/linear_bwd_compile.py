@@ -6,7 +6,8 @@ grid, sequential loop, HBM bytes and matmul FLOPs counted from the code, and a l
     python scripts/linear_bwd_compile.py --no-compile   # the byte / FLOP table only
 
 Shapes (bf16, B = 1, T = 16K, chunks of 64): Mamba-2 as `mamba2.bench.TRAIN` calls it (80 heads x headdim 64,
-dstate 128, one group, z, D [H], dt_bias, softplus); GLA as `gla.bench.TRAIN` (32 heads, K = V = 128, gk bf16).
+dstate 128, one group, z, D [H], dt_bias, softplus; the ungated output for dz taken from the forward, so no
+output launch); GLA as `gla.bench.TRAIN` (32 heads, K = V = 128, gk bf16).
 Each kernel is compiled in every config of its autotune list (the others at Triton's defaults, 4 warps and 3
 stages), with the pointers marked 16-divisible as contiguous tensors' are at launch. Instruction counts are from
 the SASS (cuobjdump): HGMMA (wgmma), HMMA (mma.sync), FFMA (fp32 FMA: elementwise code and any IEEE dot).
@@ -154,12 +155,6 @@ def mamba2_backward() -> list:
                H * N // 32, "256 chunks", thp * bf * N / 32 + 2 * th * f4 * N / 32, states * sb, gemm, "bf16 TC",
                "x read once per dstate tile (x4 at BK 32, x2 at 64); 160-320 programs, 256 dependent steps",
                reread_mb=3 * thp * bf),
-        Launch("ssd_output (ungated y, for dz)", ssd._ssd_output_kernel,
-               dict(C="*bf16", B="*bf16", x="*bf16", dt="*fp32", b="*fp32", h=STATE_PTR, D="*fp32", y="*bf16",
-                    **{k: "i32" for k in ("T", "H", "NT", "HPG", "G", "s_Dh", "s_Dp")}),
-               dict(dims, HAS_D=True, HAS_Z=False, DOT_PREC="tf32", z=None),
-               NT * H, "-", states * sb + thp * bf + 2 * th * f4, thp * bf, 2.5 * gemm, "bf16 TC",
-               f"the chunk-start states read ({states * sb:,.0f} MB); B and C per program from L2"),
         Launch("gate grad (dz, do, dD)", ssd._ssd_gate_grad_kernel,
                dict(dy="*bf16", z="*bf16", y_ungated="*bf16", x="*bf16", do="*bf16", dz="*bf16", dD_part="*fp32",
                     T="i32", HP="i32", NTB="i32"),

@@ -365,6 +365,14 @@ def test_schema_from_the_signature():
     assert str(gla_interface._chunk_gla_fwd_keeping_scores.op._opoverload._schema) == (
         "attention_kernels::chunk_gla_fwd_keeping_scores(Tensor q, Tensor k, Tensor v, Tensor gk, float scale, "
         "Tensor? h0, bool output_final_state, Tensor? cu_seqlens=None) -> Tensor[]")
+    assert str(mamba2_interface._ssd_chunk_scan_fwd_keeping_ungated.op._opoverload._schema) == (
+        "attention_kernels::ssd_chunk_scan_fwd_keeping_ungated(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
+        "SymInt chunk_size, Tensor? D, Tensor z, Tensor? dt_bias, bool dt_softplus, Tensor? initial_states, "
+        "bool return_final_states, Tensor? cu_seqlens) -> Tensor[]")
+    assert str(mamba2_interface._ssd_chunk_scan_bwd.op._opoverload._schema) == (
+        "attention_kernels::ssd_chunk_scan_bwd(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, "
+        "Tensor? z, Tensor? dt_bias, bool dt_softplus, Tensor? initial_states, Tensor dy, Tensor? dfinal, "
+        "Tensor? cu_seqlens, Tensor? y_ungated=None) -> Tensor[]")
     assert str(selective_state_update.op._opoverload._schema) == (
         "attention_kernels::selective_state_update(Tensor(a0!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
         "Tensor? D=None, Tensor? z=None, Tensor? dt_bias=None, bool dt_softplus=False, "
@@ -615,9 +623,9 @@ def _mamba2_training_inputs(dtype, device=DEVICE):
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 def test_mamba2_scan_trains_compiled_as_eager(packed):
     """ssd_chunk_scan under torch.compile(fullgraph=True), every input trained, one sequence or two packed
-    (lengths 30 and 40, the offsets read only when the op runs): one forward op, one backward op (the
-    launchers: every kernel of the backward inside an op, none run on fake tensors), and gradients equal
-    to eager's."""
+    (lengths 30 and 40, the offsets read only when the op runs): one forward op (with z, the one that keeps
+    the ungated output for the backward), one backward op (the launchers: every kernel of the backward inside
+    an op, none run on fake tensors), and gradients equal to eager's."""
     inputs = _mamba2_training_inputs(torch.float32)
     cu = None
     if packed:
@@ -627,7 +635,8 @@ def test_mamba2_scan_trains_compiled_as_eager(packed):
     compiled = torch.compile(ssd_chunk_scan, fullgraph=True, backend=backend)
     _assert_same(_mamba2_training_run(compiled, inputs, tuple(inputs), cu),
                  _mamba2_training_run(ssd_chunk_scan, inputs, tuple(inputs), cu))
-    assert sum("attention_kernels.ssd_chunk_scan_fwd.default" in n for n in nodes) == 1, nodes
+    assert sum("attention_kernels.ssd_chunk_scan_fwd_keeping_ungated.default" in n for n in nodes) == 1, nodes
+    assert not any("attention_kernels.ssd_chunk_scan_fwd.default" in n for n in nodes), nodes
     assert sum("attention_kernels.ssd_chunk_scan_bwd.default" in n for n in nodes) == 1, nodes
 
 
@@ -642,6 +651,35 @@ def test_mamba2_scan_backward_opcheck(packed):
     x, dt, A, B, C = (inputs[n] for n in ("x", "dt", "A", "B", "C"))
     torch.library.opcheck(torch.ops.attention_kernels.ssd_chunk_scan_bwd.default,
                           (x, dt, A, B, C, None, None, inputs["dt_bias"], True, h0, torch.randn_like(x), dfinal, cu))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_mamba2_training_ops_opcheck(packed):
+    """The training forward with a gate (y, the ungated output, the final states) and the backward given that
+    ungated output: each op's fake gives the real outputs' shapes, dtypes and strides, one sequence or two
+    packed."""
+    inputs = _mamba2_training_inputs(torch.float32)
+    cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=DEVICE) if packed else None
+    states = 2 if packed else 1
+    h0, dfinal = (torch.randn(states, *inputs["initial_states"].shape[1:], device=DEVICE) for _ in range(2))
+    x, dt, A, B, C, D, z, dt_bias = (inputs[n] for n in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias"))
+    forward = mamba2_interface._ssd_chunk_scan_fwd_keeping_ungated
+    args = (x, dt, A, B, C, 32, D, z, dt_bias, True, h0, True, cu)
+    torch.library.opcheck(forward.op, args)
+    _, y_ungated, _ = forward(*args)
+    torch.library.opcheck(torch.ops.attention_kernels.ssd_chunk_scan_bwd.default,
+                          (x, dt, A, B, C, D, z, dt_bias, True, h0, torch.randn_like(x), dfinal, cu, y_ungated))
+
+
+def test_mamba2_backward_op_refuses_a_wrong_ungated_output():
+    """The backward op's y_ungated, reachable without the Function: one without z, or of another dtype or
+    shape than x, is refused by name before any launch."""
+    inputs = _mamba2_training_inputs(torch.float32)
+    x, dt, A, B, C, z = (inputs[n] for n in ("x", "dt", "A", "B", "C", "z"))
+    op = torch.ops.attention_kernels.ssd_chunk_scan_bwd.default
+    for gate, kept, error in ((None, x.clone(), ValueError), (z, x.half(), TypeError), (z, x[:, :5], ValueError)):
+        with pytest.raises(error, match="^y_ungated "):
+            op(x, dt, A, B, C, None, gate, None, False, None, torch.randn_like(x), None, None, kept)
 
 
 @pytest.mark.gpu

@@ -485,6 +485,20 @@ def test_scan_chunk_sizes(chunk_size):
     assert_close(h, h_ref, FP32, "final state")
 
 
+@pytest.mark.parametrize("chunk_size", CHUNK_SIZES, ids=lambda L: f"chunk{L}")
+def test_training_forward_stores_the_ungated_output(chunk_size):
+    """The training forward with z (the op that keeps the output before the gate for the backward): y as the
+    plain forward gives it, and beside it o + D ⊙ x, the fp64 loop's output without z, at every chunk length
+    (T = 300, two batch rows)."""
+    Bt, T, H, P, N, G = 2, 300, 4, 16, 32, 2
+    x, dt, A, B, C, D, z, bias = make_scan(Bt, T, H, P, N, G)
+    args = (x, dt, A, B, C, chunk_size, D, z, bias, True, None, False, None)
+    y, y_ungated, final = interface_module._ssd_chunk_scan_fwd_keeping_ungated(*args)
+    assert final is None and y_ungated.dtype == x.dtype and y_ungated.shape == x.shape
+    assert torch.equal(y, interface_module._ssd_chunk_scan_fwd(*args)[0])
+    assert_close(y_ungated, scan_ref64(x, dt, A, B, C, D, None, bias, True)[0], FP32, "y_ungated")
+
+
 @pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(n for n, on in zip(OPTIONAL, c) if on) or "plain")
 def test_scan_every_optional_argument(combo):
     x, dt, A, B, C, D, z, bias = make_scan(T=67, D_per_channel=combo[0] and combo[1])

@@ -17,6 +17,8 @@ CPU (interpreter): fp32, held to the fp32 tolerance; fp16 against the same kerne
 tolerance, with the backward's chunk states and their gradients stored in fp16. GPU: bf16 at B=2, T=1000,
 H=8, P=64, N=64, G=2 against the same kernels in fp32.
 """
+import contextlib
+import weakref
 from dataclasses import dataclass
 
 import pytest
@@ -204,10 +206,12 @@ def test_gradient_flows_only_to_inputs_that_require_it():
                                   dt_bias=bias).requires_grad
 
 
-def test_fp16_gradients(monkeypatch):
-    """fp16 x, B, C, z at T=150 (three chunks), P=48 (two headdim tiles of the dq/dk kernel, the last one
+@pytest.mark.parametrize("chunk_size", [64, 256], ids=lambda L: f"chunk{L}")
+def test_fp16_gradients(chunk_size, monkeypatch):
+    """fp16 x, B, C, z at T=150 (three chunks of 64), P=48 (two headdim tiles of the dq/dk kernel, the last one
     partial), N=32, against the same kernels on the inputs in fp32; the chunk-start states' gradients, which
-    chunk_dv reads, are stored in fp16."""
+    chunk_dv reads, are stored in fp16. At chunk 256 the backward takes the ungated output the forward
+    stored in fp16 from chunks of 256, where it would recompute it from chunks of 64."""
     seen = []
 
     def recording(C, B, x, b, A, dstates, *args, **kwargs):
@@ -216,13 +220,72 @@ def test_fp16_gradients(monkeypatch):
 
     shared_chunk_dv = mamba2_chunk.chunk_dv
     monkeypatch.setattr(mamba2_chunk, "chunk_dv", recording)
-    case = Case(T=150)
+    case = Case(T=150, chunk_size=chunk_size)
     inputs = make_inputs(case, H=4, P=48, N=32)
     low = {n: None if t is None else (t.half() if n in ("x", "B", "C", "z") else t) for n, t in inputs.items()}
     dy, dfinal = torch.randn(1, 150, 4, 48, device=DEVICE), torch.randn(1, 4, 48, 32, device=DEVICE)
     ref = run(ssd_chunk_scan, {n: None if t is None else t.float() for n, t in low.items()}, case, dy, dfinal)
     assert_same_gradients(run(ssd_chunk_scan, low, case, dy, dfinal), ref, tolerance(torch.float16))
     assert seen == [torch.float32, torch.float16]
+
+
+def _recording_output_launches(monkeypatch):
+    """Record the output kernel's launches: per launch, a weak reference to the buffer it stored the ungated
+    output in (its base, where a packed sequence's launch writes a view of it), or None where it stored none."""
+    kernel, launched = mamba2_chunk._ssd_output_kernel, []
+    where = kernel.fn.arg_names.index("y_ungated")
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                kept = args[where]
+                launched.append(weakref.ref(kept if kept._base is None else kept._base)
+                                if kwargs["STORE_UNGATED"] else None)
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(mamba2_chunk, "_ssd_output_kernel", Recording())
+    return launched
+
+
+@pytest.mark.parametrize("lengths,chunk_size", [((70,), 32), ((33, 37), 256)], ids=["dense", "packed"])
+def test_training_step_with_z_launches_the_output_kernel_once(lengths, chunk_size, monkeypatch):
+    # the forward stores the ungated output beside y and the backward takes it: one output launch a step (a
+    # sequence, when packed), the ungated output kept from the forward to the backward and freed with the graph,
+    # the gradients still the fp64 loop's (the forward's chunk is not the backward's 64)
+    launched = _recording_output_launches(monkeypatch)
+    inputs, dy, dfinal = packed_inputs(lengths)
+    cu = offsets(lengths)
+    leaves = {n: t.detach().clone().requires_grad_() for n, t in inputs.items()}
+    y, final = ssd_chunk_scan(leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], chunk_size,
+                              leaves["D"], leaves["z"], leaves["dt_bias"], True, leaves["initial_states"], True,
+                              cu_seqlens=cu if len(lengths) > 1 else None)
+    assert len(launched) == len(lengths) and all(r is not None for r in launched)
+    assert len({r() for r in launched}) == 1 and launched[0]() is not None      # one buffer, kept
+    grads = torch.autograd.grad((y * dy).sum() + (final * dfinal).sum(), list(leaves.values()))
+    assert len(launched) == len(lengths) and launched[0]() is None              # none more; freed with the graph
+    ref = separate_reference(inputs, cu, dy, dfinal)
+    assert_same_gradients((y.detach(), final.detach(), dict(zip(leaves, grads))), ref, FP32)
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "no_input_requires_grad", "no_z"])
+def test_forward_without_a_gate_gradient_keeps_nothing(mode, monkeypatch):
+    # a prefill stores no ungated output, and neither does a training step without z (dz needs it, nothing
+    # else does): its backward launches no output kernel either
+    launched = _recording_output_launches(monkeypatch)
+    inputs = make_inputs(Case(T=70, z=mode != "no_z"))
+    leaves = {n: None if t is None else t.clone().requires_grad_(mode != "no_input_requires_grad")
+              for n, t in inputs.items()}
+    context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(mode, contextlib.nullcontext)
+    with context():
+        y = ssd_chunk_scan(leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], D=leaves["D"],
+                           z=leaves["z"], dt_bias=leaves["dt_bias"], dt_softplus=True,
+                           initial_states=leaves["initial_states"])
+    assert launched == [None]
+    assert (y.grad_fn is not None) == (mode == "no_z")
+    if mode == "no_z":
+        torch.autograd.grad(y.sum(), leaves["x"])
+        assert launched == [None]
 
 
 @pytest.mark.gpu

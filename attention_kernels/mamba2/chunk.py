@@ -307,13 +307,13 @@ _TILES = [({"BK": 128, "BV": 64}, 4, 2), ({"BK": 64, "BV": 64}, 4, 3), ({"BK": 6
 _CONFIGS = autotune_configs(_TILES, interpreter={"BK": 32, "BV": 32})
 
 
-@triton.autotune(configs=_CONFIGS, key=["N", "P", "HAS_D", "HAS_Z", "L"],
+@triton.autotune(configs=_CONFIGS, key=["N", "P", "HAS_D", "HAS_Z", "STORE_UNGATED", "L"],
                  prune_configs_by={"early_config_prune": _fits})
 @triton.jit(do_not_specialize=["T", "H", "NT", "HPG", "G"])
 def _ssd_output_kernel(
-    C, B, x, dt, b, h, D, z, y, T, H, NT, HPG, G, s_Dh, s_Dp,
+    C, B, x, dt, b, h, D, z, y, y_ungated, T, H, NT, HPG, G, s_Dh, s_Dp,
     N: tl.constexpr, P: tl.constexpr, L: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DOT_PREC: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, STORE_UNGATED: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     # one program: block i_s (BT rows) of chunk i_t (L = NB·BT rows), headdim
     # columns [i_v·BV, ..), of one (batch, head). A chunk of at most 64
@@ -386,25 +386,30 @@ def _ssd_output_kernel(
     b_o = dot_causal(b_S.to(b_x.dtype), b_x, b_o, DOT_PREC)
 
     # the skip D ⊙ x (x is already in registers) and the gate silu(z), on the
-    # fp32 accumulator
+    # fp32 accumulator; a training forward also stores o + D ⊙ x before the
+    # gate, the backward's operand for z's gradient
     if HAS_D:
         b_D = tl.load(D + i_h * s_Dh + o_v * s_Dp, mask=m_v, other=0.0).to(tl.float32)
         b_o += b_x.to(tl.float32) * b_D[None, :]
+    if STORE_UNGATED:
+        tl.store(y_ungated + p_x, b_o.to(y_ungated.dtype.element_ty), mask=m_x)
     if HAS_Z:
         b_z = tl.load(z + p_x, mask=m_x, other=0.0).to(tl.float32)
         b_o = b_o * b_z * tl.sigmoid(b_z)
     tl.store(y + p_x, b_o.to(y.dtype.element_ty), mask=m_x)
 
 
-def ssd_output(C, B, x, dtf, b, states, D, z, y, chunk_size: int = CHUNK) -> None:
+def ssd_output(C, B, x, dtf, b, states, D, z, y, chunk_size: int = CHUNK, y_ungated=None) -> None:
     """Y = diag(e^b) C S_start + (L ∘ C Bᵀ) diag(dt) x (+ D ⊙ x, ⊙ silu(z)) for every chunk, all
     chunks in parallel: one program per headdim tile, block of at most 64 rows of a chunk, and
     batch·head; in a chunk longer than 64 a block's program also walks the chunk's earlier blocks.
 
     C, B: [Bt, T, G, N]; x, z: [Bt, T, H, P]; dtf, b: fp32 [Bt, T, H] and [Bt, T, H, 1] (`ssd_gates`);
     states: [Bt, NT, H, N, P] (`ssd_state_pass`), all three with the same chunk_size (16, 32, 64,
-    128 or 256); D: [H, P] or [H] (any strides and float dtype) or None. Written: y [Bt, T, H, P].
-    C, B, x, z, dtf, b, states contiguous.
+    128 or 256); D: [H, P] or [H] (any strides and float dtype) or None. Written: y [Bt, T, H, P],
+    and, where y_ungated is given (with z), the output before its gate, Y without ⊙ silu(z), into
+    y_ungated [Bt, T, H, P] (one more store in the same launch: the training forward keeps it for
+    z's gradient). C, B, x, z, dtf, b, states, y, y_ungated contiguous.
 
         >>> y = torch.empty_like(x)
         >>> ssd_output(C, B, x, dtf, b, states, D, z, y, chunk_size=256)
@@ -414,14 +419,17 @@ def ssd_output(C, B, x, dtf, b, states, D, z, y, chunk_size: int = CHUNK) -> Non
     BT = min(chunk_size, BLOCK)
     s_D = (0, 0) if D is None else (D.stride(0), D.stride(1) if D.dim() == 2 else 0)   # [H]: one D per head
     _ssd_output_kernel[lambda m: (triton.cdiv(P, m["BV"]), triton.cdiv(T, BT), Bt * H)](
-        C, B, x, dtf, b, states, D, z, y, T, H, triton.cdiv(T, chunk_size), H // G, G, *s_D, N, P,
-        L=chunk_size, BT=BT, HAS_D=D is not None, HAS_Z=z is not None, DOT_PREC=dot_precision(x.dtype))
+        C, B, x, dtf, b, states, D, z, y, y if y_ungated is None else y_ungated,   # y: a stand-in, never written
+        T, H, triton.cdiv(T, chunk_size), H // G, G, *s_D, N, P, L=chunk_size, BT=BT, HAS_D=D is not None,
+        HAS_Z=z is not None, STORE_UNGATED=y_ungated is not None, DOT_PREC=dot_precision(x.dtype))
 
 
 def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
-                       return_final_states):
+                       return_final_states, y_ungated=None):
     """The scan on checked inputs (interface.ssd_chunk_scan): returns (y,
-    final_states or None)."""
+    final_states or None). y_ungated (with z; contiguous, x's shape and
+    dtype), where given, is written with the output before its gate, o + D ⊙ x,
+    for a backward to take instead of recomputing it."""
     Bt, T, H, P, N, G = dims
     x, B, C = x.contiguous(), B.contiguous(), C.contiguous()
     z = None if z is None else z.contiguous()
@@ -433,7 +441,7 @@ def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softp
     ht = torch.empty(Bt, H, P, N, dtype=torch.float32, device=x.device) if return_final_states else None
     ssd_state_pass(B, x, dtf, b, states, h0, ht, chunk_size)
     y = torch.empty_like(x)
-    ssd_output(C, B, x, dtf, b, states, D, z, y, chunk_size)
+    ssd_output(C, B, x, dtf, b, states, D, z, y, chunk_size, y_ungated)
     return y, ht
 
 
@@ -594,12 +602,14 @@ def _elementwise_grid(Bt, T, HP):
 
 def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor | None,
                        dt_bias: torch.Tensor | None, dt_softplus: bool, initial_states: torch.Tensor | None,
-                       dy, dfinal: torch.Tensor | None):
+                       dy, dfinal: torch.Tensor | None, y_ungated: torch.Tensor | None = None):
     """The scan's gradients, recomputed from its inputs in chunks of CHUNK =
     64 tokens, whatever chunk the forward took (the gradient is the same
     function's). dy: y's gradient [Bt, T, H, P]; dfinal: the final states'
-    (fp32 [Bt, H, P, N]) or None. Other arguments as `ssd_chunk_scan_fwd`
-    takes them.
+    (fp32 [Bt, H, P, N]) or None; y_ungated: with z, the forward's output
+    before its gate, o + D ⊙ x (`ssd_chunk_scan_fwd`'s y_ungated, in x's
+    shape and dtype), or None to recompute it. Other arguments as
+    `ssd_chunk_scan_fwd` takes them.
 
     SSD is linear attention with one log gate per head and token (chunk.py's
     docstring), so the chunk recurrence's gradient is the shared backward's
@@ -617,8 +627,10 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     (dk · B): no [Bt, T, H, N] gradient is written. Around it, one elementwise
     launch each (fp32 inside, every tensor of [Bt, T, H, P] read or written
     once): the tail y = (o + D ⊙ x) ⊙ silu(z) before (dz, o's gradient in x's
-    dtype and dD's per-tile sums; its o + D ⊙ x recomputed by the output
-    kernel when z is given), dx = dv + do ⊙ D after (dv is dx itself, in x's
+    dtype and dD's per-tile sums; with z, its o + D ⊙ x is the forward's
+    y_ungated, or recomputed by the output kernel where none is given: the
+    same function at any chunk size, so the forward's is taken whatever its
+    chunk), dx = dv + do ⊙ D after (dv is dx itself, in x's
     dtype, without D). dt's gate and softplus paths, on [Bt, T, H], stay in
     PyTorch.
 
@@ -646,10 +658,11 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     if z is None and D is None:
         do = dy.to(x.dtype)
     else:
-        y_ungated = None
         if z is not None:
-            y_ungated = torch.empty_like(x)
-            ssd_output(C, B, x, dtf, b, states, D, None, y_ungated, CHUNK)
+            if y_ungated is None:      # the forward kept none: o + D ⊙ x again, from this pass's states
+                y_ungated = torch.empty_like(x)
+                ssd_output(C, B, x, dtf, b, states, D, None, y_ungated, CHUNK)
+            y_ungated = y_ungated.contiguous()
             dz = torch.empty_like(z)
         do = torch.empty_like(x)
         NTB = triton.cdiv(T, _TAIL_ROWS)

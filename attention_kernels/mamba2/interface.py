@@ -1,9 +1,9 @@
 """Mamba-2's public entry points: validate, allocate what is returned, launch. Names, arguments and
 layouts as mamba_ssm's Triton ops (`selective_state_update`, the SSD chunk scan), see inputs.py.
-The scan trains (SSDChunkScanFunction: the backward recomputes from the inputs, chunk.py's
-`ssd_chunk_scan_bwd`) and takes packed sequences (cu_seqlens); the decode step has no backward. The layer's
-output norm, `rmsnorm_fn` and its module `RMSNormGated` (mamba_ssm's gated RMSNorm), trains too
-(GatedRMSNormFunction, norm.py's kernels).
+The scan trains (SSDChunkScanFunction: the backward recomputes from the inputs and, where z is given,
+takes the forward's output before its gate, chunk.py's `ssd_chunk_scan_bwd`) and takes packed sequences
+(cu_seqlens); the decode step has no backward. The layer's output norm, `rmsnorm_fn` and its module
+`RMSNormGated` (mamba_ssm's gated RMSNorm), trains too (GatedRMSNormFunction, norm.py's kernels).
 
 The slot table's values (state_batch_indices) are checked only when it is on the CPU: on the GPU the
 check would read device memory and wait for the GPU on every decode step, which is the cost the step
@@ -75,13 +75,46 @@ def _rows(t, start: int, end: int):
 def _ssd_chunk_scan_fwd(x, dt, A, B, C, chunk_size: int, D: torch.Tensor | None, z: torch.Tensor | None,
                         dt_bias: torch.Tensor | None, dt_softplus: bool, initial_states: torch.Tensor | None,
                         return_final_states: bool, cu_seqlens: torch.Tensor | None):
-    """The scan's launches (checked here), once, or once per packed sequence; returns (y, final states or
-    None)."""
+    """The scan's launches (checked here) without a backward to follow (it keeps nothing), once, or once per
+    packed sequence; returns (y, final states or None)."""
     dims = check_scan_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
                              return_final_states, cu_seqlens)
+    return _forward_dense_or_packed(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                                    return_final_states, cu_seqlens, None)
+
+
+def _keeping_ungated_fake(x, B, return_final_states, cu_seqlens=None, **_):
+    """The training forward's outputs: the forward's (y, final states or None) with the ungated output between."""
+    y, final = ssd_chunk_scan_fake(x=x, B=B, return_final_states=return_final_states, cu_seqlens=cu_seqlens)
+    return y, x.new_empty(x.shape), final
+
+
+@compiled_as_op("attention_kernels::ssd_chunk_scan_fwd_keeping_ungated", fake=_keeping_ungated_fake, tuple_size=3)
+def _ssd_chunk_scan_fwd_keeping_ungated(x, dt, A, B, C, chunk_size: int, D: torch.Tensor | None, z: torch.Tensor,
+                                        dt_bias: torch.Tensor | None, dt_softplus: bool,
+                                        initial_states: torch.Tensor | None, return_final_states: bool,
+                                        cu_seqlens: torch.Tensor | None):
+    """The training forward with a gate (SSDChunkScanFunction's where z is given): `_ssd_chunk_scan_fwd`, and
+    it returns the output before its gate too, (y, y_ungated, final states or None) with y_ungated = o + D ⊙ x
+    in x's shape and dtype, stored by the output kernel beside y (one more store, no launch), for the backward
+    to take for z's gradient instead of launching the output kernel again, as mamba_ssm's forward keeps it."""
+    dims = check_scan_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                             return_final_states, cu_seqlens)
+    if z is None:
+        raise ValueError("z must be given: the output kept is the one before z's gate")
+    y_ungated = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y, final = _forward_dense_or_packed(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus,
+                                        initial_states, return_final_states, cu_seqlens, y_ungated)
+    return y, y_ungated, final
+
+
+def _forward_dense_or_packed(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
+                             return_final_states, cu_seqlens, y_ungated):
+    """The scan, once or once per packed sequence, its ungated output written into y_ungated where given (a
+    packed sequence's into its rows)."""
     if cu_seqlens is None:
         return ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
-                                  return_final_states)
+                                  return_final_states, y_ungated)
     # packed: each sequence is a scan of its own, cut into chunks from its first row (the launches per
     # sequence, on views of its rows)
     _, T, H, P, N, G = dims
@@ -95,9 +128,11 @@ def _ssd_chunk_scan_fwd(x, dt, A, B, C, chunk_size: int, D: torch.Tensor | None,
             if final is not None:
                 final[n] = 0.0 if h0 is None else h0[0]
             continue
+        # batch 1: a sequence's rows of y_ungated are a contiguous view, written in place
         y_n, final_n = ssd_chunk_scan_fwd(
             (1, end - start, H, P, N, G), x[:, start:end], dt[:, start:end], A, B[:, start:end], C[:, start:end],
-            chunk_size, D, _rows(z, start, end), dt_bias, dt_softplus, h0, return_final_states)
+            chunk_size, D, _rows(z, start, end), dt_bias, dt_softplus, h0, return_final_states,
+            _rows(y_ungated, start, end))
         y[:, start:end] = y_n
         if final is not None:
             final[n] = final_n[0]
@@ -108,17 +143,27 @@ def _ssd_chunk_scan_fwd(x, dt, A, B, C, chunk_size: int, D: torch.Tensor | None,
                 fake=gradients_like("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states"))
 def _ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor | None,
                         dt_bias: torch.Tensor | None, dt_softplus: bool, initial_states: torch.Tensor | None,
-                        dy, dfinal: torch.Tensor | None, cu_seqlens: torch.Tensor | None):
+                        dy, dfinal: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+                        y_ungated: torch.Tensor | None = None):
     """`ssd_chunk_scan_bwd` (chunk.py), once, or once per packed sequence: the rows of a sequence get its
-    gradients, A, D and dt_bias the sum over the sequences (in fp32), initial_states[n] sequence n's."""
+    gradients, A, D and dt_bias the sum over the sequences (in fp32), initial_states[n] sequence n's.
+    y_ungated: with z, the forward's output before its gate (`_ssd_chunk_scan_fwd_keeping_ungated`), or None
+    to recompute it."""
     Bt, T, H, P, N, _ = check_scan_inputs(x, dt, A, B, C, 64, D, z, dt_bias, dt_softplus, initial_states,
                                           dfinal is not None, cu_seqlens)
     check_gradient("dy", dy, x.shape, x.dtype, x.device)
     if dfinal is not None:
         states = Bt if cu_seqlens is None else cu_seqlens.shape[0] - 1
         check_gradient("dfinal", dfinal, (states, H, P, N), torch.float32, x.device)
+    if y_ungated is not None:
+        if z is None:
+            raise ValueError("y_ungated is the output before z's gate: it is given only with z")
+        check_tensor("y_ungated", y_ungated, dtypes=(x.dtype,), shape=tuple(x.shape))
+        if y_ungated.device != x.device:
+            raise ValueError(f"y_ungated is on {y_ungated.device}; x is on {x.device}")
     if cu_seqlens is None:
-        return ssd_chunk_scan_bwd(x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, dy, dfinal)
+        return ssd_chunk_scan_bwd(x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, dy, dfinal,
+                                  y_ungated)
     inputs = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,
               "initial_states": initial_states}
     given = [name for name, t in inputs.items() if t is not None]
@@ -133,7 +178,8 @@ def _ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor 
                 grads["initial_states"][n] = dh[0]
             continue
         part = ssd_chunk_scan_bwd(x[:, start:end], dt[:, start:end], A, B[:, start:end], C[:, start:end], D,
-                                  _rows(z, start, end), dt_bias, dt_softplus, h0, dy[:, start:end], dh)
+                                  _rows(z, start, end), dt_bias, dt_softplus, h0, dy[:, start:end], dh,
+                                  _rows(y_ungated, start, end))
         for name, g in zip(given, part, strict=True):
             if name in shared:
                 grads[name] += g
@@ -145,16 +191,22 @@ def _ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor 
 
 
 class SSDChunkScanFunction(torch.autograd.Function):
-    """ssd_chunk_scan's arguments in, (y, final states or None) out. Forward: `_ssd_chunk_scan_fwd` at the
-    caller's chunk size, saving the inputs only. Backward: `_ssd_chunk_scan_bwd`, which recomputes the gates
-    and the chunk-start states in chunks of 64 (Triton kernels, and the elementwise parts in PyTorch)."""
+    """ssd_chunk_scan's arguments in, (y, final states or None) out. Forward: at the caller's chunk size,
+    `_ssd_chunk_scan_fwd_keeping_ungated` where z is given, saving the inputs and the output before the gate,
+    o + D ⊙ x (one [B, T, H, P] tensor in x's dtype, kept from the forward to the backward, for z's gradient),
+    else `_ssd_chunk_scan_fwd`, saving the inputs only. Backward: `_ssd_chunk_scan_bwd`, which recomputes the
+    gates and the chunk-start states in chunks of 64 (Triton kernels, and the elementwise parts in PyTorch)."""
 
     @staticmethod
     def forward(ctx, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, return_final_states,
                 cu_seqlens):
-        y, final = _ssd_chunk_scan_fwd(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states,
-                                       return_final_states, cu_seqlens)
-        ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, cu_seqlens)
+        args = (x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, return_final_states,
+                cu_seqlens)
+        if z is None:
+            (y, final), y_ungated = _ssd_chunk_scan_fwd(*args), None
+        else:
+            y, y_ungated, final = _ssd_chunk_scan_fwd_keeping_ungated(*args)
+        ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, cu_seqlens, y_ungated)
         ctx.dt_softplus = dt_softplus
         ctx.set_materialize_grads(False)
         return y, final
@@ -162,13 +214,13 @@ class SSDChunkScanFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable     # the kernels' gradients carry no graph of their own
     def backward(ctx, dy, dfinal):
-        *saved, cu_seqlens = ctx.saved_tensors
+        *saved, cu_seqlens, y_ungated = ctx.saved_tensors
         x, dt, A, B, C, D, z, dt_bias, h0 = saved
         dy = torch.zeros_like(x) if dy is None else dy.contiguous()
         dfinal = None if dfinal is None else dfinal.contiguous()
         # one gradient per given input, in order: spread over the inputs, None for an absent one
         grads = iter(_ssd_chunk_scan_bwd(x, dt, A, B, C, D, z, dt_bias, ctx.dt_softplus, h0, dy, dfinal,
-                                         cu_seqlens))
+                                         cu_seqlens, y_ungated))
         dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dh0 = [None if t is None else next(grads) for t in saved]
         return dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, None, dh0, None, None
 
@@ -190,9 +242,11 @@ def ssd_chunk_scan(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, 
     headdim, dstate]) when return_final_states.
 
     Differentiable in x, dt, A, B, C, D, z, dt_bias and initial_states, through y and the final states:
-    the backward saves only the inputs and recomputes the rest in chunks of 64 tokens, whatever
-    chunk_size the forward took (attention_kernels/linear/chunk_backward.py, and chunk.py's
-    `ssd_chunk_scan_bwd`). A decay e^{dt·A} below e^-110 counts as 0, and its dt·A gets no gradient
+    the backward saves the inputs, and with z the output before its gate, o + D ⊙ x (stored by the
+    forward's output kernel beside y: one [batch, seqlen, nheads, headdim] tensor in x's dtype, kept from
+    the forward to the backward only when z is given and a gradient is needed), and recomputes the rest
+    in chunks of 64 tokens, whatever chunk_size the forward took (attention_kernels/linear/chunk_backward.py,
+    and chunk.py's `ssd_chunk_scan_bwd`). A decay e^{dt·A} below e^-110 counts as 0, and its dt·A gets no gradient
     through the decay.
 
     Packed sequences: cu_seqlens, int32 [N + 1] on x's device (0 first, seqlen last, non-decreasing; a
