@@ -167,14 +167,17 @@ def mamba2_backward() -> list:
                2 * 2 * H, "256 chunks", thn * bf * 2 + thp * bf * 2 + th * f4 * 4, states * sb, gemm, "bf16 TC",
                "C (4 MB) read per head and value tile from L2, do x2 (key tiles); 160-640 programs (autotuned), "
                "256 dependent steps", reread_mb=thn * bf * 2 - T * N * bf / MB + thp * bf),
-        Launch("chunk_dv (scores recomputed; C, B per group)", lbw._chunk_dv_kernel,
-               dict(q="*bf16", k="*bf16", v="*bf16", b="*fp32", dh=STATE_PTR, do="*bf16", dv="*fp32", dA="*fp32",
-                    scale="fp32", T="i32", H="i32", NT="i32", key_scale="*fp32", GROUP="i32"),
-               dict(K=N, V=P, G=1, BT=L, BK=64, BV=64, DOT_PREC="tf32", RECOMPUTE_A=True, A=None, KEY_SCALE=True),
-               NT * H, "-", 2 * thn * bf + 2 * thp * bf + states * sb + 2 * th * f4,
-               thp * f4 + T * H * L * f4 / MB, 3 * gemm, "bf16 TC",
+        Launch("chunk_dv (scores recomputed; C, B per group; dx = dv + do D)", lbw._chunk_dv_kernel,
+               dict(q="*bf16", k="*bf16", v="*bf16", b="*fp32", dh=STATE_PTR, do="*bf16", dv="*bf16", dA="*fp32",
+                    scale="fp32", T="i32", H="i32", NT="i32", key_scale="*fp32", GROUP="i32", skip="*fp32",
+                    s_skip_v="i32"),
+               dict(K=N, V=P, G=1, BT=L, BK=64, BV=64, DOT_PREC="tf32", RECOMPUTE_A=True, A=None, KEY_SCALE=True,
+                    s_skip_h=1, SKIP=True),
+               NT * H, "-", 2 * thn * bf + 2 * thp * bf + states * sb + 2 * th * f4 + H * f4 / MB,
+               thp * bf + T * H * L * f4 / MB, 3 * gemm, "bf16 TC",
                "C and B (4 MB each) read once per head from L2, to the tensor cores as loaded (dt and the decay "
-               "scale rows of fp32 products); dv fp32 (D given), dA fp32 [T, H, 64]",
+               "scale rows of fp32 products); the skip's do D added in fp32, dv written as dx (bf16); dA fp32 "
+               "[T, H, 64]",
                reread_mb=2 * thn * bf - 2 * T * N * bf / MB),
         Launch("ssd dqk (dq, dk summed over heads)", ssd._ssd_dqk_kernel,
                dict(C="*bf16", B="*bf16", x="*bf16", dt="*fp32", g="*fp32", b="*fp32", h=STATE_PTR, dh=STATE_PTR,
@@ -192,11 +195,6 @@ def mamba2_backward() -> list:
                "head and chunk)",
                configs=[({}, ssd._DQK_WARPS, ssd._DQK_STAGES)],
                reread_mb=(nk - 1) * (2 * thp * bf + T * H * L * f4 / MB)),
-        Launch("skip grad (dx = dv + do D)", ssd._ssd_skip_grad_kernel,
-               dict(dv="*fp32", dy="*bf16", z="*bf16", D="*fp32", dx="*bf16", T="i32", HP="i32", P="i32",
-                    s_Dh="i32", s_Dp="i32"),
-               dict(HAS_Z=True, BT=16, BC=128), T // 16 * H * P // 128, "-", thp * f4 + 2 * thp * bf, thp * bf,
-               configs=[({}, ssd._TAIL_WARPS, 3)]),
     ]
 
 

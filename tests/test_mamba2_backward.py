@@ -229,6 +229,24 @@ def test_fp16_gradients(chunk_size, monkeypatch):
     assert seen == [torch.float32, torch.float16]
 
 
+
+@pytest.mark.parametrize("D,z", [("head", True), ("head", False), ("channel", True), ("channel", False)],
+                         ids=["Dhead-z", "Dhead-noz", "Dchannel-z", "Dchannel-noz"])
+def test_fp16_skip_gradient_added_by_chunk_dv(D, z):
+    """x's gradient takes the skip's share do ⊙ D inside chunk_dv, from o's gradient in x's dtype: fp16 x, B,
+    C, z against the fp64 loop on the same fp16 values, D per head and per channel (a transposed view, its
+    strides not [H, P]'s), with z and without, headdim 80 (chunk_dv's two value tiles, the last partial)."""
+    case = Case(T=70, D=D, z=z)
+    H, P, N = 4, 80, 16
+    inputs = make_inputs(case, H=H, P=P, N=N)
+    if D == "channel":
+        inputs["D"] = inputs["D"].t().contiguous().t()
+        assert inputs["D"].stride() == (1, H)
+    low = {n: None if t is None else (t.half() if n in ("x", "B", "C", "z") else t) for n, t in inputs.items()}
+    dy, dfinal = torch.randn(1, case.T, H, P, device=DEVICE), torch.randn(1, H, P, N, device=DEVICE)
+    ref = run(ssd_scan_ref, low, case, dy, dfinal, math_dtype=torch.float64)
+    assert_same_gradients(run(ssd_chunk_scan, low, case, dy, dfinal), ref, tolerance(torch.float16))
+
 def _recording_output_launches(monkeypatch):
     """Record the output kernel's launches: per launch, a weak reference to the buffer it stored the ungated
     output in (its base, where a packed sequence's launch writes a view of it), or None where it stored none."""

@@ -205,7 +205,6 @@ PRIVATE_ACROSS_MODULES = {
     ("scripts/linear_bwd_compile.py", "_ssd_dqk_kernel"): "compiles the backward's kernels alone (ptxas)",
     ("scripts/linear_bwd_compile.py", "_ssd_gate_grad_kernel"): "compiles the backward's kernels alone (ptxas)",
     ("scripts/linear_bwd_compile.py", "_ssd_gates_kernel"): "compiles the backward's kernels alone (ptxas)",
-    ("scripts/linear_bwd_compile.py", "_ssd_skip_grad_kernel"): "compiles the backward's kernels alone (ptxas)",
     ("scripts/linear_bwd_compile.py", "_ssd_state_kernel"): "compiles the backward's kernels alone (ptxas)",
     ("scripts/linear_bwd_compile.py", "_PER_CHANNEL_WARPS"): "compiles each kernel at its launch warps",
     ("scripts/linear_bwd_compile.py", "_INTRA_STAGES"): "compiles the sub-chunk kernel at its launch stages",

@@ -254,8 +254,10 @@ def _chunk_dv_kernel(
     K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DOT_PREC: tl.constexpr, gamma=None, GAMMA: tl.constexpr = False, RECOMPUTE_A: tl.constexpr = False,
     key_scale=None, KEY_SCALE: tl.constexpr = False, GROUP=1,
+    skip=None, s_skip_h=None, s_skip_v=None, SKIP: tl.constexpr = False,
 ):
-    # one program: chunk i_t of one (batch, head), every value column
+    # one program: chunk i_t of one (batch, head), every value column. With SKIP, o also carries skip ⊙ v
+    # (Mamba-2's D ⊙ x, skip[h, v] at strides s_skip_h, s_skip_v), and dv takes do ⊙ skip before its store
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_c = tl.arange(0, BT)
@@ -342,6 +344,9 @@ def _chunk_dv_kernel(
                 b_dh = tl.load(p_dhc + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :],
                                other=0.0)
                 b_dv += tl.dot((b_k * b_decay).to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=DOT_PREC)
+        if SKIP:
+            b_skip = tl.load(skip + i_h * s_skip_h + o_v * s_skip_v, mask=o_v < V, other=0.0).to(tl.float32)
+            b_dv += b_do.to(tl.float32) * b_skip[None, :]
         tl.store(dv + p_v, b_dv.to(dv.dtype.element_ty), mask=m_tv)
         b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
 
@@ -350,7 +355,7 @@ def _chunk_dv_kernel(
 
 
 def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, group_size: int = 1,
-             key_scale=None) -> None:
+             key_scale=None, skip=None) -> None:
     """dv = A^T dO + (K ⊙ e^{b_L - b}) dS' for every chunk, and dA = scale ·
     dO V^T on and below the diagonal (the scores' gradient, scale folded in),
     all chunks in parallel.
@@ -366,7 +371,10 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
 
     group_size: heads sharing one row of q and k, [B, T, H / group_size, K];
     key_scale: fp32 [B, T, H] or None, head h's keys are then k ⊙ key_scale
-    (Mamba-2: q = C and k = B per group, key_scale = dt).
+    (Mamba-2: q = C and k = B per group, key_scale = dt). skip: [H, V] or
+    [H] (one per head) or None, a skip from v to the output, o + skip ⊙ v
+    (Mamba-2's D): dv then also holds do ⊙ skip, added in fp32 before its
+    one store, so dv is v's whole gradient.
 
         >>> dA = torch.empty(B, T, H, CHUNK, device=q.device)
         >>> chunk_dv(q, k, v, b, A, dstates, do, dv := torch.empty_like(v), dA, scale=K ** -0.5)
@@ -380,13 +388,20 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
     NT = triton.cdiv(T, CHUNK)
     # the scores read (GLA, K = V = 128): with fp32 states 255 registers and 120 KB of shared memory at 3
     # stages, one program of 4 warps an SM; at 2 stages 248 and 80 KB, two. With bf16 states 252 and 105 KB
-    # at 3 stages, 251 and 72 KB at 2. The scores recomputed (Mamba-2, K = 128, V = 64, bf16 states): 227
-    # registers and 72 KB at 3 stages (ptxas, sm_90a, bf16: scripts/linear_bwd_compile.py)
+    # at 3 stages, 251 and 72 KB at 2. The scores recomputed (Mamba-2, K = 128, V = 64, bf16 states): 248
+    # registers and 72 KB at 3 stages with the skip added (227 without: do ⊙ skip takes do into the products'
+    # layout), two programs an SM either way (ptxas, sm_90a, bf16: scripts/linear_bwd_compile.py)
     stages = 2 if A is not None else 3
+    # skip's strides; [H] is read as [H, V] at value stride 0. Without skip they are None, so the kernel takes
+    # no argument for them and compiles as it would without this option
+    s_skip_h = s_skip_v = None
+    if skip is not None:
+        s_skip_h, s_skip_v = skip.stride(0), skip.stride(1) if skip.dim() == 2 else 0
     _chunk_dv_kernel[(NT, B * H)](
         q, k, v, b, A, dstates, do, dv, dA, scale, T, H, NT, K, V, G, BT=CHUNK, BK=_tile(K), BV=_tile(V),
         DOT_PREC=dot_precision(k.dtype), gamma=gamma, GAMMA=gamma is not None, RECOMPUTE_A=recompute,
-        key_scale=key_scale, KEY_SCALE=key_scale is not None, GROUP=group_size, num_stages=stages)
+        key_scale=key_scale, KEY_SCALE=key_scale is not None, GROUP=group_size,
+        skip=skip, s_skip_h=s_skip_h, s_skip_v=s_skip_v, SKIP=skip is not None, num_stages=stages)
 
 
 # ------------------------------------------------------------------ 3. dq, dk and the gate's gradient

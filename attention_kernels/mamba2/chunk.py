@@ -446,10 +446,10 @@ def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softp
 
 
 # ------------------------------------------------------------------ 4. the backward
-# The elementwise steps around the shared backward, each one pass over its tensors: the gate's and the
-# skip's gradients (before and after chunk_dv). 8 warps on tiles of 2K elements: ptxas (sm_90a, bf16,
-# dstate 128) gives them 48 and 48 registers, no spills; 4K-element tiles on 4 warps spill.
-_TAIL_ROWS, _TAIL_COLS = 16, 128          # tokens × (head, headdim) columns of the elementwise passes
+# The elementwise step before the shared backward, one pass over its tensors: the gate's gradient (the skip's
+# share of dx is added by chunk_dv). 8 warps on tiles of 2K elements: ptxas (sm_90a, bf16, dstate 128) gives
+# it 48 registers, no spills; 4K-element tiles on 4 warps spill.
+_TAIL_ROWS, _TAIL_COLS = 16, 128          # tokens × (head, headdim) columns of the elementwise pass
 _TAIL_WARPS = 8
 # dq and dk summed over a group's heads in the kernel: runs of 16 heads a program (80 heads: 5 runs, 5,120
 # programs at 16K; partial sums 2 x 42 MB), dstate tiles of 32, a whole headdim of 64 a tile, on 8 warps and
@@ -466,7 +466,7 @@ _DQK_STAGES_ON = {}   # device -> the stage count that fits there, where it is n
 
 @triton.jit
 def _row_tile(T, HP, BT: tl.constexpr, BC: tl.constexpr):
-    """The elementwise passes' tile: tokens [i_t·BT, ..) × columns [i_c·BC, ..) of batch row i_b's [T, H·P]
+    """The elementwise pass's tile: tokens [i_t·BT, ..) × columns [i_c·BC, ..) of batch row i_b's [T, H·P]
     rows, (i_t, i_c, i_b) the program ids. Returns its columns, its mask and its offsets: a 64-bit offset for
     the tile, 32-bit ones inside it (64-bit ones per element cost registers)."""
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -498,23 +498,6 @@ def _ssd_gate_grad_kernel(
     if HAS_D:
         b_x = tl.load(x + p, mask=m, other=0.0).to(tl.float32)
         tl.store(dD_part + (i_b * NTB + i_t) * HP + o_c, tl.sum(b_do * b_x, axis=0), mask=o_c < HP)
-
-
-@triton.jit(do_not_specialize=["T", "HP", "P"])
-def _ssd_skip_grad_kernel(
-    dv, dy, z, D, dx, T, HP, P, s_Dh, s_Dp,
-    HAS_Z: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-):
-    # one program: the tile of _ssd_gate_grad_kernel. dx = dv + do ⊙ D, with do = dy ⊙ silu(z) recomputed in
-    # fp32 (reading dy and z costs less than writing do in fp32 and reading it back)
-    o_c, m, p = _row_tile(T, HP, BT, BC)
-    b_do = tl.load(dy + p, mask=m, other=0.0).to(tl.float32)
-    if HAS_Z:
-        b_z = tl.load(z + p, mask=m, other=0.0).to(tl.float32)
-        b_do = b_do * b_z * tl.sigmoid(b_z)
-    b_D = tl.load(D + (o_c // P) * s_Dh + (o_c % P) * s_Dp, mask=o_c < HP, other=0.0).to(tl.float32)
-    b_dx = tl.load(dv + p, mask=m, other=0.0) + b_do * b_D[None, :]
-    tl.store(dx + p, b_dx.to(dx.dtype.element_ty), mask=m)
 
 
 @triton.jit(do_not_specialize=["T", "H", "NT", "HPG", "G", "NB"])
@@ -596,7 +579,7 @@ def _ssd_dqk_kernel(
 
 
 def _elementwise_grid(Bt, T, HP):
-    """The grid of the gate's and the skip's passes: token tiles first (a grid's first side has no 65535 limit)."""
+    """The grid of the gate's pass: token tiles first (a grid's first side has no 65535 limit)."""
     return triton.cdiv(T, _TAIL_ROWS), triton.cdiv(HP, _TAIL_COLS), Bt
 
 
@@ -624,15 +607,16 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     the heads before their products (B and C are the same for every head of a
     group), writes B's and C's gradients as partial sums over runs of heads,
     and each head's share of the gate's gradient and of dt's through the keys
-    (dk · B): no [Bt, T, H, N] gradient is written. Around it, one elementwise
-    launch each (fp32 inside, every tensor of [Bt, T, H, P] read or written
-    once): the tail y = (o + D ⊙ x) ⊙ silu(z) before (dz, o's gradient in x's
-    dtype and dD's per-tile sums; with z, its o + D ⊙ x is the forward's
-    y_ungated, or recomputed by the output kernel where none is given: the
-    same function at any chunk size, so the forward's is taken whatever its
-    chunk), dx = dv + do ⊙ D after (dv is dx itself, in x's
-    dtype, without D). dt's gate and softplus paths, on [Bt, T, H], stay in
-    PyTorch.
+    (dk · B): no [Bt, T, H, N] gradient is written. Before it, one
+    elementwise launch (fp32 inside, every tensor of [Bt, T, H, P] read or
+    written once) for the tail y = (o + D ⊙ x) ⊙ silu(z): dz, o's gradient
+    do in x's dtype and dD's per-tile sums (with z, its o + D ⊙ x is the
+    forward's y_ungated, or recomputed by the output kernel where none is
+    given: the same function at any chunk size, so the forward's is taken
+    whatever its chunk). The skip's share of x's gradient, do ⊙ D, is added
+    by chunk_dv to its dv in fp32 before its one store (skip = D), so dv is
+    dx, written once in x's dtype. dt's gate and softplus paths, on [Bt, T,
+    H], stay in PyTorch.
 
     Returns the gradients of x, dt, A, B, C, then of D, z, dt_bias and
     initial_states where those are given (an absent argument has no entry, so
@@ -681,9 +665,9 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     dht = None if dfinal is None else dfinal.to(f32).transpose(-1, -2).contiguous()
     dh0 = None if h0 is None else torch.empty(Bt, H, N, P, dtype=f32, device=dev)
     chunk_state_grad_pass(C, do, b, dstates, 1.0, dht, dh0, group_size=H // G)
-    dv = torch.empty(Bt, T, H, P, dtype=x.dtype if D is None else f32, device=dev)
+    dx = torch.empty_like(x)      # chunk_dv's dv with the skip's do ⊙ D: x's whole gradient
     dscores = torch.empty(Bt, T, H, CHUNK, dtype=f32, device=dev)
-    chunk_dv(C, B, x, b, None, dstates, do, dv, dscores, 1.0, group_size=H // G, key_scale=dtf)
+    chunk_dv(C, B, x, b, None, dstates, do, dx, dscores, 1.0, group_size=H // G, key_scale=dtf, skip=D)
     # dq and dk summed over each group's heads in the kernel (dC, dB) with dt's share through the keys, in
     # runs of _DQK_HEADS heads a program: partial sums per run, and per key tile the gate's and dt's shares
     BK = min(_DQK_BK, pow2_at_least_16(N))
@@ -708,13 +692,6 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
             raise
         _DQK_STAGES_ON[dev] = 2
         _ssd_dqk_kernel[(NK, NT, Bt * G * runs)](*dqk_args, **dqk_meta, num_stages=2)
-    dx = dv
-    if D is not None:
-        dx = torch.empty_like(x)
-        s_D = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)      # [H]: one D per head
-        _ssd_skip_grad_kernel[_elementwise_grid(Bt, T, HP)](
-            dv, dy, z, D, dx, T, HP, P, *s_D, HAS_Z=z is not None, BT=_TAIL_ROWS, BC=_TAIL_COLS,
-            num_warps=_TAIL_WARPS)
 
     # back through k = B·dt (the group sums), g = dt·A, dt = softplus(dt +
     # dt_bias)
