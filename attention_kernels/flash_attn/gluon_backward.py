@@ -27,10 +27,11 @@ One CTA per (block of 128 keys, KV head [, part of its GQA group], batch), three
     or, for a group split into parts (`backward.group_parts`, the Triton backward's rule), the fp32 workspace
     that one sum over the parts reduces.
 Two consumer loops (`_consumer`'s SCHEDULE; `gluon_attention_bwd(overlap=...)`): the default (IN_ORDER) waits on
-every product before the step that reads it; OVERLAPPED keeps the tensor cores busy during the elementwise work,
-in FA3's order: dP^T issued right behind S^T, P^T computed while dP^T runs, dV += P^T dO issued, dS^T computed
-while dV runs, dK += dS^T Q issued, the waits taken in commit order (`_block_update_overlapped`), with 3 ring
-slots at D = 128 (`BWD_TILES_OVERLAPPED`). Not run on a GPU yet: `flash_attn_func` runs the in-order loop.
+every product before the step that reads it; OVERLAPPED keeps the tensor cores busy during the elementwise work
+of the unmasked blocks, in FA3's order: dP^T issued right behind S^T, P^T computed while dP^T runs, dV += P^T dO
+issued, dS^T computed while dV runs, dK += dS^T Q issued, the waits taken in commit order
+(`_block_update_overlapped`); the blocks on the causal diagonal keep the in-order update. It takes 3 ring slots
+at D = 128 (`BWD_TILES_OVERLAPPED`). Not run on a GPU yet: `flash_attn_func` runs the in-order loop.
 Causal: only the query blocks that cross this key block's diagonal take the mask (`_query_blocks`); a hidden
 pair's dS is 0 whatever dO or V hold there. Keys past S and queries past T need no mask: the copy engine
 zero-fills their rows (a query row past T adds 0 * 0 to dK and dV) and keys past S are not stored.
@@ -59,9 +60,9 @@ BN = 128           # keys per CTA: two consumer warpgroups of 64 (wgmma's M)
 # (query rows per ring tile, ring slots) per head dim. A slot holds a Q and a dO tile, BM x D each, next to the
 # resident K and V (2 x BN x D): D = 128: 64 KB + 2 x 32 KB; D = 64: 32 KB + 3 x 16 KB. BM = 64 keeps S^T and
 # dP^T at 32 fp32 registers a thread each beside dK and dV (64 each at D = 128), as FA3 does at D = 128.
-# The in-order loop's, timed on an H200 (notes/TUNING.md 2026-12-06 (19)). The overlapped loop holds no more
-# shared memory a slot, and at D = 128 takes 3 slots (64 KB + 3 x 32 KB, 161.7 KB of the 227 KB), so that the
-# producer runs two tiles ahead of consumers that now take each tile faster; not measured yet.
+# The in-order loop's, timed on an H200 (notes/TUNING.md 2026-12-06 (19)). The overlapped loop needs no more
+# shared memory a slot, and at D = 128 takes 3 slots (64 KB + 3 x 32 KB, 162.3 KB in all of the 227 KB), so that
+# the producer can run two tiles ahead of consumers that now take each tile faster; not measured yet.
 BWD_TILES = {64: (64, 3), 128: (64, 2)}
 BWD_TILES_OVERLAPPED = {64: (64, 3), 128: (64, 3)}
 RING_SLOTS = (2, 3)   # what `gluon_attention_bwd(stages=...)` takes: the counts compiled and checked
@@ -369,7 +370,9 @@ def attn_bwd_dkdv_ws_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr
     #     than one phase ahead of the producer either.
     #   kv_bar (1 arrival + 4 halves' bytes): one phase, waited on with parity 0 by each consumer once.
     # Each warpgroup passes every ring tile in the producer's order, waits on Q's ready before dO's and releases
-    # dO's slot before Q's, in both loops; the overlapped loop only moves dO's wait before S^T's.
+    # dO's slot before Q's, in both loops (the overlapped loop only waits on dO's ready before, not after, its wait
+    # on S^T). No warpgroup ever waits on the other, only on the producer, and a warpgroup waiting on tile i has
+    # released every tile before i, so the producer's wait for tile i - STAGES's release always ends: no deadlock.
     mbarrier.init(kv_bar, count=1)
     for st in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(st), count=1)
