@@ -10,8 +10,8 @@ shared-memory figure, ptxas's registers / spills / performance notes, and instru
 TMA copies, mbarrier ops, setmaxnreg), through `mla_gluon_compile.py`'s readers. Each is compiled with dK and dV
 stored as bf16 (a group in one part); the split group's fp32 workspace changes only the stores. Exits 1 if a
 compilation fails, ptxas spills or serializes the wgmma pipeline, shared memory exceeds 227 KB, or the PTX lacks
-wgmma or TMA copies; the overlapped loop must also keep its partial waits (`wgmma.wait_group 1` 3 times in each
-warpgroup's unmasked update: S^T, dP^T and dV each waited on with the next product still running). Needs no CUDA
+wgmma or TMA copies; the overlapped loop must also keep its partial waits (`wgmma.wait_group 1` at 3 of each
+update's 4 commit groups: S^T, dP^T and dV each waited on with the next product still running). Needs no CUDA
 device: the target is given explicitly.
 Note: ptxas's "Used N registers" is the launch bound (maxnreg); the partitions then move to setmaxnreg's values.
 """
@@ -65,11 +65,11 @@ def check(D: int, causal: bool, schedule: str, keep: Path | None) -> tuple[list,
     problems, counts = report(compiled, tag, keep)
     if not counts["wgmma"] or not counts["tma_load"]:
         problems.append(f"{tag}: no wgmma or no TMA copy in the PTX")
-    # the overlapped update waits with one product still running 3 times a tile, in each warpgroup's unmasked
-    # loop (the masked blocks keep the in-order update, which waits on all)
+    # a tile's 4 products are 4 commit groups; the overlapped update waits with one still running after 3 of them
     partial = len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+1;", compiled.asm["ptx"]))
-    print(f"ptx   : wgmma.wait_group 1 at {partial} of {counts['wgmma_wait']} waits")
-    expected = 2 * 3 if schedule == "overlapped" else 0
+    print(f"ptx   : wgmma.wait_group 1 at {partial} of {counts['wgmma_wait']} waits, "
+          f"{counts['wgmma_commit']} commit groups")
+    expected = 3 * counts["wgmma_commit"] // 4 if schedule == "overlapped" else 0
     if partial != expected:
         problems.append(f"{tag}: {partial} waits with one product running, expected {expected}")
     return problems, counts

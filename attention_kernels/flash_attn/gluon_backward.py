@@ -27,11 +27,10 @@ One CTA per (block of 128 keys, KV head [, part of its GQA group], batch), three
     or, for a group split into parts (`backward.group_parts`, the Triton backward's rule), the fp32 workspace
     that one sum over the parts reduces.
 Two consumer loops (`_consumer`'s SCHEDULE; `gluon_attention_bwd(overlap=...)`): the default (IN_ORDER) waits on
-every product before the step that reads it; OVERLAPPED keeps the tensor cores busy during the elementwise work
-of the unmasked blocks, in FA3's order: dP^T issued right behind S^T, P^T computed while dP^T runs, dV += P^T dO
-issued, dS^T computed while dV runs, dK += dS^T Q issued, the waits taken in commit order
-(`_block_update_overlapped`); the blocks on the causal diagonal keep the in-order update. It takes 3 ring slots
-at D = 128 (`BWD_TILES_OVERLAPPED`). Not run on a GPU yet: `flash_attn_func` runs the in-order loop.
+every product before the step that reads it; OVERLAPPED keeps the tensor cores busy during the elementwise work,
+in FA3's order: dP^T issued right behind S^T, P^T computed while dP^T runs, dV += P^T dO issued, dS^T computed
+while dV runs, dK += dS^T Q issued, the waits taken in commit order (`_block_update_overlapped`); it takes 3 ring
+slots at D = 128 (`BWD_TILES_OVERLAPPED`). Not run on a GPU yet: `flash_attn_func` runs the in-order loop.
 Causal: only the query blocks that cross this key block's diagonal take the mask (`_query_blocks`); a hidden
 pair's dS is 0 whatever dO or V hold there. Keys past S and queries past T need no mask: the copy engine
 zero-fills their rows (a query row past T adds 0 * 0 to dK and dV) and keys past S are not stored.
@@ -189,14 +188,19 @@ def _block_update(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_
 
 
 @gluon.jit
-def _block_update_overlapped(dk, dv, i, scale_log2, k_op, v_op, q_s, do_s, lse_s, delta_s, q_ready, do_ready, q_empty,
-                             do_empty, s_layout: gl.constexpr, a_layout: gl.constexpr):
-    """`_block_update` on an unmasked tile, its products overlapped with the elementwise work (the order of FA3's
-    `bwd_step`, which issues dP^T before waiting on S^T): S^T = K Q^T and dP^T = V dO^T issued back to back;
-    P^T computed once S^T alone is done, while dP^T runs; dV += P^T dO issued; dS^T computed once dP^T is
-    done, while dV runs; dK += dS^T Q issued. wgmma completes its commit groups in order, so each wait names
-    how many of the newest products may still run; all four are done before the loop's back edge, dO's slot
-    released once dV (its last reader) is, Q's once dK is."""
+def _block_update_overlapped(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_s, lse_s, delta_s, q_ready,
+                             do_ready, q_empty, do_empty, MASKED: gl.constexpr, s_layout: gl.constexpr,
+                             a_layout: gl.constexpr):
+    """`_block_update`'s products and arithmetic, the products overlapped with the elementwise work (the order of
+    FA3's `bwd_step`, which issues dP^T before waiting on S^T): S^T = K Q^T and dP^T = V dO^T issued back to
+    back; P^T computed once S^T alone is done, while dP^T runs; dV += P^T dO issued; dS^T computed once dP^T is
+    done, while dV runs; dK += dS^T Q issued. wgmma completes its commit groups in order, so each wait names how
+    many of the newest products may still run; all four are done before the loop's back edge, dO's slot
+    released once dV (its last reader) is, Q's once dK is. MASKED: a hidden pair has P = 0 (its score -inf),
+    and dS is set to 0 wherever P is 0 (`_block_update` holds the mask instead: here, beside two products in
+    flight, that spills at D = 128). Where P is 0, P (dP - delta) is 0 for any finite dP, so the two differ
+    only at a visible pair whose P underflowed to 0 and whose dP is not finite, which then adds nothing, as
+    the forward's masked tiles skip zero probabilities (`gluon_forward._pv_skipping_zeros`)."""
     STAGES: gl.constexpr = q_s.shape[0]
     BM: gl.constexpr = q_s.shape[1]
     HALF: gl.constexpr = k_op.shape[0]
@@ -215,12 +219,18 @@ def _block_update_overlapped(dk, dv, i, scale_log2, k_op, v_op, q_s, do_s, lse_s
     dp_t = warpgroup_mma(v_op, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     lse = gl.convert_layout(gl.reshape(lse_s.index(st).load(stats_layout), [BM]), col_s)
     s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, ))   # S^T done, dP^T may still run
-    p_t = gl.exp2(s_t * scale_log2 - gl.expand_dims(lse, 0))
+    s_t = s_t * scale_log2 - gl.expand_dims(lse, 0)
+    if MASKED:   # before exp2: a hidden score may exceed lse by far
+        rows = row0 + gl.arange(0, BM, layout=col_s)
+        s_t = gl.where(gl.expand_dims(keys, 1) <= gl.expand_dims(rows + shift, 0), s_t, float("-inf"))
+    p_t = gl.exp2(s_t)
 
     dv = warpgroup_mma(gl.convert_layout(p_t.to(do_s.dtype), a_layout), do_tile, dv, is_async=True)
     delta = gl.convert_layout(gl.reshape(delta_s.index(st).load(stats_layout), [BM]), col_s)
     dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t, ))   # dP^T done, dV may still run
     ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
+    if MASKED:   # 0 * NaN is NaN: a hidden pair's dS is 0 whatever dO or V hold there
+        ds_t = gl.where(p_t == 0.0, 0.0, ds_t)
     dk = warpgroup_mma(gl.convert_layout(ds_t.to(q_s.dtype), a_layout), q_tile, dk, is_async=True)
     dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv, ))   # dV done, dK may still run
     mbarrier.arrive(do_empty.index(st), count=1)
@@ -230,14 +240,26 @@ def _block_update_overlapped(dk, dv, i, scale_log2, k_op, v_op, q_s, do_s, lse_s
 
 
 @gluon.jit
+def _block_step(SCHEDULE: gl.constexpr, dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_s, lse_s,
+                delta_s, q_ready, do_ready, q_empty, do_empty, MASKED: gl.constexpr, s_layout: gl.constexpr,
+                a_layout: gl.constexpr):
+    """Ring tile i through the update of the loop SCHEDULE (`_block_update` or `_block_update_overlapped`)."""
+    if SCHEDULE == OVERLAPPED:
+        dk, dv = _block_update_overlapped(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_s, lse_s,
+                                          delta_s, q_ready, do_ready, q_empty, do_empty, MASKED, s_layout, a_layout)
+    else:
+        dk, dv = _block_update(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_s, lse_s, delta_s,
+                               q_ready, do_ready, q_empty, do_empty, MASKED, s_layout, a_layout)
+    return dk, dv
+
+
+@gluon.jit
 def _consumer(WG: gl.constexpr, SCHEDULE: gl.constexpr, dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift,
               n_heads, m_lo, m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar,
               q_ready, do_ready, q_empty, do_empty):
     """Warpgroup WG: keys n0 + 64 WG ... + 63 over every query block of every head of the part (the masked blocks
-    of a head first, as the producer sends them), then dK * scale and dV stored (keys past S are not).
-    SCHEDULE OVERLAPPED takes the unmasked blocks through `_block_update_overlapped`; the masked ones (those
-    crossing the causal diagonal, two or three a head) stay in order in either loop, as in the forward: overlapped,
-    their mask held beside two products in flight makes ptxas spill at D = 128 (20 B, notes/TUNING.md)."""
+    of a head first, as the producer sends them), each through the update of the loop SCHEDULE, then dK * scale
+    and dV stored (keys past S are not)."""
     BM: gl.constexpr = q_s.shape[1]
     D: gl.constexpr = q_s.shape[2]
     HALF: gl.constexpr = k_s.shape[1]
@@ -252,19 +274,14 @@ def _consumer(WG: gl.constexpr, SCHEDULE: gl.constexpr, dk_ptr, dv_ptr, out_base
     i = 0   # the ring tile, numbered as the producer sends them
     for g in range(n_heads):
         for m in range(m_lo, m_full):
-            dk, dv = _block_update(dk, dv, i, m * BM, keys, shift, scale_log2, k_s.index(WG + opaque_zero(i)),
-                                   v_s.index(WG + opaque_zero(i)), q_s, do_s, lse_s, delta_s, q_ready, do_ready,
-                                   q_empty, do_empty, True, s_layout, a_layout)
+            dk, dv = _block_step(SCHEDULE, dk, dv, i, m * BM, keys, shift, scale_log2,
+                                 k_s.index(WG + opaque_zero(i)), v_s.index(WG + opaque_zero(i)), q_s, do_s, lse_s,
+                                 delta_s, q_ready, do_ready, q_empty, do_empty, True, s_layout, a_layout)
             i += 1
         for m in range(m_full, n_blocks):
-            if SCHEDULE == OVERLAPPED:
-                dk, dv = _block_update_overlapped(dk, dv, i, scale_log2, k_s.index(WG + opaque_zero(i)),
-                                                  v_s.index(WG + opaque_zero(i)), q_s, do_s, lse_s, delta_s, q_ready,
-                                                  do_ready, q_empty, do_empty, s_layout, a_layout)
-            else:
-                dk, dv = _block_update(dk, dv, i, m * BM, keys, shift, scale_log2, k_s.index(WG + opaque_zero(i)),
-                                       v_s.index(WG + opaque_zero(i)), q_s, do_s, lse_s, delta_s, q_ready, do_ready,
-                                       q_empty, do_empty, False, s_layout, a_layout)
+            dk, dv = _block_step(SCHEDULE, dk, dv, i, m * BM, keys, shift, scale_log2,
+                                 k_s.index(WG + opaque_zero(i)), v_s.index(WG + opaque_zero(i)), q_s, do_s, lse_s,
+                                 delta_s, q_ready, do_ready, q_empty, do_empty, False, s_layout, a_layout)
             i += 1
     keys_o = gl.convert_layout(keys, gl.SliceLayout(1, acc_layout))
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
