@@ -2,9 +2,10 @@
 and the Triton dQ pass, called directly (flash_attn_func does not dispatch to it yet).
 
 On any machine: the dK/dV kernel compiles for sm_90a with no spills and with wgmma and TMA copies (ptxas judges
-it), and the call refuses what it cannot take before any launch. On a Hopper GPU: dq, dk, dv against the fp64
-reference written from the formula (attention_ref and autograd) on lengths that are not tile multiples, T != S,
-GQA 4:1, MQA and MHA (a group split into parts, and not), with the causal mask and without.
+it), in both consumer loops (in order, overlapped), and the call refuses what it cannot take before any launch. On
+a Hopper GPU, for each loop: dq, dk, dv against the fp64 reference written from the formula (attention_ref and
+autograd) on lengths that are not tile multiples, T != S, GQA 4:1, MQA and MHA (a group split into parts, and
+not), with the causal mask and without; and each loop with either ring depth.
 """
 import subprocess
 import sys
@@ -42,6 +43,42 @@ def test_gluon_backward_compiles_for_hopper_without_spills(D):
     assert f"=== fa_bwd_dkdv_ws_d{D}_causal" in out, out[-3000:]
     assert "spill stores 0 B, spill loads 0 B" in out and "OK" in out, out[-3000:]
     assert "'wgmma': 0" not in out and "'tma_load': 0" not in out, out[-3000:]
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_gluon_backward_overlapped_loop_compiles_with_its_partial_waits(D):
+    """No GPU needed: the overlapped loop at D, causal, bf16 compiled for sm_90a: no spills, no serialized wgmma,
+    shared memory fits (3 ring slots at D = 128), and in each update, the masked and the unmasked one of each
+    warpgroup, S^T, dP^T and dV are each waited on with the next product still running (`wgmma.wait_group 1`,
+    12 in all; the script exits 1 otherwise)."""
+    if not triton_tested():
+        pytest.skip(f"the Gluon kernels run on Triton {', '.join(TESTED_TRITON)} only "
+                    "(attention_kernels.launch.TESTED_TRITON)")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--only", str(D), "causal", "overlapped"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert f"=== fa_bwd_dkdv_ws_d{D}_causal_overlapped (BM, STAGES = (64, 3))" in out, out[-3000:]
+    assert "spill stores 0 B, spill loads 0 B" in out and "OK" in out, out[-3000:]
+    assert "wgmma.wait_group 1 at 12 of 16 waits, 16 commit groups" in out, out[-3000:]
+
+
+def test_gluon_backward_tiles_per_loop():
+    """The in-order loop keeps its tiles; the overlapped one takes 3 ring slots at either head dim; `stages`
+    replaces the slots with 2 or 3 and refuses anything else by name."""
+    gb = _gluon_backward()
+    assert gb.bwd_tiles(128) == (64, 2) and gb.bwd_tiles(64) == (64, 3)
+    assert gb.bwd_tiles(128, overlap=True) == (64, 3) and gb.bwd_tiles(64, overlap=True) == (64, 3)
+    assert gb.bwd_tiles(128, overlap=True, stages=2) == (64, 2) and gb.bwd_tiles(128, stages=3) == (64, 3)
+    for bad in (1, 4, 2.5):
+        with pytest.raises(ValueError, match="^stages: ring slots must be one of"):
+            gb.bwd_tiles(128, stages=bad)
+
+
+def test_gluon_backward_refuses_ring_slots_before_any_launch(monkeypatch):
+    gb = _no_launch(monkeypatch)
+    with pytest.raises(ValueError, match="^stages"):
+        gb.gluon_attention_bwd(*_inputs(), causal=True, softmax_scale=0.125, overlap=True, stages=4)
 
 
 def _inputs(dtype=torch.bfloat16, D=64, device="cpu"):
@@ -104,9 +141,10 @@ def test_gluon_backward_refuses_a_tensor_off_hopper():
         _gluon_backward().gluon_attention_bwd(*_inputs(device=device), causal=False, softmax_scale=0.125)
 
 
-def _check_against_reference(B, T, S, HQ, HKV, D, causal):
-    """dq, dk, dv of the Gluon backward (bf16) for the Triton forward's o and lse, against autograd through the
-    fp64 reference; relative error within the Triton backward's tolerance (tests/test_flash_attn.py `_tols`)."""
+def _check_against_reference(B, T, S, HQ, HKV, D, causal, loop):
+    """dq, dk, dv of the Gluon backward (bf16; `loop`: gluon_attention_bwd's keywords) for the Triton forward's o
+    and lse, against autograd through the fp64 reference; relative error within the Triton backward's tolerance
+    (tests/test_flash_attn.py `_tols`)."""
     from attention_kernels.flash_attn.forward import attention_fwd
     dtype = torch.bfloat16
     q = torch.randn(B, T, HQ, D, device="cuda", dtype=dtype)
@@ -114,7 +152,7 @@ def _check_against_reference(B, T, S, HQ, HKV, D, causal):
     do = torch.randn_like(q)
     scale = D ** -0.5
     o, lse = attention_fwd(q, k, v, causal, scale)
-    grads = _gluon_backward().gluon_attention_bwd(do, q, k, v, o, lse, causal, scale)
+    grads = _gluon_backward().gluon_attention_bwd(do, q, k, v, o, lse, causal, scale, **loop)
     qr, kr, vr = (t.double().requires_grad_() for t in (q, k, v))
     o_ref = attention_ref(qr, kr, vr, causal=causal, softmax_scale=scale, compute_dtype=torch.float64)
     refs = torch.autograd.grad(o_ref, (qr, kr, vr), do.double())
@@ -126,31 +164,47 @@ def _check_against_reference(B, T, S, HQ, HKV, D, causal):
 
 # (query heads, KV heads): GQA 4:1 and MQA split their groups into parts at these sizes, MHA has none to split
 HEADS = pytest.mark.parametrize("HQ, HKV", [(8, 2), (4, 1), (4, 4)], ids=["gqa4", "mqa", "mha"])
+# the consumers' loops, as gluon_attention_bwd's keywords
+LOOPS = pytest.mark.parametrize("loop", [dict(overlap=False), dict(overlap=True)], ids=["in-order", "overlapped"])
 
 
 @pytest.mark.gpu
+@LOOPS
 @HEADS
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("T", [1, 77, 1000, 4100])
-def test_gpu_gluon_backward_matches_reference(T, D, causal, HQ, HKV):
-    """T = S, not multiples of the 64-row query tile or the 128-key block."""
+def test_gpu_gluon_backward_matches_reference(T, D, causal, HQ, HKV, loop):
+    """T = S, not multiples of the 64-row query tile or the 128-key block; both consumer loops."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon backward runs on Hopper only")
-    _check_against_reference(1 if T > 1000 else 2, T, T, HQ, HKV, D, causal)
+    _check_against_reference(1 if T > 1000 else 2, T, T, HQ, HKV, D, causal, loop)
 
 
 @pytest.mark.gpu
+@LOOPS
 @HEADS
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("T, S", [(77, 1000), (1000, 77), (300, 5)], ids=["T<S", "T>S", "rows-see-nothing"])
-def test_gpu_gluon_backward_unequal_lengths(T, S, D, causal, HQ, HKV):
+def test_gpu_gluon_backward_unequal_lengths(T, S, D, causal, HQ, HKV, loop):
     """T != S, under the bottom-right causal mask too: with T > S the first T - S rows see no key (lse = +inf,
-    P = 0)."""
+    P = 0); both consumer loops."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon backward runs on Hopper only")
-    _check_against_reference(2, T, S, HQ, HKV, D, causal)
+    _check_against_reference(2, T, S, HQ, HKV, D, causal, loop)
+
+
+@pytest.mark.gpu
+@LOOPS
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_gluon_backward_ring_slots(causal, stages, loop):
+    """Each loop with either ring depth (`stages`, what `tune_probe.py fa_gluon_bwd` times), D = 128, GQA 4:1,
+    T = 1000 (16 query tiles a head: every slot is reused many times, so a wrong phase would hang or mix)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon backward runs on Hopper only")
+    _check_against_reference(2, 1000, 1000, 8, 2, 128, causal, dict(loop, stages=stages))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
