@@ -151,6 +151,25 @@ def time_loop_ms(fn: Callable[[], object], calls: int = 100, repeats: int = 25) 
     return statistics.median(times)
 
 
+def peak_memory(fn: Callable[[], object]) -> dict:
+    """Peak GPU memory of one call of `fn`, in GiB: peak_gib (by torch.cuda.max_memory_allocated, what was
+    allocated before the call included), extra_gib (beyond that) and inputs_gib (what was allocated before:
+    the inputs, and whatever else the provider holds, such as a training step's upstream gradient). For a
+    training step (`linear.costs.train_step`) the call is the forward and the backward: the peak includes
+    what the forward saves for the backward and the gradients returned, and the backward frees the graph
+    before the call returns. A first call, outside the measurement, compiles (and autotunes)."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    del out
+    return {"peak_gib": peak / 2**30, "extra_gib": (peak - base) / 2**30, "inputs_gib": base / 2**30}
+
+
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
     """One results table: every provider on every case, with the work each case must do.

@@ -315,6 +315,44 @@ def test_a_table_that_measures_names_no_timer():
         _benchmark(lambda case: None, measure=lambda fn: {"peak_gib": 1.0})
 
 
+def test_peak_memory_measures_the_second_call_beyond_what_was_there(monkeypatch):
+    """`peak_memory` with the allocator's counters stood in for: the first call (compiling, with a scratch peak
+    of its own) is left out, what was allocated before the measured call is the inputs, the rest is extra."""
+    GiB = 2**30
+    state = {"allocated": 2 * GiB, "peak": 2 * GiB, "calls": 0}
+
+    def allocate(n):
+        state["peak"] = max(state["peak"], state["allocated"] + n)
+
+    def step():
+        state["calls"] += 1
+        allocate(10 * GiB if state["calls"] == 1 else 1 * GiB)   # the first call's autotuning scratch
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: state.update(peak=state["allocated"]))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: state["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: state["peak"])
+    assert bench.peak_memory(step) == {"peak_gib": 3.0, "extra_gib": 1.0, "inputs_gib": 2.0}
+    assert state["calls"] == 2
+
+
+@pytest.mark.gpu
+def test_peak_memory_of_a_training_step_counts_what_the_forward_keeps_and_frees_it():
+    """One training step (`costs.train_step`) of exp(2x): the inputs are x and the upstream gradient, the peak
+    holds at least the output the forward keeps for the backward, and the step frees its graph."""
+    from attention_kernels.linear.costs import train_step
+
+    size = 64 * 2**20   # bytes of x, fp32
+    x = torch.randn(size // 4, device="cuda", requires_grad=True)
+    step = train_step(lambda t: (2 * t).exp(), (x,), (x,))
+    before = torch.cuda.memory_allocated()
+    measured = bench.peak_memory(step)
+    assert torch.cuda.memory_allocated() == before           # nothing of the step outlives it
+    assert measured["inputs_gib"] * 2**30 >= 2 * size         # x and the upstream gradient
+    assert size <= measured["extra_gib"] * 2**30 <= 4 * size  # the kept output, the gradients, no more
+    assert measured["peak_gib"] == pytest.approx(measured["inputs_gib"] + measured["extra_gib"])
+
+
 def test_every_declared_table_names_its_module_and_a_timer_of_its_kind():
     """The families' tables as declared: each names the module it lives in (a fresh process finds it there), and
     the plain tables of every family are timed the same way."""

@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from .. import peers
-from ..bench import Benchmark, Panel
+from ..bench import Benchmark, Panel, peak_memory
 from .interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from .reference import attention_eager, attention_flops
 
@@ -177,22 +177,6 @@ def _eager(c):
 PROVIDERS = {"book": _book, "book: Gluon (Hopper)": _book_gluon, "SDPA flash": _sdpa("flash"),
              "SDPA cuDNN": _sdpa("cuDNN"), "FlexAttention": _peer(flex_forward, "bhtd"),
              "FA4": _peer(fa4_forward, "bthd"), "eager": _eager}
-
-
-def peak_memory(fn) -> dict:
-    """Peak GPU memory of one call of `fn` (a forward), in GiB: peak_gib (inputs included, by
-    torch.cuda.max_memory_allocated), extra_gib (beyond what was allocated before the call: the
-    inputs) and inputs_gib. A first call, outside the measurement, compiles."""
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated()
-    del out
-    return {"peak_gib": peak / 2**30, "extra_gib": (peak - base) / 2**30, "inputs_gib": base / 2**30}
 
 
 # ------------------------------------------------------------------ the benchmarks
