@@ -6,7 +6,8 @@ providers and charged the families' own counted work.
              over a cache of T = 4K, 16K, 64K; the four fixed-state steps (GLA, Lightning, KDA, Mamba-2)
              at one T, since their step does not depend on it. CUDA-graph replay.
     PREFILL  a whole prompt, B = 1, T = 4K and 16K: causal GQA softmax and the four chunked prefills
-    TRAIN    forward and backward of the same, B = 1, T = 4K and 16K
+    TRAIN    forward and backward of the same, B = 1, T = 4K and 16K; TRAIN_MEMORY, the peak GPU memory
+             of one such step (`bench.peak_memory`: inputs, what the forward keeps, the gradients)
     STACK    a few layers of a hybrid decoded in one graph (Kimi Linear's 3 KDA + 1 MLA, MiniMax-01's
              7 Lightning + 1 GQA), to check `models.stack_time`, the sum of the per-layer times
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..bench import Benchmark
+from ..bench import Benchmark, peak_memory
 from ..flash_attn import bench as fa_bench
 from ..flash_attn.interface import flash_attn_func
 from ..flash_attn.reference import attention_flops
@@ -223,6 +224,9 @@ TRAIN = Benchmark(
     [_case(kind, 1, t) for kind in PREFILL_KINDS for t in PREFILL_T],
     {"book": _by_layer(TRAIN_BOOK), **{peer: _by_layer(table) for peer, table in TRAIN_PEERS.items()}},
     _by_layer(TRAIN_FLOPS), _by_layer(TRAIN_BYTES), timer="flushed", module=__name__)
+# The same steps' peak GPU memory, one measured step a row (inputs and the upstream gradient included)
+TRAIN_MEMORY = Benchmark("compare_train_memory", TRAIN.cases, TRAIN.providers, TRAIN.flops, TRAIN.bytes_moved,
+                         measure=peak_memory, module=__name__)
 
 
 # ---------------------------------------------------------------- a few layers of a hybrid in one graph
@@ -262,7 +266,8 @@ STACK = Benchmark(
       "D": LAYERS[stack[0][0]].head_dim} for name, stack in STACKS.items() for b in (1, 64)],
     {"book": _stack_book}, _stack_count(DECODE_FLOPS), _stack_count(DECODE_BYTES), module=__name__)
 
-BENCHMARKS = [DECODE, PREFILL, TRAIN, STACK]
+BENCHMARKS = [DECODE, PREFILL, TRAIN, TRAIN_MEMORY, STACK]
 HEADLINE = None  # the comparison is its own chapter's figure, not a panel of the headline
 
-__all__ = ["DECODE", "PREFILL", "TRAIN", "STACK", "BENCHMARKS", "HEADLINE", "STACKS", "family_case", "against_peer"]
+__all__ = ["DECODE", "PREFILL", "TRAIN", "TRAIN_MEMORY", "STACK", "BENCHMARKS", "HEADLINE", "STACKS", "family_case",
+           "against_peer"]
