@@ -185,7 +185,7 @@ class Benchmark:
         overhead); "plain": Python calls back to back, as a decode loop makes them (`time_loop_ms`: host time
         included); "flushed": do_bench's single calls with L2 emptied between them (`time_ms`). A table named
         `*_graph` or `*_plain` gets that timer (naming another is refused); any other table names its timer.
-    measure: instead of timing, measure(fn) -> dict of extra columns (peak memory, say); ms stays empty and no
+    measure: instead of timing, measure(fn) -> dict of extra columns (`peak_memory`, say); ms stays empty and no
         timer is named.
     module: the module that declares it (pass `__name__`), so that a fresh process can find it again.
     """
