@@ -229,7 +229,6 @@ def test_fp16_gradients(chunk_size, monkeypatch):
     assert seen == [torch.float32, torch.float16]
 
 
-
 @pytest.mark.parametrize("D,z", [("head", True), ("head", False), ("channel", True), ("channel", False)],
                          ids=["Dhead-z", "Dhead-noz", "Dchannel-z", "Dchannel-noz"])
 def test_fp16_skip_gradient_added_by_chunk_dv(D, z):
@@ -246,6 +245,7 @@ def test_fp16_skip_gradient_added_by_chunk_dv(D, z):
     dy, dfinal = torch.randn(1, case.T, H, P, device=DEVICE), torch.randn(1, H, P, N, device=DEVICE)
     ref = run(ssd_scan_ref, low, case, dy, dfinal, math_dtype=torch.float64)
     assert_same_gradients(run(ssd_chunk_scan, low, case, dy, dfinal), ref, tolerance(torch.float16))
+
 
 def _recording_output_launches(monkeypatch):
     """Record the output kernel's launches: per launch, a weak reference to the buffer it stored the ungated
