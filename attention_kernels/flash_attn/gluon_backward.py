@@ -30,7 +30,7 @@ Two consumer loops (`_consumer`'s SCHEDULE; `gluon_attention_bwd(overlap=...)`):
 every product before the step that reads it; OVERLAPPED keeps the tensor cores busy during the elementwise work,
 in FA3's order: dP^T issued right behind S^T, P^T computed while dP^T runs, dV += P^T dO issued, dS^T computed
 while dV runs, dK += dS^T Q issued, the waits taken in commit order (`_block_update_overlapped`); it takes 3 ring
-slots at D = 128 (`BWD_TILES_OVERLAPPED`). Not run on a GPU yet: `flash_attn_func` runs the in-order loop.
+slots at D = 128 (`BWD_TILES_OVERLAPPED`). `flash_attn_func` runs the in-order loop.
 Causal: only the query blocks that cross this key block's diagonal take the mask (`_query_blocks`); a hidden
 pair's dS is 0 whatever dO or V hold there. Keys past S and queries past T need no mask: the copy engine
 zero-fills their rows (a query row past T adds 0 * 0 to dK and dV) and keys past S are not stored.
