@@ -64,6 +64,18 @@ def test_gluon_backward_overlapped_loop_compiles_with_its_partial_waits(D):
     assert "wgmma.wait_group 1 at 12 of 16 waits, 16 commit groups" in out, out[-3000:]
 
 
+def test_compile_script_refuses_a_misspelled_loop():
+    """No GPU needed: `--only 128 causal overlaped` ends with a message naming the word, before compiling
+    anything, instead of compiling the in-order loop in its place (the forward's script shares the parser)."""
+    if not triton_tested():
+        pytest.skip(f"the Gluon kernels run on Triton {', '.join(TESTED_TRITON)} only "
+                    "(attention_kernels.launch.TESTED_TRITON)")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--only", "128", "causal", "overlaped"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode != 0 and "got 'overlaped'" in done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "===" not in done.stdout, done.stdout[-3000:]
+
+
 def test_gluon_backward_tiles_per_loop():
     """The in-order loop keeps its tiles; the overlapped one takes 3 ring slots at either head dim; `stages`
     replaces the slots with 2 or 3 and refuses anything else by name."""
