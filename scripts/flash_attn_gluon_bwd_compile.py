@@ -5,6 +5,8 @@
     python scripts/flash_attn_gluon_bwd_compile.py --only 128 causal overlapped   # its overlapped loop
     python scripts/flash_attn_gluon_bwd_compile.py --keep DIR        # also write each variant's .ttgir / .ptx / log
 
+A word `--only` does not take (a misspelled loop, say) ends the script with a message (`parse_args`).
+
 Per variant (loop: in order, overlapped, each with its own ring slots, `gluon_backward.bwd_tiles`): Triton's
 shared-memory figure, ptxas's registers / spills / performance notes, and instruction counts from the PTX (wgmma,
 TMA copies, mbarrier ops, setmaxnreg), through `mla_gluon_compile.py`'s readers. Each is compiled with dK and dV
@@ -76,11 +78,10 @@ def check(D: int, causal: bool, schedule: str, keep: Path | None) -> tuple[list,
 
 
 def main(argv):
-    keep, only = parse_args(argv)
+    keep, only = parse_args(argv, SCHEDULES)
     variants = [(D, causal, schedule) for schedule in SCHEDULES for D in (64, 128) for causal in (False, True)]
     if only is not None:
-        schedule = only[2] if only[2:3] and only[2] in SCHEDULES else "in-order"
-        variants = [(int(only[0]), only[1] == "causal", schedule)]
+        variants = [only]
     return compile_variants(variants, check, keep)
 
 

@@ -7,6 +7,8 @@
     python scripts/flash_attn_gluon_compile.py --only 128 causal pingpong     # the warpgroups taking turns
     python scripts/flash_attn_gluon_compile.py --keep DIR        # also write each variant's .ttgir / .ptx / ptxas log
 
+A word `--only` does not take (a misspelled loop, say) ends the script with a message (`parse_args`).
+
 Per variant (loop: in order, overlapped, ping-pong): Triton's shared-memory figure, ptxas's registers / spills /
 performance notes, and instruction counts from the PTX (wgmma, TMA copies, mbarrier ops, setmaxnreg), through
 `mla_gluon_compile.py`'s readers. Exits 1 if a compilation fails, ptxas spills or serializes the wgmma pipeline,
@@ -90,14 +92,30 @@ def check_handover(counts: dict) -> list:
     return problems
 
 
-def parse_args(argv) -> tuple[Path | None, list[str] | None]:
-    """--keep DIR (made if missing) and the words after --only (D, causal or full, and what the script adds),
-    each None where not given. The backward's script (`flash_attn_gluon_bwd_compile.py`) shares it."""
-    keep = None
-    if "--keep" in argv:
-        keep = Path(argv[argv.index("--keep") + 1])
-        keep.mkdir(parents=True, exist_ok=True)
-    only = argv[argv.index("--only") + 1:] if "--only" in argv else None
+def parse_args(argv, schedules, head_dims=(64, 128)) -> tuple[Path | None, tuple[int, bool, str] | None]:
+    """--keep DIR (made if missing) and --only D causal|full [LOOP] as the variant (D, causal, loop), LOOP one of
+    `schedules` ("in-order" where left out); each None where not given. A word neither option takes ends the
+    script with a message naming it (SystemExit), so that a misspelled loop is not compiled as another. The
+    backward's script (`flash_attn_gluon_bwd_compile.py`) shares it."""
+    usage = f"usage: [--keep DIR] [--only D causal|full [{'|'.join(schedules)}]]"
+    keep, only, rest = None, None, list(argv)
+    while rest:
+        option = rest.pop(0)
+        if option == "--keep" and rest:
+            keep = Path(rest.pop(0))
+            keep.mkdir(parents=True, exist_ok=True)
+        elif option == "--only" and len(rest) >= 2:
+            D, mask = rest.pop(0), rest.pop(0)
+            schedule = rest.pop(0) if rest and not rest[0].startswith("--") else "in-order"
+            if D not in {str(d) for d in head_dims}:
+                raise SystemExit(f"--only: head dim must be one of {list(head_dims)}, got {D!r}\n{usage}")
+            if mask not in ("causal", "full"):
+                raise SystemExit(f"--only: the mask must be causal or full, got {mask!r}\n{usage}")
+            if schedule not in schedules:
+                raise SystemExit(f"--only: the loop must be one of {list(schedules)}, got {schedule!r}\n{usage}")
+            only = (int(D), mask == "causal", schedule)
+        else:
+            raise SystemExit(f"unknown or incomplete argument {option!r}\n{usage}")
     return keep, only
 
 
@@ -121,13 +139,12 @@ def compile_variants(variants, check, keep: Path | None, check_all=lambda counts
 
 
 def main(argv):
-    keep, only = parse_args(argv)
+    keep, only = parse_args(argv, SCHEDULES)
     variants = [(D, causal, schedule) for schedule in SCHEDULES for D in (64, 128) for causal in (False, True)]
     if only is not None:
-        schedule = only[2] if only[2:3] and only[2] in SCHEDULES else "in-order"
-        variants = [(int(only[0]), only[1] == "causal", schedule)]
-        if schedule == "pingpong":   # with its in-order twin, to count the hand-over's barrier ops
-            variants.insert(0, (variants[0][0], variants[0][1], "in-order"))
+        variants = [only]
+        if only[2] == "pingpong":   # with its in-order twin, to count the hand-over's barrier ops
+            variants.insert(0, (only[0], only[1], "in-order"))
     return compile_variants(variants, check, keep, check_handover)
 
 

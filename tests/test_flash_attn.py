@@ -16,7 +16,8 @@ from attention_kernels.common import DEVICE, ON_GPU, TF32, rel_err, tolerance
 from attention_kernels.flash_attn import attention_eager, attention_ref, backward, causal_mask, flash_attn_func, interface
 from attention_kernels.flash_attn.reference import online_softmax_steps
 from lse_cases import check_returned_lse, lse_reference
-from reference_cases import assert_matches_reference
+from reference_cases import (HIDDEN_KEY_CASES, HIDDEN_QUERY_CASES, KEY_POISONS, ROW_POISONS, assert_matches_reference,
+                             compare_rows, keys_seen_by, on_heads, poison_key, poison_row, rows_seeing_key)
 
 
 def _tols(dtype):
@@ -364,30 +365,8 @@ def test_launch_falls_back_when_a_tile_does_not_fit(monkeypatch):
 
 
 # ------------------------------------------------------------------ NaN and inf where the mask hides them
-def _sees(T, S, keys):
-    """Bool [T, len(keys)]: query i sees key j (causal, bottom-right aligned)."""
-    return causal_mask(T, S, device=DEVICE)[:, keys]
-
-
-def _compare_rows(name, out, ref, poisoned, tol):
-    """Non-finite exactly where `poisoned` ([B, rows, H]) says, and close to `ref` everywhere else."""
-    bad = ~torch.isfinite(out).all(dim=-1)
-    assert torch.equal(bad, poisoned), f"{name}: non-finite rows {bad.nonzero().tolist()}, " \
-                                       f"expected {poisoned.nonzero().tolist()}"
-    assert poisoned.any() and not poisoned.all(), "the case must have rows on both sides"
-    err = rel_err(out[~poisoned], ref[~poisoned])
-    assert err <= tol, f"{name}: relative error {err:.2e} > {tol:.0e} on the rows that cannot see the poison"
-
-
-HIDDEN_KEY_CASES = [  # (shape, the key that holds the NaN or inf)
-    ((1, 70, 70, 4, 2, 32), 69), ((1, 70, 70, 4, 2, 32), 35),
-    ((1, 40, 100, 2, 1, 32), 99), ((1, 40, 100, 2, 1, 32), 75),
-    ((1, 100, 40, 2, 2, 64), 39), ((1, 100, 40, 2, 2, 64), 10),
-]
-
-
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy, computing with NaN as asked
-@pytest.mark.parametrize("poison", ["nan-in-k", "nan-in-v", "inf-in-v"])
+@pytest.mark.parametrize("poison", KEY_POISONS)
 @pytest.mark.parametrize("shape, key", HIDDEN_KEY_CASES, ids=[f"{_id(s)}-key{j}" for s, j in HIDDEN_KEY_CASES])
 def test_hidden_key_does_not_leak(shape, key, poison):
     """A NaN or inf in K or V at one key (KV head 0) reaches exactly the rows that see that key (of
@@ -395,19 +374,17 @@ def test_hidden_key_does_not_leak(shape, key, poison):
     that value zeroed. dV does not depend on V: with V poisoned it stays finite everywhere."""
     B, T, S, HQ, HKV, D = shape
     q, k, v = _inputs(*shape, torch.float32)
-    which = k if poison == "nan-in-k" else v
     clean = [t.detach().clone() for t in (q, k, v)]
-    with torch.no_grad():
-        which[:, key, 0, 3] = math.inf if poison == "inf-in-v" else math.nan
+    poison_key(k, v, key, poison)
     o = flash_attn_func(q, k, v, causal=True)
     g = torch.randn_like(o)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), g)
     o_ref, dq_ref, dk_ref, dv_ref = _reference(*clean, True, g)
     group = HQ // HKV
-    poisoned = _sees(T, S, [key])[None, :, :] & (torch.arange(HQ, device=DEVICE) < group)  # [1, T, HQ]
+    poisoned = on_heads(rows_seeing_key(T, S, key, DEVICE), torch.arange(HQ, device=DEVICE) < group)  # [1, T, HQ]
     tol_f, tol_b = _tols(torch.float32)
-    _compare_rows("o", o, o_ref, poisoned.expand(B, T, HQ), tol_f)
-    _compare_rows("dq", dq, dq_ref, poisoned.expand(B, T, HQ), tol_b)
+    compare_rows("o", o, o_ref, poisoned.expand(B, T, HQ), tol_f)
+    compare_rows("dq", dq, dq_ref, poisoned.expand(B, T, HQ), tol_b)
     if poison != "nan-in-k":
         assert rel_err(dv, dv_ref) <= tol_b
     # the reference gets the forward right on the poisoned input too
@@ -416,9 +393,8 @@ def test_hidden_key_does_not_leak(shape, key, poison):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy, computing with NaN as asked
-@pytest.mark.parametrize("poison", ["nan-in-q", "nan-in-do"])
-@pytest.mark.parametrize("shape, row", [((1, 70, 70, 4, 2, 32), 20), ((1, 100, 40, 2, 2, 64), 75)],
-                         ids=["B1-T70-S70-Hq4-Hkv2-D32-row20", "B1-T100-S40-Hq2-Hkv2-D64-row75"])
+@pytest.mark.parametrize("poison", ROW_POISONS)
+@pytest.mark.parametrize("shape, row", HIDDEN_QUERY_CASES, ids=[f"{_id(s)}-row{r}" for s, r in HIDDEN_QUERY_CASES])
 def test_hidden_query_does_not_leak(shape, row, poison, launches):
     """A NaN in Q or dO at one query row (query head 0) reaches that row's o and dq only. A NaN in dO
     reaches the dK of exactly the keys that row sees (KV head 0), a NaN in Q their dV; every other
@@ -429,25 +405,22 @@ def test_hidden_query_does_not_leak(shape, row, poison, launches):
     clean = [t.detach().clone() for t in (q, k, v)]
     g = torch.randn(B, T, HQ, D, device=DEVICE)
     g_clean = g.clone()
-    with torch.no_grad():
-        (q if poison == "nan-in-q" else g)[:, row, 0, 3] = math.nan
+    poison_row(q, g, row, poison)
     o = flash_attn_func(q, k, v, causal=True)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), g)
     o_ref, dq_ref, dk_ref, dv_ref = _reference(*clean, True, g_clean)
     tol_f, tol_b = _tols(torch.float32)
-    at_row = torch.zeros(B, T, HQ, dtype=torch.bool, device=DEVICE)
-    at_row[:, row, 0] = True
+    at_row = on_heads(torch.arange(T, device=DEVICE) == row, torch.arange(HQ, device=DEVICE) == 0)
     if poison == "nan-in-q":
-        _compare_rows("o", o, o_ref, at_row, tol_f)
+        compare_rows("o", o, o_ref, at_row, tol_f)
     else:
         assert rel_err(o, o_ref) <= tol_f
-    _compare_rows("dq", dq, dq_ref, at_row, tol_b)
-    seen = torch.zeros(B, S, HKV, dtype=torch.bool, device=DEVICE)
-    seen[:, :, 0] = _sees(T, S, list(range(S)))[row]
+    compare_rows("dq", dq, dq_ref, at_row, tol_b)
+    seen = on_heads(keys_seen_by(T, S, at_row[0, :, 0], DEVICE), torch.arange(HKV, device=DEVICE) == 0)
     if poison == "nan-in-q":
-        _compare_rows("dv", dv, dv_ref, seen, tol_b)
+        compare_rows("dv", dv, dv_ref, seen, tol_b)
     else:
-        _compare_rows("dk", dk, dk_ref, seen, tol_b)
+        compare_rows("dk", dk, dk_ref, seen, tol_b)
 
 
 # ------------------------------------------------------------------ bad input

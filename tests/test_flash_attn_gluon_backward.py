@@ -1,11 +1,14 @@
 """The Gluon FlashAttention backward for Hopper (attention_kernels/flash_attn/gluon_backward.py): its dK/dV kernel
-and the Triton dQ pass, called directly (flash_attn_func does not dispatch to it yet).
+and the Triton dQ pass, called directly (`flash_attn_func` dispatches its backward here only where measured faster,
+`interface.gluon_bwd_faster`, so these tests do not go through it).
 
 On any machine: the dK/dV kernel compiles for sm_90a with no spills and with wgmma and TMA copies (ptxas judges
 it), in both consumer loops (in order, overlapped), and the call refuses what it cannot take before any launch. On
 a Hopper GPU, for each loop: dq, dk, dv against the fp64 reference written from the formula (attention_ref and
 autograd) on lengths that are not tile multiples, T != S, GQA 4:1, MQA and MHA (a group split into parts, and
-not), with the causal mask and without; and each loop with either ring depth.
+not), with the causal mask and without; each loop with either ring depth; and a NaN or inf that the causal mask
+hides from some rows or keys (tests/reference_cases.py's cases, at D = 64) reaching exactly the gradients that see
+it, in each loop.
 """
 import subprocess
 import sys
@@ -17,7 +20,8 @@ import torch
 from attention_kernels.common import rel_err, tolerance
 from attention_kernels.flash_attn import attention_ref
 from attention_kernels.launch import TESTED_TRITON, triton_tested
-from reference_cases import assert_matches_reference
+from reference_cases import (HIDDEN_KEY_CASES, HIDDEN_QUERY_CASES, KEY_POISONS, ROW_POISONS, assert_matches_reference,
+                             compare_rows, keys_seen_by, on_heads, poison_key, poison_row, rows_seeing_key)
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "flash_attn_gluon_bwd_compile.py"
 PROBE = Path(__file__).resolve().parent.parent / "scripts" / "tune_probe.py"
@@ -61,6 +65,18 @@ def test_gluon_backward_overlapped_loop_compiles_with_its_partial_waits(D):
     assert f"=== fa_bwd_dkdv_ws_d{D}_causal_overlapped (BM, STAGES = (64, 3))" in out, out[-3000:]
     assert "spill stores 0 B, spill loads 0 B" in out and "OK" in out, out[-3000:]
     assert "wgmma.wait_group 1 at 12 of 16 waits, 16 commit groups" in out, out[-3000:]
+
+
+def test_compile_script_refuses_a_misspelled_loop():
+    """No GPU needed: `--only 128 causal overlaped` ends with a message naming the word, before compiling
+    anything, instead of compiling the in-order loop in its place (the forward's script shares the parser)."""
+    if not triton_tested():
+        pytest.skip(f"the Gluon kernels run on Triton {', '.join(TESTED_TRITON)} only "
+                    "(attention_kernels.launch.TESTED_TRITON)")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--only", "128", "causal", "overlaped"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode != 0 and "got 'overlaped'" in done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "===" not in done.stdout, done.stdout[-3000:]
 
 
 def test_gluon_backward_tiles_per_loop():
@@ -141,6 +157,10 @@ def test_gluon_backward_refuses_a_tensor_off_hopper():
         _gluon_backward().gluon_attention_bwd(*_inputs(device=device), causal=False, softmax_scale=0.125)
 
 
+# the Triton backward's bf16 tolerance for the gradients (tests/test_flash_attn.py `_tols`)
+BF16_TOL = 3 * tolerance(torch.bfloat16, tf32_dots=True)
+
+
 def _check_against_reference(B, T, S, HQ, HKV, D, causal, loop):
     """dq, dk, dv of the Gluon backward (bf16; `loop`: gluon_attention_bwd's keywords) for the Triton forward's o
     and lse, against autograd through the fp64 reference; relative error within the Triton backward's tolerance
@@ -156,10 +176,9 @@ def _check_against_reference(B, T, S, HQ, HKV, D, causal, loop):
     qr, kr, vr = (t.double().requires_grad_() for t in (q, k, v))
     o_ref = attention_ref(qr, kr, vr, causal=causal, softmax_scale=scale, compute_dtype=torch.float64)
     refs = torch.autograd.grad(o_ref, (qr, kr, vr), do.double())
-    tol = 3 * tolerance(dtype, tf32_dots=True)
     for name, got, like in zip(("dq", "dk", "dv"), grads, (q, k, v)):
         assert got.shape == like.shape and got.dtype == dtype, f"{name}: {tuple(got.shape)} {got.dtype}"
-    assert_matches_reference(("dq", "dk", "dv"), grads, refs, (tol,) * 3)
+    assert_matches_reference(("dq", "dk", "dv"), grads, refs, (BF16_TOL,) * 3)
 
 
 # (query heads, KV heads): GQA 4:1 and MQA split their groups into parts at these sizes, MHA has none to split
@@ -205,6 +224,87 @@ def test_gpu_gluon_backward_ring_slots(causal, stages, loop):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon backward runs on Hopper only")
     _check_against_reference(2, 1000, 1000, 8, 2, 128, causal, dict(loop, stages=stages))
+
+
+def _poisoned_backward(shape, poison, loop):
+    """The Gluon backward (bf16, causal; `loop`: gluon_attention_bwd's keywords) with the Triton forward's o and
+    lse, on q, k, v, do after `poison(q, k, v, do)` wrote a NaN or inf into them; and autograd through the fp64
+    reference on the clean inputs. Returns ((dq, dk, dv), (dq_ref, dk_ref, dv_ref))."""
+    from attention_kernels.flash_attn.forward import attention_fwd
+    B, T, S, HQ, HKV, D = shape
+    q, do = torch.randn(2, B, T, HQ, D, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn(2, B, S, HKV, D, device="cuda", dtype=torch.bfloat16)
+    clean = [t.clone() for t in (q, k, v, do)]
+    poison(q, k, v, do)
+    scale = D ** -0.5
+    o, lse = attention_fwd(q, k, v, True, scale)
+    grads = _gluon_backward().gluon_attention_bwd(do, q, k, v, o, lse, True, scale, **loop)
+    qr, kr, vr = (t.double().requires_grad_() for t in clean[:3])
+    o_ref = attention_ref(qr, kr, vr, causal=True, softmax_scale=scale, compute_dtype=torch.float64)
+    return grads, torch.autograd.grad(o_ref, (qr, kr, vr), clean[3].double())
+
+
+def _at_gluon_head_dim(shape):
+    """A shared NaN case's shape at D = 64, the Gluon backward's smallest head dim (the cases have 32 or 64)."""
+    return (*shape[:5], 64)
+
+
+def _case_ids(cases, what):
+    return [f"T{s[1]}-S{s[2]}-Hq{s[3]}-Hkv{s[4]}-{what}{at}" for s, at in cases]
+
+
+@pytest.mark.gpu
+@LOOPS
+@pytest.mark.parametrize("poison", KEY_POISONS)
+@pytest.mark.parametrize("shape, key", HIDDEN_KEY_CASES, ids=_case_ids(HIDDEN_KEY_CASES, "key"))
+def test_gpu_gluon_backward_hidden_key_does_not_leak(shape, key, poison, loop):
+    """A NaN or inf in K or V at one key of KV head 0 reaches the dq of exactly the rows that see that key (of
+    KV head 0's query heads); through those rows' lse (a NaN in K) or o and so delta (in V), the dk of exactly
+    the keys those rows see in KV head 0, and with a NaN in K their dv. Everything else matches the reference
+    computed with that value zeroed; with V poisoned dv (P^T dO) matches it everywhere. Both loops."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon backward runs on Hopper only")
+    B, T, S, HQ, HKV, D = shape = _at_gluon_head_dim(shape)
+    (dq, dk, dv), (dq_ref, dk_ref, dv_ref) = _poisoned_backward(
+        shape, lambda q, k, v, do: poison_key(k, v, key, poison), loop)
+    dev = dq.device
+    rows = rows_seeing_key(T, S, key, dev)
+    compare_rows("dq", dq, dq_ref, on_heads(rows, torch.arange(HQ, device=dev) < HQ // HKV), BF16_TOL)
+    # every such row sees the last key, so the keys they see are all of KV head 0: one KV head has no clean side
+    keys = on_heads(keys_seen_by(T, S, rows, dev), torch.arange(HKV, device=dev) == 0)
+    compare_rows("dk", dk, dk_ref, keys, BF16_TOL, both_sides=False)
+    if poison == "nan-in-k":
+        compare_rows("dv", dv, dv_ref, keys, BF16_TOL, both_sides=False)
+    else:
+        assert_matches_reference(("dv", ), (dv, ), (dv_ref, ), (BF16_TOL, ))
+
+
+@pytest.mark.gpu
+@LOOPS
+@pytest.mark.parametrize("poison", ROW_POISONS)
+@pytest.mark.parametrize("shape, row", HIDDEN_QUERY_CASES, ids=_case_ids(HIDDEN_QUERY_CASES, "row"))
+def test_gpu_gluon_backward_hidden_query_does_not_leak(shape, row, poison, loop):
+    """A NaN in Q or dO at one row of query head 0 reaches that row's dq only; a NaN in dO the dk of exactly the
+    keys that row sees (KV head 0), a NaN in Q their dv: a pair the mask hides has dS = 0 and P = 0 in either
+    loop. The other pairing (dV with a NaN in dO, dK with one in Q) meets 0 * NaN and spreads over KV head 0,
+    as in the Triton backward; the other KV heads' dk and dv match the reference computed with the value
+    zeroed. Both loops."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon backward runs on Hopper only")
+    B, T, S, HQ, HKV, D = shape = _at_gluon_head_dim(shape)
+    (dq, dk, dv), (dq_ref, dk_ref, dv_ref) = _poisoned_backward(
+        shape, lambda q, k, v, do: poison_row(q, do, row, poison), loop)
+    dev = dq.device
+    at_row = on_heads(torch.arange(T, device=dev) == row, torch.arange(HQ, device=dev) == 0)
+    compare_rows("dq", dq, dq_ref, at_row, BF16_TOL)
+    seen = on_heads(keys_seen_by(T, S, at_row[0, :, 0], dev), torch.arange(HKV, device=dev) == 0)
+    if poison == "nan-in-q":
+        compare_rows("dv", dv, dv_ref, seen, BF16_TOL)
+    else:
+        compare_rows("dk", dk, dk_ref, seen, BF16_TOL)
+    assert HKV > 1, "the case needs a KV head the poisoned row does not use"
+    assert_matches_reference(("dk", "dv"), (dk[:, :, 1:], dv[:, :, 1:]), (dk_ref[:, :, 1:], dv_ref[:, :, 1:]),
+                             (BF16_TOL, BF16_TOL))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

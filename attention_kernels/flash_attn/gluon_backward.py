@@ -30,7 +30,7 @@ Two consumer loops (`_consumer`'s SCHEDULE; `gluon_attention_bwd(overlap=...)`):
 every product before the step that reads it; OVERLAPPED keeps the tensor cores busy during the elementwise work,
 in FA3's order: dP^T issued right behind S^T, P^T computed while dP^T runs, dV += P^T dO issued, dS^T computed
 while dV runs, dK += dS^T Q issued, the waits taken in commit order (`_block_update_overlapped`); it takes 3 ring
-slots at D = 128 (`BWD_TILES_OVERLAPPED`). Not run on a GPU yet: `flash_attn_func` runs the in-order loop.
+slots at D = 128 (`BWD_TILES_OVERLAPPED`). `flash_attn_func` runs the in-order loop.
 Causal: only the query blocks that cross this key block's diagonal take the mask (`_query_blocks`); a hidden
 pair's dS is 0 whatever dO or V hold there. Keys past S and queries past T need no mask: the copy engine
 zero-fills their rows (a query row past T adds 0 * 0 to dK and dV) and keys past S are not stored.
@@ -144,38 +144,59 @@ def _load_partition(q_ptr, do_ptr, k_ptr, v_ptr, lse_ptr, delta_ptr, q_row0, kv_
 
 
 @gluon.jit
+def _ring_slot(i, q_s):
+    """Ring tile i's slot: its index (barriers, lse and delta rows), the same index made opaque (the Q and dO
+    buffers handed to wgmma, `opaque_zero`), and the parity of the slot's use that tile i is."""
+    STAGES: gl.constexpr = q_s.shape[0]
+    st = i % STAGES
+    return st, st + opaque_zero(i), (i // STAGES) & 1
+
+
+@gluon.jit
+def _stats_row(rows_s, st, col_s: gl.constexpr):
+    """Ring slot st's [1, BM] fp32 row (lse or delta) as a [BM] vector laid out along S^T's columns (col_s)."""
+    BM: gl.constexpr = rows_s.shape[2]
+    stats_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])
+    return gl.convert_layout(gl.reshape(rows_s.index(st).load(stats_layout), [BM]), col_s)
+
+
+@gluon.jit
+def _hide_past_diagonal(s_t, keys, row0, shift, col_s: gl.constexpr):
+    """S^T (keys x query rows row0 ...) with -inf where the key is past the query's diagonal (key > query +
+    shift), before exp2: a hidden score may exceed lse by far. Returns (the masked S^T, where it was kept)."""
+    BM: gl.constexpr = s_t.shape[1]
+    rows = row0 + gl.arange(0, BM, layout=col_s)
+    keep = gl.expand_dims(keys, 1) <= gl.expand_dims(rows + shift, 0)
+    return gl.where(keep, s_t, float("-inf")), keep
+
+
+@gluon.jit
 def _block_update(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_s, lse_s, delta_s, q_ready, do_ready,
                   q_empty, do_empty, MASKED: gl.constexpr, s_layout: gl.constexpr, a_layout: gl.constexpr):
     """Ring tile i (query rows row0 ... row0 + BM - 1 of one head) for this warpgroup's 64 keys: S^T = K Q^T,
     P^T, dV += P^T dO, dP^T = V dO^T, dS^T, dK += dS^T Q; each product waited on, and the slot's dO and Q released
     once read. MASKED: a pair whose key is past the query's diagonal (key > query + shift) has P = dS = 0."""
-    STAGES: gl.constexpr = q_s.shape[0]
     BM: gl.constexpr = q_s.shape[1]
     HALF: gl.constexpr = k_op.shape[0]
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    stats_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])
-    st = i % STAGES
-    slot = st + opaque_zero(i)
-    phase = (i // STAGES) & 1
+    st, slot, phase = _ring_slot(i, q_s)
     s_zero = gl.zeros([HALF, BM], gl.float32, s_layout)
 
     mbarrier.wait(q_ready.index(st), phase)
     q_tile = q_s.index(slot)
     s_t = warpgroup_mma(k_op, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    lse = gl.convert_layout(gl.reshape(lse_s.index(st).load(stats_layout), [BM]), col_s)   # during the product
+    lse = _stats_row(lse_s, st, col_s)   # during the product
     s_t = warpgroup_mma_wait(num_outstanding=0, deps=(s_t, ))
     s_t = s_t * scale_log2 - gl.expand_dims(lse, 0)
-    if MASKED:   # before exp2: a hidden score may exceed lse by far
-        rows = row0 + gl.arange(0, BM, layout=col_s)
-        keep = gl.expand_dims(keys, 1) <= gl.expand_dims(rows + shift, 0)
-        s_t = gl.where(keep, s_t, float("-inf"))
+    if MASKED:
+        s_t, keep = _hide_past_diagonal(s_t, keys, row0, shift, col_s)
     p_t = gl.exp2(s_t)
 
     mbarrier.wait(do_ready.index(st), phase)
     do_tile = do_s.index(slot)
     dv = warpgroup_mma(gl.convert_layout(p_t.to(do_s.dtype), a_layout), do_tile, dv, is_async=True)
     dp_t = warpgroup_mma(v_op, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    delta = gl.convert_layout(gl.reshape(delta_s.index(st).load(stats_layout), [BM]), col_s)
+    delta = _stats_row(delta_s, st, col_s)
     dv, dp_t = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dp_t))
     mbarrier.arrive(do_empty.index(st), count=1)
     ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
@@ -201,14 +222,10 @@ def _block_update_overlapped(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_o
     flight, that spills at D = 128). Where P is 0, P (dP - delta) is 0 for any finite dP, so the two differ
     only at a visible pair whose P underflowed to 0 and whose dP is not finite, which then adds nothing, as
     the forward's masked tiles skip zero probabilities (`gluon_forward._pv_skipping_zeros`)."""
-    STAGES: gl.constexpr = q_s.shape[0]
     BM: gl.constexpr = q_s.shape[1]
     HALF: gl.constexpr = k_op.shape[0]
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    stats_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])
-    st = i % STAGES
-    slot = st + opaque_zero(i)
-    phase = (i // STAGES) & 1
+    st, slot, phase = _ring_slot(i, q_s)
     s_zero = gl.zeros([HALF, BM], gl.float32, s_layout)
 
     mbarrier.wait(q_ready.index(st), phase)
@@ -217,16 +234,15 @@ def _block_update_overlapped(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_o
     mbarrier.wait(do_ready.index(st), phase)
     do_tile = do_s.index(slot)
     dp_t = warpgroup_mma(v_op, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    lse = gl.convert_layout(gl.reshape(lse_s.index(st).load(stats_layout), [BM]), col_s)
+    lse = _stats_row(lse_s, st, col_s)
     s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, ))   # S^T done, dP^T may still run
     s_t = s_t * scale_log2 - gl.expand_dims(lse, 0)
-    if MASKED:   # before exp2: a hidden score may exceed lse by far
-        rows = row0 + gl.arange(0, BM, layout=col_s)
-        s_t = gl.where(gl.expand_dims(keys, 1) <= gl.expand_dims(rows + shift, 0), s_t, float("-inf"))
+    if MASKED:
+        s_t, _ = _hide_past_diagonal(s_t, keys, row0, shift, col_s)
     p_t = gl.exp2(s_t)
 
     dv = warpgroup_mma(gl.convert_layout(p_t.to(do_s.dtype), a_layout), do_tile, dv, is_async=True)
-    delta = gl.convert_layout(gl.reshape(delta_s.index(st).load(stats_layout), [BM]), col_s)
+    delta = _stats_row(delta_s, st, col_s)
     dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t, ))   # dP^T done, dV may still run
     ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
     if MASKED:   # 0 * NaN is NaN: a hidden pair's dS is 0 whatever dO or V hold there
