@@ -79,3 +79,19 @@ def compare_rows(name, out, ref, poisoned, tol, both_sides: bool = True) -> None
     if not poisoned.all():
         err = rel_err(out[~poisoned], ref[~poisoned])
         assert err <= tol, f"{name}: relative error {err:.2e} > {tol:.0e} on the rows that cannot see the poison"
+
+
+def compare_poisoned_row(grads, refs, T: int, S: int, HQ: int, HKV: int, row: int, poison: str, tol):
+    """After `poison_row` at `row` of query head 0: dq non-finite at that row alone, and dv (a NaN in Q) or dk
+    (a NaN in dO) non-finite at exactly the keys the row sees in KV head 0; each close to its reference
+    elsewhere. Returns the row's mask [1, T, HQ] (o's check in the forward uses it)."""
+    (dq, dk, dv), (dq_ref, dk_ref, dv_ref) = grads, refs
+    dev = dq.device
+    at_row = on_heads(torch.arange(T, device=dev) == row, torch.arange(HQ, device=dev) == 0)
+    compare_rows("dq", dq, dq_ref, at_row, tol)
+    seen = on_heads(keys_seen_by(T, S, at_row[0, :, 0], dev), torch.arange(HKV, device=dev) == 0)
+    if poison == "nan-in-q":
+        compare_rows("dv", dv, dv_ref, seen, tol)
+    else:
+        compare_rows("dk", dk, dk_ref, seen, tol)
+    return at_row

@@ -21,7 +21,8 @@ from attention_kernels.common import rel_err, tolerance
 from attention_kernels.flash_attn import attention_ref
 from attention_kernels.launch import TESTED_TRITON, triton_tested
 from reference_cases import (HIDDEN_KEY_CASES, HIDDEN_QUERY_CASES, KEY_POISONS, ROW_POISONS, assert_matches_reference,
-                             compare_rows, keys_seen_by, on_heads, poison_key, poison_row, rows_seeing_key)
+                             compare_poisoned_row, compare_rows, keys_seen_by, on_heads, poison_key, poison_row,
+                             rows_seeing_key)
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "flash_attn_gluon_bwd_compile.py"
 PROBE = Path(__file__).resolve().parent.parent / "scripts" / "tune_probe.py"
@@ -183,6 +184,13 @@ def _check_against_reference(B, T, S, HQ, HKV, D, causal, loop):
 
 # (query heads, KV heads): GQA 4:1 and MQA split their groups into parts at these sizes, MHA has none to split
 HEADS = pytest.mark.parametrize("HQ, HKV", [(8, 2), (4, 1), (4, 4)], ids=["gqa4", "mqa", "mha"])
+
+
+def _skip_unless_hopper():
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon backward runs on Hopper only")
+
+
 # the consumers' loops, as gluon_attention_bwd's keywords
 LOOPS = pytest.mark.parametrize("loop", [dict(overlap=False), dict(overlap=True)], ids=["in-order", "overlapped"])
 
@@ -195,8 +203,7 @@ LOOPS = pytest.mark.parametrize("loop", [dict(overlap=False), dict(overlap=True)
 @pytest.mark.parametrize("T", [1, 77, 1000, 4100])
 def test_gpu_gluon_backward_matches_reference(T, D, causal, HQ, HKV, loop):
     """T = S, not multiples of the 64-row query tile or the 128-key block; both consumer loops."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon backward runs on Hopper only")
+    _skip_unless_hopper()
     _check_against_reference(1 if T > 1000 else 2, T, T, HQ, HKV, D, causal, loop)
 
 
@@ -209,8 +216,7 @@ def test_gpu_gluon_backward_matches_reference(T, D, causal, HQ, HKV, loop):
 def test_gpu_gluon_backward_unequal_lengths(T, S, D, causal, HQ, HKV, loop):
     """T != S, under the bottom-right causal mask too: with T > S the first T - S rows see no key (lse = +inf,
     P = 0); both consumer loops."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon backward runs on Hopper only")
+    _skip_unless_hopper()
     _check_against_reference(2, T, S, HQ, HKV, D, causal, loop)
 
 
@@ -221,8 +227,7 @@ def test_gpu_gluon_backward_unequal_lengths(T, S, D, causal, HQ, HKV, loop):
 def test_gpu_gluon_backward_ring_slots(causal, stages, loop):
     """Each loop with either ring depth (`stages`, what `tune_probe.py fa_gluon_bwd` times), D = 128, GQA 4:1,
     T = 1000 (16 query tiles a head: every slot is reused many times, so a wrong phase would hang or mix)."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon backward runs on Hopper only")
+    _skip_unless_hopper()
     _check_against_reference(2, 1000, 1000, 8, 2, 128, causal, dict(loop, stages=stages))
 
 
@@ -262,8 +267,7 @@ def test_gpu_gluon_backward_hidden_key_does_not_leak(shape, key, poison, loop):
     KV head 0's query heads); through those rows' lse (a NaN in K) or o and so delta (in V), the dk of exactly
     the keys those rows see in KV head 0, and with a NaN in K their dv. Everything else matches the reference
     computed with that value zeroed; with V poisoned dv (P^T dO) matches it everywhere. Both loops."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon backward runs on Hopper only")
+    _skip_unless_hopper()
     B, T, S, HQ, HKV, D = shape = _at_gluon_head_dim(shape)
     (dq, dk, dv), (dq_ref, dk_ref, dv_ref) = _poisoned_backward(
         shape, lambda q, k, v, do: poison_key(k, v, key, poison), loop)
@@ -289,19 +293,11 @@ def test_gpu_gluon_backward_hidden_query_does_not_leak(shape, row, poison, loop)
     loop. The other pairing (dV with a NaN in dO, dK with one in Q) meets 0 * NaN and spreads over KV head 0,
     as in the Triton backward; the other KV heads' dk and dv match the reference computed with the value
     zeroed. Both loops."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon backward runs on Hopper only")
+    _skip_unless_hopper()
     B, T, S, HQ, HKV, D = shape = _at_gluon_head_dim(shape)
     (dq, dk, dv), (dq_ref, dk_ref, dv_ref) = _poisoned_backward(
         shape, lambda q, k, v, do: poison_row(q, do, row, poison), loop)
-    dev = dq.device
-    at_row = on_heads(torch.arange(T, device=dev) == row, torch.arange(HQ, device=dev) == 0)
-    compare_rows("dq", dq, dq_ref, at_row, BF16_TOL)
-    seen = on_heads(keys_seen_by(T, S, at_row[0, :, 0], dev), torch.arange(HKV, device=dev) == 0)
-    if poison == "nan-in-q":
-        compare_rows("dv", dv, dv_ref, seen, BF16_TOL)
-    else:
-        compare_rows("dk", dk, dk_ref, seen, BF16_TOL)
+    compare_poisoned_row((dq, dk, dv), (dq_ref, dk_ref, dv_ref), T, S, HQ, HKV, row, poison, BF16_TOL)
     assert HKV > 1, "the case needs a KV head the poisoned row does not use"
     assert_matches_reference(("dk", "dv"), (dk[:, :, 1:], dv[:, :, 1:]), (dk_ref[:, :, 1:], dv_ref[:, :, 1:]),
                              (BF16_TOL, BF16_TOL))
