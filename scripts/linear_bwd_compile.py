@@ -4,6 +4,7 @@ grid, sequential loop, HBM bytes and matmul FLOPs counted from the code, and a l
 
     python scripts/linear_bwd_compile.py            # both tables; exits 1 if ptxas spills anywhere
     python scripts/linear_bwd_compile.py --no-compile   # the byte / FLOP table only
+    python scripts/linear_bwd_compile.py --only dqk     # every table, the dq/dk launches alone compiled
 
 Shapes (bf16, B = 1, T = 16K, chunks of 64): Mamba-2 as `mamba2.bench.TRAIN` calls it (80 heads x headdim 64,
 dstate 128, one group, z, D [H], dt_bias, softplus; the ungated output for dz taken from the forward, so no
@@ -127,7 +128,10 @@ def inspect_binary(compiled) -> dict:
     stores, loads = map(int, re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log).groups())
     return dict(regs=int(re.search(r"Used (\d+) registers", log).group(1)), spill=stores + loads,
                 hgmma=len(re.findall(r"\bHGMMA\.", sass)), hmma=len(re.findall(r"\bHMMA\.", sass)),
-                ffma=len(re.findall(r"\bFFMA\b", sass)), smem=compiled.metadata.shared)
+                ffma=len(re.findall(r"\bFFMA\b", sass)), smem=compiled.metadata.shared,
+                # what cross-warp reductions, scans and layout changes cost: barriers and shared-memory traffic
+                bar=len(re.findall(r"\bBAR\.SYNC", sass)), sts=len(re.findall(r"\bSTS\b", sass)),
+                lds=len(re.findall(r"\bLDS(?:M)?\b", sass)), shfl=len(re.findall(r"\bSHFL\.", sass)))
 
 
 # ------------------------------------------------------------------ the launches
@@ -184,7 +188,7 @@ def mamba2_backward() -> list:
                     do="*bf16", dA="*fp32", dC_part="*fp32", dB_part="*fp32", dg_tiles="*fp32", ddt_tiles="*fp32",
                     **{k: "i32" for k in ("T", "H", "NT", "HPG", "G", "NB")}),
                dict(N=N, P=P, BT=L, BK=ssd._DQK_BK, BV=ssd._DQK_BV, HEADS=ssd._DQK_HEADS, FLOOR=lin.GATE_FLOOR,
-                    DOT_PREC="tf32"),
+                    DOT_PREC="tf32", W=None),
                nk * NT * runs, f"{ssd._DQK_HEADS} heads",
                2 * states * sb + nk * (2 * thp * bf + T * H * L * f4 / MB + 3 * th * f4) + 2 * runs * T * N * bf / MB,
                2 * runs * T * N * f4 / MB + 2 * nk * th * f4, 2 * gemm + 6 * T * L * N * runs / 1e9, "bf16 TC",
@@ -257,6 +261,41 @@ def gla_backward() -> list:
                side={"tf32 TC": 3 * tri}, configs=[({}, lbw._PER_CHANNEL_WARPS, 3)], reread_mb=2 * thk * bf),
     ]
 
+def mamba2_dqk_split() -> list:
+    """The `_DQK_SPLIT` experiment's two launches, in place of the dq/dk launch above: the intra-chunk work once
+    per chunk and head, then the key-tile kernel on W (the same shapes)."""
+    H, P, N = 80, 64, 128
+    thp, th = T * H * P / MB, T * H / MB
+    states = NT * H * N * P / MB
+    bf, f4, sb = 2, 4, STATE_BYTES
+    gemm = 2 * T * H * N * P / 1e9
+    nk, runs = N // ssd._DQK_BK, -(-H // ssd._DQK_HEADS)
+    w_mb = runs * T * L * bf / MB        # W, [runs, NT, 64, 64] in B's dtype
+    scalars = dict(dt="*fp32", g="*fp32", b="*fp32", **{k: "i32" for k in ("T", "H", "NT", "HPG", "G", "NB")})
+    return [
+        Launch("ssd dqk intra (once per chunk and head)", ssd._ssd_dqk_intra_kernel,
+               dict(C="*bf16", B="*bf16", dA="*fp32", W="*bf16", dg_intra="*fp32", ddt_intra="*fp32", **scalars),
+               dict(N=N, BT=L, BK=ssd._DQK_INTRA_BK, HEADS=ssd._DQK_HEADS, FLOOR=lin.GATE_FLOOR, DOT_PREC="tf32"),
+               NT * runs, f"{ssd._DQK_HEADS} heads",
+               2 * runs * T * N * bf / MB + T * H * L * f4 / MB + 3 * th * f4, w_mb + 2 * th * f4,
+               2 * T * L * N * runs / 1e9, "bf16 TC",
+               "C B^T over the whole dstate once a run; per head D, W, E, R and their sums once (not once per key "
+               "tile); W written rounded to bf16",
+               configs=[({}, ssd._DQK_INTRA_WARPS, ssd._DQK_INTRA_STAGES)]),
+        Launch("ssd dqk key tiles (W given)", ssd._ssd_dqk_kernel,
+               dict(C="*bf16", B="*bf16", x="*bf16", h=STATE_PTR, dh=STATE_PTR, do="*bf16", dA="*fp32",
+                    dC_part="*fp32", dB_part="*fp32", dg_tiles="*fp32", ddt_tiles="*fp32", W="*bf16", **scalars),
+               dict(N=N, P=P, BT=L, BK=ssd._DQK_BK, BV=ssd._DQK_BV, HEADS=ssd._DQK_HEADS, FLOOR=lin.GATE_FLOOR,
+                    DOT_PREC="tf32", W_GIVEN=True),
+               nk * NT * runs, f"{ssd._DQK_HEADS} heads",
+               2 * states * sb + nk * (2 * thp * bf + 3 * th * f4 + w_mb) + 2 * runs * T * N * bf / MB,
+               2 * runs * T * N * f4 / MB + 2 * nk * th * f4, 2 * gemm + 4 * T * L * N * runs / 1e9, "bf16 TC",
+               "two products a head (the inter-chunk ones), W B and W^T C once a run; dA not read, W read per key "
+               f"tile (x{nk})",
+               configs=[({}, ssd._DQK_WARPS, ssd._DQK_STAGES)],
+               reread_mb=(nk - 1) * (2 * thp * bf + w_mb)),
+    ]
+
 
 def _fmt(x: float) -> str:
     return f"{x:,.0f}"
@@ -280,8 +319,9 @@ def byte_table(title: str, launches: list) -> float:
 
 
 def compile_table(launches: list) -> bool:
-    print("\n| kernel | config (kwargs, warps, stages) | registers | spill B | HGMMA | HMMA | FFMA | shared KB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| kernel | config (kwargs, warps, stages) | registers | spill B | HGMMA | HMMA | FFMA | shared KB | "
+          "BAR.SYNC | STS | LDS | SHFL |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     spilled = False
     for ln in launches:
         for kwargs, warps, stages in _configs(ln):
@@ -289,21 +329,25 @@ def compile_table(launches: list) -> bool:
             spilled |= stats["spill"] > 0
             cfg = " ".join(f"{k}={v}" for k, v in kwargs.items())
             print(f"| {ln.name} | {cfg} {warps}w {stages}s | {stats['regs']} | {stats['spill']} | {stats['hgmma']} | "
-                  f"{stats['hmma']} | {stats['ffma']} | {stats['smem'] / 1024:.0f} |", flush=True)
+                  f"{stats['hmma']} | {stats['ffma']} | {stats['smem'] / 1024:.0f} | {stats['bar']} | {stats['sts']} | "
+                  f"{stats['lds']} | {stats['shfl']} |", flush=True)
     return spilled
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-compile", action="store_true", help="print the byte / FLOP tables only")
+    parser.add_argument("--only", default="", help="compile only the launches whose name holds this text")
     args = parser.parse_args()
     families = (("Mamba-2 backward, B 1, T 16K, 80 heads x 64, dstate 128, bf16", mamba2_backward()),
+                ("Mamba-2's dq/dk split (the _DQK_SPLIT experiment: these two in place of 'ssd dqk')",
+                 mamba2_dqk_split()),
                 ("GLA backward, B 1, T 16K, 32 heads, K = V = 128, bf16", gla_backward()))
     spilled = False
     for title, launches in families:
         byte_table(title, launches)
         if not args.no_compile:
-            spilled |= compile_table(launches)
+            spilled |= compile_table([ln for ln in launches if args.only in ln.name])
     return 1 if spilled else 0
 
 

@@ -43,6 +43,8 @@ train_kernels [mamba2] [gla]: where a training step's GPU time goes at 16K, per 
 train_ncu: one training step each of the book's Mamba-2 and GLA (B = 1, T = 16K) between cudaProfilerStart and
   Stop, after warm-up: the target of `ncu --profile-from-start off -k regex:'^_(chunk|ssd)'`.
 kda_prefill: KDA's prefill at T = 4K and 16K, GPU time per kernel, the book's and fla's (torch.profiler).
+ssd_dqk_split: Mamba-2's dq/dk kernel, landed against the split experiment (`_DQK_SPLIT`), the backward alone at
+  16K: checked against each other, then the dq/dk kernels' and the backward's GPU time (under 40 s).
 """
 import importlib.util
 import pathlib
@@ -441,6 +443,55 @@ def ssd_dqk_configs():
         setattr(mamba2_chunk, n, value)
 
 
+def ssd_dqk_split():
+    """Mamba-2's dq/dk work on its two paths (chunk.py's `_DQK_SPLIT`): the landed kernel, and the split (the
+    intra-chunk work once per chunk and head in `_ssd_dqk_intra_kernel`, then the key-tile kernel on W), the
+    split also with key tiles of 64 and on 4 warps (both compile without spills there), at the training
+    table's 16K case (B 1, 80 heads x 64, dstate 128, G 1, bf16). One forward; each path's gradients checked
+    against the landed path's (bf16: equal to rounding; a path off by more is not timed), then the backward
+    alone: the dq/dk kernels' GPU µs, every backward kernel's (torch.profiler) and the plain backward call."""
+    from attention_kernels.mamba2 import bench as mamba2_bench
+    from attention_kernels.mamba2 import chunk as mamba2_chunk
+    B, T, H, P, N, bf16 = 1, 16384, 80, 64, 128, torch.bfloat16
+    names = ("_DQK_SPLIT", "_DQK_BK", "_DQK_WARPS")
+    landed = {n: getattr(mamba2_chunk, n) for n in names}
+    configs = {"landed": {}, "split": {"_DQK_SPLIT": True}, "split, BK 64": {"_DQK_SPLIT": True, "_DQK_BK": 64},
+               "split, 4 warps": {"_DQK_SPLIT": True, "_DQK_WARPS": 4}}
+    inputs = dict(x=torch.randn(B, T, H, P, dtype=bf16), dt=torch.randn(B, T, H, dtype=bf16),
+                  A=-torch.exp(torch.rand(H)), B=torch.randn(B, T, 1, N, dtype=bf16),
+                  C=torch.randn(B, T, 1, N, dtype=bf16), D=torch.randn(H), z=torch.randn(B, T, H, P, dtype=bf16),
+                  dt_bias=torch.rand(H) - 4)
+    inputs = {n: t.cuda().requires_grad_() for n, t in inputs.items()}
+    y = mamba2_bench.ssd_chunk_scan(**inputs, chunk_size=64, dt_softplus=True)
+    dy = torch.randn_like(y)
+
+    def backward():
+        return torch.autograd.grad(y, list(inputs.values()), dy, retain_graph=True)
+    first = None
+    print(f"--- Mamba-2 backward alone, B {B}, T {T}, {H} heads x {P}, dstate {N}, bf16; GPU µs per call")
+    for name, patch in configs.items():
+        for n, value in {**landed, **patch}.items():
+            setattr(mamba2_chunk, n, value)
+        try:
+            grads = [g.float() for g in backward()]
+        except Exception as e:   # a config that does not fit this GPU: say so, go on
+            print(f"  {name:15s} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+            continue
+        first = first or grads
+        worst = max(((g - f).norm() / f.norm().clamp_min(1e-30)).item() for g, f in zip(grads, first))
+        if not worst < 2e-2:
+            print(f"  {name:15s} WRONG: gradients vs landed rel err {worst:.1e}; not timed", flush=True)
+            continue
+        times = _kernel_times_us(backward, reps=10)
+        dqk = sum(us for k, us in times.items() if "_ssd_dqk_kernel" in k)
+        intra = sum(us for k, us in times.items() if "_ssd_dqk_intra_kernel" in k)
+        print(f"  {name:15s} dq/dk {dqk + intra:8.1f} us (key tiles {dqk:.1f}, intra {intra:.1f}); backward GPU "
+              f"{sum(times.values()):8.1f} us, plain call {time_ms(backward) * 1000:8.1f} us; gradients vs landed "
+              f"rel err {worst:.1e}", flush=True)
+    for n, value in landed.items():
+        setattr(mamba2_chunk, n, value)
+
+
 def _profile_once(calls, label: str):
     """Each of `calls` once between cudaProfilerStart and Stop (what `ncu --profile-from-start off` records),
     the GPU idle before and after."""
@@ -678,4 +729,5 @@ if __name__ == "__main__":
     for part in sys.argv[1:]:
         {"fa_host": fa_host, "fa_bwd": fa_bwd, "fa_mask": fa_mask, "fa_gluon": fa_gluon, "fa_gluon_bwd": fa_gluon_bwd,
          "kda_step": kda_step, "mla_splits": mla_splits, "mla_mixed": mla_mixed, "kda_prefill": kda_prefill,
-         "train_kernels": train_kernels, "train_ncu": train_ncu, "ssd_dqk_configs": ssd_dqk_configs}[part]()
+         "train_kernels": train_kernels, "train_ncu": train_ncu, "ssd_dqk_configs": ssd_dqk_configs,
+         "ssd_dqk_split": ssd_dqk_split}[part]()

@@ -462,6 +462,15 @@ _TAIL_WARPS = 8
 # spill (60 B at 3 stages, 16 at 2), tiles of 16 or 32 on 4 warps too (52 and 168 B).
 _DQK_HEADS, _DQK_BK, _DQK_BV, _DQK_WARPS, _DQK_STAGES = 16, 32, 64, 8, 3
 _DQK_STAGES_ON = {}   # device -> the stage count that fits there, where it is not _DQK_STAGES
+# An experiment, to be decided by a GPU timing (notes/TUNING.md "(28)"): with _DQK_SPLIT the intra-chunk
+# elementwise work (D_h, W, E_h, R_h and their sums), which every key-tile program above repeats for its heads
+# (NK = 4 times at dstate 128), is done once per chunk and head by `_ssd_dqk_intra_kernel` (the whole C Bᵀ over
+# dstate in tiles of _DQK_INTRA_BK), which writes W and the intra shares of the gate's and dt's gradients;
+# the key-tile kernel then reads W and keeps only the inter-chunk work per head. Off: the landed path.
+# ptxas (sm_90a, bf16, dstate 128, headdim 64): the intra kernel 174 registers on 8 warps (255 on 4, at the
+# cap), the key-tile kernel on W 102 (246 landed), no spills; the same tiles, warps and stages as landed.
+_DQK_SPLIT = False
+_DQK_INTRA_BK, _DQK_INTRA_WARPS, _DQK_INTRA_STAGES = 64, 8, 2
 
 
 @triton.jit
@@ -500,11 +509,66 @@ def _ssd_gate_grad_kernel(
         tl.store(dD_part + (i_b * NTB + i_t) * HP + o_c, tl.sum(b_do * b_x, axis=0), mask=o_c < HP)
 
 
+@triton.jit
+def _w_tile(i_run, i_b, i_t, i_g, NB, NT, G, BT: tl.constexpr):
+    """The offset of W's [BT, BT] tile for (run, batch, chunk, group) in its buffer [runs, Bt, NT, G, BT, BT]."""
+    return (((i_run * NB + i_b) * NT + i_t) * G + i_g).to(tl.int64) * BT * BT
+
+
+@triton.jit(do_not_specialize=["T", "H", "NT", "HPG", "G", "NB"])
+def _ssd_dqk_intra_kernel(
+    C, B, dt, g, b, dA, W, dg_intra, ddt_intra, T, H, NT, HPG, G, NB,
+    N: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, HEADS: tl.constexpr, FLOOR: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    # one program: chunk i_t and a run of HEADS heads of one (batch, group), the `_DQK_SPLIT` experiment. The
+    # intra-chunk part of `_ssd_dqk_kernel`, once per chunk and head instead of once per key tile: the whole
+    # score CB = C Bᵀ (summed over dstate in tiles of BK), then per head D_h = dA_h ⊙ M_h, W += D_h ⊙ dt_h[None, s],
+    # E_h = D_h ⊙ CB and R_h = E_h ⊙ dt_h[None, s] strictly below the diagonal. Written: W, rounded once to B's
+    # dtype after the sum over the run, and per head the intra shares (linear in R and E, so they add to the
+    # key-tile kernel's inter shares): the gate's Σ_{s>=t} (rowsum R - colsum R)_s, dt's through the keys colsum E
+    i_t, i_z = tl.program_id(0), tl.program_id(1)
+    n_runs = tl.cdiv(HPG, HEADS)
+    i_bg, i_run = i_z // n_runs, i_z % n_runs
+    i_b, i_g = i_bg // G, i_bg % G
+    o_c = tl.arange(0, BT)
+    o_t = i_t * BT + o_c
+    m_t = o_t < T
+    b_cb = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(N, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_tk = m_t[:, None] & (o_k < N)[None, :]
+        p_g = ((i_b * T + o_t[:, None]) * G + i_g) * N + o_k[None, :]
+        b_c = tl.load(C + p_g, mask=m_tk, other=0.0)
+        b_B = tl.load(B + p_g, mask=m_tk, other=0.0)
+        b_cb += tl.dot(b_c, tl.trans(b_B), input_precision=DOT_PREC)
+    m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
+    m_below = o_c[:, None] > o_c[None, :]
+    b_W = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_r in range(i_run * HEADS, tl.minimum(i_run * HEADS + HEADS, HPG)):
+        i_h = i_g * HPG + i_r
+        p_th = (i_b * H + i_h) * T + o_t
+        b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)
+        b_gc = tl.load(b + p_th, mask=m_t, other=0.0)
+        # D_h: the exponent taken on the pairs on and below the diagonal only (elsewhere dA is 0)
+        b_D = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
+        b_D = b_D * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
+        b_W += b_D * b_dt[None, :]
+        b_E = b_D * b_cb
+        b_R = tl.where(m_below, b_E * b_dt[None, :], 0.0)
+        b_dg = tl.cumsum(tl.sum(b_R, axis=1) - tl.sum(b_R, axis=0), axis=0, reverse=True)
+        b_gk = tl.load(g + p_th, mask=m_t, other=0.0)
+        tl.store(dg_intra + p_th, tl.where(b_gk < FLOOR, 0.0, b_dg), mask=m_t)
+        tl.store(ddt_intra + p_th, tl.sum(b_E, axis=0), mask=m_t)
+    tl.store(W + _w_tile(i_run, i_b, i_t, i_g, NB, NT, G, BT) + o_c[:, None] * BT + o_c[None, :],
+             b_W.to(W.dtype.element_ty))
+
+
 @triton.jit(do_not_specialize=["T", "H", "NT", "HPG", "G", "NB"])
 def _ssd_dqk_kernel(
-    C, B, x, dt, g, b, h, dh, do, dA, dC_part, dB_part, dg_tiles, ddt_tiles, T, H, NT, HPG, G, NB,
+    C, B, x, dt, g, b, h, dh, do, dA, dC_part, dB_part, dg_tiles, ddt_tiles, W, T, H, NT, HPG, G, NB,
     N: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HEADS: tl.constexpr, FLOOR: tl.constexpr, DOT_PREC: tl.constexpr,
+    HEADS: tl.constexpr, FLOOR: tl.constexpr, DOT_PREC: tl.constexpr, W_GIVEN: tl.constexpr = False,
 ):
     # one program: chunk i_t, dstate columns [i_k·BK, ..), and a run of HEADS heads of one (batch, group),
     # walked in turn. Each head's dq and dk are the shared backward's (`one_decay_dqk`) for q = C, k = B·dt_h
@@ -521,6 +585,8 @@ def _ssd_dqk_kernel(
     # Per head it writes this key tile's share of the gate's gradient and of dt's through the keys, dk · B.
     # The per-head scalars (dt, g, b, and those two shares) are head-major, [Bt, H, T]: a head's chunk is
     # 256 contiguous bytes, where [Bt, T, H] would cost a 32-byte sector per token and head
+    # W_GIVEN (the `_DQK_SPLIT` experiment): W and the intra parts of the two shares come from
+    # `_ssd_dqk_intra_kernel`; here only the inter-chunk parts, and dA is not read
     i_k, i_t, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n_runs = tl.cdiv(HPG, HEADS)
     i_bg, i_run = i_z // n_runs, i_z % n_runs
@@ -535,10 +601,11 @@ def _ssd_dqk_kernel(
     p_g = ((i_b * T + o_t[:, None]) * G + i_g) * N + o_k[None, :]
     b_c = tl.load(C + p_g, mask=m_tk, other=0.0)
     b_B = tl.load(B + p_g, mask=m_tk, other=0.0)
-    b_cb = tl.dot(b_c, tl.trans(b_B), input_precision=DOT_PREC)      # this key tile's scores, every head's
-    m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
-    m_below = o_c[:, None] > o_c[None, :]
-    b_W = tl.zeros([BT, BT], dtype=tl.float32)
+    if not W_GIVEN:
+        b_cb = tl.dot(b_c, tl.trans(b_B), input_precision=DOT_PREC)      # this key tile's scores, every head's
+        m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
+        m_below = o_c[:, None] > o_c[None, :]
+        b_W = tl.zeros([BT, BT], dtype=tl.float32)
     b_dC = tl.zeros([BT, BK], dtype=tl.float32)
     b_dB = tl.zeros([BT, BK], dtype=tl.float32)
     p_tile = i_k * NB * H * T                           # this key tile's [Bt, H, T] in the [NK, Bt, H, T] tiles
@@ -555,22 +622,33 @@ def _ssd_dqk_kernel(
         b_Bdk = tl.sum(b_B.to(tl.float32) * b_dk_inter, axis=1)
         b_dC += b_dq_inter
         b_dB += b_dk_inter * b_dt[:, None]
-        # D_h: the exponent taken on the pairs on and below the diagonal only (elsewhere dA is 0)
-        b_D = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
-        b_D = b_D * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
-        b_W += b_D * b_dt[None, :]
-        b_E = b_D * b_cb
-        # the gate's share as `one_decay_dqk` sums it, R = E_h ⊙ dt_h[None, s] strictly below the diagonal
-        b_R = tl.where(m_below, b_E * b_dt[None, :], 0.0)
-        b_r = tl.sum(b_c.to(tl.float32) * b_dq_inter, axis=1) + tl.sum(b_R, axis=1) - tl.sum(b_R, axis=0)
-        b_p = b_dt * b_Bdk
-        b_dg = tl.sum(tl.where(o_c[None, :] >= o_c[:, None], b_r[None, :], b_p[None, :]), axis=1) \
-            + tl.sum(b_hdh) * tl.exp(b_gl)
+        if W_GIVEN:
+            # the inter parts alone: dg_t = Σ_{s>=t} r_s + Σ_{s<t} p_s + (S·dS') e^{b_L}, as scans of [BT]
+            b_r = tl.sum(b_c.to(tl.float32) * b_dq_inter, axis=1)
+            b_p = b_dt * b_Bdk
+            b_dg = tl.cumsum(b_r, axis=0, reverse=True) + (tl.cumsum(b_p, axis=0) - b_p) \
+                + tl.sum(b_hdh) * tl.exp(b_gl)
+        else:
+            # D_h: the exponent taken on the pairs on and below the diagonal only (elsewhere dA is 0)
+            b_D = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None],
+                          other=0.0)
+            b_D = b_D * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
+            b_W += b_D * b_dt[None, :]
+            b_E = b_D * b_cb
+            # the gate's share as `one_decay_dqk` sums it, R = E_h ⊙ dt_h[None, s] strictly below the diagonal
+            b_R = tl.where(m_below, b_E * b_dt[None, :], 0.0)
+            b_r = tl.sum(b_c.to(tl.float32) * b_dq_inter, axis=1) + tl.sum(b_R, axis=1) - tl.sum(b_R, axis=0)
+            b_p = b_dt * b_Bdk
+            b_dg = tl.sum(tl.where(o_c[None, :] >= o_c[:, None], b_r[None, :], b_p[None, :]), axis=1) \
+                + tl.sum(b_hdh) * tl.exp(b_gl)
         b_gk = tl.load(g + p_th, mask=m_t, other=0.0)
         b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
         tl.store(dg_tiles + p_tile + p_th, b_dg, mask=m_t)
-        tl.store(ddt_tiles + p_tile + p_th, b_Bdk + tl.sum(b_E, axis=0), mask=m_t)
-    b_Wc = b_W.to(B.dtype.element_ty)                   # rounded once, after the sum over the run
+        tl.store(ddt_tiles + p_tile + p_th, b_Bdk if W_GIVEN else b_Bdk + tl.sum(b_E, axis=0), mask=m_t)
+    if W_GIVEN:
+        b_Wc = tl.load(W + _w_tile(i_run, i_b, i_t, i_g, NB, NT, G, BT) + o_c[:, None] * BT + o_c[None, :])
+    else:
+        b_Wc = b_W.to(B.dtype.element_ty)               # rounded once, after the sum over the run
     b_dC += tl.dot(b_Wc, b_B, input_precision=DOT_PREC)
     b_dB += tl.dot(tl.trans(b_Wc), b_c, input_precision=DOT_PREC)
     p_run = i_run.to(tl.int64) * NB * T * G * N        # this run's partial sums, [runs, Bt, T, G, N]
@@ -677,11 +755,18 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     b_heads = b.view(Bt, T, H).transpose(1, 2).contiguous()
     g_heads = dt_heads * Af[:, None]      # as given: a gate below the floor gets gradient 0 (_ssd_dqk_kernel)
     dC_part, dB_part = (torch.empty(runs, Bt, T, G, N, dtype=f32, device=dev) for _ in range(2))
-    dg_tiles, ddt_tiles = (torch.empty(NK, Bt, H, T, dtype=f32, device=dev) for _ in range(2))
+    dg_tiles, ddt_tiles = (torch.empty(NK + _DQK_SPLIT, Bt, H, T, dtype=f32, device=dev) for _ in range(2))
+    W = None
+    if _DQK_SPLIT:    # the experiment: the intra-chunk work once per chunk and head, its shares in the last tile
+        W = torch.empty(runs, Bt, NT, G, CHUNK, CHUNK, dtype=B.dtype, device=dev)
+        _ssd_dqk_intra_kernel[(NT, Bt * G * runs)](
+            C, B, dt_heads, g_heads, b_heads, dscores, W, dg_tiles[NK], ddt_tiles[NK], T, H, NT, H // G, G, Bt,
+            N=N, BT=CHUNK, BK=min(_DQK_INTRA_BK, pow2_at_least_16(N)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
+            DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_INTRA_WARPS, num_stages=_DQK_INTRA_STAGES)
     dqk_args = (C, B, x, dt_heads, g_heads, b_heads, states, dstates, do, dscores, dC_part, dB_part, dg_tiles,
-                ddt_tiles, T, H, NT, H // G, G, Bt, N, P)
+                ddt_tiles, W, T, H, NT, H // G, G, Bt, N, P)
     dqk_meta = dict(BT=CHUNK, BK=BK, BV=min(_DQK_BV, pow2_at_least_16(P)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
-                    DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_WARPS)
+                    DOT_PREC=dot_precision(x.dtype), W_GIVEN=_DQK_SPLIT, num_warps=_DQK_WARPS)
     # a GPU with less shared memory a program than the H100 (~100 KB on sm_86 and sm_89) refuses three stages:
     # the first refusal is remembered per device, so later calls launch two at once
     stages = _DQK_STAGES_ON.get(dev, _DQK_STAGES)
