@@ -365,7 +365,7 @@ def _consumer(WG: gl.constexpr, SCHEDULE: gl.constexpr, DQ_ATOMIC: gl.constexpr,
         _finite_keys(k_s.index(WG), kdq_s.index(WG))
     i = 0   # the ring tile, numbered as the producer sends them
     for g in range(n_heads):
-        dq_head = dq_part + g * dq_head_stride
+        dq_head = dq_part + g.to(gl.int64) * dq_head_stride
         for m in range(m_lo, m_full):
             dk, dv = _block_step(SCHEDULE, DQ_ATOMIC, dk, dv, i, m * BM, keys, shift, scale_log2,
                                  k_s.index(WG + opaque_zero(i)), v_s.index(WG + opaque_zero(i)), q_s, do_s, lse_s,
