@@ -208,6 +208,41 @@ def test_row_delta_pre_pass(dtype):
     assert rel_err(delta, want) <= tolerance(torch.float32)
 
 
+def test_gluon_backward_dq_in_kernel_launcher(monkeypatch):
+    """On any machine, the launch replaced by the kernel's contract written in torch: with dq_in_kernel=True the
+    launcher hands the kernel delta from the pre-pass, a zeroed fp32 accumulator [B, Hq, T rounded up to 64, D],
+    each part's head count (PART_HEADS) and DQ_ATOMIC; and dq is the accumulator's first T rows (what the kernel
+    added there: scale * dS K) in q's layout and dtype, whatever the padded rows hold. fp16 (the pre-pass runs under
+    the interpreter without a GPU), GQA 4:2, T = 70 (no tile multiple)."""
+    gb = _gluon_backward()
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    B, T, HQ, HKV, D = 1, 70, 4, 2, 64
+    q, o, do = torch.randn(3, B, T, HQ, D).half().unbind(0)
+    k, v = torch.randn(2, B, T, HKV, D).half().unbind(0)
+    lse = torch.randn(B, HQ, T)
+    dq_want = torch.randn(B, T, HQ, D)   # stands for scale * sum of dS K, whatever the kernel computed
+    seen = {}
+
+    def kernel(fn, grid, key, args, constexprs, **options):
+        (q_, k_, v_, do_, dk, dv, dq_accum, lse_rows, delta_rows, scale_log2, sm_scale, T_, S_, HQ_, HKV_, parts,
+         part_heads, row_stride) = args
+        seen.update(constexprs, parts=parts, part_heads=part_heads, accum=dq_accum.clone())
+        torch.testing.assert_close(delta_rows[..., :T], (do.double() * o.double()).sum(-1).transpose(1, 2).float())
+        dq_accum[:, :, :T] += dq_want.transpose(1, 2)
+        dq_accum[:, :, T:] = float("nan")   # the padded rows: dropped
+        for out in (dk, dv):
+            out.zero_()
+
+    monkeypatch.setattr(gb, "launch_direct", kernel)
+    dq, dk, dv = gb.gluon_attention_bwd(do, q, k, v, o, lse, causal=True, softmax_scale=0.125, dq_in_kernel=True)
+    assert seen["DQ_ATOMIC"] is True and seen["parts"] * seen["part_heads"] == HQ // HKV
+    accum = seen["accum"]
+    assert accum.dtype == torch.float32 and accum.shape == (B, HQ, 128, D) and not accum.any()
+    assert dq.shape == q.shape and dq.dtype == q.dtype and dq.is_contiguous()
+    torch.testing.assert_close(dq, dq_want.half())
+
+
 @pytest.mark.parametrize("name", ["cu_seqlens_q", "cu_seqlens_k"])
 def test_gluon_backward_refuses_packed_sequences(name, monkeypatch):
     gb = _no_launch(monkeypatch)
