@@ -44,9 +44,12 @@ SIG = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "do_ptr": "*bf16", 
 POINTERS = ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "dk_ptr", "dv_ptr", "dq_ptr", "lse_ptr", "delta_ptr")
 
 
-# the loops `--only` takes: (the consumers' loop, dQ accumulated in the kernel by atomics)
-SCHEDULES = {"in-order": (gb.IN_ORDER.value, False), "overlapped": (gb.OVERLAPPED.value, False),
-             "in-order-dq": (gb.IN_ORDER.value, True), "overlapped-dq": (gb.OVERLAPPED.value, True)}
+# the loops `--only` takes: (the consumers' loop, DQ_ATOMIC: dQ accumulated in the kernel by atomics, and split how)
+SCHEDULES = {"in-order": (gb.IN_ORDER.value, 0), "overlapped": (gb.OVERLAPPED.value, 0),
+             "in-order-dq": (gb.IN_ORDER.value, gb.DQ_KEYS.value),
+             "overlapped-dq": (gb.OVERLAPPED.value, gb.DQ_KEYS.value),
+             "in-order-dqcols": (gb.IN_ORDER.value, gb.DQ_COLUMNS.value),
+             "overlapped-dqcols": (gb.OVERLAPPED.value, gb.DQ_COLUMNS.value)}
 
 
 def _overlapped(schedule: str) -> bool:
@@ -85,7 +88,8 @@ def check(D: int, causal: bool, schedule: str, keep: Path | None) -> tuple[list,
     print(f"ptx   : wgmma.wait_group 1 at {partial} of {counts['wgmma_wait']} waits, "
           f"{counts['wgmma_commit']} commit groups")
     dq_atomic = SCHEDULES[schedule][1]
-    per_tile = 4 + (D // gb.DQ_COLS.value if dq_atomic else 0)
+    dq_products = {0: 0, gb.DQ_KEYS.value: D // gb.DQ_COLS.value, gb.DQ_COLUMNS.value: 1}[dq_atomic]
+    per_tile = 4 + dq_products
     expected = 3 * counts["wgmma_commit"] // per_tile if _overlapped(schedule) else 0
     if partial != expected:
         problems.append(f"{tag}: {partial} waits with one product running, expected {expected}")

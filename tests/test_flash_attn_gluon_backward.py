@@ -72,23 +72,28 @@ def test_gluon_backward_overlapped_loop_compiles_with_its_partial_waits(D):
 
 
 # (D, the loop's --only word, PTX expected): the dQ shares' atomic adds, two fp32 each (16 a thread per 64 x 64
-# share, D / 64 shares a tile, masked and unmasked update, two warpgroups), and the overlapped loop's partial
-# waits (3 of each update's 4 products, the dQ products waited on alone)
+# share, D / 64 shares a tile, masked and unmasked update, two warpgroups; the column split: one 64 x D / 2 share),
+# and the overlapped loop's partial waits (3 of each update's 4 products, the dQ products waited on alone)
 DQ_VARIANTS = [
     (64, "in-order-dq", ["'atom.global.gpu.relaxed.add.v2.f32': 64}", "wait_group 1 at 0 of 16 waits, 20 commit"]),
     (128, "in-order-dq", ["'atom.global.gpu.relaxed.add.v2.f32': 128}", "wait_group 1 at 0 of 20 waits, 24 commit"]),
     (64, "overlapped-dq", ["'atom.global.gpu.relaxed.add.v2.f32': 64}", "wait_group 1 at 12 of 20 waits, 20 commit"]),
     (128, "overlapped-dq", ["'atom.global.gpu.relaxed.add.v2.f32': 128}",
                             "wait_group 1 at 12 of 24 waits, 24 commit"]),
+    # the column split: half the atomics, one dQ product a tile (D / 2 columns over 128 keys)
+    (128, "in-order-dqcols", ["'atom.global.gpu.relaxed.add.v2.f32': 64}",
+                              "wait_group 1 at 0 of 16 waits, 20 commit"]),
+    (64, "overlapped-dqcols", ["'atom.global.gpu.relaxed.add.v2.f32': 32}",
+                               "wait_group 1 at 12 of 20 waits, 20 commit"]),
 ]
 
 
 @pytest.mark.parametrize("D, loop, expected", DQ_VARIANTS, ids=[f"{loop}-D{D}" for D, loop, _ in DQ_VARIANTS])
 def test_gluon_backward_dq_in_kernel_compiles_without_spills(D, loop, expected):
-    """No GPU needed: the kernel with dQ accumulated inside (DQ_ATOMIC), causal, bf16, at D, in either loop,
-    compiled for sm_90a: no spills, no serialized wgmma, shared memory fits (the dS^T tiles and the finite copy of
-    K beside the ring), its atomic adds vectorised two fp32 at a time, and the overlapped loop's partial waits
-    kept (the script exits 1 otherwise)."""
+    """No GPU needed: the kernel with dQ accumulated inside (DQ_ATOMIC), causal, bf16, at D, in either loop and
+    either split, compiled for sm_90a: no spills, no serialized wgmma, shared memory fits (the dS^T tiles and the
+    finite copy of K beside the ring), its atomic adds vectorised two fp32 at a time, and the overlapped loop's
+    partial waits kept (the script exits 1 otherwise)."""
     if not triton_tested():
         pytest.skip(f"the Gluon kernels run on Triton {', '.join(TESTED_TRITON)} only "
                     "(attention_kernels.launch.TESTED_TRITON)")
@@ -184,6 +189,12 @@ def test_gluon_backward_refuses_a_dq_in_kernel_that_is_not_a_bool(value, monkeyp
         gb.gluon_attention_bwd(*_inputs(), causal=True, softmax_scale=0.125, dq_in_kernel=value)
 
 
+def test_gluon_backward_refuses_an_unknown_dq_split(monkeypatch):
+    gb = _no_launch(monkeypatch)
+    with pytest.raises(ValueError, match="^dq_split must be one of"):
+        gb.gluon_attention_bwd(*_inputs(), causal=True, softmax_scale=0.125, dq_in_kernel=True, dq_split="rows")
+
+
 def test_gluon_backward_with_dq_in_kernel_refuses_before_its_pre_pass(monkeypatch):
     """dq_in_kernel=True takes the same refusals, before the delta pre-pass or any launch."""
     gb = _no_launch(monkeypatch)
@@ -208,12 +219,13 @@ def test_row_delta_pre_pass(dtype):
     assert rel_err(delta, want) <= tolerance(torch.float32)
 
 
-def test_gluon_backward_dq_in_kernel_launcher(monkeypatch):
+@pytest.mark.parametrize("split", ["keys", "columns"])
+def test_gluon_backward_dq_in_kernel_launcher(split, monkeypatch):
     """On any machine, the launch replaced by the kernel's contract written in torch: with dq_in_kernel=True the
     launcher hands the kernel delta from the pre-pass, a zeroed fp32 accumulator [B, Hq, T rounded up to 64, D],
-    each part's head count (PART_HEADS) and DQ_ATOMIC; and dq is the accumulator's first T rows (what the kernel
-    added there: scale * dS K) in q's layout and dtype, whatever the padded rows hold. fp16 (the pre-pass runs under
-    the interpreter without a GPU), GQA 4:2, T = 70 (no tile multiple)."""
+    each part's head count (PART_HEADS) and DQ_ATOMIC (the split's); and dq is the accumulator's first T rows (what
+    the kernel added there: scale * dS K) in q's layout and dtype, whatever the padded rows hold. fp16 (the
+    pre-pass runs under the interpreter without a GPU), GQA 4:2, T = 70 (no tile multiple)."""
     gb = _gluon_backward()
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
@@ -235,8 +247,9 @@ def test_gluon_backward_dq_in_kernel_launcher(monkeypatch):
             out.zero_()
 
     monkeypatch.setattr(gb, "launch_direct", kernel)
-    dq, dk, dv = gb.gluon_attention_bwd(do, q, k, v, o, lse, causal=True, softmax_scale=0.125, dq_in_kernel=True)
-    assert seen["DQ_ATOMIC"] is True and seen["parts"] * seen["part_heads"] == HQ // HKV
+    dq, dk, dv = gb.gluon_attention_bwd(do, q, k, v, o, lse, causal=True, softmax_scale=0.125, dq_in_kernel=True,
+                                        dq_split=split)
+    assert seen["DQ_ATOMIC"] == gb.DQ_SPLITS[split] > 0 and seen["parts"] * seen["part_heads"] == HQ // HKV
     accum = seen["accum"]
     assert accum.dtype == torch.float32 and accum.shape == (B, HQ, 128, D) and not accum.any()
     assert dq.shape == q.shape and dq.dtype == q.dtype and dq.is_contiguous()
@@ -351,6 +364,17 @@ def test_gpu_gluon_backward_dq_in_kernel_matches_reference(B, T, S, HQ, HKV, D, 
     reference, in both loops: T = 1, lengths no multiple of the query tile, T != S, MHA, GQA, MQA."""
     _skip_unless_hopper()
     _check_against_reference(B, T, S, HQ, HKV, D, causal, loop)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("loop", [dict(overlap=False), dict(overlap=True)], ids=["in-order", "overlapped"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("B, T, S, HQ, HKV", DQ_SHAPES, ids=[f"T{t}-S{s}-Hq{h}-Hkv{g}" for _, t, s, h, g in DQ_SHAPES])
+def test_gpu_gluon_backward_dq_in_kernel_columns_matches_reference(B, T, S, HQ, HKV, D, loop):
+    """The column split (`dq_split="columns"`: each consumer D / 2 columns of the tile's dQ over both consumers'
+    128 keys, the two meeting on two barriers every tile) against the fp64 reference, causal, in both loops."""
+    _skip_unless_hopper()
+    _check_against_reference(B, T, S, HQ, HKV, D, True, dict(loop, dq_in_kernel=True, dq_split="columns"))
 
 
 def _poisoned_backward(shape, poison, loop):
