@@ -325,7 +325,7 @@ def _add_dq_share(ds_all, k_dq, col0, dq_tile, sm_scale, ds_bars, i, D: gl.const
     accumulator, whose first element dq_tile is (rows of D; the accumulator's rows are padded past T, so no mask).
     DQ_COLS columns at a time, each product waited on before its atomic adds, which nothing waits for (their
     results unused). The per-key split: this warpgroup's 64 keys, all D columns. COLUMNS: both warpgroups' 128
-    keys (after waiting for the other's half, ds_bars[0]), this warpgroup's 64 columns; the tile released
+    keys (after waiting for the other's half, ds_bars[0]), this warpgroup's D / 2 columns; the tile released
     (ds_bars[1]) once read."""
     BM: gl.constexpr = ds_all.shape[1]
     N: gl.constexpr = k_dq.shape[1]
@@ -339,7 +339,7 @@ def _add_dq_share(ds_all, k_dq, col0, dq_tile, sm_scale, ds_bars, i, D: gl.const
         part = warpgroup_mma(ds_all.permute((1, 0)), k_dq.slice(c * COLS, COLS, dim=1), zero, use_acc=False,
                              is_async=True)
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
-        if COLUMNS:
+        if COLUMNS and c == N // COLS - 1:
             gl.thread_barrier()   # every warp done with the tile, before the warpgroup's one arrival
             mbarrier.arrive(ds_bars.index(1), count=1)
         cols = c * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, dq_layout))
@@ -396,8 +396,10 @@ def _consumer(WG: gl.constexpr, SCHEDULE: gl.constexpr, DQ_ATOMIC: gl.constexpr,
     dk = gl.zeros([HALF, D], gl.float32, acc_layout)
     dv = gl.zeros([HALF, D], gl.float32, acc_layout)
     mbarrier.wait(kv_bar, 0)
-    if DQ_ATOMIC and COLUMNS:
-        _finite_keys(k_s.index(WG), kdq_s.index(0).slice(WG * HALF, HALF, dim=0))
+    if DQ_ATOMIC and COLUMNS:   # its keys' rows of both column halves
+        for c in gl.static_range(2):
+            _finite_keys(k_s.index(WG).slice(c * (D // 2), D // 2, dim=1),
+                         kdq_s.index(c).slice(WG * HALF, HALF, dim=0))
     elif DQ_ATOMIC:
         _finite_keys(k_s.index(WG), kdq_s.index(WG))
     i = 0   # the ring tile, numbered as the producer sends them
@@ -431,12 +433,11 @@ def _consumer(WG: gl.constexpr, SCHEDULE: gl.constexpr, DQ_ATOMIC: gl.constexpr,
 def _dq_views(ds_s, kdq_s, i, WG: gl.constexpr):
     """Warpgroup WG's views for tile i's dQ share: (where it stores its dS^T, the dS^T its product reads, the K
     its product reads, the first dQ column it adds to). The buffers indexed through `opaque_zero`, as the ring's."""
-    if ds_s.shape[0] == 1:   # the column split
+    if ds_s.shape[0] == 1:   # the column split: kdq_s holds K's two column halves, each its own [128, D / 2] tile
         HALF: gl.constexpr = ds_s.shape[1] // 2
-        N: gl.constexpr = kdq_s.shape[2] // 2
+        N: gl.constexpr = kdq_s.shape[2]
         ds_all = ds_s.index(opaque_zero(i))
-        return (ds_all.slice(WG * HALF, HALF, dim=0), ds_all, kdq_s.index(opaque_zero(i)).slice(WG * N, N, dim=1),
-                WG * N)
+        return ds_all.slice(WG * HALF, HALF, dim=0), ds_all, kdq_s.index(WG + opaque_zero(i)), WG * N
     else:
         ds_own = ds_s.index(WG + opaque_zero(i))
         return ds_own, ds_own, kdq_s.index(WG + opaque_zero(i)), 0
@@ -448,7 +449,7 @@ def _finite_keys(k_half, kdq_half):
     pair the causal mask hides, and 0 * NaN would carry a NaN in K at a hidden key into the dq of rows that cannot
     see it (the Triton dQ pass zeroes K's non-finite entries on its masked tiles for the same reason); a row that
     sees the key has a non-finite dS there already (its lse is), so it loses nothing."""
-    rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])   # 16-byte pieces of rows
     k = k_half.load(rows_layout)
     kdq_half.store(gl.where(gl.abs(k.to(gl.float32)) < float("inf"), k, 0.0).to(k.dtype))
     fence_async_shared()   # read by wgmma (the async proxy)
@@ -586,9 +587,12 @@ def attn_bwd_dkdv_ws_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, dq_ptr,
     do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, BM], dtype)
     ds_bars = kv_bar   # not read but by the column split
-    if DQ_ATOMIC == DQ_COLUMNS:   # one dS^T tile of the 128 keys and their finite K, both warpgroups read
+    if DQ_ATOMIC == DQ_COLUMNS:   # one dS^T tile of the 128 keys, both warpgroups read, and their finite K in
+        # two column halves, each a whole tile for wgmma's B (at D = 64 a half is 64 bytes a row: a column slice
+        # of one [128, 64] tile would start inside its 128-byte swizzle)
         ds_s = gl.allocate_shared_memory(dtype, [1, BN, BM], ds_layout)
-        kdq_s = gl.allocate_shared_memory(dtype, [1, BN, D], kv_layout)
+        kdq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D // 2], dtype)
+        kdq_s = gl.allocate_shared_memory(dtype, [2, BN, D // 2], kdq_layout)
         ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(ds_bars.index(0), count=2)   # both halves of dS^T stored
         mbarrier.init(ds_bars.index(1), count=2)   # both products done with it
