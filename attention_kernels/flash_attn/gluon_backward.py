@@ -726,7 +726,7 @@ def gluon_attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float,
     """The backward with `backward.attention_bwd`'s contract for dense inputs: do, q, o [B, T, Hq, D], k, v
     [B, S, Hkv, D], lse fp32 [B, Hq, T] (base 2) from the forward; bf16 or fp16, D 64 or 128, on a Hopper GPU.
     Returns (dq, dk, dv) in the input dtype; for GQA, dk and dv summed over each group's query heads.
-    dQ and delta come from the Triton dQ pass, dK and dV from the Gluon kernel (`attn_bwd_dkdv_ws_kernel`).
+    By default dQ and delta come from the Triton dQ pass, dK and dV from the Gluon kernel (`attn_bwd_dkdv_ws_kernel`).
     cu_seqlens_q, cu_seqlens_k: packed sequences are refused (ValueError), as is anything else `_check_inputs`
     names, before any launch. overlap: the consumers' overlapped loop instead of the in-order one (what
     `flash_attn_func` runs); stages: the ring's slots (2 or 3; None: the loop's, `bwd_tiles`). dq_in_kernel
