@@ -103,3 +103,19 @@ def test_a_peer_is_counted_where_its_files_are(tmp_path, monkeypatch):
     assert loc.count(ssd) == loc.Lines(kernel=9, host=7, total=18)
     other = next(s for s in loc.SOURCES if s.where == "mamba_ssm" and s is not ssd)
     assert loc.count(other) is None
+
+
+def test_the_closing_chapter_shows_the_books_counts_of_today(monkeypatch):
+    """The side-by-side chapter's table (a committed output: its peers' rows need their sources) holds the
+    book's rows as the package counts them now, so that a kernel edited since does not leave a stale count."""
+    import json
+    import re
+    monkeypatch.setattr(loc, "peer_folder", lambda peer: None)
+    book = loc.loc_table().xs("book", level="source")
+    chapter = json.loads((loc.ROOT / "book" / "families_side_by_side.ipynb").read_text())
+    cell = next(c for c in chapter["cells"] if c["cell_type"] == "code" and "loc_table()" in "".join(c["source"]))
+    html = "".join(cell["outputs"][0]["data"]["text/html"])
+    shown = [tuple(int(n) for n in re.findall(r"<td>(\d+)</td>", row))
+             for row in re.findall(r"<th>book</th>(.*?)</tr>", html, flags=re.S)]
+    now = [tuple(int(row[c]) for c in ("kernel lines", "host lines", "all lines", "files")) for _, row in book.iterrows()]
+    assert shown == now, "book/families_side_by_side.ipynb's lines-of-code table is stale: rerun its cell"

@@ -238,13 +238,10 @@ def test_strided_slot_table_writes_only_its_slots(fn):
     assert torch.equal(big[untouched], before[untouched]), "a slot outside the table was written"
 
 
-@pytest.mark.parametrize("tiles", [(4, 16, 4, 1), (8, 16, 7, 1), (16, 32, 1, 4)],
-                         ids=lambda t: "BM{}-UNITS{}".format(t[0], t[2]))
-def test_step_tiles_per_program(monkeypatch, tiles):
-    """Whatever the tile (BM rows) and the tiles per program (UNITS), with a last program that has fewer
-    tiles than UNITS (30 tiles of 4 rows, 15 of 8) and a tile short of BM rows (P = 6): the formula's result, the
-    slots of the slot table updated and no other (every tile of every program is read before it is written,
-    and a tile past the last is neither)."""
+@pytest.mark.parametrize("tiles", [(4, 16, 1), (8, 16, 1), (16, 32, 4)], ids=lambda t: "BM{}".format(t[0]))
+def test_step_tiles(monkeypatch, tiles):
+    """Whatever the tile (BM rows, dstate padded to BN), with tiles short of BM rows (P = 6) and a dstate short of
+    BN (N = 9): the formula's result, the slots of the slot table updated and no other."""
     monkeypatch.setattr(decode_module, "step_tiles", lambda P, N: tiles)
     args = make_step(b=3, H=5, P=6, N=9, G=5, slots=7)
     idx = torch.tensor([6, 0, 3], device=DEVICE, dtype=torch.int32)
@@ -253,11 +250,11 @@ def test_step_tiles_per_program(monkeypatch, tiles):
         assert torch.equal(cache[s], before[s])
 
 
-@pytest.mark.parametrize("tiles", [(4, 16, 2, 1), (8, 16, 1, 1)], ids=["BM4-UNITS2", "BM8-UNITS1"])
+@pytest.mark.parametrize("tiles", [(4, 16, 1), (8, 16, 1)], ids=["BM4", "BM8"])
 def test_step_whole_tiles_and_tied_headdim(monkeypatch, tiles):
     """A model's case: dt, dt_bias and D hold one number per head, broadcast over headdim with stride 0 as A
-    is, so the kernel reads them as numbers (TIE_HDIM); every tile is whole and every program's tiles are
-    real, so it computes no masks for the state (EVEN). The formula's result, and both flags taken."""
+    is, so the kernel reads them as numbers (TIE_HDIM); every tile is whole and its rows lie back to back, so
+    it computes no masks for the state (EVEN). The formula's result, and both flags taken."""
     monkeypatch.setattr(decode_module, "step_tiles", lambda P, N: tiles)
     flags = {}
     launch = decode_module.launch
