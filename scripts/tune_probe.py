@@ -277,21 +277,15 @@ def fa_gluon():
 # The Gluon backward's consumer loops (the table's columns), as `gluon_attention_bwd` takes them: the overlapped
 # loop with its own ring (3 slots at D = 128) and with the in-order loop's 2, to tell the loop from the ring.
 GLUON_BWD_LOOPS = {"Gluon": dict(overlap=False), "Gluon overlapped": dict(overlap=True),
-                   "overlapped 2 slots": dict(overlap=True, stages=2),
-                   "dQ in kernel": dict(overlap=False, dq_in_kernel=True),
-                   "dQ in k. overlap": dict(overlap=True, dq_in_kernel=True),
-                   "dQ columns": dict(overlap=False, dq_in_kernel=True, dq_split="columns"),
-                   "dQ columns overlap": dict(overlap=True, dq_in_kernel=True, dq_split="columns")}
+                   "overlapped 2 slots": dict(overlap=True, stages=2)}
 
 
 def fa_gluon_bwd():
-    """The Gluon backward's loops (its dK/dV kernel beside the Triton dQ pass; the last four Gluon columns with dQ
-    accumulated inside it by atomic adds instead, `dq_in_kernel`, in either split, `dq_split`): each right first
-    (3 shapes, dq, dk, dv against autograd through the fp64 formula; a wrong one is left out of the table, and
-    nothing is timed if the in-order loop is wrong), then one table of TFLOP/s (bf16, B = 4, H = 32, D = 128,
-    do_bench medians, the backward's 2.5x FLOPs) beside the Triton backward (launched as flash_attn_func launches
-    it) and cuDNN's (SDPA, autograd.grad on a kept graph: the backward alone), with the in-order loop's speed ratio
-    to each."""
+    """The Gluon backward's loops (its dK/dV kernel beside the Triton dQ pass): each right first (3 shapes, dq,
+    dk, dv against autograd through the fp64 formula; a wrong one is left out of the table, and nothing is timed
+    if the in-order loop is wrong), then one table of TFLOP/s (bf16, B = 4, H = 32, D = 128, do_bench medians,
+    the backward's 2.5x FLOPs) beside the Triton backward (launched as flash_attn_func launches it) and cuDNN's
+    (SDPA, autograd.grad on a kept graph: the backward alone), with the in-order loop's speed ratio to each."""
     from attention_kernels import peers
     from attention_kernels.common import tolerance
     from attention_kernels.flash_attn import attention_ref, gluon_backward

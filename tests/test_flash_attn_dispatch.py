@@ -325,12 +325,9 @@ def _dkdv_from_the_formula(kernel, grid, key, args, constexprs, **options):
     """Stands in for the Gluon dK/dV launch: dK and dV from what the kernel is handed (q, k, v, dO, the lse and
     delta rows as the copy engine would read them), in fp64, written where the kernel writes them (dk, dv, or part
     0 of the per-part workspace that the launcher sums)."""
-    (q, k, v, do, dk, dv, dq, lse_rows, delta_rows, scale_log2, scale, T, S, HQ, HKV, parts, part_heads,
-     row_stride) = args
+    q, k, v, do, dk, dv, lse_rows, delta_rows, scale_log2, scale, T, S, HQ, HKV, parts, row_stride = args
     assert lse_rows.shape[-1] == row_stride and row_stride % 4 == 0
-    assert constexprs["DQ_ATOMIC"] == 0   # the dispatch's backward: dq from the Triton dQ pass, not the kernel
     group = HQ // HKV
-    assert part_heads * parts == group
     q, do, lse, delta = q.double(), do.double(), lse_rows[..., :T].double(), delta_rows[..., :T].double()
     k, v = (t.double().repeat_interleave(group, dim=2) for t in (k, v))
     s = torch.einsum("bthd,bshd->bhts", q, k)

@@ -8,10 +8,7 @@ a Hopper GPU, for each loop: dq, dk, dv against the fp64 reference written from 
 autograd) on lengths that are not tile multiples, T != S, GQA 4:1, MQA and MHA (a group split into parts, and
 not), with the causal mask and without; each loop with either ring depth; and a NaN or inf that the causal mask
 hides from some rows or keys (tests/reference_cases.py's cases, at D = 64) reaching exactly the gradients that see
-it, in each loop. The same with dQ accumulated inside the kernel (`dq_in_kernel=True`): its compile on any machine
-(no spills, vectorised atomic adds), its delta pre-pass under the interpreter, and on a Hopper GPU the reference
-checks on fewer shapes, in both loops, and the NaN/inf cases in the in-order loop
-(`pytest -m gpu -k dq_in_kernel tests/test_flash_attn_gluon_backward.py`).
+it, in each loop.
 """
 import subprocess
 import sys
@@ -71,42 +68,6 @@ def test_gluon_backward_overlapped_loop_compiles_with_its_partial_waits(D):
     assert "wgmma.wait_group 1 at 12 of 16 waits, 16 commit groups" in out, out[-3000:]
 
 
-# (D, the loop's --only word, PTX expected): the dQ shares' atomic adds, two fp32 each (16 a thread per 64 x 64
-# share, D / 64 shares a tile, masked and unmasked update, two warpgroups; the column split: one 64 x D / 2 share),
-# and the overlapped loop's partial waits (3 of each update's 4 products, the dQ products waited on alone)
-DQ_VARIANTS = [
-    (64, "in-order-dq", ["'atom.global.gpu.relaxed.add.v2.f32': 64}", "wait_group 1 at 0 of 16 waits, 20 commit"]),
-    (128, "in-order-dq", ["'atom.global.gpu.relaxed.add.v2.f32': 128}", "wait_group 1 at 0 of 20 waits, 24 commit"]),
-    (64, "overlapped-dq", ["'atom.global.gpu.relaxed.add.v2.f32': 64}", "wait_group 1 at 12 of 20 waits, 20 commit"]),
-    (128, "overlapped-dq", ["'atom.global.gpu.relaxed.add.v2.f32': 128}",
-                            "wait_group 1 at 12 of 24 waits, 24 commit"]),
-    # the column split: half the atomics, one dQ product a tile (D / 2 columns over 128 keys)
-    (128, "in-order-dqcols", ["'atom.global.gpu.relaxed.add.v2.f32': 64}",
-                              "wait_group 1 at 0 of 16 waits, 20 commit"]),
-    (64, "overlapped-dqcols", ["'atom.global.gpu.relaxed.add.v2.f32': 32}",
-                               "wait_group 1 at 12 of 20 waits, 20 commit"]),
-]
-
-
-@pytest.mark.parametrize("D, loop, expected", DQ_VARIANTS, ids=[f"{loop}-D{D}" for D, loop, _ in DQ_VARIANTS])
-def test_gluon_backward_dq_in_kernel_compiles_without_spills(D, loop, expected):
-    """No GPU needed: the kernel with dQ accumulated inside (DQ_ATOMIC), causal, bf16, at D, in either loop and
-    either split, compiled for sm_90a: no spills, no serialized wgmma, shared memory fits (the dS^T tiles and the
-    finite copy of K beside the ring), its atomic adds vectorised two fp32 at a time, and the overlapped loop's
-    partial waits kept (the script exits 1 otherwise)."""
-    if not triton_tested():
-        pytest.skip(f"the Gluon kernels run on Triton {', '.join(TESTED_TRITON)} only "
-                    "(attention_kernels.launch.TESTED_TRITON)")
-    done = subprocess.run([sys.executable, str(SCRIPT), "--only", str(D), "causal", loop], capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    out = done.stdout
-    assert f"=== fa_bwd_dkdv_ws_d{D}_causal_{loop.replace('-', '_')}" in out, out[-3000:]
-    assert "spill stores 0 B, spill loads 0 B" in out and "OK" in out, out[-3000:]
-    for text in expected:
-        assert text in out, (text, out[-3000:])
-
-
 def test_compile_script_refuses_a_misspelled_loop():
     """No GPU needed: `--only 128 causal overlaped` ends with a message naming the word, before compiling
     anything, instead of compiling the in-order loop in its place (the forward's script shares the parser)."""
@@ -155,7 +116,6 @@ def _no_launch(monkeypatch):
         raise AssertionError("a kernel was launched before the inputs were refused")
 
     monkeypatch.setattr(gb, "dq_and_delta", launched)   # the Triton dQ pass
-    monkeypatch.setattr(gb, "row_delta", launched)   # the delta pre-pass of dq_in_kernel
     monkeypatch.setattr(gb, "launch_direct", launched)
     return gb
 
@@ -180,80 +140,6 @@ def test_gluon_backward_refuses_what_it_cannot_take(change, error, message, monk
     gb = _no_launch(monkeypatch)
     with pytest.raises(error, match=message):
         gb.gluon_attention_bwd(*change(_inputs()), causal=True, softmax_scale=0.125)
-
-
-@pytest.mark.parametrize("value", [1, "yes", None, torch.tensor(True)], ids=["int", "str", "None", "tensor"])
-def test_gluon_backward_refuses_a_dq_in_kernel_that_is_not_a_bool(value, monkeypatch):
-    gb = _no_launch(monkeypatch)
-    with pytest.raises(TypeError, match="^dq_in_kernel must be a bool"):
-        gb.gluon_attention_bwd(*_inputs(), causal=True, softmax_scale=0.125, dq_in_kernel=value)
-
-
-def test_gluon_backward_refuses_an_unknown_dq_split(monkeypatch):
-    gb = _no_launch(monkeypatch)
-    with pytest.raises(ValueError, match="^dq_split must be one of"):
-        gb.gluon_attention_bwd(*_inputs(), causal=True, softmax_scale=0.125, dq_in_kernel=True, dq_split="rows")
-
-
-def test_gluon_backward_with_dq_in_kernel_refuses_before_its_pre_pass(monkeypatch):
-    """dq_in_kernel=True takes the same refusals, before the delta pre-pass or any launch."""
-    gb = _no_launch(monkeypatch)
-    do, q, k, v, o, lse = _inputs()
-    with pytest.raises(ValueError, match="^o must have shape"):
-        gb.gluon_attention_bwd(do, q, k, v, o[:, :4], lse, causal=True, softmax_scale=0.125, dq_in_kernel=True)
-    with pytest.raises(ValueError, match="^stages"):
-        gb.gluon_attention_bwd(do, q, k, v, o, lse, causal=True, softmax_scale=0.125, stages=4, dq_in_kernel=True)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-def test_row_delta_pre_pass(dtype):
-    """On any machine (under the interpreter without a GPU): `backward.row_delta`, dq_in_kernel's delta pre-pass,
-    gives rowsum(dO o O) in fp32, [B, Hq, T], against torch in fp64, on a length that is no tile multiple and a
-    head dim that is no power of two."""
-    from attention_kernels.common import DEVICE
-    from attention_kernels.flash_attn.backward import row_delta
-    do, o = torch.randn(2, 2, 37, 3, 48, device=DEVICE).to(dtype).unbind(0)
-    delta = row_delta(do, o)
-    want = (do.double() * o.double()).sum(-1).transpose(1, 2)
-    assert delta.dtype == torch.float32 and delta.shape == (2, 3, 37)
-    assert rel_err(delta, want) <= tolerance(torch.float32)
-
-
-@pytest.mark.parametrize("split", ["keys", "columns"])
-def test_gluon_backward_dq_in_kernel_launcher(split, monkeypatch):
-    """On any machine, the launch replaced by the kernel's contract written in torch: with dq_in_kernel=True the
-    launcher hands the kernel delta from the pre-pass, a zeroed fp32 accumulator [B, Hq, T rounded up to 64, D],
-    each part's head count (PART_HEADS) and DQ_ATOMIC (the split's); and dq is the accumulator's first T rows (what
-    the kernel added there: scale * dS K) in q's layout and dtype, whatever the padded rows hold. fp16 (the
-    pre-pass runs under the interpreter without a GPU), GQA 4:2, T = 70 (no tile multiple)."""
-    gb = _gluon_backward()
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    B, T, HQ, HKV, D = 1, 70, 4, 2, 64
-    q, o, do = torch.randn(3, B, T, HQ, D).half().unbind(0)
-    k, v = torch.randn(2, B, T, HKV, D).half().unbind(0)
-    lse = torch.randn(B, HQ, T)
-    dq_want = torch.randn(B, T, HQ, D)   # stands for scale * sum of dS K, whatever the kernel computed
-    seen = {}
-
-    def kernel(fn, grid, key, args, constexprs, **options):
-        (q_, k_, v_, do_, dk, dv, dq_accum, lse_rows, delta_rows, scale_log2, sm_scale, T_, S_, HQ_, HKV_, parts,
-         part_heads, row_stride) = args
-        seen.update(constexprs, parts=parts, part_heads=part_heads, accum=dq_accum.clone())
-        torch.testing.assert_close(delta_rows[..., :T], (do.double() * o.double()).sum(-1).transpose(1, 2).float())
-        dq_accum[:, :, :T] += dq_want.transpose(1, 2)
-        dq_accum[:, :, T:] = float("nan")   # the padded rows: dropped
-        for out in (dk, dv):
-            out.zero_()
-
-    monkeypatch.setattr(gb, "launch_direct", kernel)
-    dq, dk, dv = gb.gluon_attention_bwd(do, q, k, v, o, lse, causal=True, softmax_scale=0.125, dq_in_kernel=True,
-                                        dq_split=split)
-    assert seen["DQ_ATOMIC"] == gb.DQ_SPLITS[split] > 0 and seen["parts"] * seen["part_heads"] == HQ // HKV
-    accum = seen["accum"]
-    assert accum.dtype == torch.float32 and accum.shape == (B, HQ, 128, D) and not accum.any()
-    assert dq.shape == q.shape and dq.dtype == q.dtype and dq.is_contiguous()
-    torch.testing.assert_close(dq, dq_want.half())
 
 
 @pytest.mark.parametrize("name", ["cu_seqlens_q", "cu_seqlens_k"])
@@ -345,38 +231,6 @@ def test_gpu_gluon_backward_ring_slots(causal, stages, loop):
     _check_against_reference(2, 1000, 1000, 8, 2, 128, causal, dict(loop, stages=stages))
 
 
-# dQ accumulated inside the kernel, in either loop (gluon_attention_bwd's keywords)
-DQ_LOOPS = pytest.mark.parametrize("loop", [dict(overlap=False, dq_in_kernel=True),
-                                            dict(overlap=True, dq_in_kernel=True)],
-                                   ids=["dq_in_kernel-in-order", "dq_in_kernel-overlapped"])
-# (B, T, S, Hq, Hkv): one row; MHA, GQA 4:1 and MQA (a group split into parts, one head each) at lengths no tile
-# multiple; T > S, and rows that see no key under the causal mask (T < S: the NaN cases)
-DQ_SHAPES = [(2, 1, 1, 4, 4), (2, 77, 77, 8, 2), (1, 4100, 4100, 4, 1), (2, 1000, 77, 8, 2), (2, 300, 5, 4, 4)]
-
-
-@pytest.mark.gpu
-@DQ_LOOPS
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("B, T, S, HQ, HKV", DQ_SHAPES, ids=[f"T{t}-S{s}-Hq{h}-Hkv{g}" for _, t, s, h, g in DQ_SHAPES])
-def test_gpu_gluon_backward_dq_in_kernel_matches_reference(B, T, S, HQ, HKV, D, causal, loop):
-    """dq, dk, dv with dQ accumulated inside the kernel by atomic adds (each tile's dS K share) against the fp64
-    reference, in both loops: T = 1, lengths no multiple of the query tile, T != S, MHA, GQA, MQA."""
-    _skip_unless_hopper()
-    _check_against_reference(B, T, S, HQ, HKV, D, causal, loop)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("loop", [dict(overlap=False), dict(overlap=True)], ids=["in-order", "overlapped"])
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("B, T, S, HQ, HKV", DQ_SHAPES, ids=[f"T{t}-S{s}-Hq{h}-Hkv{g}" for _, t, s, h, g in DQ_SHAPES])
-def test_gpu_gluon_backward_dq_in_kernel_columns_matches_reference(B, T, S, HQ, HKV, D, loop):
-    """The column split (`dq_split="columns"`: each consumer D / 2 columns of the tile's dQ over both consumers'
-    128 keys, the two meeting on two barriers every tile) against the fp64 reference, causal, in both loops."""
-    _skip_unless_hopper()
-    _check_against_reference(B, T, S, HQ, HKV, D, True, dict(loop, dq_in_kernel=True, dq_split="columns"))
-
-
 def _poisoned_backward(shape, poison, loop):
     """The Gluon backward (bf16, causal; `loop`: gluon_attention_bwd's keywords) with the Triton forward's o and
     lse, on q, k, v, do after `poison(q, k, v, do)` wrote a NaN or inf into them; and autograd through the fp64
@@ -404,23 +258,15 @@ def _case_ids(cases, what):
     return [f"T{s[1]}-S{s[2]}-Hq{s[3]}-Hkv{s[4]}-{what}{at}" for s, at in cases]
 
 
-# the loops of the NaN/inf cases: both, and dQ accumulated inside the kernel (the in-order loop; the overlapped
-# one shares its dS and K rules)
-LEAK_LOOPS = pytest.mark.parametrize(
-    "loop", [dict(overlap=False), dict(overlap=True), dict(overlap=False, dq_in_kernel=True)],
-    ids=["in-order", "overlapped", "dq_in_kernel-in-order"])
-
-
 @pytest.mark.gpu
-@LEAK_LOOPS
+@LOOPS
 @pytest.mark.parametrize("poison", KEY_POISONS)
 @pytest.mark.parametrize("shape, key", HIDDEN_KEY_CASES, ids=_case_ids(HIDDEN_KEY_CASES, "key"))
 def test_gpu_gluon_backward_hidden_key_does_not_leak(shape, key, poison, loop):
     """A NaN or inf in K or V at one key of KV head 0 reaches the dq of exactly the rows that see that key (of
     KV head 0's query heads); through those rows' lse (a NaN in K) or o and so delta (in V), the dk of exactly
     the keys those rows see in KV head 0, and with a NaN in K their dv. Everything else matches the reference
-    computed with that value zeroed; with V poisoned dv (P^T dO) matches it everywhere. Both loops, and dq from
-    inside the kernel (a NaN in K at a hidden key stays out of the dS K shares: `_finite_keys`)."""
+    computed with that value zeroed; with V poisoned dv (P^T dO) matches it everywhere. Both loops."""
     _skip_unless_hopper()
     B, T, S, HQ, HKV, D = shape = _at_gluon_head_dim(shape)
     (dq, dk, dv), (dq_ref, dk_ref, dv_ref) = _poisoned_backward(
@@ -438,7 +284,7 @@ def test_gpu_gluon_backward_hidden_key_does_not_leak(shape, key, poison, loop):
 
 
 @pytest.mark.gpu
-@LEAK_LOOPS
+@LOOPS
 @pytest.mark.parametrize("poison", ROW_POISONS)
 @pytest.mark.parametrize("shape, row", HIDDEN_QUERY_CASES, ids=_case_ids(HIDDEN_QUERY_CASES, "row"))
 def test_gpu_gluon_backward_hidden_query_does_not_leak(shape, row, poison, loop):
@@ -446,7 +292,7 @@ def test_gpu_gluon_backward_hidden_query_does_not_leak(shape, row, poison, loop)
     keys that row sees (KV head 0), a NaN in Q their dv: a pair the mask hides has dS = 0 and P = 0 in either
     loop. The other pairing (dV with a NaN in dO, dK with one in Q) meets 0 * NaN and spreads over KV head 0,
     as in the Triton backward; the other KV heads' dk and dv match the reference computed with the value
-    zeroed. Both loops, and dq from inside the kernel."""
+    zeroed. Both loops."""
     _skip_unless_hopper()
     B, T, S, HQ, HKV, D = shape = _at_gluon_head_dim(shape)
     (dq, dk, dv), (dq_ref, dk_ref, dv_ref) = _poisoned_backward(

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import LOG2E, aligned16, launch, launch_direct, on_machine
+from ..launch import LOG2E, launch, on_machine
 from .forward import _key_ranges, varlen_key_block, varlen_query_block
 
 # Tiles (BM, BN, num_warps, num_stages): a program owns BN keys (dK/dV) or BN queries (dQ) and steps
@@ -406,33 +406,3 @@ def dq_and_delta(do, q, k, v, o, lse, causal: bool, softmax_scale: float):
            B, T, S, HQ, HQ // HKV, 1, softmax_scale * LOG2E, softmax_scale, D=D, CAUSAL=causal, DQ=True, DKDV=False,
            VARLEN=False, PARTIAL=False)
     return dq, delta
-
-
-@triton.jit(do_not_specialize=["T", "HQ"])
-def _row_delta_kernel(do, o, delta, T, HQ, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr):
-    """delta[b, h, t] = rowsum(dO ∘ O) for BT rows t of query head h in batch b (program (t block, b * HQ + h));
-    do, o: [B, T, HQ, D] contiguous, delta: fp32 [B, HQ, T]."""
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // HQ
-    i_h = i_bh % HQ
-    o_t = i_t * BT + tl.arange(0, BT)
-    o_d = tl.arange(0, BD)
-    inside = (o_t < T)[:, None] & (o_d < D)[None, :]
-    offs = ((i_b * T + o_t[:, None]) * HQ + i_h) * D + o_d[None, :]
-    b_do = tl.load(do + offs, mask=inside, other=0.0)
-    b_o = tl.load(o + offs, mask=inside, other=0.0)
-    tl.store(delta + i_bh * T + o_t, _row_delta(b_do, b_o), mask=o_t < T)
-
-
-def row_delta(do, o):
-    """delta = rowsum(dO ∘ O) in fp32, [B, Hq, T], from do and o [B, T, Hq, D] (contiguous): the softmax
-    correction term alone, for a backward that computes dQ without the dQ programs (the Gluon kernel's
-    `dq_in_kernel`, `gluon_backward.py`)."""
-    B, T, HQ, D = o.shape
-    delta = torch.empty((B, HQ, T), device=o.device, dtype=torch.float32)
-    BT = on_machine(gpu=64, interpreter=16)
-    launch_direct(_row_delta_kernel, (triton.cdiv(T, BT), B * HQ), ("row delta", o.device.index, o.dtype, D, BT),
-                  (do, o, delta, T, HQ), dict(D=D, BD=triton.next_power_of_2(D), BT=BT), aligned=aligned16((do, o)),
-                  num_warps=4)
-    return delta

@@ -1,6 +1,5 @@
 """FlashAttention backward for Hopper (sm_90a) in Gluon: a dK/dV kernel with a TMA copy warp and two consumer
-warpgroups, and the Triton dQ pass (`backward.py`) beside it; or (`dq_in_kernel=True`) dQ accumulated inside the
-same kernel by atomic adds.
+warpgroups, and the Triton dQ pass (`backward.py`) beside it.
 
 `gluon_attention_bwd` is a whole backward with `backward.attention_bwd`'s contract (dense inputs only);
 `flash_attn_func`'s backward runs it on an sm_90 GPU where it measured faster than the Triton backward
@@ -14,32 +13,8 @@ The schedule follows FlashAttention-3's Hopper backward (Shah et al. 2024; `hopp
 in Dao-AILab/flash-attention, read, not copied): one CTA per key block, K and V resident in shared memory, a
 producer warp streaming Q and dO tiles with their lse and delta rows through a pipeline, and the MMA warpgroups
 holding the transposed products (its SdP_swapAB), so that P^T and dS^T come out of the accumulators as the
-register A operands of dV += P^T dO and dK += dS^T Q. By default dQ is not accumulated here: the deterministic
-Triton dQ pass computes it, and delta with it, recomputing S and dP (7 products per query block and key block
-in all, not 5).
-
-dQ inside the kernel (DQ_ATOMIC, `gluon_attention_bwd(dq_in_kernel=True)`; FA3's way, whose dQ goes through
-shared memory and a TMA reduce-add, and `hopper/flash_bwd_postprocess_kernel.h` then scales and casts it): a
-small Triton pre-pass computes delta (`backward.row_delta`); each consumer stores its dS^T tile (bf16) to shared
-memory while dK += dS^T Q runs, then computes a share of the query block's dQ with wgmma (A: dS^T read
-transposed; B: K) and adds it, times scale, into a zeroed fp32 accumulator [B, Hq, T rounded up to 64, D] in
-global memory by atomic adds (Triton 3.6's Gluon has no TMA reduce: `gl.atomic_add`, relaxed, two fp32 an
-instruction in the wgmma accumulator's layout; nothing reads their results). The launcher then casts the
-accumulator's first T rows to dq. A [64, D] fp32 accumulator would add D / 2 registers a thread to the
-consumers' 240 (dK and dV 64 each at D = 128, S^T and dP^T 32 each), so the share is at most [64, 64], and the
-two consumers split the tile's dQ one of two ways (`dq_split`):
-  * "keys" (DQ_KEYS, the default): each its own 64 keys' dS K, 64 columns at a time (DQ_COLS), each product
-    waited on before its atomics; the two never wait on each other. 64 KB of atomics a tile at D = 128.
-  * "columns" (DQ_COLUMNS, FA3's split): warpgroup w columns w D / 2 ... over all 128 keys, from both dS^T
-    halves in one shared [128, 64] tile, so the two meet on two barriers every tile (both halves stored; both
-    products done with them). Half the atomics, one product a tile.
-Both compile without spills (notes/TUNING.md, 2026-12-07 (26)); the GPU decides. The B operand is a copy of K
-with its NaN and inf entries zeroed (`_finite_keys`): dS is 0 at a pair the causal mask hides, and 0 * NaN would
-carry a NaN in K at a hidden key into rows that cannot see it. Beside the dQ share, the in-order loop masks dS
-where P is 0, as the overlapped loop does (the mask held from S to dS spilled), and the head loop's bound is a
-kernel argument (PART_HEADS: held in a register, it spilled). Shared memory at D = 128: 16 KB of dS^T and 32 KB
-of K copy (177.7 KB in order with 2 slots, 210.3 KB overlapped with 3). The sums' order, and so dq's last bits,
-vary from run to run.
+register A operands of dV += P^T dO and dK += dS^T Q. Unlike FA3, dQ is not accumulated here (FA3 writes dS to
+shared memory and adds dQ with atomics): the deterministic Triton dQ pass computes it, and delta with it.
 
 One CTA per (block of 128 keys, KV head [, part of its GQA group], batch), three partitions (gl.warp_specialize):
   * a 1-warp producer copies the CTA's K and V once (two 64-key halves each), then for each query head of the
@@ -73,13 +48,12 @@ import torch.nn.functional as F
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ..checks import check_tensor
 from ..gluon_helpers import opaque_zero
 from ..launch import LOG2E, aligned16, launch_direct
-from .backward import dq_and_delta, group_parts, row_delta
+from .backward import dq_and_delta, group_parts
 
 BN = 128           # keys per CTA: two consumer warpgroups of 64 (wgmma's M)
 # (query rows per ring tile, ring slots) per head dim. A slot holds a Q and a dO tile, BM x D each, next to the
@@ -97,14 +71,6 @@ IN_ORDER = gl.constexpr(0)
 OVERLAPPED = gl.constexpr(1)
 # 4 + 4 + 1 warps, as the forward: the producer drops to 24 registers, each consumer thread gets 240.
 WS_MAXNREG = 168
-# DQ_ATOMIC (`gluon_attention_bwd(dq_in_kernel=True, dq_split=...)`), how the two consumers share a tile's dQ
-# (`_add_dq_share`; the module docstring weighs them): DQ_KEYS, each dS K over its own 64 keys, DQ_COLS columns
-# at a time (a [64, 64] fp32 accumulator, 32 registers beside dK's and dV's 128); DQ_COLUMNS, warpgroup w the
-# columns w D / 2 ... over all 128 keys, from both dS^T tiles (half the atomics; the two meet every tile).
-DQ_COLS = gl.constexpr(64)
-DQ_KEYS = gl.constexpr(1)
-DQ_COLUMNS = gl.constexpr(2)
-DQ_SPLITS = {"keys": DQ_KEYS.value, "columns": DQ_COLUMNS.value}
 WS_CONSUMER_REGS = 240
 WS_PRODUCER_REGS = 24
 ROW_ALIGN = 4      # fp32 elements in 16 bytes: the lse and delta views' row length must be a multiple of it
@@ -206,12 +172,10 @@ def _hide_past_diagonal(s_t, keys, row0, shift, col_s: gl.constexpr):
 
 @gluon.jit
 def _block_update(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_s, lse_s, delta_s, q_ready, do_ready,
-                  q_empty, do_empty, ds_buf, ds_bars, MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-                  COLUMNS: gl.constexpr, s_layout: gl.constexpr, a_layout: gl.constexpr):
+                  q_empty, do_empty, MASKED: gl.constexpr, s_layout: gl.constexpr, a_layout: gl.constexpr):
     """Ring tile i (query rows row0 ... row0 + BM - 1 of one head) for this warpgroup's 64 keys: S^T = K Q^T,
     P^T, dV += P^T dO, dP^T = V dO^T, dS^T, dK += dS^T Q; each product waited on, and the slot's dO and Q released
-    once read. MASKED: a pair whose key is past the query's diagonal (key > query + shift) has P = dS = 0.
-    DQ_ATOMIC: dS^T also stored to ds_buf (while dK runs) for the dQ product (`_add_dq_share`)."""
+    once read. MASKED: a pair whose key is past the query's diagonal (key > query + shift) has P = dS = 0."""
     BM: gl.constexpr = q_s.shape[1]
     HALF: gl.constexpr = k_op.shape[0]
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -237,14 +201,8 @@ def _block_update(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_
     mbarrier.arrive(do_empty.index(st), count=1)
     ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
     if MASKED:   # 0 * NaN is NaN: a hidden pair's dS is 0 whatever dO or V hold there
-        if DQ_ATOMIC:   # beside the dQ share the mask spills: `_block_update_overlapped`'s rule, P = 0
-            ds_t = gl.where(p_t == 0.0, 0.0, ds_t)
-        else:
-            ds_t = gl.where(keep, ds_t, 0.0)
-    ds_t = ds_t.to(q_s.dtype)
-    dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_tile, dk, is_async=True)
-    if DQ_ATOMIC:
-        _stage_ds(ds_t, ds_buf, ds_bars, i, COLUMNS)
+        ds_t = gl.where(keep, ds_t, 0.0)
+    dk = warpgroup_mma(gl.convert_layout(ds_t.to(q_s.dtype), a_layout), q_tile, dk, is_async=True)
     dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
     mbarrier.arrive(q_empty.index(st), count=1)
     return dk, dv
@@ -252,8 +210,7 @@ def _block_update(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_
 
 @gluon.jit
 def _block_update_overlapped(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_s, lse_s, delta_s, q_ready,
-                             do_ready, q_empty, do_empty, ds_buf, ds_bars, MASKED: gl.constexpr,
-                             DQ_ATOMIC: gl.constexpr, COLUMNS: gl.constexpr, s_layout: gl.constexpr,
+                             do_ready, q_empty, do_empty, MASKED: gl.constexpr, s_layout: gl.constexpr,
                              a_layout: gl.constexpr):
     """`_block_update`'s products and arithmetic, the products overlapped with the elementwise work (the order of
     FA3's `bwd_step`, which issues dP^T before waiting on S^T): S^T = K Q^T and dP^T = V dO^T issued back to
@@ -264,8 +221,7 @@ def _block_update_overlapped(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_o
     and dS is set to 0 wherever P is 0 (`_block_update` holds the mask instead: here, beside two products in
     flight, that spills at D = 128). Where P is 0, P (dP - delta) is 0 for any finite dP, so the two differ
     only at a visible pair whose P underflowed to 0 and whose dP is not finite, which then adds nothing, as
-    the forward's masked tiles skip zero probabilities (`gluon_forward._pv_skipping_zeros`). DQ_ATOMIC: dS^T also
-    stored to ds_buf while dV and dK run, as in `_block_update`."""
+    the forward's masked tiles skip zero probabilities (`gluon_forward._pv_skipping_zeros`)."""
     BM: gl.constexpr = q_s.shape[1]
     HALF: gl.constexpr = k_op.shape[0]
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -291,10 +247,7 @@ def _block_update_overlapped(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_o
     ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
     if MASKED:   # 0 * NaN is NaN: a hidden pair's dS is 0 whatever dO or V hold there
         ds_t = gl.where(p_t == 0.0, 0.0, ds_t)
-    ds_t = ds_t.to(q_s.dtype)
-    dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_tile, dk, is_async=True)
-    if DQ_ATOMIC:
-        _stage_ds(ds_t, ds_buf, ds_bars, i, COLUMNS)
+    dk = warpgroup_mma(gl.convert_layout(ds_t.to(q_s.dtype), a_layout), q_tile, dk, is_async=True)
     dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv, ))   # dV done, dK may still run
     mbarrier.arrive(do_empty.index(st), count=1)
     dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
@@ -303,82 +256,26 @@ def _block_update_overlapped(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_o
 
 
 @gluon.jit
-def _stage_ds(ds_t, ds_buf, ds_bars, i, COLUMNS: gl.constexpr):
-    """dS^T (bf16 or fp16, this warpgroup's keys x query rows) into its shared buffer ds_buf, for the dQ product
-    to read. Its own buffer: the previous tile's product read it last and was waited on. COLUMNS (one [128, BM]
-    tile both warpgroups read, `_add_dq_share`): first wait until both are done with tile i - 1's (ds_bars[1]),
-    then announce this half (ds_bars[0])."""
-    if COLUMNS:
-        mbarrier.wait(ds_bars.index(1), (i & 1) ^ 1)
-    ds_buf.store(ds_t)
-    fence_async_shared()   # the generic-proxy stores made visible to wgmma (the async proxy)
-    if COLUMNS:
-        gl.thread_barrier()   # every warp's stores, before the warpgroup's one arrival
-        mbarrier.arrive(ds_bars.index(0), count=1)
-
-
-@gluon.jit
-def _add_dq_share(ds_all, k_dq, col0, dq_tile, sm_scale, ds_bars, i, D: gl.constexpr, COLUMNS: gl.constexpr,
-                  dq_layout: gl.constexpr):
-    """This warpgroup's share of the tile's dQ, sm_scale * dS K with A: ds_all, dS^T (keys x BM rows) read
-    transposed, and B: k_dq, those keys' K (its columns col0 ...), added into the tile's BM rows of the fp32
-    accumulator, whose first element dq_tile is (rows of D; the accumulator's rows are padded past T, so no mask).
-    DQ_COLS columns at a time, each product waited on before its atomic adds, which nothing waits for (their
-    results unused). The per-key split: this warpgroup's 64 keys, all D columns. COLUMNS: both warpgroups' 128
-    keys (after waiting for the other's half, ds_bars[0]), this warpgroup's D / 2 columns; the tile released
-    (ds_bars[1]) once read."""
-    BM: gl.constexpr = ds_all.shape[1]
-    N: gl.constexpr = k_dq.shape[1]
-    COLS: gl.constexpr = dq_layout.instr_shape[1]
-    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, dq_layout))
-    row_ptr = dq_tile + col0 + gl.expand_dims(rows * D, 1)
-    zero = gl.zeros([BM, COLS], gl.float32, dq_layout)
-    if COLUMNS:
-        mbarrier.wait(ds_bars.index(0), i & 1)
-    for c in gl.static_range(N // COLS):
-        part = warpgroup_mma(ds_all.permute((1, 0)), k_dq.slice(c * COLS, COLS, dim=1), zero, use_acc=False,
-                             is_async=True)
-        part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
-        if COLUMNS and c == N // COLS - 1:
-            gl.thread_barrier()   # every warp done with the tile, before the warpgroup's one arrival
-            mbarrier.arrive(ds_bars.index(1), count=1)
-        cols = c * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, dq_layout))
-        gl.atomic_add(row_ptr + gl.expand_dims(cols, 0), part * sm_scale, sem="relaxed")
-
-
-@gluon.jit
-def _block_step(SCHEDULE: gl.constexpr, DQ_ATOMIC: gl.constexpr, dk, dv, i, row0, keys, shift, scale_log2, k_op,
-                v_op, q_s, do_s, lse_s, delta_s, q_ready, do_ready, q_empty, do_empty, ds_buf, ds_all, k_dq, col0,
-                ds_bars, dq_tile, sm_scale, MASKED: gl.constexpr, COLUMNS: gl.constexpr, s_layout: gl.constexpr,
-                a_layout: gl.constexpr, dq_layout: gl.constexpr):
-    """Ring tile i through the update of the loop SCHEDULE (`_block_update` or `_block_update_overlapped`), then,
-    with DQ_ATOMIC, this warpgroup's share of the tile's dQ added into the accumulator (`_stage_ds`,
-    `_add_dq_share`)."""
-    D: gl.constexpr = q_s.shape[2]
+def _block_step(SCHEDULE: gl.constexpr, dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_s, lse_s,
+                delta_s, q_ready, do_ready, q_empty, do_empty, MASKED: gl.constexpr, s_layout: gl.constexpr,
+                a_layout: gl.constexpr):
+    """Ring tile i through the update of the loop SCHEDULE (`_block_update` or `_block_update_overlapped`)."""
     if SCHEDULE == OVERLAPPED:
         dk, dv = _block_update_overlapped(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_s, lse_s,
-                                          delta_s, q_ready, do_ready, q_empty, do_empty, ds_buf, ds_bars, MASKED,
-                                          DQ_ATOMIC, COLUMNS, s_layout, a_layout)
+                                          delta_s, q_ready, do_ready, q_empty, do_empty, MASKED, s_layout, a_layout)
     else:
         dk, dv = _block_update(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_s, lse_s, delta_s,
-                               q_ready, do_ready, q_empty, do_empty, ds_buf, ds_bars, MASKED, DQ_ATOMIC, COLUMNS,
-                               s_layout, a_layout)
-    if DQ_ATOMIC:
-        _add_dq_share(ds_all, k_dq, col0, dq_tile, sm_scale, ds_bars, i, D, COLUMNS, dq_layout)
+                               q_ready, do_ready, q_empty, do_empty, MASKED, s_layout, a_layout)
     return dk, dv
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, SCHEDULE: gl.constexpr, DQ_ATOMIC: gl.constexpr, dk_ptr, dv_ptr, out_base,
-              out_row_stride, dq_part, dq_head_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks,
-              scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s, kdq_s, ds_bars, kv_bar, q_ready,
-              do_ready, q_empty, do_empty):
+def _consumer(WG: gl.constexpr, SCHEDULE: gl.constexpr, dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift,
+              n_heads, m_lo, m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar,
+              q_ready, do_ready, q_empty, do_empty):
     """Warpgroup WG: keys n0 + 64 WG ... + 63 over every query block of every head of the part (the masked blocks
     of a head first, as the producer sends them), each through the update of the loop SCHEDULE, then dK * scale
-    and dV stored (keys past S are not). DQ_ATOMIC: first its keys' K copied into kdq_s with every non-finite
-    entry 0 (`_finite_keys`), then each tile's share of dQ added into the fp32 accumulator (the part's g-th query
-    head's rows from dq_part + g * dq_head_stride on, D apart), split as ds_s's shape says (`_dq_views`); without
-    it dq_part, ds_s, kdq_s and ds_bars are not read."""
+    and dV stored (keys past S are not)."""
     BM: gl.constexpr = q_s.shape[1]
     D: gl.constexpr = q_s.shape[2]
     HALF: gl.constexpr = k_s.shape[1]
@@ -386,40 +283,21 @@ def _consumer(WG: gl.constexpr, SCHEDULE: gl.constexpr, DQ_ATOMIC: gl.constexpr,
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, D, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    # the dQ split, read off ds_s: [2, 64, BM] a tile per warpgroup (its keys' share), or [1, 128, BM] one tile
-    # both read (the column split: warpgroup WG's D / 2 columns over all 128 keys)
-    COLUMNS: gl.constexpr = ds_s.shape[0] == 1
-    DQ_N: gl.constexpr = D // 2 if COLUMNS else DQ_COLS
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, DQ_N, 16])
     keys = n0 + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
     dk = gl.zeros([HALF, D], gl.float32, acc_layout)
     dv = gl.zeros([HALF, D], gl.float32, acc_layout)
     mbarrier.wait(kv_bar, 0)
-    if DQ_ATOMIC and COLUMNS:   # its keys' rows of both column halves
-        for c in gl.static_range(2):
-            _finite_keys(k_s.index(WG).slice(c * (D // 2), D // 2, dim=1),
-                         kdq_s.index(c).slice(WG * HALF, HALF, dim=0))
-    elif DQ_ATOMIC:
-        _finite_keys(k_s.index(WG), kdq_s.index(WG))
     i = 0   # the ring tile, numbered as the producer sends them
     for g in range(n_heads):
-        dq_head = dq_part + g.to(gl.int64) * dq_head_stride
         for m in range(m_lo, m_full):
-            ds_buf, ds_all, k_dq, col0 = _dq_views(ds_s, kdq_s, i, WG)
-            dk, dv = _block_step(SCHEDULE, DQ_ATOMIC, dk, dv, i, m * BM, keys, shift, scale_log2,
+            dk, dv = _block_step(SCHEDULE, dk, dv, i, m * BM, keys, shift, scale_log2,
                                  k_s.index(WG + opaque_zero(i)), v_s.index(WG + opaque_zero(i)), q_s, do_s, lse_s,
-                                 delta_s, q_ready, do_ready, q_empty, do_empty, ds_buf, ds_all, k_dq, col0,
-                                 ds_bars, dq_head + m * BM * D, sm_scale, True, COLUMNS, s_layout, a_layout,
-                                 dq_layout)
+                                 delta_s, q_ready, do_ready, q_empty, do_empty, True, s_layout, a_layout)
             i += 1
         for m in range(m_full, n_blocks):
-            ds_buf, ds_all, k_dq, col0 = _dq_views(ds_s, kdq_s, i, WG)
-            dk, dv = _block_step(SCHEDULE, DQ_ATOMIC, dk, dv, i, m * BM, keys, shift, scale_log2,
+            dk, dv = _block_step(SCHEDULE, dk, dv, i, m * BM, keys, shift, scale_log2,
                                  k_s.index(WG + opaque_zero(i)), v_s.index(WG + opaque_zero(i)), q_s, do_s, lse_s,
-                                 delta_s, q_ready, do_ready, q_empty, do_empty, ds_buf, ds_all, k_dq, col0,
-                                 ds_bars, dq_head + m * BM * D, sm_scale, False, COLUMNS, s_layout, a_layout,
-                                 dq_layout)
+                                 delta_s, q_ready, do_ready, q_empty, do_empty, False, s_layout, a_layout)
             i += 1
     keys_o = gl.convert_layout(keys, gl.SliceLayout(1, acc_layout))
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
@@ -429,121 +307,48 @@ def _consumer(WG: gl.constexpr, SCHEDULE: gl.constexpr, DQ_ATOMIC: gl.constexpr,
     gl.store(dv_ptr + out_base + offs, dv.to(dv_ptr.dtype.element_ty), mask=inside)
 
 
+# One entry point per warpgroup and loop: gl.warp_specialize cannot pass constexprs, so each binds its own.
 @gluon.jit
-def _dq_views(ds_s, kdq_s, i, WG: gl.constexpr):
-    """Warpgroup WG's views for tile i's dQ share: (where it stores its dS^T, the dS^T its product reads, the K
-    its product reads, the first dQ column it adds to). The buffers indexed through `opaque_zero`, as the ring's."""
-    if ds_s.shape[0] == 1:   # the column split: kdq_s holds K's two column halves, each its own [128, D / 2] tile
-        HALF: gl.constexpr = ds_s.shape[1] // 2
-        N: gl.constexpr = kdq_s.shape[2]
-        ds_all = ds_s.index(opaque_zero(i))
-        return ds_all.slice(WG * HALF, HALF, dim=0), ds_all, kdq_s.index(WG + opaque_zero(i)), WG * N
-    else:
-        ds_own = ds_s.index(WG + opaque_zero(i))
-        return ds_own, ds_own, kdq_s.index(WG + opaque_zero(i)), 0
+def _consumer0(dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks, scale_log2,
+               sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready, q_empty, do_empty):
+    _consumer(0, IN_ORDER, dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks,
+              scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready, q_empty, do_empty)
 
 
 @gluon.jit
-def _finite_keys(k_half, kdq_half):
-    """kdq_half = k_half with every NaN or inf entry 0: the B operand of the dQ products. A tile's dS is 0 at a
-    pair the causal mask hides, and 0 * NaN would carry a NaN in K at a hidden key into the dq of rows that cannot
-    see it (the Triton dQ pass zeroes K's non-finite entries on its masked tiles for the same reason); a row that
-    sees the key has a non-finite dS there already (its lse is), so it loses nothing."""
-    rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])   # 16-byte pieces of rows
-    k = k_half.load(rows_layout)
-    kdq_half.store(gl.where(gl.abs(k.to(gl.float32)) < float("inf"), k, 0.0).to(k.dtype))
-    fence_async_shared()   # read by wgmma (the async proxy)
-
-
-# One entry point per warpgroup, loop and dQ choice: gl.warp_specialize cannot pass constexprs, so each binds its
-# own.
-@gluon.jit
-def _consumer0(dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift, n_heads, m_lo, m_full,
-               n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s, kdq_s, ds_bars, kv_bar,
-               q_ready, do_ready, q_empty, do_empty):
-    _consumer(0, IN_ORDER, False, dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift,
-              n_heads, m_lo, m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s, kdq_s,
-              ds_bars, kv_bar, q_ready, do_ready, q_empty, do_empty)
+def _consumer1(dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks, scale_log2,
+               sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready, q_empty, do_empty):
+    _consumer(1, IN_ORDER, dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks,
+              scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready, q_empty, do_empty)
 
 
 @gluon.jit
-def _consumer1(dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift, n_heads, m_lo, m_full,
-               n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s, kdq_s, ds_bars, kv_bar,
-               q_ready, do_ready, q_empty, do_empty):
-    _consumer(1, IN_ORDER, False, dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift,
-              n_heads, m_lo, m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s, kdq_s,
-              ds_bars, kv_bar, q_ready, do_ready, q_empty, do_empty)
+def _consumer0_overlapped(dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full,
+                          n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready,
+                          do_ready, q_empty, do_empty):
+    _consumer(0, OVERLAPPED, dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks,
+              scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready, q_empty, do_empty)
 
 
 @gluon.jit
-def _consumer0_overlapped(dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift, n_heads,
-                          m_lo, m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s,
-                          kdq_s, ds_bars, kv_bar, q_ready, do_ready, q_empty, do_empty):
-    _consumer(0, OVERLAPPED, False, dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift,
-              n_heads, m_lo, m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s, kdq_s,
-              ds_bars, kv_bar, q_ready, do_ready, q_empty, do_empty)
-
-
-@gluon.jit
-def _consumer1_overlapped(dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift, n_heads,
-                          m_lo, m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s,
-                          kdq_s, ds_bars, kv_bar, q_ready, do_ready, q_empty, do_empty):
-    _consumer(1, OVERLAPPED, False, dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift,
-              n_heads, m_lo, m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s, kdq_s,
-              ds_bars, kv_bar, q_ready, do_ready, q_empty, do_empty)
-
-
-@gluon.jit
-def _consumer0_dq(dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift, n_heads, m_lo,
-                  m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s, kdq_s, ds_bars,
-                  kv_bar, q_ready, do_ready, q_empty, do_empty):
-    _consumer(0, IN_ORDER, True, dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift,
-              n_heads, m_lo, m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s, kdq_s,
-              ds_bars, kv_bar, q_ready, do_ready, q_empty, do_empty)
-
-
-@gluon.jit
-def _consumer1_dq(dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift, n_heads, m_lo,
-                  m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s, kdq_s, ds_bars,
-                  kv_bar, q_ready, do_ready, q_empty, do_empty):
-    _consumer(1, IN_ORDER, True, dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift,
-              n_heads, m_lo, m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s, kdq_s,
-              ds_bars, kv_bar, q_ready, do_ready, q_empty, do_empty)
-
-
-@gluon.jit
-def _consumer0_overlapped_dq(dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift, n_heads,
-                             m_lo, m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s,
-                             kdq_s, ds_bars, kv_bar, q_ready, do_ready, q_empty, do_empty):
-    _consumer(0, OVERLAPPED, True, dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift,
-              n_heads, m_lo, m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s, kdq_s,
-              ds_bars, kv_bar, q_ready, do_ready, q_empty, do_empty)
-
-
-@gluon.jit
-def _consumer1_overlapped_dq(dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift, n_heads,
-                             m_lo, m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s,
-                             kdq_s, ds_bars, kv_bar, q_ready, do_ready, q_empty, do_empty):
-    _consumer(1, OVERLAPPED, True, dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift,
-              n_heads, m_lo, m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s, kdq_s,
-              ds_bars, kv_bar, q_ready, do_ready, q_empty, do_empty)
+def _consumer1_overlapped(dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full,
+                          n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready,
+                          do_ready, q_empty, do_empty):
+    _consumer(1, OVERLAPPED, dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks,
+              scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready, q_empty, do_empty)
 
 
 # Integer arguments equal to 1 would be specialized into constants, which gl.warp_specialize cannot hand to the
 # partitions (T = 1, MQA, one part): none is specialized, which also lets launch_direct skip the dispatcher.
-@gluon.jit(do_not_specialize=["T", "S", "HQ", "HKV", "PARTS", "PART_HEADS", "row_stride"])
-def attn_bwd_dkdv_ws_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, dq_ptr, lse_ptr, delta_ptr, scale_log2,
-                            sm_scale, T, S, HQ, HKV, PARTS, PART_HEADS, row_stride, D: gl.constexpr, BM: gl.constexpr,
-                            STAGES: gl.constexpr, CAUSAL: gl.constexpr, SCHEDULE: gl.constexpr,
-                            DQ_ATOMIC: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                            num_warps: gl.constexpr):
+@gluon.jit(do_not_specialize=["T", "S", "HQ", "HKV", "PARTS", "row_stride"])
+def attn_bwd_dkdv_ws_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr, scale_log2, sm_scale, T,
+                            S, HQ, HKV, PARTS, row_stride, D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+                            CAUSAL: gl.constexpr, SCHEDULE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                            PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """q, do: [B, T, HQ, D], k, v: [B, S, HKV, D] contiguous; lse (base 2), delta: fp32 [B, HQ, row_stride]
     (row_stride >= T, a multiple of 4). dk, dv: like k and v, or with PARTS > 1 fp32 [B, S, HKV, PARTS, D], each
-    part's sums over its PART_HEADS = GROUP // PARTS query heads (an argument, so that the consumers' head loop
-    reads its bound from the kernel's parameters: held in a register it spilled with DQ_ATOMIC). SCHEDULE: the
-    consumers' loop (IN_ORDER or OVERLAPPED). DQ_ATOMIC: dq_ptr, fp32 [B, HQ, cdiv(T, BM) * BM, D] zeroed, takes
-    every tile's sm_scale * dS K by atomic adds; its rows past T take dS = 0, or NaN beside a NaN in K, and are
-    dropped by the launcher. Else dq_ptr is not read. Grid (cdiv(S, 128), B * HKV * PARTS)."""
+    part's sums over its GROUP // PARTS query heads. SCHEDULE: the consumers' loop (IN_ORDER or OVERLAPPED).
+    Grid (cdiv(S, 128), B * HKV * PARTS)."""
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     BN: gl.constexpr = 128
     HALF: gl.constexpr = 64
@@ -554,7 +359,7 @@ def attn_bwd_dkdv_ws_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, dq_ptr,
     i_b = i_bh // HKV
     i_hk = i_bh % HKV
     group = HQ // HKV
-    n_heads = PART_HEADS
+    n_heads = group // PARTS
     h0 = i_hk * group + i_part * n_heads   # the part's first query head
     n0 = i_n * BN
     m_lo, m_full, n_blocks = _query_blocks(n0, T, S, BM, BN, CAUSAL)
@@ -567,8 +372,6 @@ def attn_bwd_dkdv_ws_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, dq_ptr,
     stats_row0 = i_b.to(gl.int64) * HQ * row_stride
     out_base = ((i_b.to(gl.int64) * S * HKV + i_hk) * PARTS + i_part) * D
     out_row_stride = HKV * PARTS * D
-    dq_head_stride = gl.cdiv(T, BM) * BM * D   # dq_ptr: [B, HQ, T rounded up to BM, D]
-    dq_part = dq_ptr + (i_b.to(gl.int64) * HQ + h0) * dq_head_stride   # the part's first query head
 
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, D], dtype)
@@ -585,23 +388,6 @@ def attn_bwd_dkdv_ws_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, dq_ptr,
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, BM], dtype)
-    ds_bars = kv_bar   # not read but by the column split
-    if DQ_ATOMIC == DQ_COLUMNS:   # one dS^T tile of the 128 keys, both warpgroups read, and their finite K in
-        # two column halves, each a whole tile for wgmma's B (at D = 64 a half is 64 bytes a row: a column slice
-        # of one [128, 64] tile would start inside its 128-byte swizzle)
-        ds_s = gl.allocate_shared_memory(dtype, [1, BN, BM], ds_layout)
-        kdq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D // 2], dtype)
-        kdq_s = gl.allocate_shared_memory(dtype, [2, BN, D // 2], kdq_layout)
-        ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(ds_bars.index(0), count=2)   # both halves of dS^T stored
-        mbarrier.init(ds_bars.index(1), count=2)   # both products done with it
-    elif DQ_ATOMIC:   # per warpgroup: its dS^T tile (A of the dQ product, read transposed) and its keys' finite K
-        ds_s = gl.allocate_shared_memory(dtype, [2, HALF, BM], ds_layout)
-        kdq_s = gl.allocate_shared_memory(dtype, [2, HALF, D], kv_layout)
-    else:   # not read (`_consumer`)
-        ds_s = k_s
-        kdq_s = k_s
     # The barriers' invariants, on which both loops rely (a wrong parity hangs the GPU). Ring tile i (numbered as
     # the producer sends them: head by head, query block by query block) goes to slot i % STAGES in that slot's
     # use u = i // STAGES, and every waiter waits on the parity of u:
@@ -620,15 +406,6 @@ def attn_bwd_dkdv_ws_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, dq_ptr,
     # dO's slot before Q's, in both loops (the overlapped loop only waits on dO's ready before, not after, its wait
     # on S^T). No warpgroup ever waits on the other, only on the producer, and a warpgroup waiting on tile i has
     # released every tile before i, so the producer's wait for tile i - STAGES's release always ends: no deadlock.
-    # Except with DQ_COLUMNS, whose two consumers share one dS^T tile, on two more barriers (2 arrivals, one a
-    # warpgroup, each after a warpgroup-wide thread barrier, `_stage_ds`, `_add_dq_share`):
-    #   ds_bars[0] (stored): phase i completes when both halves of tile i's dS^T are in shared memory (and, at
-    #     tile 0, both halves of the finite K copy, stored before); each waits parity i & 1 before its product.
-    #   ds_bars[1] (free): phase i completes when both products read tile i's; each waits parity (i & 1) ^ 1
-    #     before storing tile i + 1's half (a fresh barrier passes tile 0). Neither is more than one phase ahead
-    #     of a waiter, which has not yet arrived on the next phase. A warpgroup waits on the other only for what
-    #     the other does on its way through the same tile after its own ring waits, and each arrives before
-    #     waiting on the other at that tile: the waits end, and the ring's argument above still holds.
     mbarrier.init(kv_bar, count=1)
     for st in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(st), count=1)
@@ -636,20 +413,12 @@ def attn_bwd_dkdv_ws_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, dq_ptr,
         mbarrier.init(q_empty.index(st), count=2)   # both consumer warpgroups read every tile
         mbarrier.init(do_empty.index(st), count=2)
 
-    cargs = (dk_ptr, dv_ptr, out_base, out_row_stride, dq_part, dq_head_stride, n0, S, shift, n_heads, m_lo, m_full,
-             n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, ds_s, kdq_s, ds_bars, kv_bar,
-             q_ready, do_ready, q_empty, do_empty)
+    cargs = (dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks, scale_log2,
+             sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready, q_empty, do_empty)
     largs = (q_ptr, do_ptr, k_ptr, v_ptr, lse_ptr, delta_ptr, q_row0, kv_base, row_stride, stats_row0, h0, n_heads,
              m_lo, n_blocks, n0, T, S, HQ, HKV, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready,
              q_empty, do_empty)
-    if DQ_ATOMIC:
-        if SCHEDULE == OVERLAPPED:
-            gl.warp_specialize([(_consumer0_overlapped_dq, cargs), (_consumer1_overlapped_dq, cargs),
-                                (_load_partition, largs)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-        else:
-            gl.warp_specialize([(_consumer0_dq, cargs), (_consumer1_dq, cargs), (_load_partition, largs)], [4, 1],
-                               [CONSUMER_REGS, PRODUCER_REGS])
-    elif SCHEDULE == OVERLAPPED:
+    if SCHEDULE == OVERLAPPED:
         gl.warp_specialize([(_consumer0_overlapped, cargs), (_consumer1_overlapped, cargs), (_load_partition, largs)],
                            [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
@@ -721,28 +490,18 @@ def bwd_tiles(D: int, overlap: bool = False, stages: int | None = None) -> tuple
 
 
 def gluon_attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, cu_seqlens_q=None,
-                        cu_seqlens_k=None, overlap: bool = False, stages: int | None = None,
-                        dq_in_kernel: bool = False, dq_split: str = "keys"):
+                        cu_seqlens_k=None, overlap: bool = False, stages: int | None = None):
     """The backward with `backward.attention_bwd`'s contract for dense inputs: do, q, o [B, T, Hq, D], k, v
     [B, S, Hkv, D], lse fp32 [B, Hq, T] (base 2) from the forward; bf16 or fp16, D 64 or 128, on a Hopper GPU.
     Returns (dq, dk, dv) in the input dtype; for GQA, dk and dv summed over each group's query heads.
-    By default dQ and delta come from the Triton dQ pass, dK and dV from the Gluon kernel (`attn_bwd_dkdv_ws_kernel`).
+    dQ and delta come from the Triton dQ pass, dK and dV from the Gluon kernel (`attn_bwd_dkdv_ws_kernel`).
     cu_seqlens_q, cu_seqlens_k: packed sequences are refused (ValueError), as is anything else `_check_inputs`
     names, before any launch. overlap: the consumers' overlapped loop instead of the in-order one (what
-    `flash_attn_func` runs); stages: the ring's slots (2 or 3; None: the loop's, `bwd_tiles`). dq_in_kernel
-    (a bool, else TypeError): dQ accumulated inside the Gluon kernel (DQ_ATOMIC: each tile's dS K added into a
-    zeroed fp32 buffer by atomic adds, so its sums' order, and so dq's last bits, vary from run to run), delta
-    from a small pre-pass (`backward.row_delta`), dq cast after; instead of the Triton dQ pass. dq_split (one of
-    DQ_SPLITS, else ValueError): how the two consumers share a tile's dQ, "keys" (each its 64 keys' share of all
-    D columns) or "columns" (each D / 2 columns over all 128 keys: half the atomics, the two meet every tile).
+    `flash_attn_func` runs); stages: the ring's slots (2 or 3; None: the loop's, `bwd_tiles`).
 
     >>> o, lse = attention_fwd(q, k, v, causal=True, softmax_scale=scale)   # forward.py
     >>> dq, dk, dv = gluon_attention_bwd(do, q, k, v, o, lse, True, scale)  # on an H100 or H200
     """
-    if not isinstance(dq_in_kernel, bool):
-        raise TypeError(f"dq_in_kernel must be a bool, got {type(dq_in_kernel).__name__}")
-    if dq_split not in DQ_SPLITS:
-        raise ValueError(f"dq_split must be one of {sorted(DQ_SPLITS)}, got {dq_split!r}")
     _check_inputs(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
     BM, STAGES = bwd_tiles(q.shape[3], bool(overlap), stages)
     schedule = OVERLAPPED.value if overlap else IN_ORDER.value
@@ -752,12 +511,7 @@ def gluon_attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float,
     B, T, HQ, D = q.shape
     S, HKV = k.shape[1], k.shape[2]
     group = HQ // HKV
-    if dq_in_kernel:   # the kernel adds scale * dS K into dq_accum, its rows padded to whole query tiles
-        delta = row_delta(do, o)
-        dq_accum = torch.zeros((B, HQ, triton.cdiv(T, BM) * BM, D), device=q.device, dtype=torch.float32)
-    else:
-        dq, delta = dq_and_delta(do, q, k, v, o, lse, bool(causal), softmax_scale)   # and delta for this kernel
-        dq_accum = dq   # not read
+    dq, delta = dq_and_delta(do, q, k, v, o, lse, bool(causal), softmax_scale)   # and delta for the dK/dV kernel
 
     # the GQA split as the Triton backward's (`bwd_plan`), counted in this kernel's programs
     parts = group_parts(group, triton.cdiv(S, BN) * B * HKV)
@@ -768,16 +522,12 @@ def gluon_attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float,
     lse_rows, row_stride = _rows_for_the_copy_engine(lse)
     delta_rows, _ = _rows_for_the_copy_engine(delta)
     grid = (triton.cdiv(S, BN), B * HKV * parts)
-    dq_atomic = DQ_SPLITS[dq_split] if dq_in_kernel else 0
-    constexprs = dict(D=D, BM=BM, STAGES=STAGES, CAUSAL=bool(causal), SCHEDULE=schedule, DQ_ATOMIC=dq_atomic,
+    constexprs = dict(D=D, BM=BM, STAGES=STAGES, CAUSAL=bool(causal), SCHEDULE=schedule,
                       CONSUMER_REGS=WS_CONSUMER_REGS, PRODUCER_REGS=WS_PRODUCER_REGS)
     launch_direct(attn_bwd_dkdv_ws_kernel, grid,
-                  ("gluon_bwd", q.device.index, q.dtype, D, bool(causal), parts > 1, schedule, STAGES, dq_atomic),
-                  (q, k, v, do, dk, dv, dq_accum, lse_rows, delta_rows, softmax_scale * LOG2E, softmax_scale, T, S,
-                   HQ, HKV, parts, group // parts, row_stride), constexprs, aligned=True, num_warps=4,
-                  maxnreg=WS_MAXNREG)   # aligned: checked above
-    if dq_in_kernel:   # the rows past T dropped, [B, Hq, T, D] to q's layout and dtype in one pass
-        dq = torch.empty_like(q).copy_(dq_accum[:, :, :T].transpose(1, 2))
+                  ("gluon_bwd", q.device.index, q.dtype, D, bool(causal), parts > 1, schedule, STAGES),
+                  (q, k, v, do, dk, dv, lse_rows, delta_rows, softmax_scale * LOG2E, softmax_scale, T, S, HQ, HKV,
+                   parts, row_stride), constexprs, aligned=True, num_warps=4, maxnreg=WS_MAXNREG)   # checked above
     if parts == 1:
         return dq, dk, dv
     return dq, dk.sum(-2).to(k.dtype), dv.sum(-2).to(v.dtype)
@@ -785,4 +535,4 @@ def gluon_attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float,
 
 __all__ = ["gluon_attention_bwd", "gluon_backward_misfit", "attn_bwd_dkdv_ws_kernel", "bwd_tiles", "BWD_TILES",
            "BWD_TILES_OVERLAPPED", "RING_SLOTS", "BN", "WS_MAXNREG", "WS_CONSUMER_REGS", "WS_PRODUCER_REGS",
-           "IN_ORDER", "OVERLAPPED", "DQ_SPLITS"]
+           "IN_ORDER", "OVERLAPPED"]
