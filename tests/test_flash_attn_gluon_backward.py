@@ -3,12 +3,11 @@ and the Triton dQ pass, called directly (`flash_attn_func` dispatches its backwa
 `interface.gluon_bwd_faster`, so these tests do not go through it).
 
 On any machine: the dK/dV kernel compiles for sm_90a with no spills and with wgmma and TMA copies (ptxas judges
-it), in both consumer loops (in order, overlapped), and the call refuses what it cannot take before any launch. On
-a Hopper GPU, for each loop: dq, dk, dv against the fp64 reference written from the formula (attention_ref and
-autograd) on lengths that are not tile multiples, T != S, GQA 4:1, MQA and MHA (a group split into parts, and
-not), with the causal mask and without; each loop with either ring depth; and a NaN or inf that the causal mask
-hides from some rows or keys (tests/reference_cases.py's cases, at D = 64) reaching exactly the gradients that see
-it, in each loop.
+it), and the call refuses what it cannot take before any launch. On a Hopper GPU: dq, dk, dv against the fp64
+reference written from the formula (attention_ref and autograd) on lengths that are not tile multiples, T != S,
+GQA 4:1, MQA and MHA (a group split into parts, and not), with the causal mask and without, at D = 64 (3 ring
+slots) and 128 (2); and a NaN or inf that the causal mask hides from some rows or keys (tests/reference_cases.py's
+cases, at D = 64) reaching exactly the gradients that see it.
 """
 import subprocess
 import sys
@@ -50,52 +49,17 @@ def test_gluon_backward_compiles_for_hopper_without_spills(D):
     assert "'wgmma': 0" not in out and "'tma_load': 0" not in out, out[-3000:]
 
 
-@pytest.mark.parametrize("D", [64, 128])
-def test_gluon_backward_overlapped_loop_compiles_with_its_partial_waits(D):
-    """No GPU needed: the overlapped loop at D, causal, bf16 compiled for sm_90a: no spills, no serialized wgmma,
-    shared memory fits (3 ring slots at D = 128), and in each update, the masked and the unmasked one of each
-    warpgroup, S^T, dP^T and dV are each waited on with the next product still running (`wgmma.wait_group 1`,
-    12 in all; the script exits 1 otherwise)."""
+def test_compile_script_refuses_a_loop_it_does_not_have():
+    """No GPU needed: `--only 128 causal overlapped` ends with a message naming the word, before compiling
+    anything, instead of compiling the in-order loop in its place (the forward's script shares the parser; the
+    backward has the in-order loop only)."""
     if not triton_tested():
         pytest.skip(f"the Gluon kernels run on Triton {', '.join(TESTED_TRITON)} only "
                     "(attention_kernels.launch.TESTED_TRITON)")
-    done = subprocess.run([sys.executable, str(SCRIPT), "--only", str(D), "causal", "overlapped"],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    out = done.stdout
-    assert f"=== fa_bwd_dkdv_ws_d{D}_causal_overlapped (BM, STAGES = (64, 3))" in out, out[-3000:]
-    assert "spill stores 0 B, spill loads 0 B" in out and "OK" in out, out[-3000:]
-    assert "wgmma.wait_group 1 at 12 of 16 waits, 16 commit groups" in out, out[-3000:]
-
-
-def test_compile_script_refuses_a_misspelled_loop():
-    """No GPU needed: `--only 128 causal overlaped` ends with a message naming the word, before compiling
-    anything, instead of compiling the in-order loop in its place (the forward's script shares the parser)."""
-    if not triton_tested():
-        pytest.skip(f"the Gluon kernels run on Triton {', '.join(TESTED_TRITON)} only "
-                    "(attention_kernels.launch.TESTED_TRITON)")
-    done = subprocess.run([sys.executable, str(SCRIPT), "--only", "128", "causal", "overlaped"], capture_output=True,
+    done = subprocess.run([sys.executable, str(SCRIPT), "--only", "128", "causal", "overlapped"], capture_output=True,
                           text=True, timeout=300)
-    assert done.returncode != 0 and "got 'overlaped'" in done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode != 0 and "got 'overlapped'" in done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
     assert "===" not in done.stdout, done.stdout[-3000:]
-
-
-def test_gluon_backward_tiles_per_loop():
-    """The in-order loop keeps its tiles; the overlapped one takes 3 ring slots at either head dim; `stages`
-    replaces the slots with 2 or 3 and refuses anything else by name."""
-    gb = _gluon_backward()
-    assert gb.bwd_tiles(128) == (64, 2) and gb.bwd_tiles(64) == (64, 3)
-    assert gb.bwd_tiles(128, overlap=True) == (64, 3) and gb.bwd_tiles(64, overlap=True) == (64, 3)
-    assert gb.bwd_tiles(128, overlap=True, stages=2) == (64, 2) and gb.bwd_tiles(128, stages=3) == (64, 3)
-    for bad in (1, 4, 2.5):
-        with pytest.raises(ValueError, match="^stages: ring slots must be one of"):
-            gb.bwd_tiles(128, stages=bad)
-
-
-def test_gluon_backward_refuses_ring_slots_before_any_launch(monkeypatch):
-    gb = _no_launch(monkeypatch)
-    with pytest.raises(ValueError, match="^stages"):
-        gb.gluon_attention_bwd(*_inputs(), causal=True, softmax_scale=0.125, overlap=True, stages=4)
 
 
 def _inputs(dtype=torch.bfloat16, D=64, device="cpu"):
@@ -162,10 +126,9 @@ def test_gluon_backward_refuses_a_tensor_off_hopper():
 BF16_TOL = 3 * tolerance(torch.bfloat16, tf32_dots=True)
 
 
-def _check_against_reference(B, T, S, HQ, HKV, D, causal, loop):
-    """dq, dk, dv of the Gluon backward (bf16; `loop`: gluon_attention_bwd's keywords) for the Triton forward's o
-    and lse, against autograd through the fp64 reference; relative error within the Triton backward's tolerance
-    (tests/test_flash_attn.py `_tols`)."""
+def _check_against_reference(B, T, S, HQ, HKV, D, causal):
+    """dq, dk, dv of the Gluon backward (bf16) for the Triton forward's o and lse, against autograd through the
+    fp64 reference; relative error within the Triton backward's tolerance (tests/test_flash_attn.py `_tols`)."""
     from attention_kernels.flash_attn.forward import attention_fwd
     dtype = torch.bfloat16
     q = torch.randn(B, T, HQ, D, device="cuda", dtype=dtype)
@@ -173,7 +136,7 @@ def _check_against_reference(B, T, S, HQ, HKV, D, causal, loop):
     do = torch.randn_like(q)
     scale = D ** -0.5
     o, lse = attention_fwd(q, k, v, causal, scale)
-    grads = _gluon_backward().gluon_attention_bwd(do, q, k, v, o, lse, causal, scale, **loop)
+    grads = _gluon_backward().gluon_attention_bwd(do, q, k, v, o, lse, causal, scale)
     qr, kr, vr = (t.double().requires_grad_() for t in (q, k, v))
     o_ref = attention_ref(qr, kr, vr, causal=causal, softmax_scale=scale, compute_dtype=torch.float64)
     refs = torch.autograd.grad(o_ref, (qr, kr, vr), do.double())
@@ -191,50 +154,33 @@ def _skip_unless_hopper():
         pytest.skip("the Gluon backward runs on Hopper only")
 
 
-# the consumers' loops, as gluon_attention_bwd's keywords
-LOOPS = pytest.mark.parametrize("loop", [dict(overlap=False), dict(overlap=True)], ids=["in-order", "overlapped"])
-
-
 @pytest.mark.gpu
-@LOOPS
 @HEADS
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("T", [1, 77, 1000, 4100])
-def test_gpu_gluon_backward_matches_reference(T, D, causal, HQ, HKV, loop):
-    """T = S, not multiples of the 64-row query tile or the 128-key block; both consumer loops."""
+def test_gpu_gluon_backward_matches_reference(T, D, causal, HQ, HKV):
+    """T = S, not multiples of the 64-row query tile or the 128-key block."""
     _skip_unless_hopper()
-    _check_against_reference(1 if T > 1000 else 2, T, T, HQ, HKV, D, causal, loop)
+    _check_against_reference(1 if T > 1000 else 2, T, T, HQ, HKV, D, causal)
 
 
 @pytest.mark.gpu
-@LOOPS
 @HEADS
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("T, S", [(77, 1000), (1000, 77), (300, 5)], ids=["T<S", "T>S", "rows-see-nothing"])
-def test_gpu_gluon_backward_unequal_lengths(T, S, D, causal, HQ, HKV, loop):
+def test_gpu_gluon_backward_unequal_lengths(T, S, D, causal, HQ, HKV):
     """T != S, under the bottom-right causal mask too: with T > S the first T - S rows see no key (lse = +inf,
-    P = 0); both consumer loops."""
+    P = 0)."""
     _skip_unless_hopper()
-    _check_against_reference(2, T, S, HQ, HKV, D, causal, loop)
+    _check_against_reference(2, T, S, HQ, HKV, D, causal)
 
 
-@pytest.mark.gpu
-@LOOPS
-@pytest.mark.parametrize("stages", [2, 3])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gpu_gluon_backward_ring_slots(causal, stages, loop):
-    """Each loop with either ring depth (`stages`, what `tune_probe.py fa_gluon_bwd` times), D = 128, GQA 4:1,
-    T = 1000 (16 query tiles a head: every slot is reused many times, so a wrong phase would hang or mix)."""
-    _skip_unless_hopper()
-    _check_against_reference(2, 1000, 1000, 8, 2, 128, causal, dict(loop, stages=stages))
-
-
-def _poisoned_backward(shape, poison, loop):
-    """The Gluon backward (bf16, causal; `loop`: gluon_attention_bwd's keywords) with the Triton forward's o and
-    lse, on q, k, v, do after `poison(q, k, v, do)` wrote a NaN or inf into them; and autograd through the fp64
-    reference on the clean inputs. Returns ((dq, dk, dv), (dq_ref, dk_ref, dv_ref))."""
+def _poisoned_backward(shape, poison):
+    """The Gluon backward (bf16, causal) with the Triton forward's o and lse, on q, k, v, do after
+    `poison(q, k, v, do)` wrote a NaN or inf into them; and autograd through the fp64 reference on the clean
+    inputs. Returns ((dq, dk, dv), (dq_ref, dk_ref, dv_ref))."""
     from attention_kernels.flash_attn.forward import attention_fwd
     B, T, S, HQ, HKV, D = shape
     q, do = torch.randn(2, B, T, HQ, D, device="cuda", dtype=torch.bfloat16)
@@ -243,7 +189,7 @@ def _poisoned_backward(shape, poison, loop):
     poison(q, k, v, do)
     scale = D ** -0.5
     o, lse = attention_fwd(q, k, v, True, scale)
-    grads = _gluon_backward().gluon_attention_bwd(do, q, k, v, o, lse, True, scale, **loop)
+    grads = _gluon_backward().gluon_attention_bwd(do, q, k, v, o, lse, True, scale)
     qr, kr, vr = (t.double().requires_grad_() for t in clean[:3])
     o_ref = attention_ref(qr, kr, vr, causal=True, softmax_scale=scale, compute_dtype=torch.float64)
     return grads, torch.autograd.grad(o_ref, (qr, kr, vr), clean[3].double())
@@ -259,18 +205,17 @@ def _case_ids(cases, what):
 
 
 @pytest.mark.gpu
-@LOOPS
 @pytest.mark.parametrize("poison", KEY_POISONS)
 @pytest.mark.parametrize("shape, key", HIDDEN_KEY_CASES, ids=_case_ids(HIDDEN_KEY_CASES, "key"))
-def test_gpu_gluon_backward_hidden_key_does_not_leak(shape, key, poison, loop):
+def test_gpu_gluon_backward_hidden_key_does_not_leak(shape, key, poison):
     """A NaN or inf in K or V at one key of KV head 0 reaches the dq of exactly the rows that see that key (of
     KV head 0's query heads); through those rows' lse (a NaN in K) or o and so delta (in V), the dk of exactly
     the keys those rows see in KV head 0, and with a NaN in K their dv. Everything else matches the reference
-    computed with that value zeroed; with V poisoned dv (P^T dO) matches it everywhere. Both loops."""
+    computed with that value zeroed; with V poisoned dv (P^T dO) matches it everywhere."""
     _skip_unless_hopper()
     B, T, S, HQ, HKV, D = shape = _at_gluon_head_dim(shape)
     (dq, dk, dv), (dq_ref, dk_ref, dv_ref) = _poisoned_backward(
-        shape, lambda q, k, v, do: poison_key(k, v, key, poison), loop)
+        shape, lambda q, k, v, do: poison_key(k, v, key, poison))
     dev = dq.device
     rows = rows_seeing_key(T, S, key, dev)
     compare_rows("dq", dq, dq_ref, on_heads(rows, torch.arange(HQ, device=dev) < HQ // HKV), BF16_TOL)
@@ -284,19 +229,17 @@ def test_gpu_gluon_backward_hidden_key_does_not_leak(shape, key, poison, loop):
 
 
 @pytest.mark.gpu
-@LOOPS
 @pytest.mark.parametrize("poison", ROW_POISONS)
 @pytest.mark.parametrize("shape, row", HIDDEN_QUERY_CASES, ids=_case_ids(HIDDEN_QUERY_CASES, "row"))
-def test_gpu_gluon_backward_hidden_query_does_not_leak(shape, row, poison, loop):
+def test_gpu_gluon_backward_hidden_query_does_not_leak(shape, row, poison):
     """A NaN in Q or dO at one row of query head 0 reaches that row's dq only; a NaN in dO the dk of exactly the
-    keys that row sees (KV head 0), a NaN in Q their dv: a pair the mask hides has dS = 0 and P = 0 in either
-    loop. The other pairing (dV with a NaN in dO, dK with one in Q) meets 0 * NaN and spreads over KV head 0,
-    as in the Triton backward; the other KV heads' dk and dv match the reference computed with the value
-    zeroed. Both loops."""
+    keys that row sees (KV head 0), a NaN in Q their dv: a pair the mask hides has dS = 0 and P = 0. The other
+    pairing (dV with a NaN in dO, dK with one in Q) meets 0 * NaN and spreads over KV head 0, as in the Triton
+    backward; the other KV heads' dk and dv match the reference computed with the value zeroed."""
     _skip_unless_hopper()
     B, T, S, HQ, HKV, D = shape = _at_gluon_head_dim(shape)
     (dq, dk, dv), (dq_ref, dk_ref, dv_ref) = _poisoned_backward(
-        shape, lambda q, k, v, do: poison_row(q, do, row, poison), loop)
+        shape, lambda q, k, v, do: poison_row(q, do, row, poison))
     compare_poisoned_row((dq, dk, dv), (dq_ref, dk_ref, dv_ref), T, S, HQ, HKV, row, poison, BF16_TOL)
     assert HKV > 1, "the case needs a KV head the poisoned row does not use"
     assert_matches_reference(("dk", "dv"), (dk[:, :, 1:], dv[:, :, 1:]), (dk_ref[:, :, 1:], dv_ref[:, :, 1:]),

@@ -26,11 +26,8 @@ One CTA per (block of 128 keys, KV head [, part of its GQA group], batch), three
     dK += dS^T Q, all accumulated in fp32. Last, dK * scale and dV stored with plain masked stores, into dk, dv
     or, for a group split into parts (`backward.group_parts`, the Triton backward's rule), the fp32 workspace
     that one sum over the parts reduces.
-Two consumer loops (`_consumer`'s SCHEDULE; `gluon_attention_bwd(overlap=...)`): the default (IN_ORDER) waits on
-every product before the step that reads it; OVERLAPPED keeps the tensor cores busy during the elementwise work,
-in FA3's order: dP^T issued right behind S^T, P^T computed while dP^T runs, dV += P^T dO issued, dS^T computed
-while dV runs, dK += dS^T Q issued, the waits taken in commit order (`_block_update_overlapped`); it takes 3 ring
-slots at D = 128 (`BWD_TILES_OVERLAPPED`). `flash_attn_func` runs the in-order loop.
+The consumers wait on every product before the step that reads it (`_block_update`); a loop that overlapped
+the products with the elementwise work in FA3's order measured no faster on an H100.
 Causal: only the query blocks that cross this key block's diagonal take the mask (`_query_blocks`); a hidden
 pair's dS is 0 whatever dO or V hold there. Keys past S and queries past T need no mask: the copy engine
 zero-fills their rows (a query row past T adds 0 * 0 to dK and dV) and keys past S are not stored.
@@ -59,16 +56,8 @@ BN = 128           # keys per CTA: two consumer warpgroups of 64 (wgmma's M)
 # (query rows per ring tile, ring slots) per head dim. A slot holds a Q and a dO tile, BM x D each, next to the
 # resident K and V (2 x BN x D): D = 128: 64 KB + 2 x 32 KB; D = 64: 32 KB + 3 x 16 KB. BM = 64 keeps S^T and
 # dP^T at 32 fp32 registers a thread each beside dK and dV (64 each at D = 128), as FA3 does at D = 128.
-# The in-order loop's, timed on an H200 (notes/TUNING.md 2026-12-06 (19)). The overlapped loop needs no more
-# shared memory a slot, and at D = 128 takes 3 slots (64 KB + 3 x 32 KB, 162.3 KB in all of the 227 KB), so that
-# the producer can run two tiles ahead of consumers that now take each tile faster; not measured yet.
+# Timed on an H200 (notes/TUNING.md 2026-12-06 (19)).
 BWD_TILES = {64: (64, 3), 128: (64, 2)}
-BWD_TILES_OVERLAPPED = {64: (64, 3), 128: (64, 3)}
-RING_SLOTS = (2, 3)   # what `gluon_attention_bwd(stages=...)` takes: the counts compiled and checked
-# The consumers' loops (`_consumer`'s SCHEDULE): every product waited on before the step that reads it; the
-# products overlapped with the elementwise work (`_block_update_overlapped`).
-IN_ORDER = gl.constexpr(0)
-OVERLAPPED = gl.constexpr(1)
 # 4 + 4 + 1 warps, as the forward: the producer drops to 24 registers, each consumer thread gets 240.
 WS_MAXNREG = 168
 WS_CONSUMER_REGS = 240
@@ -209,73 +198,12 @@ def _block_update(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_
 
 
 @gluon.jit
-def _block_update_overlapped(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_s, lse_s, delta_s, q_ready,
-                             do_ready, q_empty, do_empty, MASKED: gl.constexpr, s_layout: gl.constexpr,
-                             a_layout: gl.constexpr):
-    """`_block_update`'s products and arithmetic, the products overlapped with the elementwise work (the order of
-    FA3's `bwd_step`, which issues dP^T before waiting on S^T): S^T = K Q^T and dP^T = V dO^T issued back to
-    back; P^T computed once S^T alone is done, while dP^T runs; dV += P^T dO issued; dS^T computed once dP^T is
-    done, while dV runs; dK += dS^T Q issued. wgmma completes its commit groups in order, so each wait names how
-    many of the newest products may still run; all four are done before the loop's back edge, dO's slot
-    released once dV (its last reader) is, Q's once dK is. MASKED: a hidden pair has P = 0 (its score -inf),
-    and dS is set to 0 wherever P is 0 (`_block_update` holds the mask instead: here, beside two products in
-    flight, that spills at D = 128). Where P is 0, P (dP - delta) is 0 for any finite dP, so the two differ
-    only at a visible pair whose P underflowed to 0 and whose dP is not finite, which then adds nothing, as
-    the forward's masked tiles skip zero probabilities (`gluon_forward._pv_skipping_zeros`)."""
-    BM: gl.constexpr = q_s.shape[1]
-    HALF: gl.constexpr = k_op.shape[0]
-    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    st, slot, phase = _ring_slot(i, q_s)
-    s_zero = gl.zeros([HALF, BM], gl.float32, s_layout)
-
-    mbarrier.wait(q_ready.index(st), phase)
-    q_tile = q_s.index(slot)
-    s_t = warpgroup_mma(k_op, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    mbarrier.wait(do_ready.index(st), phase)
-    do_tile = do_s.index(slot)
-    dp_t = warpgroup_mma(v_op, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    lse = _stats_row(lse_s, st, col_s)
-    s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, ))   # S^T done, dP^T may still run
-    s_t = s_t * scale_log2 - gl.expand_dims(lse, 0)
-    if MASKED:
-        s_t, _ = _hide_past_diagonal(s_t, keys, row0, shift, col_s)
-    p_t = gl.exp2(s_t)
-
-    dv = warpgroup_mma(gl.convert_layout(p_t.to(do_s.dtype), a_layout), do_tile, dv, is_async=True)
-    delta = _stats_row(delta_s, st, col_s)
-    dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t, ))   # dP^T done, dV may still run
-    ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
-    if MASKED:   # 0 * NaN is NaN: a hidden pair's dS is 0 whatever dO or V hold there
-        ds_t = gl.where(p_t == 0.0, 0.0, ds_t)
-    dk = warpgroup_mma(gl.convert_layout(ds_t.to(q_s.dtype), a_layout), q_tile, dk, is_async=True)
-    dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv, ))   # dV done, dK may still run
-    mbarrier.arrive(do_empty.index(st), count=1)
-    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
-    mbarrier.arrive(q_empty.index(st), count=1)
-    return dk, dv
-
-
-@gluon.jit
-def _block_step(SCHEDULE: gl.constexpr, dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_s, lse_s,
-                delta_s, q_ready, do_ready, q_empty, do_empty, MASKED: gl.constexpr, s_layout: gl.constexpr,
-                a_layout: gl.constexpr):
-    """Ring tile i through the update of the loop SCHEDULE (`_block_update` or `_block_update_overlapped`)."""
-    if SCHEDULE == OVERLAPPED:
-        dk, dv = _block_update_overlapped(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_s, lse_s,
-                                          delta_s, q_ready, do_ready, q_empty, do_empty, MASKED, s_layout, a_layout)
-    else:
-        dk, dv = _block_update(dk, dv, i, row0, keys, shift, scale_log2, k_op, v_op, q_s, do_s, lse_s, delta_s,
-                               q_ready, do_ready, q_empty, do_empty, MASKED, s_layout, a_layout)
-    return dk, dv
-
-
-@gluon.jit
-def _consumer(WG: gl.constexpr, SCHEDULE: gl.constexpr, dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift,
+def _consumer(WG: gl.constexpr, dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift,
               n_heads, m_lo, m_full, n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar,
               q_ready, do_ready, q_empty, do_empty):
     """Warpgroup WG: keys n0 + 64 WG ... + 63 over every query block of every head of the part (the masked blocks
-    of a head first, as the producer sends them), each through the update of the loop SCHEDULE, then dK * scale
-    and dV stored (keys past S are not)."""
+    of a head first, as the producer sends them), each through `_block_update`, then dK * scale and dV stored
+    (keys past S are not)."""
     BM: gl.constexpr = q_s.shape[1]
     D: gl.constexpr = q_s.shape[2]
     HALF: gl.constexpr = k_s.shape[1]
@@ -290,14 +218,14 @@ def _consumer(WG: gl.constexpr, SCHEDULE: gl.constexpr, dk_ptr, dv_ptr, out_base
     i = 0   # the ring tile, numbered as the producer sends them
     for g in range(n_heads):
         for m in range(m_lo, m_full):
-            dk, dv = _block_step(SCHEDULE, dk, dv, i, m * BM, keys, shift, scale_log2,
-                                 k_s.index(WG + opaque_zero(i)), v_s.index(WG + opaque_zero(i)), q_s, do_s, lse_s,
-                                 delta_s, q_ready, do_ready, q_empty, do_empty, True, s_layout, a_layout)
+            dk, dv = _block_update(dk, dv, i, m * BM, keys, shift, scale_log2, k_s.index(WG + opaque_zero(i)),
+                                   v_s.index(WG + opaque_zero(i)), q_s, do_s, lse_s, delta_s, q_ready, do_ready,
+                                   q_empty, do_empty, True, s_layout, a_layout)
             i += 1
         for m in range(m_full, n_blocks):
-            dk, dv = _block_step(SCHEDULE, dk, dv, i, m * BM, keys, shift, scale_log2,
-                                 k_s.index(WG + opaque_zero(i)), v_s.index(WG + opaque_zero(i)), q_s, do_s, lse_s,
-                                 delta_s, q_ready, do_ready, q_empty, do_empty, False, s_layout, a_layout)
+            dk, dv = _block_update(dk, dv, i, m * BM, keys, shift, scale_log2, k_s.index(WG + opaque_zero(i)),
+                                   v_s.index(WG + opaque_zero(i)), q_s, do_s, lse_s, delta_s, q_ready, do_ready,
+                                   q_empty, do_empty, False, s_layout, a_layout)
             i += 1
     keys_o = gl.convert_layout(keys, gl.SliceLayout(1, acc_layout))
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
@@ -307,35 +235,19 @@ def _consumer(WG: gl.constexpr, SCHEDULE: gl.constexpr, dk_ptr, dv_ptr, out_base
     gl.store(dv_ptr + out_base + offs, dv.to(dv_ptr.dtype.element_ty), mask=inside)
 
 
-# One entry point per warpgroup and loop: gl.warp_specialize cannot pass constexprs, so each binds its own.
+# One entry point per warpgroup: gl.warp_specialize cannot pass constexprs, so each binds its own.
 @gluon.jit
 def _consumer0(dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks, scale_log2,
                sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready, q_empty, do_empty):
-    _consumer(0, IN_ORDER, dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks,
-              scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready, q_empty, do_empty)
+    _consumer(0, dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks, scale_log2,
+              sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready, q_empty, do_empty)
 
 
 @gluon.jit
 def _consumer1(dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks, scale_log2,
                sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready, q_empty, do_empty):
-    _consumer(1, IN_ORDER, dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks,
-              scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready, q_empty, do_empty)
-
-
-@gluon.jit
-def _consumer0_overlapped(dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full,
-                          n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready,
-                          do_ready, q_empty, do_empty):
-    _consumer(0, OVERLAPPED, dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks,
-              scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready, q_empty, do_empty)
-
-
-@gluon.jit
-def _consumer1_overlapped(dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full,
-                          n_blocks, scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready,
-                          do_ready, q_empty, do_empty):
-    _consumer(1, OVERLAPPED, dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks,
-              scale_log2, sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready, q_empty, do_empty)
+    _consumer(1, dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift, n_heads, m_lo, m_full, n_blocks, scale_log2,
+              sm_scale, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready, q_empty, do_empty)
 
 
 # Integer arguments equal to 1 would be specialized into constants, which gl.warp_specialize cannot hand to the
@@ -343,12 +255,11 @@ def _consumer1_overlapped(dk_ptr, dv_ptr, out_base, out_row_stride, n0, S, shift
 @gluon.jit(do_not_specialize=["T", "S", "HQ", "HKV", "PARTS", "row_stride"])
 def attn_bwd_dkdv_ws_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr, scale_log2, sm_scale, T,
                             S, HQ, HKV, PARTS, row_stride, D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
-                            CAUSAL: gl.constexpr, SCHEDULE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                            PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                            CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                            num_warps: gl.constexpr):
     """q, do: [B, T, HQ, D], k, v: [B, S, HKV, D] contiguous; lse (base 2), delta: fp32 [B, HQ, row_stride]
     (row_stride >= T, a multiple of 4). dk, dv: like k and v, or with PARTS > 1 fp32 [B, S, HKV, PARTS, D], each
-    part's sums over its GROUP // PARTS query heads. SCHEDULE: the consumers' loop (IN_ORDER or OVERLAPPED).
-    Grid (cdiv(S, 128), B * HKV * PARTS)."""
+    part's sums over its GROUP // PARTS query heads. Grid (cdiv(S, 128), B * HKV * PARTS)."""
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     BN: gl.constexpr = 128
     HALF: gl.constexpr = 64
@@ -388,24 +299,24 @@ def attn_bwd_dkdv_ws_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    # The barriers' invariants, on which both loops rely (a wrong parity hangs the GPU). Ring tile i (numbered as
-    # the producer sends them: head by head, query block by query block) goes to slot i % STAGES in that slot's
-    # use u = i // STAGES, and every waiter waits on the parity of u:
+    # The barriers' invariants (a wrong parity hangs the GPU). Ring tile i (numbered as the producer sends them:
+    # head by head, query block by query block) goes to slot i % STAGES in that slot's use u = i // STAGES, and
+    # every waiter waits on the parity of u:
     #   q_ready[s], do_ready[s] (1 arrival + the copies' bytes): phase u completes when use u's Q + lse (dO +
     #     delta) landed. Consumers wait parity u & 1. The producer arms use u + 1 only after waiting q_empty[s]
     #     (do_empty[s]) for use u, which needs both consumers past their wait on use u: a ready barrier is never
     #     more than one phase ahead of a waiter, so its parity cannot alias.
     #   q_empty[s], do_empty[s] (2 arrivals, one a warpgroup, each after its last product reading the tile is
-    #     waited on: dK for Q, dV for dO in either loop): phase u completes when both released use u. The
-    #     producer, before filling use u, waits parity (u & 1) ^ 1, i.e. use u - 1's release (a fresh barrier
-    #     counts as having completed the phase of parity 1, so use 0 does not wait). A warpgroup cannot release
-    #     use u + 1 before the producer filled it (it waits on ready first), so an empty barrier is never more
-    #     than one phase ahead of the producer either.
+    #     waited on: dK for Q, dV for dO): phase u completes when both released use u. The producer, before
+    #     filling use u, waits parity (u & 1) ^ 1, i.e. use u - 1's release (a fresh barrier counts as having
+    #     completed the phase of parity 1, so use 0 does not wait). A warpgroup cannot release use u + 1 before
+    #     the producer filled it (it waits on ready first), so an empty barrier is never more than one phase ahead
+    #     of the producer either.
     #   kv_bar (1 arrival + 4 halves' bytes): one phase, waited on with parity 0 by each consumer once.
     # Each warpgroup passes every ring tile in the producer's order, waits on Q's ready before dO's and releases
-    # dO's slot before Q's, in both loops (the overlapped loop only waits on dO's ready before, not after, its wait
-    # on S^T). No warpgroup ever waits on the other, only on the producer, and a warpgroup waiting on tile i has
-    # released every tile before i, so the producer's wait for tile i - STAGES's release always ends: no deadlock.
+    # dO's slot before Q's. No warpgroup ever waits on the other, only on the producer, and a warpgroup waiting on
+    # tile i has released every tile before i, so the producer's wait for tile i - STAGES's release always ends: no
+    # deadlock.
     mbarrier.init(kv_bar, count=1)
     for st in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(st), count=1)
@@ -418,12 +329,8 @@ def attn_bwd_dkdv_ws_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr
     largs = (q_ptr, do_ptr, k_ptr, v_ptr, lse_ptr, delta_ptr, q_row0, kv_base, row_stride, stats_row0, h0, n_heads,
              m_lo, n_blocks, n0, T, S, HQ, HKV, k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, q_ready, do_ready,
              q_empty, do_empty)
-    if SCHEDULE == OVERLAPPED:
-        gl.warp_specialize([(_consumer0_overlapped, cargs), (_consumer1_overlapped, cargs), (_load_partition, largs)],
-                           [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([(_consumer0, cargs), (_consumer1, cargs), (_load_partition, largs)], [4, 1],
-                           [CONSUMER_REGS, PRODUCER_REGS])
+    gl.warp_specialize([(_consumer0, cargs), (_consumer1, cargs), (_load_partition, largs)], [4, 1],
+                       [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def _check_inputs(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k) -> None:
@@ -477,34 +384,20 @@ def _rows_for_the_copy_engine(x):
     return padded, padded.shape[-1]
 
 
-def bwd_tiles(D: int, overlap: bool = False, stages: int | None = None) -> tuple[int, int]:
-    """(query rows per ring tile, ring slots) of the dK/dV kernel at head dim D for the loop `overlap` picks
-    (`BWD_TILES`, `BWD_TILES_OVERLAPPED`), its ring slots replaced by `stages` where given (one of RING_SLOTS,
-    else ValueError)."""
-    BM, STAGES = (BWD_TILES_OVERLAPPED if overlap else BWD_TILES)[D]
-    if stages is None:
-        return BM, STAGES
-    if stages not in RING_SLOTS:
-        raise ValueError(f"stages: ring slots must be one of {RING_SLOTS}, got {stages!r}")
-    return BM, stages
-
-
 def gluon_attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, cu_seqlens_q=None,
-                        cu_seqlens_k=None, overlap: bool = False, stages: int | None = None):
+                        cu_seqlens_k=None):
     """The backward with `backward.attention_bwd`'s contract for dense inputs: do, q, o [B, T, Hq, D], k, v
     [B, S, Hkv, D], lse fp32 [B, Hq, T] (base 2) from the forward; bf16 or fp16, D 64 or 128, on a Hopper GPU.
     Returns (dq, dk, dv) in the input dtype; for GQA, dk and dv summed over each group's query heads.
     dQ and delta come from the Triton dQ pass, dK and dV from the Gluon kernel (`attn_bwd_dkdv_ws_kernel`).
     cu_seqlens_q, cu_seqlens_k: packed sequences are refused (ValueError), as is anything else `_check_inputs`
-    names, before any launch. overlap: the consumers' overlapped loop instead of the in-order one (what
-    `flash_attn_func` runs); stages: the ring's slots (2 or 3; None: the loop's, `bwd_tiles`).
+    names, before any launch.
 
     >>> o, lse = attention_fwd(q, k, v, causal=True, softmax_scale=scale)   # forward.py
     >>> dq, dk, dv = gluon_attention_bwd(do, q, k, v, o, lse, True, scale)  # on an H100 or H200
     """
     _check_inputs(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
-    BM, STAGES = bwd_tiles(q.shape[3], bool(overlap), stages)
-    schedule = OVERLAPPED.value if overlap else IN_ORDER.value
+    BM, STAGES = BWD_TILES[q.shape[3]]
     do = do.contiguous()  # e.g. the gradient of out.sum() arrives as a stride-0 view
     if not aligned16((do, )):
         raise ValueError("do must start at a 16-byte aligned address (the copy engine reads it)")
@@ -522,10 +415,10 @@ def gluon_attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float,
     lse_rows, row_stride = _rows_for_the_copy_engine(lse)
     delta_rows, _ = _rows_for_the_copy_engine(delta)
     grid = (triton.cdiv(S, BN), B * HKV * parts)
-    constexprs = dict(D=D, BM=BM, STAGES=STAGES, CAUSAL=bool(causal), SCHEDULE=schedule,
-                      CONSUMER_REGS=WS_CONSUMER_REGS, PRODUCER_REGS=WS_PRODUCER_REGS)
+    constexprs = dict(D=D, BM=BM, STAGES=STAGES, CAUSAL=bool(causal), CONSUMER_REGS=WS_CONSUMER_REGS,
+                      PRODUCER_REGS=WS_PRODUCER_REGS)
     launch_direct(attn_bwd_dkdv_ws_kernel, grid,
-                  ("gluon_bwd", q.device.index, q.dtype, D, bool(causal), parts > 1, schedule, STAGES),
+                  ("gluon_bwd", q.device.index, q.dtype, D, bool(causal), parts > 1),
                   (q, k, v, do, dk, dv, lse_rows, delta_rows, softmax_scale * LOG2E, softmax_scale, T, S, HQ, HKV,
                    parts, row_stride), constexprs, aligned=True, num_warps=4, maxnreg=WS_MAXNREG)   # checked above
     if parts == 1:
@@ -533,6 +426,5 @@ def gluon_attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float,
     return dq, dk.sum(-2).to(k.dtype), dv.sum(-2).to(v.dtype)
 
 
-__all__ = ["gluon_attention_bwd", "gluon_backward_misfit", "attn_bwd_dkdv_ws_kernel", "bwd_tiles", "BWD_TILES",
-           "BWD_TILES_OVERLAPPED", "RING_SLOTS", "BN", "WS_MAXNREG", "WS_CONSUMER_REGS", "WS_PRODUCER_REGS",
-           "IN_ORDER", "OVERLAPPED"]
+__all__ = ["gluon_attention_bwd", "gluon_backward_misfit", "attn_bwd_dkdv_ws_kernel", "BWD_TILES", "BN", "WS_MAXNREG",
+           "WS_CONSUMER_REGS", "WS_PRODUCER_REGS"]
