@@ -37,7 +37,8 @@ kda_step: KDA's decode step (H = 32, K = V = 128) at B = 1, 8 and 64: single cal
   calls back to back (as the chapter times plain calls), the graph replay, and the host time of a call.
 
 Only the package's public names are used (tests/test_package.py checks it), but for the split count
-`mla_decode` picks, until the MLA package makes it public.
+`mla_decode` picks, until the MLA package makes it public, and the warps of Mamba-2's dq/dk key tiles, which
+ssd_dqk_configs changes.
 train_kernels [mamba2] [gla]: where a training step's GPU time goes at 16K, per kernel (torch.profiler), the book's
   and its peer's.
 train_ncu: one training step each of the book's Mamba-2 and GLA (B = 1, T = 16K) between cudaProfilerStart and

@@ -221,6 +221,7 @@ PRIVATE_ACROSS_MODULES = {
     ("scripts/linear_bwd_compile.py", "_DQK_INTRA_WARPS"): "compiles Mamba-2's dq/dk intra kernel at its launch tile",
     ("scripts/gla_tilelang_compile.py", "_state_kernel"): "compiles the TileLang GLA kernels alone",
     ("scripts/gla_tilelang_compile.py", "_output_kernel"): "compiles the TileLang GLA kernels alone",
+    ("scripts/tune_probe.py", "_DQK_WARPS"): "times Mamba-2's dq/dk key tiles on other warps than their launch's",
     ("scripts/mla_replay_check.py", "_paged_case"): "replays the MLA benchmark's own cases",
     ("scripts/mla_replay_check.py", "_paged_inputs"): "replays the MLA benchmark's own inputs",
 }
