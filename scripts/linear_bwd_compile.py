@@ -144,7 +144,9 @@ def mamba2_backward() -> list:
     bf, f4, sb = 2, 4, STATE_BYTES
     gemm = 2 * T * H * N * P / 1e9  # one [T, N] x [N, P] product per head: 21.5 GFLOP
     nk, runs = N // ssd._DQK_BK, -(-H // ssd._DQK_HEADS)
+    w_mb = runs * T * L * bf / MB        # W, [runs, NT, 64, 64] in B's dtype
     i32 = {n: "i32" for n in ("T", "H", "NT", "NBH", "HPG", "G", "HP", "NTB", "P")}
+    scalars = dict(dt="*fp32", g="*fp32", b="*fp32", **{k: "i32" for k in ("T", "H", "NT", "HPG", "G", "NB")})
     dims = dict(N=N, P=P, L=L, BT=L)
     return [
         Launch("ssd_gates", ssd._ssd_gates_kernel,
@@ -183,22 +185,29 @@ def mamba2_backward() -> list:
                "scale rows of fp32 products); the skip's do D added in fp32, dv written as dx (bf16); dA fp32 "
                "[T, H, 64]",
                reread_mb=2 * thn * bf - 2 * T * N * bf / MB),
-        Launch("ssd dqk (dq, dk summed over heads)", ssd._ssd_dqk_kernel,
-               dict(C="*bf16", B="*bf16", x="*bf16", dt="*fp32", g="*fp32", b="*fp32", h=STATE_PTR, dh=STATE_PTR,
-                    do="*bf16", dA="*fp32", dC_part="*fp32", dB_part="*fp32", dg_tiles="*fp32", ddt_tiles="*fp32",
-                    **{k: "i32" for k in ("T", "H", "NT", "HPG", "G", "NB")}),
+        Launch("ssd dqk intra (once per chunk and head)", ssd._ssd_dqk_intra_kernel,
+               dict(C="*bf16", B="*bf16", dA="*fp32", W="*bf16", dg_intra="*fp32", ddt_intra="*fp32", **scalars),
+               dict(N=N, BT=L, BK=ssd._DQK_INTRA_BK, HEADS=ssd._DQK_HEADS, FLOOR=lin.GATE_FLOOR, DOT_PREC="tf32"),
+               NT * runs, f"{ssd._DQK_HEADS} heads",
+               2 * runs * T * N * bf / MB + T * H * L * f4 / MB + 3 * th * f4, w_mb + 2 * th * f4,
+               2 * T * L * N * runs / 1e9, "bf16 TC",
+               "C B^T over the whole dstate once a run; per head D, W, E, R and their sums once (not once per key "
+               "tile); W written rounded to bf16",
+               configs=[({}, ssd._DQK_INTRA_WARPS, ssd._DQK_INTRA_STAGES)]),
+        Launch("ssd dqk key tiles (on W)", ssd._ssd_dqk_kernel,
+               dict(C="*bf16", B="*bf16", x="*bf16", h=STATE_PTR, dh=STATE_PTR, do="*bf16", W="*bf16",
+                    dC_part="*fp32", dB_part="*fp32", dg_tiles="*fp32", ddt_tiles="*fp32", **scalars),
                dict(N=N, P=P, BT=L, BK=ssd._DQK_BK, BV=ssd._DQK_BV, HEADS=ssd._DQK_HEADS, FLOOR=lin.GATE_FLOOR,
-                    DOT_PREC="tf32", W=None),
+                    DOT_PREC="tf32"),
                nk * NT * runs, f"{ssd._DQK_HEADS} heads",
-               2 * states * sb + nk * (2 * thp * bf + T * H * L * f4 / MB + 3 * th * f4) + 2 * runs * T * N * bf / MB,
-               2 * runs * T * N * f4 / MB + 2 * nk * th * f4, 2 * gemm + 6 * T * L * N * runs / 1e9, "bf16 TC",
-               "two products a head (the inter-chunk ones), C B^T and the intra-chunk two once a run (on the "
-               f"score gradients summed over its heads); do, x and dA read once per dstate tile (x{nk}: the {nk} "
-               "programs of a chunk run side by side, so mostly from L2); dC, dB as partial sums per run of heads; "
-               "dt, g, b read and the gate's and dt's shares written head-major ([H, T]: 256 contiguous bytes a "
-               "head and chunk)",
+               2 * states * sb + nk * (2 * thp * bf + 3 * th * f4 + w_mb) + 2 * runs * T * N * bf / MB,
+               2 * runs * T * N * f4 / MB + 2 * nk * th * f4, 2 * gemm + 4 * T * L * N * runs / 1e9, "bf16 TC",
+               "two products a head (the inter-chunk ones), W B and W^T C once a run; x, do and W read once per "
+               f"dstate tile (x{nk}: the {nk} programs of a chunk run side by side, so mostly from L2); dC, dB as "
+               "partial sums per run of heads; dt, g, b read and the gate's and dt's inter shares written "
+               "head-major ([H, T]: 256 contiguous bytes a head and chunk)",
                configs=[({}, ssd._DQK_WARPS, ssd._DQK_STAGES)],
-               reread_mb=(nk - 1) * (2 * thp * bf + T * H * L * f4 / MB)),
+               reread_mb=(nk - 1) * (2 * thp * bf + w_mb)),
     ]
 
 
@@ -261,42 +270,6 @@ def gla_backward() -> list:
                side={"tf32 TC": 3 * tri}, configs=[({}, lbw._PER_CHANNEL_WARPS, 3)], reread_mb=2 * thk * bf),
     ]
 
-def mamba2_dqk_split() -> list:
-    """The `_DQK_SPLIT` experiment's two launches, in place of the dq/dk launch above: the intra-chunk work once
-    per chunk and head, then the key-tile kernel on W (the same shapes)."""
-    H, P, N = 80, 64, 128
-    thp, th = T * H * P / MB, T * H / MB
-    states = NT * H * N * P / MB
-    bf, f4, sb = 2, 4, STATE_BYTES
-    gemm = 2 * T * H * N * P / 1e9
-    nk, runs = N // ssd._DQK_BK, -(-H // ssd._DQK_HEADS)
-    w_mb = runs * T * L * bf / MB        # W, [runs, NT, 64, 64] in B's dtype
-    scalars = dict(dt="*fp32", g="*fp32", b="*fp32", **{k: "i32" for k in ("T", "H", "NT", "HPG", "G", "NB")})
-    return [
-        Launch("ssd dqk intra (once per chunk and head)", ssd._ssd_dqk_intra_kernel,
-               dict(C="*bf16", B="*bf16", dA="*fp32", W="*bf16", dg_intra="*fp32", ddt_intra="*fp32", **scalars),
-               dict(N=N, BT=L, BK=ssd._DQK_INTRA_BK, HEADS=ssd._DQK_HEADS, FLOOR=lin.GATE_FLOOR, DOT_PREC="tf32"),
-               NT * runs, f"{ssd._DQK_HEADS} heads",
-               2 * runs * T * N * bf / MB + T * H * L * f4 / MB + 3 * th * f4, w_mb + 2 * th * f4,
-               2 * T * L * N * runs / 1e9, "bf16 TC",
-               "C B^T over the whole dstate once a run; per head D, W, E, R and their sums once (not once per key "
-               "tile); W written rounded to bf16",
-               configs=[({}, ssd._DQK_INTRA_WARPS, ssd._DQK_INTRA_STAGES)]),
-        Launch("ssd dqk key tiles (W given)", ssd._ssd_dqk_kernel,
-               dict(C="*bf16", B="*bf16", x="*bf16", h=STATE_PTR, dh=STATE_PTR, do="*bf16", dA="*fp32",
-                    dC_part="*fp32", dB_part="*fp32", dg_tiles="*fp32", ddt_tiles="*fp32", W="*bf16", **scalars),
-               dict(N=N, P=P, BT=L, BK=ssd._DQK_BK, BV=ssd._DQK_BV, HEADS=ssd._DQK_HEADS, FLOOR=lin.GATE_FLOOR,
-                    DOT_PREC="tf32", W_GIVEN=True),
-               nk * NT * runs, f"{ssd._DQK_HEADS} heads",
-               2 * states * sb + nk * (2 * thp * bf + 3 * th * f4 + w_mb) + 2 * runs * T * N * bf / MB,
-               2 * runs * T * N * f4 / MB + 2 * nk * th * f4, 2 * gemm + 4 * T * L * N * runs / 1e9, "bf16 TC",
-               "two products a head (the inter-chunk ones), W B and W^T C once a run; dA not read, W read per key "
-               f"tile (x{nk})",
-               configs=[({}, ssd._DQK_WARPS, ssd._DQK_STAGES)],
-               reread_mb=(nk - 1) * (2 * thp * bf + w_mb)),
-    ]
-
-
 def _fmt(x: float) -> str:
     return f"{x:,.0f}"
 
@@ -340,8 +313,6 @@ def main() -> int:
     parser.add_argument("--only", default="", help="compile only the launches whose name holds this text")
     args = parser.parse_args()
     families = (("Mamba-2 backward, B 1, T 16K, 80 heads x 64, dstate 128, bf16", mamba2_backward()),
-                ("Mamba-2's dq/dk split (the _DQK_SPLIT experiment: these two in place of 'ssd dqk')",
-                 mamba2_dqk_split()),
                 ("GLA backward, B 1, T 16K, 32 heads, K = V = 128, bf16", gla_backward()))
     spilled = False
     for title, launches in families:

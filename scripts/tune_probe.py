@@ -36,14 +36,16 @@ kda_step: KDA's decode step (H = 32, K = V = 128) at B = 1, 8 and 64: single cal
   calls back to back (as the chapter times plain calls), the graph replay, and the host time of a call.
 
 Only the package's public names are used (tests/test_package.py checks it), but for the split count
-`mla_decode` picks, until the MLA package makes it public.
+`mla_decode` picks, until the MLA package makes it public, and the warps of Mamba-2's dq/dk key tiles, which
+ssd_dqk_configs changes.
 train_kernels [mamba2] [gla]: where a training step's GPU time goes at 16K, per kernel (torch.profiler), the book's
   and its peer's.
 train_ncu: one training step each of the book's Mamba-2 and GLA (B = 1, T = 16K) between cudaProfilerStart and
   Stop, after warm-up: the target of `ncu --profile-from-start off -k regex:'^_(chunk|ssd)'`.
 kda_prefill: KDA's prefill at T = 4K and 16K, GPU time per kernel, the book's and fla's (torch.profiler).
-ssd_dqk_split: Mamba-2's dq/dk kernel, landed against the split experiment (`_DQK_SPLIT`), the backward alone at
-  16K: checked against each other, then the dq/dk kernels' and the backward's GPU time (under 40 s).
+ssd_dqk_configs: Mamba-2's dq/dk launches (the intra-chunk kernel, then the key tiles on 4 warps and on 8), the
+  backward alone at 16K: checked against each other, then the dq/dk kernels' and the backward's GPU time (under
+  40 s).
 """
 import importlib.util
 import pathlib
@@ -390,62 +392,16 @@ def train_kernels(*families):
 
 
 def ssd_dqk_configs():
-    """Mamba-2's dq/dk kernel (`_ssd_dqk_kernel`) under the landed config and the alternatives its comment
-    names that compile without spills, at the training table's 16K case: the kernel's GPU µs and the whole
-    step's, and each config's gradients against the landed one's (one set of inputs; bf16, so equal to
-    rounding)."""
-    from attention_kernels.mamba2 import bench as mamba2_bench
-    from attention_kernels.mamba2 import chunk as mamba2_chunk
-    case = {"B": 1, "T": 16384, "H": 80, "D": 64, "dstate": 128, "G": 1}
-    landed = {n: getattr(mamba2_chunk, n) for n in ("_DQK_HEADS", "_DQK_BK", "_DQK_BV", "_DQK_WARPS",
-                                                    "_DQK_STAGES")}
-    configs = {"landed": {}, "2 stages": {"_DQK_STAGES": 2}, "4 stages": {"_DQK_STAGES": 4},
-               "runs of 40 heads": {"_DQK_HEADS": 40}}
-    B, T, H, P, N, bf16 = case["B"], case["T"], case["H"], case["D"], case["dstate"], torch.bfloat16
-    inputs = dict(x=torch.randn(B, T, H, P, dtype=bf16), dt=torch.randn(B, T, H, dtype=bf16),
-                  A=-torch.exp(torch.rand(H)), B=torch.randn(B, T, 1, N, dtype=bf16),
-                  C=torch.randn(B, T, 1, N, dtype=bf16), D=torch.randn(H), z=torch.randn(B, T, H, P, dtype=bf16),
-                  dt_bias=torch.rand(H) - 4)
-    inputs = {n: t.cuda().requires_grad_() for n, t in inputs.items()}
-    first = None
-    for name, patch in configs.items():
-        for n, value in {**landed, **patch}.items():
-            setattr(mamba2_chunk, n, value)
-
-        def step():
-            for t in inputs.values():
-                t.grad = None
-            y = mamba2_bench.ssd_chunk_scan(**inputs, chunk_size=64, dt_softplus=True)
-            y.backward(torch.ones_like(y))
-        try:
-            times = _kernel_times_us(step, reps=5)
-        except Exception as e:   # a config that does not fit this GPU: say so, go on
-            print(f"  {name:16s} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
-            continue
-        grads = [t.grad.float() for t in inputs.values()]
-        first = first or grads
-        worst = max(((g - f).norm() / f.norm().clamp_min(1e-30)).item() for g, f in zip(grads, first))
-        dqk = sum(us for k, us in times.items() if "_ssd_dqk_kernel" in k)
-        print(f"  {name:16s} _ssd_dqk_kernel {dqk:8.1f} us, step GPU time {sum(times.values()):9.1f} us, "
-              f"gradients vs landed: rel err {worst:.1e}", flush=True)
-    for n, value in landed.items():
-        setattr(mamba2_chunk, n, value)
-
-
-def ssd_dqk_split():
-    """Mamba-2's dq/dk work on its two paths (chunk.py's `_DQK_SPLIT`): the landed kernel, and the split (the
-    intra-chunk work once per chunk and head in `_ssd_dqk_intra_kernel`, then the key-tile kernel on W), the
-    split also with key tiles of 64 and on 4 warps (both compile without spills there), at the training
-    table's 16K case (B 1, 80 heads x 64, dstate 128, G 1, bf16). One forward; each path's gradients checked
-    against the landed path's (bf16: equal to rounding; a path off by more is not timed), then the backward
-    alone: the dq/dk kernels' GPU µs, every backward kernel's (torch.profiler) and the plain backward call."""
+    """Mamba-2's dq/dk launches (`_ssd_dqk_intra_kernel`, then the key tiles `_ssd_dqk_kernel`) at the training
+    table's 16K case (B 1, 80 heads x 64, dstate 128, G 1, bf16), the key tiles in their config (4 warps) and
+    on 8 warps. One forward; each config's gradients checked against the first's (bf16: equal to rounding; a
+    config off by more is not timed), then the backward alone: the two launches' GPU µs, every backward
+    kernel's (torch.profiler) and the plain backward call (under 40 s)."""
     from attention_kernels.mamba2 import bench as mamba2_bench
     from attention_kernels.mamba2 import chunk as mamba2_chunk
     B, T, H, P, N, bf16 = 1, 16384, 80, 64, 128, torch.bfloat16
-    names = ("_DQK_SPLIT", "_DQK_BK", "_DQK_WARPS")
-    landed = {n: getattr(mamba2_chunk, n) for n in names}
-    configs = {"landed": {}, "split": {"_DQK_SPLIT": True}, "split, BK 64": {"_DQK_SPLIT": True, "_DQK_BK": 64},
-               "split, 4 warps": {"_DQK_SPLIT": True, "_DQK_WARPS": 4}}
+    landed = {"_DQK_WARPS": mamba2_chunk._DQK_WARPS}
+    configs = {f"key tiles {landed['_DQK_WARPS']} warps": {}, "key tiles 8 warps": {"_DQK_WARPS": 8}}
     inputs = dict(x=torch.randn(B, T, H, P, dtype=bf16), dt=torch.randn(B, T, H, dtype=bf16),
                   A=-torch.exp(torch.rand(H)), B=torch.randn(B, T, 1, N, dtype=bf16),
                   C=torch.randn(B, T, 1, N, dtype=bf16), D=torch.randn(H), z=torch.randn(B, T, H, P, dtype=bf16),
@@ -464,19 +420,19 @@ def ssd_dqk_split():
         try:
             grads = [g.float() for g in backward()]
         except Exception as e:   # a config that does not fit this GPU: say so, go on
-            print(f"  {name:15s} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+            print(f"  {name:17s} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
             continue
         first = first or grads
         worst = max(((g - f).norm() / f.norm().clamp_min(1e-30)).item() for g, f in zip(grads, first))
         if not worst < 2e-2:
-            print(f"  {name:15s} WRONG: gradients vs landed rel err {worst:.1e}; not timed", flush=True)
+            print(f"  {name:17s} WRONG: gradients vs the first rel err {worst:.1e}; not timed", flush=True)
             continue
         times = _kernel_times_us(backward, reps=10)
-        dqk = sum(us for k, us in times.items() if "_ssd_dqk_kernel" in k)
+        keys = sum(us for k, us in times.items() if "_ssd_dqk_kernel" in k)
         intra = sum(us for k, us in times.items() if "_ssd_dqk_intra_kernel" in k)
-        print(f"  {name:15s} dq/dk {dqk + intra:8.1f} us (key tiles {dqk:.1f}, intra {intra:.1f}); backward GPU "
-              f"{sum(times.values()):8.1f} us, plain call {time_ms(backward) * 1000:8.1f} us; gradients vs landed "
-              f"rel err {worst:.1e}", flush=True)
+        print(f"  {name:17s} dq/dk {keys + intra:8.1f} us (key tiles {keys:.1f}, intra {intra:.1f}); backward GPU "
+              f"{sum(times.values()):8.1f} us, plain call {time_ms(backward) * 1000:8.1f} us; gradients vs the "
+              f"first rel err {worst:.1e}", flush=True)
     for n, value in landed.items():
         setattr(mamba2_chunk, n, value)
 
@@ -718,5 +674,4 @@ if __name__ == "__main__":
     for part in sys.argv[1:]:
         {"fa_host": fa_host, "fa_bwd": fa_bwd, "fa_mask": fa_mask, "fa_gluon": fa_gluon, "fa_gluon_bwd": fa_gluon_bwd,
          "kda_step": kda_step, "mla_splits": mla_splits, "mla_mixed": mla_mixed, "kda_prefill": kda_prefill,
-         "train_kernels": train_kernels, "train_ncu": train_ncu, "ssd_dqk_configs": ssd_dqk_configs,
-         "ssd_dqk_split": ssd_dqk_split}[part]()
+         "train_kernels": train_kernels, "train_ncu": train_ncu, "ssd_dqk_configs": ssd_dqk_configs}[part]()

@@ -13,8 +13,8 @@ Packed sequences (cu_seqlens): lengths 1, 64, 65, 129 and 300 in one call at eve
 each sequence alone through the same loop; an empty sequence; a NaN in one sequence reaching no other's
 output or gradient; bad offsets refused by name.
 
-The dq/dk kernel's two paths (`_DQK_SPLIT`: the landed one, and the experiment that does the intra-chunk work
-once per chunk and head in a kernel of its own) both checked against the loop, and against each other.
+dq and dk summed over each group's heads in runs (the last one short), over dstate tiles (the last one partial),
+two groups, a reset, with the intra-chunk kernel launched once a backward.
 
 CPU (interpreter): fp32, held to the fp32 tolerance; fp16 against the same kernels in fp32, within the fp16
 tolerance, with the backward's chunk states and their gradients stored in fp16. GPU: bf16 at B=2, T=1000,
@@ -137,15 +137,8 @@ def assert_same_gradients(out, ref, tol):
         assert_close(out[2][name], ref[2][name], tol * (A_CANCELLATION if name == "A" else 1), f"d{name}")
 
 
-@pytest.fixture(params=[False, True], ids=["landed", "split"])
-def dqk_split(request, monkeypatch):
-    """The dq/dk kernel's path: the landed one, or the intra-chunk work in a kernel of its own (_DQK_SPLIT)."""
-    monkeypatch.setattr(mamba2_chunk, "_DQK_SPLIT", request.param)
-    return request.param
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_gradients_match_the_fp64_loop(case, dqk_split):
+def test_gradients_match_the_fp64_loop(case):
     inputs = make_inputs(case)
     H, P, N = 4, 8, 16
     dy, dfinal = torch.randn(1, case.T, H, P, device=DEVICE), torch.randn(1, H, P, N, device=DEVICE)
@@ -153,20 +146,8 @@ def test_gradients_match_the_fp64_loop(case, dqk_split):
     assert_same_gradients(run(ssd_chunk_scan, inputs, case, dy, dfinal), ref, FP32)
 
 
-def test_heads_summed_in_runs_over_dstate_tiles(monkeypatch, dqk_split):
-    # B's and C's gradients are summed over a group's heads inside the kernel, in runs of heads: runs of 3 of
-    # 4 heads (the last run short), dstate 80 in tiles of 32 (the last one partial), two batch rows
-    monkeypatch.setattr(mamba2_chunk, "_DQK_HEADS", 3)
-    case = Case(T=70, G=1)
-    Bt, H, P, N = 2, 4, 8, 80
-    inputs = make_inputs(case, Bt=Bt, H=H, P=P, N=N)
-    dy, dfinal = torch.randn(Bt, case.T, H, P, device=DEVICE), torch.randn(Bt, H, P, N, device=DEVICE)
-    ref = run(ssd_scan_ref, inputs, case, dy, dfinal, math_dtype=torch.float64)
-    assert_same_gradients(run(ssd_chunk_scan, inputs, case, dy, dfinal), ref, FP32)
-
-
 def _recording_intra_launches(monkeypatch):
-    """Count the launches of the split path's intra-chunk kernel."""
+    """Count the launches of the intra-chunk dq/dk kernel."""
     kernel, launched = mamba2_chunk._ssd_dqk_intra_kernel, []
 
     class Recording:
@@ -178,29 +159,26 @@ def _recording_intra_launches(monkeypatch):
     return launched
 
 
-def test_dqk_paths_agree(monkeypatch):
-    # the split path against the landed one on the same inputs, fp32: T 150 (the last chunk partial), two
-    # batch rows, 4 heads a group in runs of 3 (the last run short), G 2, dstate 80 (tiles of 32, the last
-    # partial), a reset (a gate under the floor, its gradient 0 in both kernels' shares); the intra kernel
-    # launched once a backward on the split path, never on the landed one
+def test_heads_summed_in_runs_over_dstate_tiles(monkeypatch):
+    # B's and C's gradients are summed over a group's heads in runs of heads: runs of 3 of 4 heads a group
+    # (the last run short), two groups, dstate 80 in key tiles of 32 (the last one partial), T 150 (the last
+    # chunk partial), two batch rows, a reset (a gate under the floor: its gradient 0 in both kernels' shares);
+    # the intra-chunk kernel launched once a backward, over every chunk and run
     monkeypatch.setattr(mamba2_chunk, "_DQK_HEADS", 3)
     launched = _recording_intra_launches(monkeypatch)
     case = Case(T=150, G=2, decay="reset", softplus=False)
-    Bt, H, P, N = 2, 8, 16, 80
+    Bt, H, P, N = 2, 8, 8, 80
     inputs = make_inputs(case, Bt=Bt, H=H, P=P, N=N)
     dy, dfinal = torch.randn(Bt, case.T, H, P, device=DEVICE), torch.randn(Bt, H, P, N, device=DEVICE)
-    out = {}
-    for split in (False, True):
-        monkeypatch.setattr(mamba2_chunk, "_DQK_SPLIT", split)
-        out[split] = run(ssd_chunk_scan, inputs, case, dy, dfinal)
-        assert len(launched) == split
-    assert_same_gradients(out[True], out[False], FP32)
+    ref = run(ssd_scan_ref, inputs, case, dy, dfinal, math_dtype=torch.float64)
+    assert_same_gradients(run(ssd_chunk_scan, inputs, case, dy, dfinal), ref, FP32)
+    assert launched == [(3, Bt * 2 * 2)]      # (chunks, batch rows x groups x runs)
 
 
 def test_dqk_kernel_takes_two_stages_where_shared_memory_is_short(monkeypatch):
-    # a GPU with less shared memory a program than the H100 (~100 KB on sm_86, sm_89) refuses the dq/dk
-    # kernel's pipeline of three stages: the launch is made again with two, the gradients hold, and the next call
-    # launches two at once
+    # with fp32 inputs a GPU with less shared memory a program than the H100 (~100 KB on sm_86, sm_89) refuses
+    # the key-tile dq/dk kernel's pipeline of three stages: the launch is made again with two, the gradients hold,
+    # and the next call launches two at once
     kernel, stages = mamba2_chunk._ssd_dqk_kernel, []
 
     class SharedMemoryShort:
@@ -249,7 +227,7 @@ def test_gradient_flows_only_to_inputs_that_require_it():
 
 
 @pytest.mark.parametrize("chunk_size", [64, 256], ids=lambda L: f"chunk{L}")
-def test_fp16_gradients(chunk_size, monkeypatch, dqk_split):
+def test_fp16_gradients(chunk_size, monkeypatch):
     """fp16 x, B, C, z at T=150 (three chunks of 64), P=48 (two headdim tiles of the dq/dk kernel, the last one
     partial), N=32, against the same kernels on the inputs in fp32; the chunk-start states' gradients, which
     chunk_dv reads, are stored in fp16. At chunk 256 the backward takes the ungated output the forward
@@ -273,7 +251,7 @@ def test_fp16_gradients(chunk_size, monkeypatch, dqk_split):
 
 @pytest.mark.parametrize("D,z", [("head", True), ("head", False), ("channel", True), ("channel", False)],
                          ids=["Dhead-z", "Dhead-noz", "Dchannel-z", "Dchannel-noz"])
-def test_fp16_skip_gradient_added_by_chunk_dv(D, z, dqk_split):
+def test_fp16_skip_gradient_added_by_chunk_dv(D, z):
     """x's gradient takes the skip's share do ⊙ D inside chunk_dv, from o's gradient in x's dtype: fp16 x, B,
     C, z against the fp64 loop on the same fp16 values, D per head and per channel (a transposed view, its
     strides not [H, P]'s), with z and without, headdim 80 (chunk_dv's two value tiles, the last partial)."""
@@ -350,7 +328,7 @@ def test_forward_without_a_gate_gradient_keeps_nothing(mode, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("chunk_size", [64, 256])
-def test_bf16_gradients_on_the_gpu(chunk_size, dqk_split):
+def test_bf16_gradients_on_the_gpu(chunk_size):
     """bf16 inputs at B=2, T=1000, H=8, P=64, N=64, G=2, against the same kernels on the inputs in fp32."""
     case = Case(T=1000, chunk_size=chunk_size)
     inputs = make_inputs(case, Bt=2, H=8, P=64, N=64)
@@ -420,13 +398,6 @@ def test_packed_sequences_match_each_sequence_alone(packed_case, chunk_size):
     each sequence alone."""
     inputs, cu, dy, dfinal, ref = packed_case
     assert_same_gradients(packed_run(inputs, cu, chunk_size, dy, dfinal), ref, FP32)
-
-
-def test_packed_sequences_on_the_split_dqk_path(packed_case, monkeypatch):
-    """The same at chunk 64 with the intra-chunk work in a kernel of its own (_DQK_SPLIT)."""
-    monkeypatch.setattr(mamba2_chunk, "_DQK_SPLIT", True)
-    inputs, cu, dy, dfinal, ref = packed_case
-    assert_same_gradients(packed_run(inputs, cu, 64, dy, dfinal), ref, FP32)
 
 
 def test_packed_empty_sequence_keeps_its_initial_state():

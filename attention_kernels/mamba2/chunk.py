@@ -30,7 +30,7 @@ and written in mamba_ssm's [headdim, dstate] layout by the state pass itself.
 The backward (`ssd_chunk_scan_bwd`) is the shared one of attention_kernels/linear/chunk_backward.py on that same
 mapping, with k = B·dt (dt folded into the keys there) and v = x, recomputed in chunks of 64 from the
 inputs, with q = C and k = B read per group, as the forward reads them; dq and dk are summed over each
-group's heads inside their kernel (B's and C's gradients, with dt's share through the keys), never written
+group's heads inside their two kernels (B's and C's gradients, with dt's share through the keys), never written
 per head. The elementwise chain rule around it,
 silu(z) and D, in one-pass Triton kernels; the softplus, dt_bias and A on [Bt, T, H] in PyTorch.
 """
@@ -451,25 +451,20 @@ def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softp
 # it 48 registers, no spills; 4K-element tiles on 4 warps spill.
 _TAIL_ROWS, _TAIL_COLS = 16, 128          # tokens × (head, headdim) columns of the elementwise pass
 _TAIL_WARPS = 8
-# dq and dk summed over a group's heads in the kernel: runs of 16 heads a program (80 heads: 5 runs, 5,120
-# programs at 16K; partial sums 2 x 42 MB), dstate tiles of 32, a whole headdim of 64 a tile, on 8 warps and
-# 3 stages. With the headdim in one tile the loop over the heads is the innermost loop, so Triton pipelines
-# it: the next heads' x, do, dA, states, dt and gates are copied to shared memory while this head's work
-# runs (80 KB at 3 stages, 56 KB at 2 where a GPU has less shared memory a program). A head costs its two
-# inter-chunk products and elementwise [64, 64] work; the intra-chunk products are summed over the run's heads
-# first (the kernel's comment), two a program. ptxas (sm_90a, bf16, dstate 128, headdim 64): 246 registers,
-# no spills, at 3 stages and at 2; 250 at 4 stages (104 KB); 244 with runs of 40 heads. Dstate tiles of 64
-# spill (60 B at 3 stages, 16 at 2), tiles of 16 or 32 on 4 warps too (52 and 168 B).
-_DQK_HEADS, _DQK_BK, _DQK_BV, _DQK_WARPS, _DQK_STAGES = 16, 32, 64, 8, 3
+# dq and dk summed over a group's heads, in two launches over runs of 16 heads a program (80 heads: 5 runs;
+# partial sums 2 x 42 MB). First the intra-chunk work, once per chunk and run (1,280 programs at 16K), on 8 warps
+# and 2 stages: C Bᵀ over the whole dstate in tiles of 64, then per head the decay tile, W and the intra shares of
+# the gate's and dt's gradients. Then the key tiles (5,120 programs): dstate tiles of 32, a whole headdim of 64 a
+# tile, on 4 warps and 3 stages. With the headdim in one tile the loop over the heads is the innermost loop, so
+# Triton pipelines it: the next heads' x, do, states, dt and gates are copied to shared memory while this head's
+# two inter-chunk products run; W B and Wᵀ C once a program. Measured on an H100 (B 1, T 16K, 80 heads x 64,
+# dstate 128, bf16; the backward alone): 1,257 µs for the two (596 key tiles + 661 intra), against 1,522 with
+# the key tiles on 8 warps and 1,594 with key tiles of 64 (8 warps); the backward 3,146 µs. ptxas (sm_90a, bf16,
+# dstate 128, headdim 64): the intra kernel 174 registers (255 on 4 warps, at the cap), 32 KB of shared memory;
+# the key-tile kernel 156 (102 on 8 warps), no spills. The key tiles' shared memory: 72 KB at 3 stages with
+# 16-bit inputs; with fp32 inputs 136 KB, 96 at 2 stages, which a GPU with ~100 KB a program (sm_86, sm_89) needs.
+_DQK_HEADS, _DQK_BK, _DQK_BV, _DQK_WARPS, _DQK_STAGES = 16, 32, 64, 4, 3
 _DQK_STAGES_ON = {}   # device -> the stage count that fits there, where it is not _DQK_STAGES
-# An experiment, to be decided by a GPU timing (notes/TUNING.md "(28)"): with _DQK_SPLIT the intra-chunk
-# elementwise work (D_h, W, E_h, R_h and their sums), which every key-tile program above repeats for its heads
-# (NK = 4 times at dstate 128), is done once per chunk and head by `_ssd_dqk_intra_kernel` (the whole C Bᵀ over
-# dstate in tiles of _DQK_INTRA_BK), which writes W and the intra shares of the gate's and dt's gradients;
-# the key-tile kernel then reads W and keeps only the inter-chunk work per head. Off: the landed path.
-# ptxas (sm_90a, bf16, dstate 128, headdim 64): the intra kernel 174 registers on 8 warps (255 on 4, at the
-# cap), the key-tile kernel on W 102 (246 landed), no spills; the same tiles, warps and stages as landed.
-_DQK_SPLIT = False
 _DQK_INTRA_BK, _DQK_INTRA_WARPS, _DQK_INTRA_STAGES = 64, 8, 2
 
 
@@ -521,12 +516,15 @@ def _ssd_dqk_intra_kernel(
     N: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, HEADS: tl.constexpr, FLOOR: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    # one program: chunk i_t and a run of HEADS heads of one (batch, group), the `_DQK_SPLIT` experiment. The
-    # intra-chunk part of `_ssd_dqk_kernel`, once per chunk and head instead of once per key tile: the whole
-    # score CB = C Bᵀ (summed over dstate in tiles of BK), then per head D_h = dA_h ⊙ M_h, W += D_h ⊙ dt_h[None, s],
-    # E_h = D_h ⊙ CB and R_h = E_h ⊙ dt_h[None, s] strictly below the diagonal. Written: W, rounded once to B's
-    # dtype after the sum over the run, and per head the intra shares (linear in R and E, so they add to the
-    # key-tile kernel's inter shares): the gate's Σ_{s>=t} (rowsum R - colsum R)_s, dt's through the keys colsum E
+    # one program: chunk i_t and a run of HEADS heads of one (batch, group). The intra-chunk part of dq and dk
+    # (`_ssd_dqk_kernel` below does the inter-chunk part), once per chunk and head, not once per key tile: the
+    # whole score CB = C Bᵀ (summed over dstate in tiles of BK), then per head D_h = dA_h ⊙ M_h,
+    # W += D_h ⊙ dt_h[None, s], E_h = D_h ⊙ CB and R_h = E_h ⊙ dt_h[None, s] strictly below the diagonal.
+    # Written: W, rounded once to B's dtype after the sum over the run, and per head the intra shares of the
+    # gate's and dt's gradients, which need per-head sums of q·dq and k·dk: with k_s · (D_hᵀ C)_s = dt_s Σ_t E_h,ts
+    # and B_s · (D_hᵀ C)_s = Σ_t E_h,ts, the gate's is Σ_{s>=t} (rowsum R - colsum R)_s (`one_decay_dqk`'s sum)
+    # and dt's through the keys colsum E. Both are linear in R and E, so they add to the key-tile kernel's
+    # inter shares, and the floor's zeroing distributes over the sum
     i_t, i_z = tl.program_id(0), tl.program_id(1)
     n_runs = tl.cdiv(HPG, HEADS)
     i_bg, i_run = i_z // n_runs, i_z % n_runs
@@ -566,9 +564,9 @@ def _ssd_dqk_intra_kernel(
 
 @triton.jit(do_not_specialize=["T", "H", "NT", "HPG", "G", "NB"])
 def _ssd_dqk_kernel(
-    C, B, x, dt, g, b, h, dh, do, dA, dC_part, dB_part, dg_tiles, ddt_tiles, W, T, H, NT, HPG, G, NB,
+    C, B, x, dt, g, b, h, dh, do, W, dC_part, dB_part, dg_tiles, ddt_tiles, T, H, NT, HPG, G, NB,
     N: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HEADS: tl.constexpr, FLOOR: tl.constexpr, DOT_PREC: tl.constexpr, W_GIVEN: tl.constexpr = False,
+    HEADS: tl.constexpr, FLOOR: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     # one program: chunk i_t, dstate columns [i_k·BK, ..), and a run of HEADS heads of one (batch, group),
     # walked in turn. Each head's dq and dk are the shared backward's (`one_decay_dqk`) for q = C, k = B·dt_h
@@ -577,16 +575,12 @@ def _ssd_dqk_kernel(
     #   dq_h = e^{b_t} ⊙ dO_h S_hᵀ + D_h (B ⊙ dt_h)    dk_h = e^{b_L - b_t} ⊙ X_h dS'_hᵀ + D_hᵀ C
     # C and B are the group's, the same for every head, so the intra-chunk products factor out of the sum:
     #   Σ_h D_h (B ⊙rows dt_h) = W B    and    Σ_h dt_h ⊙rows D_hᵀ C = Wᵀ C,    W = Σ_h D_h ⊙ dt_h[None, s]
-    # W summed elementwise in fp32 over the run, then two products a program instead of two a head. The
-    # inter-chunk products stay per head (each head its own states), scaled in fp32 after the product and
-    # added into one accumulator each. The gate's and dt's shares need per-head sums of q·dq and k·dk; their
-    # intra parts are the scores of this key tile, CB_ts = C_t · B_s (one product a program, for every head),
-    # times D_h: with E_h = D_h ⊙ CB, k_s · (D_hᵀ C)_s = dt_s Σ_t E_h,ts and B_s · (D_hᵀ C)_s = Σ_t E_h,ts.
-    # Per head it writes this key tile's share of the gate's gradient and of dt's through the keys, dk · B.
-    # The per-head scalars (dt, g, b, and those two shares) are head-major, [Bt, H, T]: a head's chunk is
-    # 256 contiguous bytes, where [Bt, T, H] would cost a 32-byte sector per token and head
-    # W_GIVEN (the `_DQK_SPLIT` experiment): W and the intra parts of the two shares come from
-    # `_ssd_dqk_intra_kernel`; here only the inter-chunk parts, and dA is not read
+    # W comes from `_ssd_dqk_intra_kernel` (with the intra parts of the gate's and dt's shares): two products a
+    # program. The inter-chunk products stay per head (each head its own states), scaled in fp32 after the
+    # product and added into one accumulator each. Per head it writes this key tile's inter share of the
+    # gate's gradient and of dt's through the keys, dk · B. The per-head scalars (dt, g, b, and those two
+    # shares) are head-major, [Bt, H, T]: a head's chunk is 256 contiguous bytes, where [Bt, T, H] would cost
+    # a 32-byte sector per token and head
     i_k, i_t, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n_runs = tl.cdiv(HPG, HEADS)
     i_bg, i_run = i_z // n_runs, i_z % n_runs
@@ -601,14 +595,9 @@ def _ssd_dqk_kernel(
     p_g = ((i_b * T + o_t[:, None]) * G + i_g) * N + o_k[None, :]
     b_c = tl.load(C + p_g, mask=m_tk, other=0.0)
     b_B = tl.load(B + p_g, mask=m_tk, other=0.0)
-    if not W_GIVEN:
-        b_cb = tl.dot(b_c, tl.trans(b_B), input_precision=DOT_PREC)      # this key tile's scores, every head's
-        m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
-        m_below = o_c[:, None] > o_c[None, :]
-        b_W = tl.zeros([BT, BT], dtype=tl.float32)
     b_dC = tl.zeros([BT, BK], dtype=tl.float32)
     b_dB = tl.zeros([BT, BK], dtype=tl.float32)
-    p_tile = i_k * NB * H * T                           # this key tile's [Bt, H, T] in the [NK, Bt, H, T] tiles
+    p_tile = i_k * NB * H * T                           # this key tile's [Bt, H, T] in the [NK + 1, Bt, H, T] tiles
     for i_r in range(i_run * HEADS, tl.minimum(i_run * HEADS + HEADS, HPG)):
         i_h = i_g * HPG + i_r
         p_th = (i_b * H + i_h) * T + o_t
@@ -622,35 +611,17 @@ def _ssd_dqk_kernel(
         b_Bdk = tl.sum(b_B.to(tl.float32) * b_dk_inter, axis=1)
         b_dC += b_dq_inter
         b_dB += b_dk_inter * b_dt[:, None]
-        if W_GIVEN:
-            # the inter parts alone: dg_t = Σ_{s>=t} r_s + Σ_{s<t} p_s + (S·dS') e^{b_L}, as scans of [BT]
-            b_r = tl.sum(b_c.to(tl.float32) * b_dq_inter, axis=1)
-            b_p = b_dt * b_Bdk
-            b_dg = tl.cumsum(b_r, axis=0, reverse=True) + (tl.cumsum(b_p, axis=0) - b_p) \
-                + tl.sum(b_hdh) * tl.exp(b_gl)
-        else:
-            # D_h: the exponent taken on the pairs on and below the diagonal only (elsewhere dA is 0)
-            b_D = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None],
-                          other=0.0)
-            b_D = b_D * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
-            b_W += b_D * b_dt[None, :]
-            b_E = b_D * b_cb
-            # the gate's share as `one_decay_dqk` sums it, R = E_h ⊙ dt_h[None, s] strictly below the diagonal
-            b_R = tl.where(m_below, b_E * b_dt[None, :], 0.0)
-            b_r = tl.sum(b_c.to(tl.float32) * b_dq_inter, axis=1) + tl.sum(b_R, axis=1) - tl.sum(b_R, axis=0)
-            b_p = b_dt * b_Bdk
-            b_dg = tl.sum(tl.where(o_c[None, :] >= o_c[:, None], b_r[None, :], b_p[None, :]), axis=1) \
-                + tl.sum(b_hdh) * tl.exp(b_gl)
+        # the gate's inter share: dg_t = Σ_{s>=t} r_s + Σ_{s<t} p_s + (S·dS') e^{b_L}, as scans of [BT]
+        b_r = tl.sum(b_c.to(tl.float32) * b_dq_inter, axis=1)
+        b_p = b_dt * b_Bdk
+        b_dg = tl.cumsum(b_r, axis=0, reverse=True) + (tl.cumsum(b_p, axis=0) - b_p) + tl.sum(b_hdh) * tl.exp(b_gl)
         b_gk = tl.load(g + p_th, mask=m_t, other=0.0)
         b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
         tl.store(dg_tiles + p_tile + p_th, b_dg, mask=m_t)
-        tl.store(ddt_tiles + p_tile + p_th, b_Bdk if W_GIVEN else b_Bdk + tl.sum(b_E, axis=0), mask=m_t)
-    if W_GIVEN:
-        b_Wc = tl.load(W + _w_tile(i_run, i_b, i_t, i_g, NB, NT, G, BT) + o_c[:, None] * BT + o_c[None, :])
-    else:
-        b_Wc = b_W.to(B.dtype.element_ty)               # rounded once, after the sum over the run
-    b_dC += tl.dot(b_Wc, b_B, input_precision=DOT_PREC)
-    b_dB += tl.dot(tl.trans(b_Wc), b_c, input_precision=DOT_PREC)
+        tl.store(ddt_tiles + p_tile + p_th, b_Bdk, mask=m_t)
+    b_W = tl.load(W + _w_tile(i_run, i_b, i_t, i_g, NB, NT, G, BT) + o_c[:, None] * BT + o_c[None, :])
+    b_dC += tl.dot(b_W, b_B, input_precision=DOT_PREC)
+    b_dB += tl.dot(tl.trans(b_W), b_c, input_precision=DOT_PREC)
     p_run = i_run.to(tl.int64) * NB * T * G * N        # this run's partial sums, [runs, Bt, T, G, N]
     tl.store(dC_part + p_run + p_g, b_dC, mask=m_tk)
     tl.store(dB_part + p_run + p_g, b_dB, mask=m_tk)
@@ -676,16 +647,19 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     docstring), so the chunk recurrence's gradient is the shared backward's
     (attention_kernels/linear/chunk_backward.py) with q = C and k = B·dt, read
     per group of heads (group_size; k's dt per head applied in the kernels:
-    chunk_dv scales the rows of its fp32 products of B by it, the dq/dk kernel
-    the columns of its fp32 score gradients), v = x, scale 1, the gate g =
+    chunk_dv scales the rows of its fp32 products of B by it, the dq/dk kernels
+    the columns of their fp32 score gradients), v = x, scale 1, the gate g =
     dt·A per head and the states transposed ([dstate, headdim] = [K, V]); the
     chunk-start states and their gradients in `chunk_state_dtype` (x's dtype
-    for 16-bit x). dq and dk are summed over each group's heads in one kernel,
-    which reads B and C per group, sums the intra-chunk score gradients over
-    the heads before their products (B and C are the same for every head of a
-    group), writes B's and C's gradients as partial sums over runs of heads,
-    and each head's share of the gate's gradient and of dt's through the keys
-    (dk · B): no [Bt, T, H, N] gradient is written. Before it, one
+    for 16-bit x). dq and dk are summed over each group's heads in two
+    launches, which read B and C per group (the same for every head of a
+    group). The first does the intra-chunk work once per chunk and head: the
+    decay tile, the intra-chunk score gradients summed over a run of heads
+    before their products, W = Σ_h D_h ⊙ dt_h, and the intra shares of the
+    gate's gradient and of dt's through the keys (dk · B). The second, per
+    dstate tile, does each head's inter-chunk products and their shares, then
+    W's two products once; it writes B's and C's gradients as partial sums
+    over runs of heads: no [Bt, T, H, N] gradient is written. Before them, one
     elementwise launch (fp32 inside, every tensor of [Bt, T, H, P] read or
     written once) for the tail y = (o + D ⊙ x) ⊙ silu(z): dz, o's gradient
     do in x's dtype and dD's per-tile sums (with z, its o + D ⊙ x is the
@@ -746,8 +720,8 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     dx = torch.empty_like(x)      # chunk_dv's dv with the skip's do ⊙ D: x's whole gradient
     dscores = torch.empty(Bt, T, H, CHUNK, dtype=f32, device=dev)
     chunk_dv(C, B, x, b, None, dstates, do, dx, dscores, 1.0, group_size=H // G, key_scale=dtf, skip=D)
-    # dq and dk summed over each group's heads in the kernel (dC, dB) with dt's share through the keys, in
-    # runs of _DQK_HEADS heads a program: partial sums per run, and per key tile the gate's and dt's shares
+    # dq and dk summed over each group's heads (dC, dB) with dt's share through the keys, in runs of _DQK_HEADS
+    # heads a program: partial sums per run; the gate's and dt's shares per key tile, the intra ones in the last
     BK = min(_DQK_BK, pow2_at_least_16(N))
     NK, runs = triton.cdiv(N, BK), triton.cdiv(H // G, _DQK_HEADS)
     # its per-head scalars read head-major ([Bt, H, T]: a head's chunk contiguous), its dg and ddt tiles written so
@@ -755,20 +729,20 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     b_heads = b.view(Bt, T, H).transpose(1, 2).contiguous()
     g_heads = dt_heads * Af[:, None]      # as given: a gate below the floor gets gradient 0 (_ssd_dqk_kernel)
     dC_part, dB_part = (torch.empty(runs, Bt, T, G, N, dtype=f32, device=dev) for _ in range(2))
-    dg_tiles, ddt_tiles = (torch.empty(NK + _DQK_SPLIT, Bt, H, T, dtype=f32, device=dev) for _ in range(2))
-    W = None
-    if _DQK_SPLIT:    # the experiment: the intra-chunk work once per chunk and head, its shares in the last tile
-        W = torch.empty(runs, Bt, NT, G, CHUNK, CHUNK, dtype=B.dtype, device=dev)
-        _ssd_dqk_intra_kernel[(NT, Bt * G * runs)](
-            C, B, dt_heads, g_heads, b_heads, dscores, W, dg_tiles[NK], ddt_tiles[NK], T, H, NT, H // G, G, Bt,
-            N=N, BT=CHUNK, BK=min(_DQK_INTRA_BK, pow2_at_least_16(N)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
-            DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_INTRA_WARPS, num_stages=_DQK_INTRA_STAGES)
-    dqk_args = (C, B, x, dt_heads, g_heads, b_heads, states, dstates, do, dscores, dC_part, dB_part, dg_tiles,
-                ddt_tiles, W, T, H, NT, H // G, G, Bt, N, P)
+    dg_tiles, ddt_tiles = (torch.empty(NK + 1, Bt, H, T, dtype=f32, device=dev) for _ in range(2))
+    # the intra-chunk work once per chunk and head: W = Σ_h D_h ⊙ dt_h and the intra shares
+    W = torch.empty(runs, Bt, NT, G, CHUNK, CHUNK, dtype=B.dtype, device=dev)
+    _ssd_dqk_intra_kernel[(NT, Bt * G * runs)](
+        C, B, dt_heads, g_heads, b_heads, dscores, W, dg_tiles[NK], ddt_tiles[NK], T, H, NT, H // G, G, Bt,
+        N=N, BT=CHUNK, BK=min(_DQK_INTRA_BK, pow2_at_least_16(N)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
+        DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_INTRA_WARPS, num_stages=_DQK_INTRA_STAGES)
+    # per key tile: each head's inter-chunk products, then W B and Wᵀ C
+    dqk_args = (C, B, x, dt_heads, g_heads, b_heads, states, dstates, do, W, dC_part, dB_part, dg_tiles,
+                ddt_tiles, T, H, NT, H // G, G, Bt, N, P)
     dqk_meta = dict(BT=CHUNK, BK=BK, BV=min(_DQK_BV, pow2_at_least_16(P)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
-                    DOT_PREC=dot_precision(x.dtype), W_GIVEN=_DQK_SPLIT, num_warps=_DQK_WARPS)
-    # a GPU with less shared memory a program than the H100 (~100 KB on sm_86 and sm_89) refuses three stages:
-    # the first refusal is remembered per device, so later calls launch two at once
+                    DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_WARPS)
+    # with fp32 inputs a GPU with less shared memory a program than the H100 (~100 KB on sm_86 and sm_89)
+    # refuses three stages: the first refusal is remembered per device, so later calls launch two at once
     stages = _DQK_STAGES_ON.get(dev, _DQK_STAGES)
     try:
         _ssd_dqk_kernel[(NK, NT, Bt * G * runs)](*dqk_args, **dqk_meta, num_stages=stages)
