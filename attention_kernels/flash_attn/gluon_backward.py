@@ -385,18 +385,22 @@ def _rows_for_the_copy_engine(x):
 
 
 def gluon_attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, cu_seqlens_q=None,
-                        cu_seqlens_k=None):
+                        cu_seqlens_k=None, dq_kernel: str = "triton"):
     """The backward with `backward.attention_bwd`'s contract for dense inputs: do, q, o [B, T, Hq, D], k, v
     [B, S, Hkv, D], lse fp32 [B, Hq, T] (base 2) from the forward; bf16 or fp16, D 64 or 128, on a Hopper GPU.
     Returns (dq, dk, dv) in the input dtype; for GQA, dk and dv summed over each group's query heads.
-    dQ and delta come from the Triton dQ pass, dK and dV from the Gluon kernel (`attn_bwd_dkdv_ws_kernel`).
-    cu_seqlens_q, cu_seqlens_k: packed sequences are refused (ValueError), as is anything else `_check_inputs`
-    names, before any launch.
+    dQ and delta come from the Triton dQ pass (or the Gluon dQ kernel, `dq_kernel`), dK and dV from the Gluon
+    kernel (`attn_bwd_dkdv_ws_kernel`). cu_seqlens_q, cu_seqlens_k: packed sequences are refused (ValueError),
+    as is anything else `_check_inputs` names, before any launch. dq_kernel: "triton" (the Triton dQ pass) or
+    "gluon" (`gluon_dq.gluon_dq_and_delta`), else ValueError before any launch.
 
     >>> o, lse = attention_fwd(q, k, v, causal=True, softmax_scale=scale)   # forward.py
     >>> dq, dk, dv = gluon_attention_bwd(do, q, k, v, o, lse, True, scale)  # on an H100 or H200
     """
     _check_inputs(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+    if dq_kernel not in ("triton", "gluon"):
+        raise ValueError(f"dq_kernel: must be 'triton' or 'gluon', got {dq_kernel!r}")
+    from .gluon_dq import gluon_dq_and_delta   # only this call needs the dQ kernel's module
     BM, STAGES = BWD_TILES[q.shape[3]]
     do = do.contiguous()  # e.g. the gradient of out.sum() arrives as a stride-0 view
     if not aligned16((do, )):
@@ -404,7 +408,8 @@ def gluon_attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float,
     B, T, HQ, D = q.shape
     S, HKV = k.shape[1], k.shape[2]
     group = HQ // HKV
-    dq, delta = dq_and_delta(do, q, k, v, o, lse, bool(causal), softmax_scale)   # and delta for the dK/dV kernel
+    dq, delta = (gluon_dq_and_delta if dq_kernel == "gluon" else dq_and_delta)(do, q, k, v, o, lse, bool(causal),
+                                                                              softmax_scale)   # delta for dK/dV
 
     # the GQA split as the Triton backward's (`bwd_plan`), counted in this kernel's programs
     parts = group_parts(group, triton.cdiv(S, BN) * B * HKV)
