@@ -29,9 +29,10 @@ fa_gluon: the Gluon FlashAttention forward for Hopper (attention_kernels/flash_a
   Triton forward, SDPA cuDNN and flash, and FA4 where it imports, at B = 4, H = 32, D = 128, T = 2K to 16K, causal
   and not: TFLOP/s and the in-order loop's speed ratio to each. One table, about a minute.
 fa_gluon_bwd: the Gluon FlashAttention backward for Hopper (attention_kernels/flash_attn/gluon_backward.py: a Gluon
-  dK/dV kernel beside the Triton dQ pass), checked against the fp64 formula on 3 shapes (nothing is timed if it is
-  wrong), then timed beside the Triton backward and cuDNN's (SDPA) at B = 4, H = 32, D = 128, T = 512 to 16K,
-  causal and not: TFLOP/s and the Gluon backward's speed ratio to each (interface.GLUON_BWD_MEASURED's source).
+  dK/dV kernel beside the Triton dQ pass, or beside the Gluon dQ kernel, gluon_dq.py), both forms checked against
+  the fp64 formula on 3 shapes (a wrong one is not timed), then timed beside the Triton backward and cuDNN's (SDPA)
+  at B = 4, H = 32, D = 128, T = 512 to 16K, causal and not: TFLOP/s and the Gluon backward's speed ratio to each
+  (interface.GLUON_BWD_MEASURED's source); last, each kernel's GPU time in both forms at T = 4K and 16K.
 kda_step: KDA's decode step (H = 32, K = V = 128) at B = 1, 8 and 64: single calls with L2 flushed (do_bench),
   calls back to back (as the chapter times plain calls), the graph replay, and the host time of a call.
 
@@ -275,18 +276,24 @@ def fa_gluon():
 
 
 
+# The two forms of the Gluon backward's dQ pass (the table's Gluon columns), as `gluon_attention_bwd` takes them:
+# the Triton dQ pass, or the Gluon dQ kernel (`gluon_dq.py`), each beside the Gluon dK/dV kernel.
+GLUON_BWD_DQ = {"Gluon": dict(dq_kernel="triton"), "Gluon dQ": dict(dq_kernel="gluon")}
+
+
 def fa_gluon_bwd():
-    """The Gluon backward (its dK/dV kernel beside the Triton dQ pass): right first (3 shapes, dq, dk, dv against
-    autograd through the fp64 formula; nothing is timed if it is wrong), then one table of TFLOP/s (bf16, B = 4,
-    H = 32, D = 128, do_bench medians, the backward's 2.5x FLOPs) beside the Triton backward (launched as
-    flash_attn_func launches it) and cuDNN's (SDPA, autograd.grad on a kept graph: the backward alone), with the
-    Gluon backward's speed ratio to each."""
+    """The Gluon backward (its dK/dV kernel beside the Triton dQ pass, or beside the Gluon dQ kernel): right first
+    (3 shapes, dq, dk, dv against autograd through the fp64 formula; a wrong dQ form is left out of the table, and
+    nothing is timed if the Triton one's is wrong), then one table of TFLOP/s (bf16, B = 4, H = 32, D = 128,
+    do_bench medians, the backward's 2.5x FLOPs) beside the Triton backward (launched as flash_attn_func launches
+    it) and cuDNN's (SDPA, autograd.grad on a kept graph: the backward alone), with the Gluon backward's speed
+    ratio to each; last, each kernel's GPU time in both forms at T = 4K and 16K (the dQ pass's share)."""
     from attention_kernels import peers
     from attention_kernels.common import tolerance
     from attention_kernels.flash_attn import attention_ref, gluon_backward
 
     tol = 3 * tolerance(torch.bfloat16, tf32_dots=True)   # the Triton backward's (tests/test_flash_attn.py)
-    wrong = False
+    wrong = set()
     for B, T, S, HQ, HKV, D, causal in [(2, 1000, 1000, 8, 2, 128, True), (1, 4100, 4100, 4, 4, 64, False),
                                         (2, 300, 77, 8, 1, 128, True)]:
         q = torch.randn(B, T, HQ, D, device="cuda", dtype=torch.bfloat16)
@@ -296,18 +303,22 @@ def fa_gluon_bwd():
         qr, kr, vr = (t.double().requires_grad_() for t in (q, k, v))
         refs = torch.autograd.grad(attention_ref(qr, kr, vr, causal=causal, compute_dtype=torch.float64),
                                    (qr, kr, vr), do.double())
-        grads = gluon_backward.gluon_attention_bwd(do, q, k, v, o, lse, causal, D ** -0.5)
-        errs = [rel_err(g, r) for g, r in zip(grads, refs)]
-        right = not any(torch.isnan(g).any() for g in grads) and max(errs) <= tol
-        print(f"B={B} T={T} S={S} H={HQ}/{HKV} D={D} causal={causal}: rel err dq {errs[0]:.1e} "
-              f"dk {errs[1]:.1e} dv {errs[2]:.1e}: {'right' if right else 'WRONG'}", flush=True)
-        wrong = wrong or not right
+        for form, keywords in GLUON_BWD_DQ.items():
+            grads = gluon_backward.gluon_attention_bwd(do, q, k, v, o, lse, causal, D ** -0.5, **keywords)
+            errs = [rel_err(g, r) for g, r in zip(grads, refs)]
+            right = not any(torch.isnan(g).any() for g in grads) and max(errs) <= tol
+            print(f"B={B} T={T} S={S} H={HQ}/{HKV} D={D} causal={causal} {form}: rel err dq {errs[0]:.1e} "
+                  f"dk {errs[1]:.1e} dv {errs[2]:.1e}: {'right' if right else 'WRONG'}", flush=True)
+            if not right:
+                wrong.add(form)
     if wrong:
-        print("the Gluon backward is wrong: not timed")
+        print(f"wrong, not timed: {', '.join(sorted(wrong))}")
+    if "Gluon" in wrong:
         return
     cudnn = peers.sdpa("cuDNN")
     B, H, D = 4, 32, 128
-    names = ["Gluon", "Triton", "cuDNN"]
+    forms = [n for n in GLUON_BWD_DQ if n not in wrong]
+    names = forms + ["Triton", "cuDNN"]
     print(f"bf16, B={B} H={H} D={D}, backward: TFLOP/s; in brackets the Gluon backward's speed ratio to it")
     print(f"  {'T':>6s} {'causal':>6s} " + " ".join(f"{n:>18s}" for n in names))
     for causal in (False, True):
@@ -318,14 +329,27 @@ def fa_gluon_bwd():
             qs, ks, vs = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
             os_ = cudnn(qs, ks, vs, causal=causal)
             dos = do.transpose(1, 2)
-            calls = {"Gluon": lambda: gluon_backward.gluon_attention_bwd(do, q, k, v, o, lse, causal, D ** -0.5),
-                     "Triton": lambda: fb.attention_bwd(do, q, k, v, o, lse, causal, D ** -0.5, one),
-                     "cuDNN": lambda: torch.autograd.grad(os_, (qs, ks, vs), dos, retain_graph=True)}
+            calls = {n: (lambda kw=GLUON_BWD_DQ[n]: gluon_backward.gluon_attention_bwd(do, q, k, v, o, lse, causal,
+                                                                                      D ** -0.5, **kw))
+                     for n in forms}
+            calls |= {"Triton": lambda: fb.attention_bwd(do, q, k, v, o, lse, causal, D ** -0.5, one),
+                      "cuDNN": lambda: torch.autograd.grad(os_, (qs, ks, vs), dos, retain_graph=True)}
             flops = attention_flops(B, H, T, T, D, causal, backward=True)
             tflops = {n: flops / (time_ms(c) * 1e-3) / 1e12 for n, c in calls.items()}
             print(f"  {T:6d} {str(causal):>6s} " + " ".join(
                 f"{tflops[n]:11.0f} ({tflops['Gluon'] / tflops[n]:4.2f})" for n in names), flush=True)
             del q, k, v, do, o, lse, qs, ks, vs, os_, dos, calls
+    print("GPU us per backward, kernel by kernel (torch.profiler): the dQ pass (Triton or Gluon), the dK/dV kernel")
+    for causal in (False, True):
+        for T in (4096, 16384):
+            q, k, v, do = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            o, lse = attention_fwd(q, k, v, causal, D ** -0.5)
+            for form in forms:
+                times = _kernel_times_us(lambda kw=GLUON_BWD_DQ[form]: gluon_backward.gluon_attention_bwd(
+                    do, q, k, v, o, lse, causal, D ** -0.5, **kw))
+                parts = ", ".join(f"{name[:40]} {us:.1f}" for name, us in sorted(times.items(), key=lambda kv: -kv[1]))
+                print(f"  T={T} causal={causal} {form}: {sum(times.values()):.1f} in all: {parts}", flush=True)
+            del q, k, v, do, o, lse
 
 # ---------------------------------------------------------------- where a prefill's time goes
 def _kernel_times_us(fn, reps=20):
