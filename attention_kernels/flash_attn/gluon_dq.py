@@ -24,11 +24,11 @@ One CTA per (128 query rows, query head, batch), three partitions (gl.warp_speci
     its rows (dO read from shared memory, O from global memory), stored for the dK/dV kernel; then per key
     tile S = Q K^T and dP = dO V^T issued back to back, P computed while dP runs, dS, and dQ += dS K with dS
     from registers (16-bit) and K from shared memory; last, dQ * scale stored with plain masked stores.
-Tiles that every row of the block sees in full take no mask (`gluon_forward._key_tiles`): the causal diagonal
+Tiles that every row of the block sees in full take no mask (`gluon_forward.key_tiles`): the causal diagonal
 and the ragged last tile do, with selects, so that a hidden pair's dS is 0 whatever K, V or dO hold there. The
 product dS K would still meet a NaN or inf that K holds at a hidden key (0 * NaN is NaN): a masked tile first
 checks its K tile and, only if it is not finite, takes that product on the CUDA cores key by key, skipping
-zero terms (the forward's `_pv_skipping_zeros`, with dS for P and K for V). Rows that see no key get dq = 0.
+zero terms (the forward's `pv_skipping_zeros`, with dS for P and K for V). Rows that see no key get dq = 0.
 
 The forward's Gluon/ptxas rules hold here (`gluon_forward.py`'s docstring): no wgmma in flight across a loop
 back edge, ring buffers handed to wgmma indexed through `gluon_helpers.opaque_zero`, sizes read off the
@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from ..gluon_helpers import opaque_zero
 from ..launch import LOG2E, launch_direct
-from .gluon_forward import _has_non_finite, _key_tiles, _pv_skipping_zeros, _rows_desc
+from .gluon_forward import has_non_finite, key_tiles, pv_skipping_zeros, rows_desc
 
 BM = 128           # query rows per CTA: two consumer warpgroups of 64 (wgmma's M)
 # (keys per ring tile, ring slots) per head dim. Registers per consumer thread (a [64, N] fp32 tile of one
@@ -83,8 +83,8 @@ def _load_partition(q_ptr, do_ptr, k_ptr, v_ptr, q_row0, h, kv_base, m0, T, S, H
     for w in gl.static_range(2):
         tma.async_copy_global_to_shared(qd, [m0 + w * HALF, h * D], q_bar, q_s.index(w))
         tma.async_copy_global_to_shared(dod, [m0 + w * HALF, h * D], q_bar, do_s.index(w))
-    kd = _rows_desc(k_ptr + kv_base, S, HKV * D, BN, D, kv_layout)   # keys past S zero-filled
-    vd = _rows_desc(v_ptr + kv_base, S, HKV * D, BN, D, kv_layout)
+    kd = rows_desc(k_ptr + kv_base, S, HKV * D, BN, D, kv_layout)   # keys past S zero-filled
+    vd = rows_desc(v_ptr + kv_base, S, HKV * D, BN, D, kv_layout)
     TILE_BYTES: gl.constexpr = BN * D * k_s.dtype.primitive_bitwidth // 8
     for t in range(n_tiles):
         st = t % STAGES
@@ -119,7 +119,7 @@ def _tile_update(acc, t, q_op, do_op, k_s, v_s, k_ready, v_ready, k_empty, v_emp
     is done (dP may still run), dS once dP is, V_t's slot released; dQ += dS K_t, waited on, K_t's slot released.
     No product is in flight when it returns. MASKED: a pair whose key is past S or, causal, past the row's
     diagonal (shift = S - T; S when not causal) has P = dS = 0 (selects: 0 * NaN is NaN), and K_t is checked
-    for a NaN or an inf before dS K_t (`_pv_skipping_zeros` takes the product if it holds one)."""
+    for a NaN or an inf before dS K_t (`pv_skipping_zeros` takes the product if it holds one)."""
     STAGES: gl.constexpr = k_s.shape[0]
     BN: gl.constexpr = k_s.shape[1]
     ROWS: gl.constexpr = rows.shape[0]
@@ -144,8 +144,8 @@ def _tile_update(acc, t, q_op, do_op, k_s, v_s, k_ready, v_ready, k_empty, v_emp
     if MASKED:   # a hidden pair's dP may be NaN (V or dO there): its dS is 0 all the same
         ds = gl.where(keep, ds, 0.0)
     ds = ds.to(k_s.dtype)
-    if MASKED and _has_non_finite(k_tile):
-        acc = _pv_skipping_zeros(acc, ds, k_tile, row_o)
+    if MASKED and has_non_finite(k_tile):
+        acc = pv_skipping_zeros(acc, ds, k_tile, row_o)
     else:
         acc = warpgroup_mma(gl.convert_layout(ds, ds_layout), k_tile, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -223,7 +223,7 @@ def attn_bwd_dq_ws_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, dq_ptr, lse_ptr, d
     i_h = i_bh % HQ
     i_hk = i_h // (HQ // HKV)   # GQA: the KV head this query head reads, no copy
     m0 = i_m * BM
-    n_full, n_tiles = _key_tiles(m0, T, S, BM, BN, CAUSAL)
+    n_full, n_tiles = key_tiles(m0, T, S, BM, BN, CAUSAL)
     if CAUSAL:
         shift = S - T
     else:

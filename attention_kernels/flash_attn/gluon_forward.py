@@ -22,7 +22,7 @@ One CTA per (128 query rows, batch * query head), three partitions (gl.warp_spec
     folded into the exponent, O += P V with wgmma, P from registers; last, O / l and the lse stored with
     plain masked stores.
 Tiles that every row of the block sees in full skip the mask; the causal diagonal and the ragged last tile
-take it (`_key_tiles`). Non-causal calls pass a shift of S, so one masked path serves both settings.
+take it (`key_tiles`). Non-causal calls pass a shift of S, so one masked path serves both settings.
 
 The default loop keeps each warpgroup's steps in order (scores, softmax, P V, each waited on). Two variants
 (`_consumer`'s SCHEDULE), on the unmasked tiles: `overlap=True` issues the next tile's S = Q K^T before this
@@ -72,7 +72,7 @@ OVERLAP_SCORES = False
 
 
 @gluon.jit
-def _rows_desc(base, rows, row_stride, BLOCK_ROWS: gl.constexpr, D: gl.constexpr, layout: gl.constexpr):
+def rows_desc(base, rows, row_stride, BLOCK_ROWS: gl.constexpr, D: gl.constexpr, layout: gl.constexpr):
     """`rows` rows of D elements, row_stride apart, from `base`, in blocks of BLOCK_ROWS rows: rows past `rows`
     are zero-filled by the copy engine."""
     return tma.make_tensor_descriptor(base, shape=[rows, D], strides=[row_stride, 1], block_shape=[BLOCK_ROWS, D],
@@ -90,12 +90,12 @@ def _load_partition(q_ptr, k_ptr, v_ptr, q_base, kv_base, m0, T, S, HQ, HKV, n_t
     HALF: gl.constexpr = q_s.shape[1]
     q_layout: gl.constexpr = q_s.layout
     kv_layout: gl.constexpr = k_s.layout
-    qd = _rows_desc(q_ptr + q_base, T, HQ * D, HALF, D, q_layout)
+    qd = rows_desc(q_ptr + q_base, T, HQ * D, HALF, D, q_layout)
     mbarrier.expect(q_bar, 2 * HALF * D * q_s.dtype.primitive_bitwidth // 8)
     tma.async_copy_global_to_shared(qd, [m0, 0], q_bar, q_s.index(0))
     tma.async_copy_global_to_shared(qd, [m0 + HALF, 0], q_bar, q_s.index(1))
-    kd = _rows_desc(k_ptr + kv_base, S, HKV * D, BN, D, kv_layout)
-    vd = _rows_desc(v_ptr + kv_base, S, HKV * D, BN, D, kv_layout)
+    kd = rows_desc(k_ptr + kv_base, S, HKV * D, BN, D, kv_layout)
+    vd = rows_desc(v_ptr + kv_base, S, HKV * D, BN, D, kv_layout)
     TILE_BYTES: gl.constexpr = BN * D * k_s.dtype.primitive_bitwidth // 8
     for t in range(n_tiles):
         st = t % STAGES
@@ -178,13 +178,13 @@ def _pv_released(acc, p, t, v_s, v_ready, v_empty, MASKED: gl.constexpr, p_layou
                  row_o: gl.constexpr):
     """acc + P V_t once V_t has landed (p fp32 or 16-bit, rounded to V's type), waited on, and V_t's slot
     released. MASKED: V_t is first checked, and if it holds a NaN or an inf, the product is taken on the CUDA
-    cores (`_pv_skipping_zeros`)."""
+    cores (`pv_skipping_zeros`)."""
     STAGES: gl.constexpr = v_s.shape[0]
     st = t % STAGES
     slot = st + opaque_zero(t)
     mbarrier.wait(v_ready.index(st), (t // STAGES) & 1)
-    if MASKED and _has_non_finite(v_s.index(slot)):
-        acc = _pv_skipping_zeros(acc, p.to(v_s.dtype), v_s.index(slot), row_o)
+    if MASKED and has_non_finite(v_s.index(slot)):
+        acc = pv_skipping_zeros(acc, p.to(v_s.dtype), v_s.index(slot), row_o)
     else:
         acc = warpgroup_mma(gl.convert_layout(p.to(v_s.dtype), p_layout), v_s.index(slot), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -193,7 +193,7 @@ def _pv_released(acc, p, t, v_s, v_ready, v_empty, MASKED: gl.constexpr, p_layou
 
 
 @gluon.jit
-def _has_non_finite(v_tile):
+def has_non_finite(v_tile):
     """Whether the [BN, D] tile in shared memory holds a NaN or an inf, read 16 rows at a time (16 values a
     thread). Only masked tiles ask: there a key the row cannot see may hold one, and 0 * NaN is NaN."""
     BN: gl.constexpr = v_tile.shape[0]
@@ -207,10 +207,11 @@ def _has_non_finite(v_tile):
 
 
 @gluon.jit
-def _pv_skipping_zeros(acc, p, v_tile, row_o: gl.constexpr):
+def pv_skipping_zeros(acc, p, v_tile, row_o: gl.constexpr):
     """acc + P V on the CUDA cores, key by key, where a zero P[i, j] adds nothing even if row j of V holds a
     NaN or an inf: a row then gets NaN or inf only from a key it sees, as the formula says. The slow path of
-    a masked tile whose V is not finite (never taken for finite inputs); P as the tensor cores would see it."""
+    a masked tile whose V is not finite (never taken for finite inputs); P as the tensor cores would see it.
+    The dQ kernel (`gluon_dq.py`) takes dS K through it, with dS for P and K for V."""
     BN: gl.constexpr = v_tile.shape[0]
     col_o: gl.constexpr = gl.SliceLayout(0, acc.type.layout)
     rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
@@ -436,7 +437,7 @@ def _consumer1_pingpong(o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift, n
 
 
 @gluon.jit
-def _key_tiles(m0, T, S, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+def key_tiles(m0, T, S, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
     """For query rows [m0, m0 + BM): key tiles [0, n_full) are seen in full by every row (no mask), tiles
     [n_full, n_tiles) need the mask (the forward's `_key_ranges`, counted in tiles)."""
     if CAUSAL:
@@ -467,7 +468,7 @@ def attn_fwd_ws_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, scale_log2, T, S, HQ
     i_h = i_bh % HQ
     i_hk = i_h // (HQ // HKV)   # GQA: the KV head this query head reads, no copy
     m0 = i_m * BM
-    n_full, n_tiles = _key_tiles(m0, T, S, BM, BN, CAUSAL)
+    n_full, n_tiles = key_tiles(m0, T, S, BM, BN, CAUSAL)
     if CAUSAL:
         shift = S - T
     else:
