@@ -96,7 +96,7 @@ def parse_args(argv, schedules, head_dims=(64, 128)) -> tuple[Path | None, tuple
     """--keep DIR (made if missing) and --only D causal|full [LOOP] as the variant (D, causal, loop), LOOP one of
     `schedules` ("in-order" where left out); each None where not given. A word neither option takes ends the
     script with a message naming it (SystemExit), so that a misspelled loop is not compiled as another. The
-    backward's script (`flash_attn_gluon_bwd_compile.py`) shares it."""
+    backward's scripts (`flash_attn_gluon_bwd_compile.py`, `flash_attn_gluon_dq_compile.py`) share it."""
     usage = f"usage: [--keep DIR] [--only D causal|full [{'|'.join(schedules)}]]"
     keep, only, rest = None, None, list(argv)
     while rest:
@@ -122,7 +122,7 @@ def parse_args(argv, schedules, head_dims=(64, 128)) -> tuple[Path | None, tuple
 def compile_variants(variants, check, keep: Path | None, check_all=lambda counts: []) -> int:
     """Compile and check each variant, a tuple (D, causal, ...) of `check`'s leading arguments, which returns
     (problems, PTX counts); then `check_all` on the counts of those that compiled. Prints the verdict, returns the
-    exit code: 1 if anything failed. The backward's script shares it."""
+    exit code: 1 if anything failed. The backward's scripts share it."""
     print(f"triton {triton.__version__}, target {TARGET}, ptxas {PTXAS.name}")
     problems, counts = [], {}
     for variant in variants:
