@@ -26,9 +26,12 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from attention_kernels.common import DEVICE, assert_close, tolerance
+from attention_kernels.linear.chunk_backward import chunk_row
 from attention_kernels.mamba2 import chunk as mamba2_chunk
 from attention_kernels.mamba2 import ssd_chunk_scan, ssd_scan_ref
 
@@ -337,6 +340,46 @@ def test_bf16_gradients_on_the_gpu(chunk_size):
     low = {n: None if t is None else (t.to(torch.bfloat16) if n in ("x", "B", "C", "z") else t)
            for n, t in inputs.items()}
     assert_same_gradients(run(ssd_chunk_scan, low, case, dy, dfinal), ref, tolerance(torch.bfloat16))
+
+
+@triton.jit
+def _chunk_row_times(out, i_b, t0, i_h, T, H, D: tl.constexpr):
+    tl.store(out, chunk_row(i_b, t0, i_h, T, H) * D)
+
+
+def test_chunk_row_is_64_bit():
+    """The backward's offsets past 2^31 (chunk_backward.py's 64-bit note): the row of the last chunk of batch
+    row 7 at T 64K, 80 heads, times a dA row (64) is 2.7e9, exact, where 32 bits would wrap."""
+    out = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    _chunk_row_times[(1,)](out, 7, 65472, 79, 65536, 80, D=64)
+    expected = ((7 * 65536 + 65472) * 80 + 79) * 64
+    assert expected > 2 ** 31 and out.item() == expected
+
+
+@pytest.mark.gpu
+def test_gradients_past_32_bit_offsets_on_the_gpu():
+    """B 4, T 64K, 40 heads x headdim 128, dstate 128, bf16: the chunk-start states and their gradients,
+    [4, 1024, 40, 128, 128], hold 2.7e9 elements, so every offset past chunk ~205 of the last batch row passes
+    2^31 (x, do and dA stay under it: 1.3e9, 0.7e9). A sequence's gradients do not depend on the other batch
+    rows: the last row's, from the batch of 4, match the same backward on that row alone (~22 GB)."""
+    Bt, T, H, P, N = 4, 65536, 40, 128, 128
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    rand = lambda *s: torch.randn(*s, device=DEVICE, generator=gen, dtype=torch.bfloat16)   # noqa: E731
+    x, dy = rand(Bt, T, H, P), rand(Bt, T, H, P)
+    B, C = rand(Bt, T, 1, N), rand(Bt, T, 1, N)
+    dt = torch.rand(Bt, T, H, device=DEVICE, generator=gen) * 0.5 - 1
+    A = -torch.rand(H, device=DEVICE, generator=gen) * 2 - 0.1
+    D = torch.randn(H, device=DEVICE, generator=gen)
+
+    def last_row_grads(x, dt, B, C, dy):
+        grads = mamba2_chunk.ssd_chunk_scan_bwd(x, dt, A, B, C, D, None, None, True, None, dy, None)
+        return [g[-1].float() for g in (grads[0], grads[1], grads[3], grads[4])]     # dx, ddt, dB, dC
+
+    whole = last_row_grads(x, dt, B, C, dy)
+    alone = last_row_grads(x[-1:], dt[-1:], B[-1:], C[-1:], dy[-1:])
+    for name, got, want in zip(("dx", "ddt", "dB", "dC"), whole, alone):
+        assert torch.isfinite(got).all(), name
+        assert_close(got, want, tolerance(torch.bfloat16), name)
 
 
 # ------------------------------------------------------------------ packed sequences (cu_seqlens)

@@ -43,7 +43,7 @@ from triton.runtime.errors import OutOfResources
 
 from ..launch import autotune_configs, pow2_at_least_16
 from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_state_dtype, dot_precision, tiles_that_fit
-from ..linear.chunk_backward import chunk_dv, chunk_state_grad_pass, inter_chunk_products
+from ..linear.chunk_backward import chunk_dv, chunk_row, chunk_state_grad_pass, inter_chunk_products
 from ..tl_helpers import dot_causal
 from .decode import _softplus
 
@@ -533,12 +533,13 @@ def _ssd_dqk_intra_kernel(
     o_t = i_t * BT + o_c
     m_t = o_t < T
     b_cb = tl.zeros([BT, BT], dtype=tl.float32)
+    r_g = chunk_row(i_b, i_t * BT, i_g, T, G)      # the chunk's first row of C and B, 64-bit (as in chunk_backward)
     for i_k in range(tl.cdiv(N, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_tk = m_t[:, None] & (o_k < N)[None, :]
-        p_g = ((i_b * T + o_t[:, None]) * G + i_g) * N + o_k[None, :]
-        b_c = tl.load(C + p_g, mask=m_tk, other=0.0)
-        b_B = tl.load(B + p_g, mask=m_tk, other=0.0)
+        p_g = (o_c[:, None] * G) * N + o_k[None, :]
+        b_c = tl.load(C + r_g * N + p_g, mask=m_tk, other=0.0)
+        b_B = tl.load(B + r_g * N + p_g, mask=m_tk, other=0.0)
         b_cb += tl.dot(b_c, tl.trans(b_B), input_precision=DOT_PREC)
     m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
     m_below = o_c[:, None] > o_c[None, :]
@@ -549,7 +550,8 @@ def _ssd_dqk_intra_kernel(
         b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)
         b_gc = tl.load(b + p_th, mask=m_t, other=0.0)
         # D_h: the exponent taken on the pairs on and below the diagonal only (elsewhere dA is 0)
-        b_D = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
+        b_D = tl.load(dA + chunk_row(i_b, i_t * BT, i_h, T, H) * BT + (o_c[:, None] * H) * BT + o_c[None, :],
+                      mask=m_t[:, None], other=0.0)
         b_D = b_D * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
         b_W += b_D * b_dt[None, :]
         b_E = b_D * b_cb
@@ -592,9 +594,10 @@ def _ssd_dqk_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < N
     m_tk = m_t[:, None] & m_k[None, :]
-    p_g = ((i_b * T + o_t[:, None]) * G + i_g) * N + o_k[None, :]
-    b_c = tl.load(C + p_g, mask=m_tk, other=0.0)
-    b_B = tl.load(B + p_g, mask=m_tk, other=0.0)
+    r_g = chunk_row(i_b, i_t * BT, i_g, T, G)      # the chunk's first row of C and B, 64-bit (as in chunk_backward)
+    p_g = (o_c[:, None] * G) * N + o_k[None, :]
+    b_c = tl.load(C + r_g * N + p_g, mask=m_tk, other=0.0)
+    b_B = tl.load(B + r_g * N + p_g, mask=m_tk, other=0.0)
     b_dC = tl.zeros([BT, BK], dtype=tl.float32)
     b_dB = tl.zeros([BT, BK], dtype=tl.float32)
     p_tile = i_k * NB * H * T                           # this key tile's [Bt, H, T] in the [NK + 1, Bt, H, T] tiles
@@ -622,7 +625,7 @@ def _ssd_dqk_kernel(
     b_W = tl.load(W + _w_tile(i_run, i_b, i_t, i_g, NB, NT, G, BT) + o_c[:, None] * BT + o_c[None, :])
     b_dC += tl.dot(b_W, b_B, input_precision=DOT_PREC)
     b_dB += tl.dot(tl.trans(b_W), b_c, input_precision=DOT_PREC)
-    p_run = i_run.to(tl.int64) * NB * T * G * N        # this run's partial sums, [runs, Bt, T, G, N]
+    p_run = i_run.to(tl.int64) * NB * T * G * N + r_g * N    # this run's partial sums, [runs, Bt, T, G, N]
     tl.store(dC_part + p_run + p_g, b_dC, mask=m_tk)
     tl.store(dB_part + p_run + p_g, b_dB, mask=m_tk)
 
