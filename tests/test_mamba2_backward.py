@@ -31,6 +31,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from attention_kernels.common import DEVICE, assert_close, tolerance
+from attention_kernels.linear.chunk import GATE_FLOOR
 from attention_kernels.linear.chunk_backward import chunk_row
 from attention_kernels.mamba2 import chunk as mamba2_chunk
 from attention_kernels.mamba2 import ssd_chunk_scan, ssd_scan_ref
@@ -162,20 +163,48 @@ def _recording_intra_launches(monkeypatch):
     return launched
 
 
+def _recording_gate_shares(monkeypatch):
+    """After each launch of the key-tile dq/dk kernel: its gates as given and its gate gradient's shares,
+    [Bt, H, T] and [NK + 1, Bt, H, T] (the key tiles' and, last, the intra-chunk kernel's)."""
+    kernel, recorded = mamba2_chunk._ssd_dqk_kernel, []
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                kernel[grid](*args, **kwargs)
+                recorded.append((args[4].clone(), args[12].clone()))      # g_heads, dg_tiles
+            return launch
+
+    monkeypatch.setattr(mamba2_chunk, "_ssd_dqk_kernel", Recording())
+    return recorded
+
+
 def test_heads_summed_in_runs_over_dstate_tiles(monkeypatch):
     # B's and C's gradients are summed over a group's heads in runs of heads: runs of 3 of 4 heads a group
     # (the last run short), two groups, dstate 80 in key tiles of 32 (the last one partial), T 150 (the last
-    # chunk partial), two batch rows, a reset (a gate under the floor: its gradient 0 in both kernels' shares);
-    # the intra-chunk kernel launched once a backward, over every chunk and run
+    # chunk partial), two batch rows, resets (gates under the floor: their gradient exactly 0 in every key
+    # tile's share and in the intra-chunk one; without the intra kernel's zeroing its share keeps a rounding
+    # error, ~1e-6, invisible in the gradients' comparison. The key tiles' shares there are 0 with or without
+    # theirs: every term carries e^{b} with b <= GATE_FLOOR, 0 in fp32); the intra-chunk kernel launched
+    # once a backward, over every chunk and run
     monkeypatch.setattr(mamba2_chunk, "_DQK_HEADS", 3)
     launched = _recording_intra_launches(monkeypatch)
+    shares = _recording_gate_shares(monkeypatch)
     case = Case(T=150, G=2, decay="reset", softplus=False)
     Bt, H, P, N = 2, 8, 8, 80
     inputs = make_inputs(case, Bt=Bt, H=H, P=P, N=N)
+    # more resets, inside chunks, where the intra-chunk share's sums over the tokens after the reset cancel
+    # to a rounding error (~1e-6), not to 0: each in another head of the second batch row
+    inputs["dt"][1, [5, 40, 70, 90, 101, 120, 140], [0, 1, 2, 3, 4, 5, 6]] = 64.0
     dy, dfinal = torch.randn(Bt, case.T, H, P, device=DEVICE), torch.randn(Bt, H, P, N, device=DEVICE)
     ref = run(ssd_scan_ref, inputs, case, dy, dfinal, math_dtype=torch.float64)
     assert_same_gradients(run(ssd_chunk_scan, inputs, case, dy, dfinal), ref, FP32)
     assert launched == [(3, Bt * 2 * 2)]      # (chunks, batch rows x groups x runs)
+    ((g_heads, dg_tiles),) = shares
+    reset = g_heads < GATE_FLOOR
+    assert dg_tiles.shape[0] == 3 + 1 and reset.sum() == 2 + 7      # three key tiles and the intra shares
+    assert (dg_tiles[:, reset] == 0).all()
+    assert (dg_tiles[:, ~reset] != 0).any(dim=1).all()              # every share nonzero somewhere else
 
 
 def test_dqk_kernel_takes_two_stages_where_shared_memory_is_short(monkeypatch):
