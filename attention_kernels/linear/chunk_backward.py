@@ -554,6 +554,22 @@ def inter_chunk_products(v, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, 
 
 
 @triton.jit
+def score_grad_tile(dA, i_b, i_t, i_h, o_c, m_t, T, H, BT: tl.constexpr):
+    """Chunk i_t's [BT, BT] tile of dA [B, T, H, BT] (`chunk_dv`'s scores' gradient) for (batch i_b, head i_h);
+    0 on tokens past T."""
+    return tl.load(dA + chunk_row(i_b, i_t * BT, i_h, T, H) * BT + (o_c[:, None] * H) * BT + o_c[None, :],
+                   mask=m_t[:, None], other=0.0)
+
+
+@triton.jit
+def decayed_score_grad(b_dA, b_gc, m_lo):
+    """dA ⊙ M for one cumulative gate per token b_gc: M_tj = e^{b_t - b_j} <= 1 for j <= t (every log gate
+    <= 0), so no re-basing; the exponent taken on the real pairs on and below the diagonal only (m_lo;
+    elsewhere it may be positive, and dA is 0)."""
+    return b_dA * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
+
+
+@triton.jit
 def one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i_h, o_c, o_t, m_t, t_last, T, H,
                   BT: tl.constexpr, FLOOR: tl.constexpr, GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr,
                   GAMMA: tl.constexpr, HEAD_MAJOR: tl.constexpr = False):
@@ -563,8 +579,7 @@ def one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i
     ([BT], zeros without GATE_GRAD or with GAMMA). The decay factors out of the key sum: the intra-chunk part
     is (dA ⊙ M) K and (dA ⊙ M)^T Q over the whole chunk, M_tj the decay from j to t (dA is zero above the
     diagonal). b and gk are [B, T, H], or [B, H, T] with HEAD_MAJOR (a head's chunk of gates contiguous)."""
-    r_c = chunk_row(i_b, t_last // BT * BT, i_h, T, H)       # the chunk's first row, 64-bit
-    b_dA = tl.load(dA + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
+    b_dA = score_grad_tile(dA, i_b, t_last // BT, i_h, o_c, m_t, T, H, BT)     # chunk t_last // BT
     if GAMMA:
         # M_tj = λ^(t-j), a fixed decay
         b_gam = tl.load(gamma + i_h)
@@ -572,16 +587,13 @@ def one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i
         b_q_decay = tl.exp(decay_exponent(b_gam, o_c + 1)) * scale
         b_k_decay = tl.exp(decay_exponent(b_gam, t_last - o_t))
     else:
-        # M_tj = e^{b_t - b_j} <= 1 for j <= t (every log gate <= 0), so no re-basing: the exponent is
-        # taken on the real pairs on and below the diagonal only (elsewhere it may be positive, dA is 0)
         if HEAD_MAJOR:
             p_gc, p_gl = (i_b * H + i_h) * T + o_t, (i_b * H + i_h) * T + t_last
         else:
             p_gc, p_gl = (i_b * T + o_t) * H + i_h, (i_b * T + t_last) * H + i_h
         b_gc = tl.load(b + p_gc, mask=m_t, other=0.0)
         b_gl = tl.load(b + p_gl)
-        m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
-        b_dA = b_dA * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
+        b_dA = decayed_score_grad(b_dA, b_gc, (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :])
         b_q_decay = tl.exp(b_gc) * scale
         b_k_decay = tl.exp(tl.where(m_t, b_gl - b_gc, 0.0))
     b_dq_inter = b_dos * b_q_decay[:, None]
