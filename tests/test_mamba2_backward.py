@@ -260,8 +260,8 @@ def test_gradient_flows_only_to_inputs_that_require_it():
 
 @pytest.mark.parametrize("chunk_size", [64, 256], ids=lambda L: f"chunk{L}")
 def test_fp16_gradients(chunk_size, monkeypatch):
-    """fp16 x, B, C, z at T=150 (three chunks of 64), P=48 (two headdim tiles of the dq/dk kernel, the last one
-    partial), N=32, against the same kernels on the inputs in fp32; the chunk-start states' gradients, which
+    """fp16 x, B, C, z at T=150 (three chunks of 64), P=80 (two headdim tiles of 64, the last one partial, in
+    chunk_dv and in the key-tile dq/dk kernel's inter-chunk products), N=32, against the same kernels on the inputs in fp32; the chunk-start states' gradients, which
     chunk_dv reads, are stored in fp16. At chunk 256 the backward takes the ungated output the forward
     stored in fp16 from chunks of 256, where it would recompute it from chunks of 64."""
     seen = []
@@ -273,9 +273,9 @@ def test_fp16_gradients(chunk_size, monkeypatch):
     shared_chunk_dv = mamba2_chunk.chunk_dv
     monkeypatch.setattr(mamba2_chunk, "chunk_dv", recording)
     case = Case(T=150, chunk_size=chunk_size)
-    inputs = make_inputs(case, H=4, P=48, N=32)
+    inputs = make_inputs(case, H=4, P=80, N=32)
     low = {n: None if t is None else (t.half() if n in ("x", "B", "C", "z") else t) for n, t in inputs.items()}
-    dy, dfinal = torch.randn(1, 150, 4, 48, device=DEVICE), torch.randn(1, 4, 48, 32, device=DEVICE)
+    dy, dfinal = torch.randn(1, 150, 4, 80, device=DEVICE), torch.randn(1, 4, 80, 32, device=DEVICE)
     ref = run(ssd_chunk_scan, {n: None if t is None else t.float() for n, t in low.items()}, case, dy, dfinal)
     assert_same_gradients(run(ssd_chunk_scan, low, case, dy, dfinal), ref, tolerance(torch.float16))
     assert seen == [torch.float32, torch.float16]

@@ -747,7 +747,7 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     # its per-head scalars read head-major ([Bt, H, T]: a head's chunk contiguous), its dg and ddt tiles written so
     dt_heads = dtf.transpose(1, 2).contiguous()
     b_heads = b.view(Bt, T, H).transpose(1, 2).contiguous()
-    g_heads = dt_heads * Af[:, None]      # as given: a gate below the floor gets gradient 0 (_ssd_dqk_kernel)
+    g_heads = dt_heads * Af[:, None]      # as given: a gate below the floor gets gradient 0 (both dq/dk kernels)
     dC_part, dB_part = (torch.empty(runs, Bt, T, G, N, dtype=f32, device=dev) for _ in range(2))
     dg_tiles, ddt_tiles = (torch.empty(NK + 1, Bt, H, T, dtype=f32, device=dev) for _ in range(2))
     # the intra-chunk work once per chunk and head: W = Σ_h D_h ⊙ dt_h and the intra shares
