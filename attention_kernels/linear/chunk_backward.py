@@ -85,8 +85,9 @@ def _tile(n: int) -> int:
 # tensor, and a state's offset widened before its multiply by K·V; the pointer advanced by it, the offsets
 # inside a chunk ([BT] tokens x a tile, at most CHUNK·H·max(K, V, CHUNK)) stay 32-bit, as do the per-token
 # scalars of a gate per head ([B, T, H]: B·T·H < 2^31 is assumed) and B·T (under the 64-bit multiply). The
-# reverse state pass reads q and do from a 64-bit base per batch row, at 32-bit offsets inside it (one row's
-# T·H·K < 2^31): a 64-bit base per step cost GLA's pass (BK = BV = 64) an 8-byte spill at 255 registers.
+# reverse state pass reads q, do and a gate per key channel from a 64-bit base per batch row, at 32-bit offsets
+# inside it (one row's T·H·K < 2^31): a 64-bit base per step cost GLA's pass (BK = BV = 64) an 8-byte spill
+# at 255 registers (the delta rule's tensors, on a pass of 8 warps, take one per step).
 @triton.jit
 def chunk_row(i_b, t0, i_h, T, H):
     """The row of (batch i_b, token t0, head i_h) in a [B, T, H, ...] tensor's B·T·H rows, as a 64-bit number:
@@ -191,7 +192,7 @@ def _chunk_state_grad_kernel(
             b_dh = b_dh * b_el
             b_dh += tl.dot(b_qt, (b_do * (b_et * scale)[:, None]).to(b_do.dtype), input_precision=DOT_PREC)
         else:
-            b_gt = tl.load(b + r_c * G + (o_c[None, :] * H) * G + o_k[:, None], mask=m_kt, other=0.0)
+            b_gt = tl.load(b + r_b * G + ((i_t * BT + o_c[None, :]) * H) * G + o_k[:, None], mask=m_kt, other=0.0)
             b_qt = b_qt * tl.exp(b_gt)              # every exponent b_t <= 0
             b_dh = b_dh * tl.exp(b_gl)[:, None]
             b_dh += tl.dot((b_qt * scale).to(b_do.dtype), b_do, input_precision=DOT_PREC)
