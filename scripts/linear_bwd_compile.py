@@ -270,6 +270,7 @@ def gla_backward() -> list:
                side={"tf32 TC": 3 * tri}, configs=[({}, lbw._PER_CHANNEL_WARPS, 3)], reread_mb=2 * thk * bf),
     ]
 
+
 def _fmt(x: float) -> str:
     return f"{x:,.0f}"
 

@@ -26,9 +26,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from attention_kernels.common import DEVICE, assert_close, tolerance
+from attention_kernels.linear.chunk import GATE_FLOOR
+from attention_kernels.linear.chunk_backward import chunk_row
 from attention_kernels.mamba2 import chunk as mamba2_chunk
 from attention_kernels.mamba2 import ssd_chunk_scan, ssd_scan_ref
 
@@ -159,20 +163,48 @@ def _recording_intra_launches(monkeypatch):
     return launched
 
 
+def _recording_gate_shares(monkeypatch):
+    """After each launch of the key-tile dq/dk kernel: its gates as given and its gate gradient's shares,
+    [Bt, H, T] and [NK + 1, Bt, H, T] (the key tiles' and, last, the intra-chunk kernel's)."""
+    kernel, recorded = mamba2_chunk._ssd_dqk_kernel, []
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                kernel[grid](*args, **kwargs)
+                recorded.append((args[4].clone(), args[12].clone()))      # g_heads, dg_tiles
+            return launch
+
+    monkeypatch.setattr(mamba2_chunk, "_ssd_dqk_kernel", Recording())
+    return recorded
+
+
 def test_heads_summed_in_runs_over_dstate_tiles(monkeypatch):
     # B's and C's gradients are summed over a group's heads in runs of heads: runs of 3 of 4 heads a group
     # (the last run short), two groups, dstate 80 in key tiles of 32 (the last one partial), T 150 (the last
-    # chunk partial), two batch rows, a reset (a gate under the floor: its gradient 0 in both kernels' shares);
-    # the intra-chunk kernel launched once a backward, over every chunk and run
+    # chunk partial), two batch rows, resets (gates under the floor: their gradient exactly 0 in every key
+    # tile's share and in the intra-chunk one; without the intra kernel's zeroing its share keeps a rounding
+    # error, ~1e-6, invisible in the gradients' comparison. The key tiles' shares there are 0 with or without
+    # theirs: every term carries e^{b} with b <= GATE_FLOOR, 0 in fp32); the intra-chunk kernel launched
+    # once a backward, over every chunk and run
     monkeypatch.setattr(mamba2_chunk, "_DQK_HEADS", 3)
     launched = _recording_intra_launches(monkeypatch)
+    shares = _recording_gate_shares(monkeypatch)
     case = Case(T=150, G=2, decay="reset", softplus=False)
     Bt, H, P, N = 2, 8, 8, 80
     inputs = make_inputs(case, Bt=Bt, H=H, P=P, N=N)
+    # more resets, inside chunks, where the intra-chunk share's sums over the tokens after the reset cancel
+    # to a rounding error (~1e-6), not to 0: each in another head of the second batch row
+    inputs["dt"][1, [5, 40, 70, 90, 101, 120, 140], [0, 1, 2, 3, 4, 5, 6]] = 64.0
     dy, dfinal = torch.randn(Bt, case.T, H, P, device=DEVICE), torch.randn(Bt, H, P, N, device=DEVICE)
     ref = run(ssd_scan_ref, inputs, case, dy, dfinal, math_dtype=torch.float64)
     assert_same_gradients(run(ssd_chunk_scan, inputs, case, dy, dfinal), ref, FP32)
     assert launched == [(3, Bt * 2 * 2)]      # (chunks, batch rows x groups x runs)
+    ((g_heads, dg_tiles),) = shares
+    reset = g_heads < GATE_FLOOR
+    assert dg_tiles.shape[0] == 3 + 1 and reset.sum() == 2 + 7      # three key tiles and the intra shares
+    assert (dg_tiles[:, reset] == 0).all()
+    assert (dg_tiles[:, ~reset] != 0).any(dim=1).all()              # every share nonzero somewhere else
 
 
 def test_dqk_kernel_takes_two_stages_where_shared_memory_is_short(monkeypatch):
@@ -228,8 +260,8 @@ def test_gradient_flows_only_to_inputs_that_require_it():
 
 @pytest.mark.parametrize("chunk_size", [64, 256], ids=lambda L: f"chunk{L}")
 def test_fp16_gradients(chunk_size, monkeypatch):
-    """fp16 x, B, C, z at T=150 (three chunks of 64), P=48 (two headdim tiles of the dq/dk kernel, the last one
-    partial), N=32, against the same kernels on the inputs in fp32; the chunk-start states' gradients, which
+    """fp16 x, B, C, z at T=150 (three chunks of 64), P=80 (two headdim tiles of 64, the last one partial, in
+    chunk_dv and in the key-tile dq/dk kernel's inter-chunk products), N=32, against the same kernels on the inputs in fp32; the chunk-start states' gradients, which
     chunk_dv reads, are stored in fp16. At chunk 256 the backward takes the ungated output the forward
     stored in fp16 from chunks of 256, where it would recompute it from chunks of 64."""
     seen = []
@@ -241,9 +273,9 @@ def test_fp16_gradients(chunk_size, monkeypatch):
     shared_chunk_dv = mamba2_chunk.chunk_dv
     monkeypatch.setattr(mamba2_chunk, "chunk_dv", recording)
     case = Case(T=150, chunk_size=chunk_size)
-    inputs = make_inputs(case, H=4, P=48, N=32)
+    inputs = make_inputs(case, H=4, P=80, N=32)
     low = {n: None if t is None else (t.half() if n in ("x", "B", "C", "z") else t) for n, t in inputs.items()}
-    dy, dfinal = torch.randn(1, 150, 4, 48, device=DEVICE), torch.randn(1, 4, 48, 32, device=DEVICE)
+    dy, dfinal = torch.randn(1, 150, 4, 80, device=DEVICE), torch.randn(1, 4, 80, 32, device=DEVICE)
     ref = run(ssd_chunk_scan, {n: None if t is None else t.float() for n, t in low.items()}, case, dy, dfinal)
     assert_same_gradients(run(ssd_chunk_scan, low, case, dy, dfinal), ref, tolerance(torch.float16))
     assert seen == [torch.float32, torch.float16]
@@ -337,6 +369,46 @@ def test_bf16_gradients_on_the_gpu(chunk_size):
     low = {n: None if t is None else (t.to(torch.bfloat16) if n in ("x", "B", "C", "z") else t)
            for n, t in inputs.items()}
     assert_same_gradients(run(ssd_chunk_scan, low, case, dy, dfinal), ref, tolerance(torch.bfloat16))
+
+
+@triton.jit
+def _chunk_row_times(out, i_b, t0, i_h, T, H, D: tl.constexpr):
+    tl.store(out, chunk_row(i_b, t0, i_h, T, H) * D)
+
+
+def test_chunk_row_is_64_bit():
+    """The backward's offsets past 2^31 (chunk_backward.py's 64-bit note): the row of the last chunk of batch
+    row 7 at T 64K, 80 heads, times a dA row (64) is 2.7e9, exact, where 32 bits would wrap."""
+    out = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    _chunk_row_times[(1,)](out, 7, 65472, 79, 65536, 80, D=64)
+    expected = ((7 * 65536 + 65472) * 80 + 79) * 64
+    assert expected > 2 ** 31 and out.item() == expected
+
+
+@pytest.mark.gpu
+def test_gradients_past_32_bit_offsets_on_the_gpu():
+    """B 4, T 64K, 40 heads x headdim 128, dstate 128, bf16: the chunk-start states and their gradients,
+    [4, 1024, 40, 128, 128], hold 2.7e9 elements, so every offset past chunk ~205 of the last batch row passes
+    2^31 (x, do and dA stay under it: 1.3e9, 0.7e9). A sequence's gradients do not depend on the other batch
+    rows: the last row's, from the batch of 4, match the same backward on that row alone (~22 GB)."""
+    Bt, T, H, P, N = 4, 65536, 40, 128, 128
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    rand = lambda *s: torch.randn(*s, device=DEVICE, generator=gen, dtype=torch.bfloat16)   # noqa: E731
+    x, dy = rand(Bt, T, H, P), rand(Bt, T, H, P)
+    B, C = rand(Bt, T, 1, N), rand(Bt, T, 1, N)
+    dt = torch.rand(Bt, T, H, device=DEVICE, generator=gen) * 0.5 - 1
+    A = -torch.rand(H, device=DEVICE, generator=gen) * 2 - 0.1
+    D = torch.randn(H, device=DEVICE, generator=gen)
+
+    def last_row_grads(x, dt, B, C, dy):
+        grads = mamba2_chunk.ssd_chunk_scan_bwd(x, dt, A, B, C, D, None, None, True, None, dy, None)
+        return [g[-1].float() for g in (grads[0], grads[1], grads[3], grads[4])]     # dx, ddt, dB, dC
+
+    whole = last_row_grads(x, dt, B, C, dy)
+    alone = last_row_grads(x[-1:], dt[-1:], B[-1:], C[-1:], dy[-1:])
+    for name, got, want in zip(("dx", "ddt", "dB", "dC"), whole, alone):
+        assert torch.isfinite(got).all(), name
+        assert_close(got, want, tolerance(torch.bfloat16), name)
 
 
 # ------------------------------------------------------------------ packed sequences (cu_seqlens)

@@ -77,6 +77,24 @@ def _tile(n: int) -> int:
     return min(64, pow2_at_least_16(n))
 
 
+# 64-bit offsets. Products of sizes that pass 2^31 at training shapes (B 8, T 64K, 80 heads x 64, dstate 128):
+# B·T·H·CHUNK (dA, the scores' gradient: 2.7e9), B·T·H·K and B·T·H·V (q, k, v, do, a gate per key channel:
+# 2.7e9 at K or V = 64) and B·NT·H·K·V (the chunk-start states and their gradients: 5.4e9; the first to pass,
+# at B·T·H >= 2^24, e.g. B 4, T 64K, 80 heads). Each kernel takes one 64-bit number a program (or a step of
+# the state pass): `chunk_row`, the row of its chunk's first token in the B·T·H rows of a [B, T, H, ...]
+# tensor, and a state's offset widened before its multiply by K·V; the pointer advanced by it, the offsets
+# inside a chunk ([BT] tokens x a tile, at most CHUNK·H·max(K, V, CHUNK)) stay 32-bit, as do the per-token
+# scalars of a gate per head ([B, T, H]: B·T·H < 2^31 is assumed) and B·T (under the 64-bit multiply). The
+# reverse state pass reads q, do and a gate per key channel from a 64-bit base per batch row, at 32-bit offsets
+# inside it (one row's T·H·K < 2^31): a 64-bit base per step cost GLA's pass (BK = BV = 64) an 8-byte spill
+# at 255 registers (the delta rule's tensors, on a pass of 8 warps, take one per step).
+@triton.jit
+def chunk_row(i_b, t0, i_h, T, H):
+    """The row of (batch i_b, token t0, head i_h) in a [B, T, H, ...] tensor's B·T·H rows, as a 64-bit number:
+    times a row's length it may pass 2^31."""
+    return (i_b * T + t0).to(tl.int64) * H + i_h
+
+
 # ------------------------------------------------------------------ 1. the reverse state pass
 @triton.jit
 def _gate_at(b, i_b, i_h, t, T, H, o_k, m_k, G: tl.constexpr):
@@ -84,7 +102,7 @@ def _gate_at(b, i_b, i_h, t, T, H, o_k, m_k, G: tl.constexpr):
     if G == 1:
         return tl.load(b + (i_b * T + t) * H + i_h)
     else:
-        return tl.load(b + ((i_b * T + t) * H + i_h) * G + o_k, mask=m_k, other=0.0)
+        return tl.load(b + chunk_row(i_b, t, i_h, T, H) * G + o_k, mask=m_k, other=0.0)
 
 
 # (BK, BV), num_warps, num_stages: the forward state pass's space (chunk.py), and tiles for more programs where
@@ -113,7 +131,7 @@ def _chunk_state_grad_kernel(
     m_h = m_k[:, None] & m_v[None, :]
     p_h = o_k[:, None] * V + o_v[None, :]
     if USE_DHT:
-        b_dh = tl.load(dht + i_bh * K * V + p_h, mask=m_h, other=0.0).to(tl.float32)
+        b_dh = tl.load(dht + i_bh.to(tl.int64) * K * V + p_h, mask=m_h, other=0.0).to(tl.float32)
     else:
         b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if not GAMMA:
@@ -121,14 +139,20 @@ def _chunk_state_grad_kernel(
         # its latency would stand before the step's product (Lightning's decay is computed)
         b_gl_next = _gate_at(b, i_b, i_h, T - 1, T, H, o_k, m_k, G)
 
+    r_b = chunk_row(i_b, 0, i_h, T, H)      # batch row i_b's first row (64-bit comment above)
+    q_b = q + chunk_row(i_b, 0, i_h // GROUP, T, H // GROUP) * K
+    do_b = do + r_b * V
     for i_s in range(NT):
         # chunk NT - 1 - i_s; the maximum keeps the addresses a pipelined prefetch computes for the steps
         # past the last (predicated off, at negative chunks) inside the tensors
         i_t = tl.maximum(NT - 1 - i_s, 0)
         # the gradient at the end of chunk i_t (from every later chunk and the final state)
-        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_h, b_dh.to(dh.dtype.element_ty), mask=m_h)
-        o_t = i_t * BT + tl.arange(0, BT)
+        tl.store(dh + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V + p_h, b_dh.to(dh.dtype.element_ty),
+                 mask=m_h)
+        o_c = tl.arange(0, BT)
+        o_t = i_t * BT + o_c
         m_t = o_t < T
+        r_c = r_b + i_t * BT * H
         t_last = tl.minimum(i_t * BT + BT, T) - 1
         if not GAMMA:
             b_gl = b_gl_next
@@ -136,25 +160,23 @@ def _chunk_state_grad_kernel(
         # Q^T as a [BK, BT] tile, dO as [BT, BV]
         m_kt = m_k[:, None] & m_t[None, :]
         # q: one row per GROUP heads (Mamba-2's C, per group)
-        b_qt = tl.load(q + ((i_b * T + o_t[None, :]) * (H // GROUP) + i_h // GROUP) * K + o_k[:, None], mask=m_kt,
+        b_qt = tl.load(q_b + ((i_t * BT + o_c[None, :]) * (H // GROUP)) * K + o_k[:, None], mask=m_kt, other=0.0)
+        b_do = tl.load(do_b + ((i_t * BT + o_c[:, None]) * H) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
                        other=0.0)
-        b_do = tl.load(do + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
-                       mask=m_t[:, None] & m_v[None, :], other=0.0)
         if DELTA:
             # the delta rule (KDA): the chunk added K_gᵀ U with U = W' - W S, so U's gradient is
             # dU = A_qkᵀ dO + K_g dS' (dS' the gradient at the chunk's end, b_dh here), written for the
             # rest of the backward, and the state's loses Wᵀ dU below. Sums over every key channel: one
             # K-tile (BK >= K). A_qk's entries above the diagonal were never written: masked. A_qk is read
             # as stored and transposed in the product (its shared-memory tile then has the keys' layout).
-            o_c = tl.arange(0, BT)
-            p_row = (i_b * T + o_t) * H + i_h
+            p_row = o_c * H                                 # the tokens' rows after r_c
             m_tk = m_t[:, None] & m_k[None, :]
-            b_a = tl.load(Aqk + p_row[:, None] * BT + o_c[None, :],
+            b_a = tl.load(Aqk + r_c * BT + p_row[:, None] * BT + o_c[None, :],
                           mask=m_t[:, None] & (o_c[:, None] >= o_c[None, :]), other=0.0)    # [t, j], as stored
-            b_kg = tl.load(kg + p_row[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+            b_kg = tl.load(kg + r_c * K + p_row[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
             b_du = tl.dot(tl.trans(b_a.to(b_do.dtype)), b_do, input_precision=DOT_PREC) \
                 + tl.dot(b_kg, b_dh.to(b_kg.dtype), input_precision=DOT_PREC)
-            tl.store(du + p_row[:, None] * V + o_v[None, :], b_du.to(du.dtype.element_ty),
+            tl.store(du + r_c * V + p_row[:, None] * V + o_v[None, :], b_du.to(du.dtype.element_ty),
                      mask=m_t[:, None] & m_v[None, :])
         if GAMMA or G == 1:
             # one decay per token (Lightning's fixed one, or a gate per head): it scales dO's rows, so that Q^T
@@ -170,16 +192,16 @@ def _chunk_state_grad_kernel(
             b_dh = b_dh * b_el
             b_dh += tl.dot(b_qt, (b_do * (b_et * scale)[:, None]).to(b_do.dtype), input_precision=DOT_PREC)
         else:
-            b_gt = tl.load(b + ((i_b * T + o_t[None, :]) * H + i_h) * G + o_k[:, None], mask=m_kt, other=0.0)
+            b_gt = tl.load(b + r_b * G + ((i_t * BT + o_c[None, :]) * H) * G + o_k[:, None], mask=m_kt, other=0.0)
             b_qt = b_qt * tl.exp(b_gt)              # every exponent b_t <= 0
             b_dh = b_dh * tl.exp(b_gl)[:, None]
             b_dh += tl.dot((b_qt * scale).to(b_do.dtype), b_do, input_precision=DOT_PREC)
         if DELTA:
-            b_wt = tl.load(w + p_row[None, :] * K + o_k[:, None], mask=m_kt, other=0.0)
+            b_wt = tl.load(w + r_c * K + p_row[None, :] * K + o_k[:, None], mask=m_kt, other=0.0)
             b_dh -= tl.dot(b_wt, b_du.to(b_wt.dtype), input_precision=DOT_PREC)
 
     if STORE_DH0:
-        tl.store(dh0 + i_bh * K * V + p_h, b_dh, mask=m_h)
+        tl.store(dh0 + i_bh.to(tl.int64) * K * V + p_h, b_dh, mask=m_h)
 
 
 # The delta rule's pass: one K-tile (BK = K padded) and 64 value columns a program, unpipelined. On an H100 in
@@ -236,14 +258,15 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
 
 # ------------------------------------------------------------------ 2. dv and the scores' gradient
 @triton.jit
-def _group_rows(x, key_scale, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K: tl.constexpr, GROUP,
+def _group_rows(x, key_scale, i_b, i_h, t0, o_c, m_t, o_k, m_k, T, H, K: tl.constexpr, GROUP,
                 KEY_SCALE: tl.constexpr):
-    """Head i_h's [BT, BK] tile of x [B, T, H / GROUP, K] (one row per GROUP heads), times key_scale [B, T, H]
-    (one number per head and token, rounded once to x's dtype after the fp32 product) with KEY_SCALE."""
-    b_x = tl.load(x + ((i_b * T + o_t[:, None]) * (H // GROUP) + i_h // GROUP) * K + o_k[None, :],
-                  mask=m_t[:, None] & m_k[None, :], other=0.0)
+    """Head i_h's [BT, BK] tile of x [B, T, H / GROUP, K] (one row per GROUP heads) at tokens t0 + o_c, times
+    key_scale [B, T, H] (one number per head and token, rounded once to x's dtype after the fp32 product) with
+    KEY_SCALE."""
+    b_x = tl.load(x + chunk_row(i_b, t0, i_h // GROUP, T, H // GROUP) * K + (o_c[:, None] * (H // GROUP)) * K
+                  + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
     if KEY_SCALE:
-        b_s = tl.load(key_scale + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+        b_s = tl.load(key_scale + (i_b * T + t0 + o_c) * H + i_h, mask=m_t, other=0.0)
         b_x = (b_x.to(tl.float32) * b_s[:, None]).to(x.dtype.element_ty)
     return b_x
 
@@ -265,7 +288,8 @@ def _chunk_dv_kernel(
     m_t = o_t < T
     t_last = tl.minimum(i_t * BT + BT, T) - 1
     m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
-    p_dhc = dh + ((i_b * NT + i_t) * H + i_h) * K * V
+    p_dhc = dh + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V
+    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)           # 64-bit; the tokens' rows r_c + o_c·H
 
     if G == 1:
         # a decay per head (a gate per head, Mamba-2, or λ, Lightning) is one number per token: every factor a
@@ -293,8 +317,8 @@ def _chunk_dv_kernel(
         for i_k in range(tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
-            b_q = _group_rows(q, None, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K, GROUP, False)
-            b_k = _group_rows(k, None, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K, GROUP, False)
+            b_q = _group_rows(q, None, i_b, i_h, i_t * BT, o_c, m_t, o_k, m_k, T, H, K, GROUP, False)
+            b_k = _group_rows(k, None, i_b, i_h, i_t * BT, o_c, m_t, o_k, m_k, T, H, K, GROUP, False)
             b_At += tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)
             if V <= BV:
                 b_dh = tl.load(p_dhc + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :],
@@ -308,7 +332,7 @@ def _chunk_dv_kernel(
             b_decay *= b_s[:, None]
         b_At = tl.where(m_up, b_At * b_decay * scale, 0.0)
     else:
-        b_A = tl.load(A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None],
+        b_A = tl.load(A + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :], mask=m_t[:, None],
                       other=0.0).to(tl.float32)
         b_At = tl.trans(tl.where(m_lo, b_A, 0.0))          # above the diagonal A was never written
 
@@ -316,9 +340,9 @@ def _chunk_dv_kernel(
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        b_do = tl.load(do + p_v, mask=m_tv, other=0.0)
-        b_v = tl.load(v + p_v, mask=m_tv, other=0.0)
+        p_v = (o_c[:, None] * H) * V + o_v[None, :]
+        b_do = tl.load(do + r_c * V + p_v, mask=m_tv, other=0.0)
+        b_v = tl.load(v + r_c * V + p_v, mask=m_tv, other=0.0)
         # inter-chunk: (diag(row) K) dS', over the key dim in tiles; intra-chunk: A^T dO
         if G == 1:
             if not ((GAMMA or RECOMPUTE_A) and V <= BV):         # K dS' not taken with the scores
@@ -326,7 +350,7 @@ def _chunk_dv_kernel(
                 for i_k in range(tl.cdiv(K, BK)):
                     o_k = i_k * BK + tl.arange(0, BK)
                     m_k = o_k < K
-                    b_k = _group_rows(k, None, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K, GROUP, False)
+                    b_k = _group_rows(k, None, i_b, i_h, i_t * BT, o_c, m_t, o_k, m_k, T, H, K, GROUP, False)
                     b_dh = tl.load(p_dhc + o_k[:, None] * V + o_v[None, :],
                                    mask=m_k[:, None] & (o_v < V)[None, :], other=0.0)
                     b_kdh += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)
@@ -337,9 +361,9 @@ def _chunk_dv_kernel(
                 o_k = i_k * BK + tl.arange(0, BK)
                 m_k = o_k < K
                 m_tk = m_t[:, None] & m_k[None, :]
-                b_k = _group_rows(k, key_scale, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K, GROUP, KEY_SCALE)
-                b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * G + o_k[None, :], mask=m_tk, other=0.0)
-                b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * G + o_k, mask=m_k, other=0.0)
+                b_k = _group_rows(k, key_scale, i_b, i_h, i_t * BT, o_c, m_t, o_k, m_k, T, H, K, GROUP, KEY_SCALE)
+                b_g = tl.load(b + r_c * G + (o_c[:, None] * H) * G + o_k[None, :], mask=m_tk, other=0.0)
+                b_gl = tl.load(b + r_c * G + ((t_last - i_t * BT) * H) * G + o_k, mask=m_k, other=0.0)
                 b_decay = tl.exp(tl.where(m_tk, b_gl[None, :] - b_g, 0.0))    # <= 0 on every real token
                 b_dh = tl.load(p_dhc + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :],
                                other=0.0)
@@ -347,11 +371,11 @@ def _chunk_dv_kernel(
         if SKIP:
             b_skip = tl.load(skip + i_h * s_skip_h + o_v * s_skip_v, mask=o_v < V, other=0.0).to(tl.float32)
             b_dv += b_do.to(tl.float32) * b_skip[None, :]
-        tl.store(dv + p_v, b_dv.to(dv.dtype.element_ty), mask=m_tv)
+        tl.store(dv + r_c * V + p_v, b_dv.to(dv.dtype.element_ty), mask=m_tv)
         b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
 
     b_dA = tl.where(m_lo, b_dA * scale, 0.0)
-    tl.store(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], b_dA, mask=m_t[:, None])
+    tl.store(dA + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :], b_dA, mask=m_t[:, None])
 
 
 def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, group_size: int = 1,
@@ -433,18 +457,21 @@ def _chunk_dqk_intra_kernel(
         o_gk = o_k if G == K else o_k * 0
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
-        p_x = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-        p_dA = dA + ((i_b * T + o_t) * H + i_h) * BT                  # row starts of this sub-chunk's dA
-        b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_tk, other=0.0)
+        # every row after r_c, the chunk's first (64-bit), at 32-bit offsets
+        r_c = chunk_row(i_b, i_t * BT, i_h, T, H)
+        q, k, b, dA, dq, dk = q + r_c * K, k + r_c * K, b + r_c * G, dA + r_c * BT, dq + r_c * K, dk + r_c * K
+        o_cr = (i_c * BC + o_r) * H                                   # the rows of this sub-chunk after r_c
+        p_x = o_cr[:, None] * K + o_k[None, :]
+        p_dA = dA + o_cr * BT                                         # row starts of this sub-chunk's dA
+        b_g = tl.load(b + o_cr[:, None] * G + o_gk[None, :], mask=m_tk, other=0.0)
 
         b_dq_off = tl.zeros([BC, BK], dtype=tl.float32)
         # (a) dq against the earlier sub-chunks, re-based at b_n = b[t0] as the forward's scores are:
         #     dq_t = e^{b_t - b_n} ⊙ Σ_j dA_tj (k_j ⊙ e^{b_n - b_j}), both exponents <= 0 (j < t0 <= t)
         if i_c > 0:
-            b_gn = tl.load(b + ((i_b * T + t0) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+            b_gn = tl.load(b + (i_c * BC * H) * G + o_gk, mask=m_k, other=0.0)
             for i_j in range(0, i_c):
-                o_j = i_t * BT + i_j * BC + o_r
-                p_j = ((i_b * T + o_j[:, None]) * H + i_h)
+                p_j = (i_j * BC + o_r[:, None]) * H
                 b_kj = tl.load(k + p_j * K + o_k[None, :], mask=m_k[None, :], other=0.0)
                 b_gj = tl.load(b + p_j * G + o_gk[None, :], mask=m_k[None, :], other=0.0)
                 b_kn = (b_kj * tl.exp(b_gn[None, :] - b_gj)).to(k.dtype.element_ty)
@@ -458,11 +485,11 @@ def _chunk_dqk_intra_kernel(
         #     <= 0 (j < t0 + BC <= t); where e^{b_t - b_n} underflows, e^{b_t - b_j} <= it is as small
         n_sub = tl.minimum(tl.cdiv(T - i_t * BT, BC), BT // BC)
         if i_c + 1 < n_sub:
-            b_gn = tl.load(b + ((i_b * T + t0 + BC) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
+            b_gn = tl.load(b + ((i_c * BC + BC) * H) * G + o_gk, mask=m_k, other=0.0)
             for i_i in range(i_c + 1, n_sub):
                 o_i = i_t * BT + i_i * BC + o_r
                 m_ik = (o_i < T)[:, None] & m_k[None, :]
-                p_i = ((i_b * T + o_i[:, None]) * H + i_h)
+                p_i = (i_i * BC + o_r[:, None]) * H
                 b_qi = tl.load(q + p_i * K + o_k[None, :], mask=m_ik, other=0.0)
                 b_gi = tl.load(b + p_i * G + o_gk[None, :], mask=m_ik, other=0.0)
                 b_qn = (b_qi * tl.exp(tl.where(m_ik, b_gi - b_gn[None, :], float("-inf")))).to(k.dtype.element_ty)
@@ -481,7 +508,7 @@ def _chunk_dqk_intra_kernel(
         b_dk_diag = tl.zeros([BC, BK], dtype=tl.float32)
         b_gd = tl.where(m_t[:, None], b_g, float("-inf"))    # rows past T: e^{b_r - b_s} = 0, not e^{+...}
         for s in range(0, tl.minimum(BC, T - t0)):
-            p_s = (i_b * T + t0 + s) * H + i_h
+            p_s = (i_c * BC + s) * H
             b_gs = tl.load(b + p_s * G + o_gk, mask=m_k, other=0.0)
             b_ks = tl.load(k + p_s * K + o_k, mask=m_k, other=0.0).to(tl.float32)
             b_qs = tl.load(q + p_s * K + o_k, mask=m_k, other=0.0).to(tl.float32)
@@ -501,17 +528,20 @@ def inter_chunk_products(v, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, 
                          GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr):
     """For chunk i_t of (batch i_b, head i_h) and the key columns o_k: dO S^T and V dS'^T ([BT, BK], fp32),
     over the value dim in tiles, and rowsum(S ⊙ dS') ([BK], for the gate; zeros without GATE_GRAD)."""
-    p_hc = ((i_b * NT + i_t) * H + i_h) * K * V
+    h = h + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V       # this chunk's state, 64-bit
+    dh = dh + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V
+    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)
+    v, do = v + r_c * V, do + r_c * V                                # the chunk's first row, 64-bit
     b_dos = tl.zeros([BT, BK], dtype=tl.float32)
     b_vdh = tl.zeros([BT, BK], dtype=tl.float32)
     b_hdh = tl.zeros([BK], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        p_v = ((o_t[:, None] - i_t * BT) * H) * V + o_v[None, :]
         b_do = tl.load(do + p_v, mask=m_t[:, None] & m_v[None, :], other=0.0)
         b_v = tl.load(v + p_v, mask=m_t[:, None] & m_v[None, :], other=0.0)
-        p_s = p_hc + o_k[:, None] * V + o_v[None, :]
+        p_s = o_k[:, None] * V + o_v[None, :]
         m_s = m_k[:, None] & m_v[None, :]
         b_h = tl.load(h + p_s, mask=m_s, other=0.0)
         b_dh = tl.load(dh + p_s, mask=m_s, other=0.0)
@@ -525,6 +555,22 @@ def inter_chunk_products(v, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, 
 
 
 @triton.jit
+def score_grad_tile(dA, i_b, i_t, i_h, o_c, m_t, T, H, BT: tl.constexpr):
+    """Chunk i_t's [BT, BT] tile of dA [B, T, H, BT] (`chunk_dv`'s scores' gradient) for (batch i_b, head i_h);
+    0 on tokens past T."""
+    return tl.load(dA + chunk_row(i_b, i_t * BT, i_h, T, H) * BT + (o_c[:, None] * H) * BT + o_c[None, :],
+                   mask=m_t[:, None], other=0.0)
+
+
+@triton.jit
+def decayed_score_grad(b_dA, b_gc, m_lo):
+    """dA ⊙ M for one cumulative gate per token b_gc: M_tj = e^{b_t - b_j} <= 1 for j <= t (every log gate
+    <= 0), so no re-basing; the exponent taken on the real pairs on and below the diagonal only (m_lo;
+    elsewhere it may be positive, and dA is 0)."""
+    return b_dA * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
+
+
+@triton.jit
 def one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i_h, o_c, o_t, m_t, t_last, T, H,
                   BT: tl.constexpr, FLOOR: tl.constexpr, GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr,
                   GAMMA: tl.constexpr, HEAD_MAJOR: tl.constexpr = False):
@@ -534,7 +580,7 @@ def one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i
     ([BT], zeros without GATE_GRAD or with GAMMA). The decay factors out of the key sum: the intra-chunk part
     is (dA ⊙ M) K and (dA ⊙ M)^T Q over the whole chunk, M_tj the decay from j to t (dA is zero above the
     diagonal). b and gk are [B, T, H], or [B, H, T] with HEAD_MAJOR (a head's chunk of gates contiguous)."""
-    b_dA = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
+    b_dA = score_grad_tile(dA, i_b, t_last // BT, i_h, o_c, m_t, T, H, BT)     # chunk t_last // BT
     if GAMMA:
         # M_tj = λ^(t-j), a fixed decay
         b_gam = tl.load(gamma + i_h)
@@ -542,16 +588,13 @@ def one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i
         b_q_decay = tl.exp(decay_exponent(b_gam, o_c + 1)) * scale
         b_k_decay = tl.exp(decay_exponent(b_gam, t_last - o_t))
     else:
-        # M_tj = e^{b_t - b_j} <= 1 for j <= t (every log gate <= 0), so no re-basing: the exponent is
-        # taken on the real pairs on and below the diagonal only (elsewhere it may be positive, dA is 0)
         if HEAD_MAJOR:
             p_gc, p_gl = (i_b * H + i_h) * T + o_t, (i_b * H + i_h) * T + t_last
         else:
             p_gc, p_gl = (i_b * T + o_t) * H + i_h, (i_b * T + t_last) * H + i_h
         b_gc = tl.load(b + p_gc, mask=m_t, other=0.0)
         b_gl = tl.load(b + p_gl)
-        m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
-        b_dA = b_dA * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
+        b_dA = decayed_score_grad(b_dA, b_gc, (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :])
         b_q_decay = tl.exp(b_gc) * scale
         b_k_decay = tl.exp(tl.where(m_t, b_gl - b_gc, 0.0))
     b_dq_inter = b_dos * b_q_decay[:, None]
@@ -595,7 +638,9 @@ def _chunk_dqk_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
-    p_x = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)           # 64-bit; the tokens' rows r_c + o_c·H
+    p_x = (o_c[:, None] * H) * K + o_k[None, :]
+    q, k, dq, dk = q + r_c * K, k + r_c * K, dq + r_c * K, dk + r_c * K
     b_q = tl.load(q + p_x, mask=m_tk, other=0.0)
     b_k = tl.load(k + p_x, mask=m_tk, other=0.0)
     b_dos, b_vdh, b_hdh = inter_chunk_products(v, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, NT, K, V,
@@ -612,9 +657,10 @@ def _chunk_dqk_kernel(
     else:
         # a gate per key channel (G = K): the intra-chunk pairs j < t from _chunk_dqk_intra_kernel. dq, then dk,
         # each stored as soon as it is whole, so that few [BT, BK] tiles are alive at once (ptxas spills else)
-        b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
-        b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-        b_dAd = tl.load(dA + ((i_b * T + o_t) * H + i_h) * BT + o_c, mask=m_t, other=0.0)    # the diagonal
+        b, dq_intra, dk_intra = b + r_c * K, dq_intra + r_c * K, dk_intra + r_c * K
+        b_g = tl.load(b + p_x, mask=m_tk, other=0.0)
+        b_gl = tl.load(b + ((t_last - i_t * BT) * H) * K + o_k, mask=m_k, other=0.0)
+        b_dAd = tl.load(dA + r_c * BT + (o_c * H) * BT + o_c, mask=m_t, other=0.0)    # the diagonal
         b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
         b_dq = b_dos * tl.exp(b_g) * scale + tl.load(dq_intra + p_x, mask=m_tk, other=0.0)   # inter + off-diagonal
         tl.store(dq + p_x, (b_dq + b_dAd[:, None] * b_kf).to(dq.dtype.element_ty), mask=m_tk)
@@ -631,9 +677,9 @@ def _chunk_dqk_kernel(
             b_ge = tl.where(o_c[None, :] >= o_c[:, None], 1.0, 0.0)
             b_dg = tl.dot(b_ge, b_r, input_precision=SUM_PREC) \
                 + tl.dot(1.0 - b_ge, b_p, input_precision=SUM_PREC) + (b_hdh * tl.exp(b_gl))[None, :]
-            b_gk = tl.load(gk + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+            b_gk = tl.load(gk + r_c * K + p_x, mask=m_tk, other=0.0)
             b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
-            tl.store(dg + p_x, b_dg.to(dg.dtype.element_ty), mask=m_tk)
+            tl.store(dg + r_c * K + p_x, b_dg.to(dg.dtype.element_ty), mask=m_tk)
 
 
 def chunk_dqk_intra(q, k, b, dA, dq, dk, *, input_precision: str | None = None) -> None:

@@ -43,7 +43,8 @@ from triton.runtime.errors import OutOfResources
 
 from ..launch import autotune_configs, pow2_at_least_16
 from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_state_dtype, dot_precision, tiles_that_fit
-from ..linear.chunk_backward import chunk_dv, chunk_state_grad_pass, inter_chunk_products
+from ..linear.chunk_backward import (chunk_dv, chunk_row, chunk_state_grad_pass, decayed_score_grad,
+                                     inter_chunk_products, score_grad_tile)
 from ..tl_helpers import dot_causal
 from .decode import _softplus
 
@@ -510,6 +511,49 @@ def _w_tile(i_run, i_b, i_t, i_g, NB, NT, G, BT: tl.constexpr):
     return (((i_run * NB + i_b) * NT + i_t) * G + i_g).to(tl.int64) * BT * BT
 
 
+@triton.jit
+def _batch_group_run(i_z, HPG, G, HEADS: tl.constexpr):
+    """The dq/dk kernels' program id over (batch row, group, run of HEADS of the group's HPG heads), decoded."""
+    n_runs = tl.cdiv(HPG, HEADS)
+    i_bg, i_run = i_z // n_runs, i_z % n_runs
+    return i_bg // G, i_bg % G, i_run
+
+
+@triton.jit
+def _chunk_tokens(i_t, T, BT: tl.constexpr):
+    """Chunk i_t's places o_c, tokens o_t and their mask (tokens before T)."""
+    o_c = tl.arange(0, BT)
+    o_t = i_t * BT + o_c
+    return o_c, o_t, o_t < T
+
+
+@triton.jit
+def _group_tiles(C, B, i_b, i_t, i_g, o_c, m_t, o_k, T, G, N: tl.constexpr, BT: tl.constexpr):
+    """C's and B's [BT, BK] tiles of group i_g, chunk i_t, dstate columns o_k; with the chunk's first row of
+    [Bt, T, G, N] (64-bit, `chunk_row`), the tiles' 32-bit offsets after it and their mask."""
+    r_g = chunk_row(i_b, i_t * BT, i_g, T, G)
+    p_g = (o_c[:, None] * G) * N + o_k[None, :]
+    m_tk = m_t[:, None] & (o_k < N)[None, :]
+    b_c = tl.load(C + r_g * N + p_g, mask=m_tk, other=0.0)
+    b_B = tl.load(B + r_g * N + p_g, mask=m_tk, other=0.0)
+    return b_c, b_B, r_g, p_g, m_tk
+
+
+@triton.jit
+def _head_scalars(dt, b, i_b, i_h, o_t, m_t, T, H):
+    """Head i_h's offsets of chunk tokens o_t in the head-major [Bt, H, T] scalars, and its dt and cumulative
+    gate there."""
+    p_th = (i_b * H + i_h) * T + o_t
+    return p_th, tl.load(dt + p_th, mask=m_t, other=0.0), tl.load(b + p_th, mask=m_t, other=0.0)
+
+
+@triton.jit
+def _under_floor_zeroed(b_dg, g, p_th, m_t, FLOOR: tl.constexpr):
+    """The gate's gradient b_dg with 0 where the gate as given is under the floor (-inf: not a variable)."""
+    b_gk = tl.load(g + p_th, mask=m_t, other=0.0)
+    return tl.where(b_gk < FLOOR, 0.0, b_dg)
+
+
 @triton.jit(do_not_specialize=["T", "H", "NT", "HPG", "G", "NB"])
 def _ssd_dqk_intra_kernel(
     C, B, dt, g, b, dA, W, dg_intra, ddt_intra, T, H, NT, HPG, G, NB,
@@ -526,37 +570,24 @@ def _ssd_dqk_intra_kernel(
     # and dt's through the keys colsum E. Both are linear in R and E, so they add to the key-tile kernel's
     # inter shares, and the floor's zeroing distributes over the sum
     i_t, i_z = tl.program_id(0), tl.program_id(1)
-    n_runs = tl.cdiv(HPG, HEADS)
-    i_bg, i_run = i_z // n_runs, i_z % n_runs
-    i_b, i_g = i_bg // G, i_bg % G
-    o_c = tl.arange(0, BT)
-    o_t = i_t * BT + o_c
-    m_t = o_t < T
+    i_b, i_g, i_run = _batch_group_run(i_z, HPG, G, HEADS)
+    o_c, o_t, m_t = _chunk_tokens(i_t, T, BT)
     b_cb = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(N, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_tk = m_t[:, None] & (o_k < N)[None, :]
-        p_g = ((i_b * T + o_t[:, None]) * G + i_g) * N + o_k[None, :]
-        b_c = tl.load(C + p_g, mask=m_tk, other=0.0)
-        b_B = tl.load(B + p_g, mask=m_tk, other=0.0)
+        b_c, b_B, _, _, _ = _group_tiles(C, B, i_b, i_t, i_g, o_c, m_t, i_k * BK + tl.arange(0, BK), T, G, N, BT)
         b_cb += tl.dot(b_c, tl.trans(b_B), input_precision=DOT_PREC)
     m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
     m_below = o_c[:, None] > o_c[None, :]
     b_W = tl.zeros([BT, BT], dtype=tl.float32)
     for i_r in range(i_run * HEADS, tl.minimum(i_run * HEADS + HEADS, HPG)):
         i_h = i_g * HPG + i_r
-        p_th = (i_b * H + i_h) * T + o_t
-        b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)
-        b_gc = tl.load(b + p_th, mask=m_t, other=0.0)
-        # D_h: the exponent taken on the pairs on and below the diagonal only (elsewhere dA is 0)
-        b_D = tl.load(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
-        b_D = b_D * tl.exp(tl.where(m_lo, b_gc[:, None] - b_gc[None, :], float("-inf")))
+        p_th, b_dt, b_gc = _head_scalars(dt, b, i_b, i_h, o_t, m_t, T, H)
+        b_D = decayed_score_grad(score_grad_tile(dA, i_b, i_t, i_h, o_c, m_t, T, H, BT), b_gc, m_lo)
         b_W += b_D * b_dt[None, :]
         b_E = b_D * b_cb
         b_R = tl.where(m_below, b_E * b_dt[None, :], 0.0)
         b_dg = tl.cumsum(tl.sum(b_R, axis=1) - tl.sum(b_R, axis=0), axis=0, reverse=True)
-        b_gk = tl.load(g + p_th, mask=m_t, other=0.0)
-        tl.store(dg_intra + p_th, tl.where(b_gk < FLOOR, 0.0, b_dg), mask=m_t)
+        tl.store(dg_intra + p_th, _under_floor_zeroed(b_dg, g, p_th, m_t, FLOOR), mask=m_t)
         tl.store(ddt_intra + p_th, tl.sum(b_E, axis=0), mask=m_t)
     tl.store(W + _w_tile(i_run, i_b, i_t, i_g, NB, NT, G, BT) + o_c[:, None] * BT + o_c[None, :],
              b_W.to(W.dtype.element_ty))
@@ -582,27 +613,18 @@ def _ssd_dqk_kernel(
     # shares) are head-major, [Bt, H, T]: a head's chunk is 256 contiguous bytes, where [Bt, T, H] would cost
     # a 32-byte sector per token and head
     i_k, i_t, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n_runs = tl.cdiv(HPG, HEADS)
-    i_bg, i_run = i_z // n_runs, i_z % n_runs
-    i_b, i_g = i_bg // G, i_bg % G
-    o_c = tl.arange(0, BT)
-    o_t = i_t * BT + o_c
-    m_t = o_t < T
+    i_b, i_g, i_run = _batch_group_run(i_z, HPG, G, HEADS)
+    o_c, o_t, m_t = _chunk_tokens(i_t, T, BT)
     t_last = tl.minimum(i_t * BT + BT, T) - 1
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < N
-    m_tk = m_t[:, None] & m_k[None, :]
-    p_g = ((i_b * T + o_t[:, None]) * G + i_g) * N + o_k[None, :]
-    b_c = tl.load(C + p_g, mask=m_tk, other=0.0)
-    b_B = tl.load(B + p_g, mask=m_tk, other=0.0)
+    b_c, b_B, r_g, p_g, m_tk = _group_tiles(C, B, i_b, i_t, i_g, o_c, m_t, o_k, T, G, N, BT)
     b_dC = tl.zeros([BT, BK], dtype=tl.float32)
     b_dB = tl.zeros([BT, BK], dtype=tl.float32)
     p_tile = i_k * NB * H * T                           # this key tile's [Bt, H, T] in the [NK + 1, Bt, H, T] tiles
     for i_r in range(i_run * HEADS, tl.minimum(i_run * HEADS + HEADS, HPG)):
         i_h = i_g * HPG + i_r
-        p_th = (i_b * H + i_h) * T + o_t
-        b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)
-        b_gc = tl.load(b + p_th, mask=m_t, other=0.0)
+        p_th, b_dt, b_gc = _head_scalars(dt, b, i_b, i_h, o_t, m_t, T, H)
         b_gl = tl.load(b + (i_b * H + i_h) * T + t_last)
         b_dos, b_vdh, b_hdh = inter_chunk_products(x, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, NT, N, P,
                                                    BT, BK, BV, True, DOT_PREC)
@@ -615,14 +637,12 @@ def _ssd_dqk_kernel(
         b_r = tl.sum(b_c.to(tl.float32) * b_dq_inter, axis=1)
         b_p = b_dt * b_Bdk
         b_dg = tl.cumsum(b_r, axis=0, reverse=True) + (tl.cumsum(b_p, axis=0) - b_p) + tl.sum(b_hdh) * tl.exp(b_gl)
-        b_gk = tl.load(g + p_th, mask=m_t, other=0.0)
-        b_dg = tl.where(b_gk < FLOOR, 0.0, b_dg)      # a gate under the floor (-inf) is not a variable
-        tl.store(dg_tiles + p_tile + p_th, b_dg, mask=m_t)
+        tl.store(dg_tiles + p_tile + p_th, _under_floor_zeroed(b_dg, g, p_th, m_t, FLOOR), mask=m_t)
         tl.store(ddt_tiles + p_tile + p_th, b_Bdk, mask=m_t)
     b_W = tl.load(W + _w_tile(i_run, i_b, i_t, i_g, NB, NT, G, BT) + o_c[:, None] * BT + o_c[None, :])
     b_dC += tl.dot(b_W, b_B, input_precision=DOT_PREC)
     b_dB += tl.dot(tl.trans(b_W), b_c, input_precision=DOT_PREC)
-    p_run = i_run.to(tl.int64) * NB * T * G * N        # this run's partial sums, [runs, Bt, T, G, N]
+    p_run = i_run.to(tl.int64) * NB * T * G * N + r_g * N    # this run's partial sums, [runs, Bt, T, G, N]
     tl.store(dC_part + p_run + p_g, b_dC, mask=m_tk)
     tl.store(dB_part + p_run + p_g, b_dB, mask=m_tk)
 
@@ -727,7 +747,7 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     # its per-head scalars read head-major ([Bt, H, T]: a head's chunk contiguous), its dg and ddt tiles written so
     dt_heads = dtf.transpose(1, 2).contiguous()
     b_heads = b.view(Bt, T, H).transpose(1, 2).contiguous()
-    g_heads = dt_heads * Af[:, None]      # as given: a gate below the floor gets gradient 0 (_ssd_dqk_kernel)
+    g_heads = dt_heads * Af[:, None]      # as given: a gate below the floor gets gradient 0 (both dq/dk kernels)
     dC_part, dB_part = (torch.empty(runs, Bt, T, G, N, dtype=f32, device=dev) for _ in range(2))
     dg_tiles, ddt_tiles = (torch.empty(NK + 1, Bt, H, T, dtype=f32, device=dev) for _ in range(2))
     # the intra-chunk work once per chunk and head: W = Σ_h D_h ⊙ dt_h and the intra shares
