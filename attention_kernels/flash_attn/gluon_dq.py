@@ -12,9 +12,10 @@ With P = exp2(s * scale * log2 e - lse), dP = dO V^T, dS = P o (dP - delta): dQ 
 FlashAttention-3's Hopper backward (Shah et al. 2024; `hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp` in
 Dao-AILab/flash-attention, read, not copied) computes dQ inside its dK/dV kernel: each key block's dS goes to
 shared memory and its dQ share is added into an fp32 buffer by TMA reduce-add, so the sum's order depends on
-the schedule unless its deterministic mode makes the blocks take turns. This kernel is a separate pass instead, deterministic: one CTA owns its query rows' dQ and walks
-the keys in order, paying the scores and dP a second time (3 products a tile: S, dP, dQ), as the Triton dQ
-pass does. (Atomics inside the Gluon dK/dV kernel measured slower: notes/TUNING.md, Experiments not landed, 9.)
+the schedule unless its deterministic mode makes the blocks take turns. This kernel is a separate pass
+instead, deterministic: one CTA owns its query rows' dQ and walks the keys in order, paying the scores and dP
+a second time (3 products a tile: S, dP, dQ), as the Triton dQ pass does. (Atomics inside the Gluon dK/dV
+kernel measured slower: notes/TUNING.md, Experiments not landed, 9.)
 
 One CTA per (128 query rows, query head, batch), three partitions (gl.warp_specialize):
   * a 1-warp producer copies the CTA's Q and dO once (two 64-row halves each, one barrier), then every K and V
