@@ -100,18 +100,23 @@ def _configs(launch: Launch):
 
 def compile_launch(launch: Launch, kwargs: dict, warps: int, stages: int):
     fn = launch.fn.fn if isinstance(launch.fn, Autotuner) else launch.fn
-    consts = dict(launch.consts, **kwargs)
+    # a config's kwarg that names a typed argument gives that argument another type (W's fp32 partials);
+    # maxnreg is ptxas's register cap
+    options = {"num_warps": warps, "num_stages": stages}
+    if "maxnreg" in kwargs:
+        options["maxnreg"] = kwargs["maxnreg"]
+    types = dict(launch.types, **{k: v for k, v in kwargs.items() if k in launch.types})
+    consts = dict(launch.consts, **{k: v for k, v in kwargs.items() if k not in launch.types and k != "maxnreg"})
     signature, constants = {}, {}
     for p in fn.params:
-        if p.name in launch.types:
-            signature[p.name] = launch.types[p.name]
+        if p.name in types:
+            signature[p.name] = types[p.name]
         else:
             value = consts[p.name] if p.name in consts else p.default
             signature[p.name] = "constexpr"
             constants[p.name] = value
-    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in launch.types.items() if t.startswith("*")}
-    return triton.compile(ASTSource(fn, signature, constants, attrs), target=TARGET,
-                          options={"num_warps": warps, "num_stages": stages})
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in types.items() if t.startswith("*")}
+    return triton.compile(ASTSource(fn, signature, constants, attrs), target=TARGET, options=options)
 
 
 def inspect_binary(compiled) -> dict:
@@ -193,7 +198,13 @@ def mamba2_backward() -> list:
                2 * T * L * N * runs / 1e9, "bf16 TC",
                "C B^T over the whole dstate once a run; per head D, W, E, R and their sums once (not once per key "
                "tile); W written rounded to bf16",
-               configs=[({}, ssd._DQK_INTRA_WARPS, ssd._DQK_INTRA_STAGES)]),
+               # then the experiment of shorter intra runs (_DQK_INTRA_HEADS; W in fp32 partials), on 8 and 4
+               # warps, and on 8 warps capped at 128 registers (_DQK_INTRA_MAXNREG: two programs an SM)
+               configs=[({}, ssd._DQK_INTRA_WARPS, ssd._DQK_INTRA_STAGES)]
+               + [({"HEADS": heads, "W": "*fp32", **cap}, warps, ssd._DQK_INTRA_STAGES)
+                  for heads in (ssd._DQK_HEADS // 2, ssd._DQK_HEADS // 4)
+                  for cap, warps in (({}, 8), ({}, 4), ({"maxnreg": 128}, 8))]
+               + [({}, 4, ssd._DQK_INTRA_STAGES)]),
         Launch("ssd dqk key tiles (on W)", ssd._ssd_dqk_kernel,
                dict(C="*bf16", B="*bf16", x="*bf16", h=STATE_PTR, dh=STATE_PTR, do="*bf16", W="*bf16",
                     dC_part="*fp32", dB_part="*fp32", dg_tiles="*fp32", ddt_tiles="*fp32", **scalars),
@@ -206,7 +217,9 @@ def mamba2_backward() -> list:
                f"dstate tile (x{nk}: the {nk} programs of a chunk run side by side, so mostly from L2); dC, dB as "
                "partial sums per run of heads; dt, g, b read and the gate's and dt's inter shares written "
                "head-major ([H, T]: 256 contiguous bytes a head and chunk)",
-               configs=[({}, ssd._DQK_WARPS, ssd._DQK_STAGES)],
+               # then on W's fp32 partials of intra runs of 8 and 4 heads, summed before W B and W^T C
+               configs=[({}, ssd._DQK_WARPS, ssd._DQK_STAGES)]
+               + [({"W_PARTS": parts, "W": "*fp32"}, ssd._DQK_WARPS, ssd._DQK_STAGES) for parts in (2, 4)],
                reread_mb=(nk - 1) * (2 * thp * bf + w_mb)),
     ]
 

@@ -222,6 +222,9 @@ PRIVATE_ACROSS_MODULES = {
     ("scripts/gla_tilelang_compile.py", "_state_kernel"): "compiles the TileLang GLA kernels alone",
     ("scripts/gla_tilelang_compile.py", "_output_kernel"): "compiles the TileLang GLA kernels alone",
     ("scripts/tune_probe.py", "_DQK_WARPS"): "times Mamba-2's dq/dk key tiles on other warps than their launch's",
+    ("scripts/tune_probe.py", "_DQK_INTRA_HEADS"): "times Mamba-2's dq/dk intra kernel over shorter runs of heads",
+    ("scripts/tune_probe.py", "_DQK_INTRA_WARPS"): "times Mamba-2's dq/dk intra kernel on other warps",
+    ("scripts/tune_probe.py", "_DQK_INTRA_MAXNREG"): "times Mamba-2's dq/dk intra kernel under a register cap",
     ("scripts/mla_replay_check.py", "_paged_case"): "replays the MLA benchmark's own cases",
     ("scripts/mla_replay_check.py", "_paged_inputs"): "replays the MLA benchmark's own inputs",
 }

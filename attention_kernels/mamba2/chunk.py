@@ -467,6 +467,13 @@ _TAIL_WARPS = 8
 _DQK_HEADS, _DQK_BK, _DQK_BV, _DQK_WARPS, _DQK_STAGES = 16, 32, 64, 4, 3
 _DQK_STAGES_ON = {}   # device -> the stage count that fits there, where it is not _DQK_STAGES
 _DQK_INTRA_BK, _DQK_INTRA_WARPS, _DQK_INTRA_STAGES = 64, 8, 2
+# The intra kernel's run of heads, dividing _DQK_HEADS (an experiment, "2026-12-07 (31)" in notes/TUNING.md):
+# shorter runs give it _DQK_HEADS / _DQK_INTRA_HEADS times the programs, each writing W's fp32 partial sum
+# over its run, which the key tiles sum before rounding W once to B's dtype
+_DQK_INTRA_HEADS = 16
+# ptxas's register cap for the intra kernel, None for none: 128 on 8 warps fits two programs an SM (with
+# fp32 partials of W it compiles without spills; the same experiment)
+_DQK_INTRA_MAXNREG = None
 
 
 @triton.jit
@@ -564,7 +571,8 @@ def _ssd_dqk_intra_kernel(
     # (`_ssd_dqk_kernel` below does the inter-chunk part), once per chunk and head, not once per key tile: the
     # whole score CB = C Bᵀ (summed over dstate in tiles of BK), then per head D_h = dA_h ⊙ M_h,
     # W += D_h ⊙ dt_h[None, s], E_h = D_h ⊙ CB and R_h = E_h ⊙ dt_h[None, s] strictly below the diagonal.
-    # Written: W, rounded once to B's dtype after the sum over the run, and per head the intra shares of the
+    # Written: W, in W's dtype after the sum over the run (B's dtype, or fp32 partials the key tiles sum where
+    # this kernel's runs are shorter than theirs, `_DQK_INTRA_HEADS`), and per head the intra shares of the
     # gate's and dt's gradients, which need per-head sums of q·dq and k·dk: with k_s · (D_hᵀ C)_s = dt_s Σ_t E_h,ts
     # and B_s · (D_hᵀ C)_s = Σ_t E_h,ts, the gate's is Σ_{s>=t} (rowsum R - colsum R)_s (`one_decay_dqk`'s sum)
     # and dt's through the keys colsum E. Both are linear in R and E, so they add to the key-tile kernel's
@@ -597,7 +605,7 @@ def _ssd_dqk_intra_kernel(
 def _ssd_dqk_kernel(
     C, B, x, dt, g, b, h, dh, do, W, dC_part, dB_part, dg_tiles, ddt_tiles, T, H, NT, HPG, G, NB,
     N: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HEADS: tl.constexpr, FLOOR: tl.constexpr, DOT_PREC: tl.constexpr,
+    HEADS: tl.constexpr, FLOOR: tl.constexpr, DOT_PREC: tl.constexpr, W_PARTS: tl.constexpr = 1,
 ):
     # one program: chunk i_t, dstate columns [i_k·BK, ..), and a run of HEADS heads of one (batch, group),
     # walked in turn. Each head's dq and dk are the shared backward's (`one_decay_dqk`) for q = C, k = B·dt_h
@@ -639,7 +647,17 @@ def _ssd_dqk_kernel(
         b_dg = tl.cumsum(b_r, axis=0, reverse=True) + (tl.cumsum(b_p, axis=0) - b_p) + tl.sum(b_hdh) * tl.exp(b_gl)
         tl.store(dg_tiles + p_tile + p_th, _under_floor_zeroed(b_dg, g, p_th, m_t, FLOOR), mask=m_t)
         tl.store(ddt_tiles + p_tile + p_th, b_Bdk, mask=m_t)
-    b_W = tl.load(W + _w_tile(i_run, i_b, i_t, i_g, NB, NT, G, BT) + o_c[:, None] * BT + o_c[None, :])
+    p_w = o_c[:, None] * BT + o_c[None, :]
+    if W_PARTS == 1:
+        b_W = tl.load(W + _w_tile(i_run, i_b, i_t, i_g, NB, NT, G, BT) + p_w)
+    else:
+        # W in fp32 partials over the intra kernel's shorter runs (W_PARTS of them in this run, fewer in a
+        # group's last run): summed, then rounded once to B's dtype, as one intra run of HEADS rounds it
+        n_parts = tl.cdiv(HPG, HEADS // W_PARTS)
+        b_Wf = tl.zeros([BT, BT], dtype=tl.float32)
+        for i_part in range(i_run * W_PARTS, tl.minimum(i_run * W_PARTS + W_PARTS, n_parts)):
+            b_Wf += tl.load(W + _w_tile(i_part, i_b, i_t, i_g, NB, NT, G, BT) + p_w)
+        b_W = b_Wf.to(B.dtype.element_ty)
     b_dC += tl.dot(b_W, b_B, input_precision=DOT_PREC)
     b_dB += tl.dot(tl.trans(b_W), b_c, input_precision=DOT_PREC)
     p_run = i_run.to(tl.int64) * NB * T * G * N + r_g * N    # this run's partial sums, [runs, Bt, T, G, N]
@@ -698,6 +716,9 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     Bt, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     HP = H * P
+    intra_heads = min(_DQK_INTRA_HEADS, _DQK_HEADS)     # the intra kernel's run: the key tiles' or a divisor
+    if _DQK_HEADS % intra_heads:
+        raise ValueError(f"_DQK_INTRA_HEADS ({_DQK_INTRA_HEADS}) must divide _DQK_HEADS ({_DQK_HEADS})")
     dev, f32 = x.device, torch.float32
     x, B, C, dy = x.contiguous(), B.contiguous(), C.contiguous(), dy.contiguous()
     z = None if z is None else z.contiguous()
@@ -750,17 +771,21 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     g_heads = dt_heads * Af[:, None]      # as given: a gate below the floor gets gradient 0 (both dq/dk kernels)
     dC_part, dB_part = (torch.empty(runs, Bt, T, G, N, dtype=f32, device=dev) for _ in range(2))
     dg_tiles, ddt_tiles = (torch.empty(NK + 1, Bt, H, T, dtype=f32, device=dev) for _ in range(2))
-    # the intra-chunk work once per chunk and head: W = Σ_h D_h ⊙ dt_h and the intra shares
-    W = torch.empty(runs, Bt, NT, G, CHUNK, CHUNK, dtype=B.dtype, device=dev)
-    _ssd_dqk_intra_kernel[(NT, Bt * G * runs)](
+    # the intra-chunk work once per chunk and head: W = Σ_h D_h ⊙ dt_h and the intra shares; W in B's dtype
+    # when the intra kernel's runs are the key tiles', else fp32 partials per intra run
+    w_parts = _DQK_HEADS // intra_heads
+    intra_runs = triton.cdiv(H // G, intra_heads)
+    W = torch.empty(intra_runs, Bt, NT, G, CHUNK, CHUNK, dtype=B.dtype if w_parts == 1 else f32, device=dev)
+    _ssd_dqk_intra_kernel[(NT, Bt * G * intra_runs)](
         C, B, dt_heads, g_heads, b_heads, dscores, W, dg_tiles[NK], ddt_tiles[NK], T, H, NT, H // G, G, Bt,
-        N=N, BT=CHUNK, BK=min(_DQK_INTRA_BK, pow2_at_least_16(N)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
-        DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_INTRA_WARPS, num_stages=_DQK_INTRA_STAGES)
+        N=N, BT=CHUNK, BK=min(_DQK_INTRA_BK, pow2_at_least_16(N)), HEADS=intra_heads, FLOOR=GATE_FLOOR,
+        DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_INTRA_WARPS, num_stages=_DQK_INTRA_STAGES,
+        **({} if _DQK_INTRA_MAXNREG is None else {"maxnreg": _DQK_INTRA_MAXNREG}))
     # per key tile: each head's inter-chunk products, then W B and Wᵀ C
     dqk_args = (C, B, x, dt_heads, g_heads, b_heads, states, dstates, do, W, dC_part, dB_part, dg_tiles,
                 ddt_tiles, T, H, NT, H // G, G, Bt, N, P)
     dqk_meta = dict(BT=CHUNK, BK=BK, BV=min(_DQK_BV, pow2_at_least_16(P)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
-                    DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_WARPS)
+                    DOT_PREC=dot_precision(x.dtype), W_PARTS=w_parts, num_warps=_DQK_WARPS)
     # with fp32 inputs a GPU with less shared memory a program than the H100 (~100 KB on sm_86 and sm_89)
     # refuses three stages: the first refusal is remembered per device, so later calls launch two at once
     stages = _DQK_STAGES_ON.get(dev, _DQK_STAGES)
