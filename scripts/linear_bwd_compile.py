@@ -217,9 +217,11 @@ def mamba2_backward() -> list:
                f"dstate tile (x{nk}: the {nk} programs of a chunk run side by side, so mostly from L2); dC, dB as "
                "partial sums per run of heads; dt, g, b read and the gate's and dt's inter shares written "
                "head-major ([H, T]: 256 contiguous bytes a head and chunk)",
-               # then on W's fp32 partials of intra runs of 8 and 4 heads, summed before W B and W^T C
+               # then on W's fp32 partials of intra runs of 8 and 4 heads, summed before W B and W^T C, as
+               # launched (capped at _DQK_PARTS_MAXNREG registers) and uncapped
                configs=[({}, ssd._DQK_WARPS, ssd._DQK_STAGES)]
-               + [({"W_PARTS": parts, "W": "*fp32"}, ssd._DQK_WARPS, ssd._DQK_STAGES) for parts in (2, 4)],
+               + [({"W_PARTS": parts, "W": "*fp32", **cap}, ssd._DQK_WARPS, ssd._DQK_STAGES) for parts in (2, 4)
+                  for cap in ({"maxnreg": ssd._DQK_PARTS_MAXNREG}, {})],
                reread_mb=(nk - 1) * (2 * thp * bf + w_mb)),
     ]
 

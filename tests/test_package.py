@@ -216,6 +216,7 @@ PRIVATE_ACROSS_MODULES = {
     ("scripts/linear_bwd_compile.py", "_DQK_WARPS"): "compiles Mamba-2's dq/dk kernel at its launch tile",
     ("scripts/linear_bwd_compile.py", "_TAIL_WARPS"): "compiles the elementwise kernels at their launch warps",
     ("scripts/linear_bwd_compile.py", "_ssd_dqk_intra_kernel"): "compiles the backward's kernels alone (ptxas)",
+    ("scripts/linear_bwd_compile.py", "_DQK_PARTS_MAXNREG"): "compiles Mamba-2's dq/dk key tiles at their launch cap",
     ("scripts/linear_bwd_compile.py", "_DQK_INTRA_BK"): "compiles Mamba-2's dq/dk intra kernel at its launch tile",
     ("scripts/linear_bwd_compile.py", "_DQK_INTRA_STAGES"): "compiles Mamba-2's dq/dk intra kernel at its launch tile",
     ("scripts/linear_bwd_compile.py", "_DQK_INTRA_WARPS"): "compiles Mamba-2's dq/dk intra kernel at its launch tile",

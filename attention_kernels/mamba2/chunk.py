@@ -474,6 +474,9 @@ _DQK_INTRA_HEADS = 16
 # ptxas's register cap for the intra kernel, None for none: 128 on 8 warps fits two programs an SM (with
 # fp32 partials of W it compiles without spills; the same experiment)
 _DQK_INTRA_MAXNREG = None
+# the key tiles summing W's fp32 partials compile to 183 registers (two 4-warp programs an SM); capped here
+# they take 162 without spills and keep today's three
+_DQK_PARTS_MAXNREG = 168
 
 
 @triton.jit
@@ -785,7 +788,8 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     dqk_args = (C, B, x, dt_heads, g_heads, b_heads, states, dstates, do, W, dC_part, dB_part, dg_tiles,
                 ddt_tiles, T, H, NT, H // G, G, Bt, N, P)
     dqk_meta = dict(BT=CHUNK, BK=BK, BV=min(_DQK_BV, pow2_at_least_16(P)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
-                    DOT_PREC=dot_precision(x.dtype), W_PARTS=w_parts, num_warps=_DQK_WARPS)
+                    DOT_PREC=dot_precision(x.dtype), W_PARTS=w_parts, num_warps=_DQK_WARPS,
+                    **({} if w_parts == 1 else {"maxnreg": _DQK_PARTS_MAXNREG}))
     # with fp32 inputs a GPU with less shared memory a program than the H100 (~100 KB on sm_86 and sm_89)
     # refuses three stages: the first refusal is remembered per device, so later calls launch two at once
     stages = _DQK_STAGES_ON.get(dev, _DQK_STAGES)
