@@ -471,11 +471,11 @@ _DQK_INTRA_BK, _DQK_INTRA_WARPS, _DQK_INTRA_STAGES = 64, 8, 2
 # shorter runs give it _DQK_HEADS / _DQK_INTRA_HEADS times the programs, each writing W's fp32 partial sum
 # over its run, which the key tiles sum before rounding W once to B's dtype
 _DQK_INTRA_HEADS = 16
-# ptxas's register cap for the intra kernel, None for none: 128 on 8 warps fits two programs an SM (with
-# fp32 partials of W it compiles without spills; the same experiment)
+# ptxas's register cap for the intra kernel with 16-bit inputs, None for none: 128 on 8 warps fits two
+# programs an SM (with fp32 partials of W it compiles without spills; the same experiment)
 _DQK_INTRA_MAXNREG = None
-# the key tiles summing W's fp32 partials compile to 183 registers (two 4-warp programs an SM); capped here
-# they take 162 without spills and keep today's three
+# the key tiles summing W's fp32 partials compile to 183 registers with 16-bit inputs (two 4-warp programs an
+# SM); capped here they take 162 without spills and keep today's three (fp32 inputs, ~210, stay uncapped)
 _DQK_PARTS_MAXNREG = 168
 
 
@@ -783,13 +783,13 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
         C, B, dt_heads, g_heads, b_heads, dscores, W, dg_tiles[NK], ddt_tiles[NK], T, H, NT, H // G, G, Bt,
         N=N, BT=CHUNK, BK=min(_DQK_INTRA_BK, pow2_at_least_16(N)), HEADS=intra_heads, FLOOR=GATE_FLOOR,
         DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_INTRA_WARPS, num_stages=_DQK_INTRA_STAGES,
-        **({} if _DQK_INTRA_MAXNREG is None else {"maxnreg": _DQK_INTRA_MAXNREG}))
+        **({"maxnreg": _DQK_INTRA_MAXNREG} if _DQK_INTRA_MAXNREG and B.element_size() == 2 else {}))
     # per key tile: each head's inter-chunk products, then W B and Wᵀ C
     dqk_args = (C, B, x, dt_heads, g_heads, b_heads, states, dstates, do, W, dC_part, dB_part, dg_tiles,
                 ddt_tiles, T, H, NT, H // G, G, Bt, N, P)
     dqk_meta = dict(BT=CHUNK, BK=BK, BV=min(_DQK_BV, pow2_at_least_16(P)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
                     DOT_PREC=dot_precision(x.dtype), W_PARTS=w_parts, num_warps=_DQK_WARPS,
-                    **({} if w_parts == 1 else {"maxnreg": _DQK_PARTS_MAXNREG}))
+                    **({"maxnreg": _DQK_PARTS_MAXNREG} if w_parts > 1 and B.element_size() == 2 else {}))
     # with fp32 inputs a GPU with less shared memory a program than the H100 (~100 KB on sm_86 and sm_89)
     # refuses three stages: the first refusal is remembered per device, so later calls launch two at once
     stages = _DQK_STAGES_ON.get(dev, _DQK_STAGES)
