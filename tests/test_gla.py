@@ -377,6 +377,29 @@ def test_decode_step_gpu(B):
     assert_close(S_t, S_ref, FP32, "PyTorch step state")
 
 
+@pytest.mark.gpu
+def test_forward_past_32_bit_state_offsets_gpu():
+    """B 9, T 64K, 16 heads, K = V = 128, bf16: the chunk-start states [9, 1024, 16, 128, 128] hold 2.4e9
+    elements, so every state offset of the last batch row passes 2^31 (in the state pass that writes them and the
+    output kernel that reads them; the per-token tensors stay under it, 1.2e9). A sequence's output and final
+    state do not depend on the other rows: the last row's, from the batch of 9, match the same call on that row
+    alone (~24 GB)."""
+    B, T, H, D = 9, 65536, 16, 128
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rand = lambda: torch.randn(B, T, H, D, device="cuda", generator=gen, dtype=torch.bfloat16)   # noqa: E731
+    q, k, v = rand(), rand(), rand()
+    gk = F.logsigmoid(rand()) / 16
+    h0 = torch.randn(B, H, D, D, device="cuda", generator=gen)
+    o, ht = chunk_gla(q, k, v, gk, initial_state=h0, output_final_state=True)
+    o_last, ht_last = o[-1:].clone(), ht[-1:].clone()
+    del o, ht
+    o_alone, ht_alone = chunk_gla(q[-1:], k[-1:], v[-1:], gk[-1:], initial_state=h0[-1:], output_final_state=True)
+    assert torch.isfinite(o_last).all() and torch.isfinite(ht_last).all()
+    # the autotuner may pick other state-pass tiles at 9 rows than at 1: close, not equal
+    assert_close(o_last, o_alone, tolerance(torch.bfloat16), "o of the last batch row")
+    assert_close(ht_last, ht_alone, tolerance(torch.bfloat16), "final state of the last batch row")
+
+
 # ------------------------------------------------------------------ fla's call, as its model code makes it
 def test_chunk_gla_takes_fla_gate_name_and_positions():
     """fla's chunk_gla(q, k, v, g, scale, initial_state, output_final_state): the same tensors as the gk

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, pow2_at_least_16
-from ..linear.chunk import CHUNK, SUB_CHUNK, dot_precision
+from ..linear.chunk import CHUNK, SUB_CHUNK, chunk_row, dot_precision
 
 BC = SUB_CHUNK  # rows per sub-chunk
 
@@ -39,19 +39,22 @@ def _chunk_gla_scores_kernel(
         o_k = tl.arange(0, BK)                     # the whole key dim (padded to a power of 2)
         m_k = o_k < K
         m_q = m_t[:, None] & m_k[None, :]
-        p_q = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+        # the sub-chunk's first row, 64-bit (linear/chunk.py's chunk_row); rows and columns after it 32-bit
+        r_s = chunk_row(i_b, t0, i_h, T, H)
+        q, k, g = q + r_s * K, k + r_s * K, g + r_s * K
+        p_q = (o_r[:, None] * H) * K + o_k[None, :]
         b_q = tl.load(q + p_q, mask=m_q, other=0.0).to(tl.float32) * scale
         b_g = tl.load(g + p_q, mask=m_q, other=0.0)
-        p_A = A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + i_c * BC + o_r[None, :]
+        p_A = A + r_s * BT + (o_r[:, None] * H) * BT + i_c * BC + o_r[None, :]
 
         # (a) earlier sub-chunks j < i_c, on tensor cores, re-based at b_n =
         # b[t0]:
         #     q ⊙ e^{b - b_n} (rows at or after t0: exponent <= 0),
         #     k ⊙ e^{b_n - b} (rows before t0: exponent <= 0).
-        b_gn = tl.load(g + ((i_b * T + t0) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+        b_gn = tl.load(g + o_k, mask=m_k, other=0.0)
         b_qn = (b_q * tl.exp(tl.where(m_q, b_g - b_gn[None, :], 0.0))).to(k.dtype.element_ty)
         for i_j in range(0, i_c):
-            p_k = ((i_b * T + i_t * BT + i_j * BC + o_r[:, None]) * H + i_h) * K + o_k[None, :]
+            p_k = (((i_j - i_c) * BC + o_r[:, None]) * H) * K + o_k[None, :]     # before t0: negative
             b_k = tl.load(k + p_k, mask=m_k[None, :], other=0.0)
             b_gk = tl.load(g + p_k, mask=m_k[None, :], other=0.0)
             b_kn = (b_k * tl.exp(b_gn[None, :] - b_gk)).to(k.dtype.element_ty)
@@ -71,7 +74,7 @@ def _chunk_gla_scores_kernel(
             # key j's row loaded into every row of a [BC, BK] tile, so that it
             # lands in the tile's layout: a [BK] row broadcast from a vector
             # is converted to that layout through shared memory, each column
-            p_j = ((i_b * T + t0 + j) * H + i_h) * K + o_r[:, None] * 0 + o_k[None, :]
+            p_j = (j * H) * K + o_r[:, None] * 0 + o_k[None, :]
             b_kj = tl.load(k + p_j, mask=m_k[None, :], other=0.0).to(tl.float32)
             b_gj = tl.load(g + p_j, mask=m_k[None, :], other=0.0)
             m_lo = (o_r >= j) & m_t

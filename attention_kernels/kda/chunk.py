@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, cdiv, pow2_at_least_16
-from ..linear.chunk import CHUNK, SUB_CHUNK, chunk_local_cumsum, chunk_state_pass, dot_precision
+from ..linear.chunk import CHUNK, SUB_CHUNK, chunk_local_cumsum, chunk_row, chunk_state_pass, dot_precision
 from ..tl_helpers import dot_causal
 from .reference import L2NORM_EPS
 
@@ -60,14 +60,17 @@ def _kda_scores_kernel(
         o_k = tl.arange(0, BK)
         m_k = o_k < K
         m_q = m_t[:, None] & m_k[None, :]
-        p_q = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-        b_gn = tl.load(b + ((i_b * T + t0) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+        # the sub-chunk's first row, 64-bit (linear/chunk.py's chunk_row); rows and columns after it 32-bit
+        r_s = chunk_row(i_b, t0, i_h, T, H)
+        q, k, b, Aqk, Akk = q + r_s * K, k + r_s * K, b + r_s * K, Aqk + r_s * BT, Akk + r_s * BT
+        p_q = (o_r[:, None] * H) * K + o_k[None, :]
+        b_gn = tl.load(b + o_k, mask=m_k, other=0.0)
         b_e = tl.exp(tl.where(m_q, tl.load(b + p_q, mask=m_q, other=0.0) - b_gn[None, :], 0.0))
         b_qn = (tl.load(q + p_q, mask=m_q, other=0.0).to(tl.float32) * b_e * scale).to(k.dtype.element_ty)
         b_krn = (tl.load(k + p_q, mask=m_q, other=0.0).to(tl.float32) * b_e).to(k.dtype.element_ty)
-        p_row = ((i_b * T + o_t) * H + i_h) * BT
+        p_row = (o_r * H) * BT
         for i_j in range(0, i_c):
-            p_k = ((i_b * T + i_t * BT + i_j * BC + o_r[:, None]) * H + i_h) * K + o_k[None, :]
+            p_k = (((i_j - i_c) * BC + o_r[:, None]) * H) * K + o_k[None, :]     # before t0: negative
             b_k = tl.load(k + p_k, mask=m_k[None, :], other=0.0)
             b_kn = tl.trans((b_k * tl.exp(b_gn[None, :] - tl.load(b + p_k, mask=m_k[None, :], other=0.0)))
                             .to(k.dtype.element_ty))
@@ -96,11 +99,13 @@ def _kda_diag_scores_kernel(
     o_h = i_hb * BH + tl.arange(0, BH)
     o_k = tl.arange(0, BK)
     m = (o_h < H)[:, None] & (o_k < K)[None, :]
-    p_t = ((i_b * T + i_t) * H + o_h[:, None]) * K + o_k[None, :]
+    r_t = chunk_row(i_b, i_t, 0, T, H)              # token t's head 0, 64-bit (linear/chunk.py's chunk_row)
+    q, k, b, Aqk, Akk = q + r_t * K, k + r_t * K, b + r_t * K, Aqk + r_t * BT, Akk + r_t * BT
+    p_t = o_h[:, None] * K + o_k[None, :]
     b_q = tl.load(q + p_t, mask=m, other=0.0).to(tl.float32) * scale
     b_k = tl.load(k + p_t, mask=m, other=0.0).to(tl.float32)
     b_g = tl.load(b + p_t, mask=m, other=0.0)
-    p_A = ((i_b * T + i_t) * H + o_h) * BT
+    p_A = o_h * BT
     t_sub = i_t // BC * BC                          # the first token of t's sub-chunk
     for j in range(t_sub, i_t + 1):
         p_j = p_t + (j - i_t) * H * K
@@ -142,11 +147,14 @@ def _kda_wy_kernel(
     o_c = tl.arange(0, BT)
     o_t = i_t * BT + o_c
     m_t = o_t < T
-    b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+    b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)    # [B, T, H]: 32-bit
+    # the chunk's first row, 64-bit (linear/chunk.py's chunk_row); rows and columns after it 32-bit
+    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)
+    Akk = Akk + r_c * BT
 
     # A = diag(β) (K Kᵀ ⊙ decay), strictly below the diagonal (a select: the
     # rest was never written)
-    b_A = tl.load(Akk + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
+    b_A = tl.load(Akk + (o_c[:, None] * H) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
     b_A = tl.where(o_c[:, None] > o_c[None, :], b_A, 0.0) * b_beta[:, None]
     # A NaN or inf in k, g or β at token t makes row t of A (and the rows
     # after it) non-finite. The products of the solve would multiply the
@@ -168,7 +176,7 @@ def _kda_wy_kernel(
     o_s = tl.arange(0, BS)
     t3 = i_t * BT + o_n[:, None, None] * BS + o_s[None, :, None]            # the token of (block, row)
     m3 = t3 < T
-    b_A3 = tl.load(Akk + ((i_b * T + t3) * H + i_h) * BT + o_n[:, None, None] * BS + o_s[None, None, :],
+    b_A3 = tl.load(Akk + ((t3 - i_t * BT) * H) * BT + o_n[:, None, None] * BS + o_s[None, None, :],
                    mask=m3, other=0.0)
     b_beta3 = tl.load(beta + (i_b * T + t3) * H + i_h, mask=m3, other=0.0).to(tl.float32)
     # select before multiplying: the entries on and above the diagonal were
@@ -198,19 +206,20 @@ def _kda_wy_kernel(
     b_X = tl.dot(b_M, b_X, input_precision=SOLVE_PREC)
     b_X = tl.where(o_c[:, None] >= first_bad, float("nan"), b_X)
     b_Xd = b_X.to(k.dtype.element_ty)
+    k, b, kg, w, v, u = k + r_c * K, b + r_c * K, kg + r_c * K, w + r_c * K, v + r_c * V, u + r_c * V
 
     # W = X diag(β) (K ⊙ e^b): b <= 0, so every factor e^b <= 1
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
-    p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+    p_k = (o_c[:, None] * H) * K + o_k[None, :]
     b_k = tl.load(k + p_k, mask=m_tk, other=0.0).to(tl.float32)
     b_g = tl.load(b + p_k, mask=m_tk, other=0.0)
     b_kb = (b_k * tl.exp(b_g) * b_beta[:, None]).to(k.dtype.element_ty)
     # the keys decayed to the chunk's last token, K ⊙ e^{b_last - b}, for the
     # state pass: computed here, in parallel over chunks, they leave the
     # sequential pass no exponential but one per key row
-    b_gl = tl.load(b + ((i_b * T + tl.minimum(i_t * BT + BT, T) - 1) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+    b_gl = tl.load(b + ((tl.minimum(i_t * BT + BT, T) - 1 - i_t * BT) * H) * K + o_k, mask=m_k, other=0.0)
     tl.store(kg + p_k, (b_k * tl.exp(b_gl[None, :] - b_g)).to(kg.dtype.element_ty), mask=m_tk)
     # X is lower triangular: dot_causal keeps a NaN or inf in a later token
     # out of the earlier rows
@@ -221,7 +230,7 @@ def _kda_wy_kernel(
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        p_v = (o_c[:, None] * H) * V + o_v[None, :]
         b_v = tl.load(v + p_v, mask=m_tv, other=0.0).to(tl.float32)
         b_u = dot_causal(b_Xd, (b_v * b_beta[:, None]).to(k.dtype.element_ty), tl.zeros([BT, BV], dtype=tl.float32),
                          DOT_PREC)

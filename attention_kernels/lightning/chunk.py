@@ -42,7 +42,9 @@ def _chunk_lightning_output_kernel(
 ):
     # one program: the BT rows of chunk i_t, value columns [i_v·BV,
     # (i_v+1)·BV), of one (batch, head)
-    i_b, i_h, o_c, o_t, m_t, o_v, m_v, p_hc = output_tile(h, T, H, NT, K, V, BT, BV)
+    i_h, o_c, o_t, m_t, o_v, m_v, p_hc, r_c = output_tile(h, T, H, NT, K, V, BT, BV)
+    q, k, v, o = q + r_c * K, k + r_c * K, v + r_c * V, o + r_c * V    # 64-bit (linear/chunk.py's chunk_row)
+    p_row = o_c[:, None] * H                   # the chunk's tokens' rows after r_c
     b_g = load_log_decay(gamma, i_h)           # the log decay per step, -s <= 0 (-inf raised to finite)
 
     # Q kv_prev and Q K^T, both over the key dim in tiles of BK: [BT, BV] and
@@ -52,7 +54,7 @@ def _chunk_lightning_output_kernel(
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        p_qk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+        p_qk = p_row * K + o_k[None, :]
         b_q = tl.load(q + p_qk, mask=m_t[:, None] & m_k[None, :], other=0.0)
         b_k = tl.load(k + p_qk, mask=m_t[:, None] & m_k[None, :], other=0.0)
         b_h = tl.load(p_hc + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
@@ -69,7 +71,7 @@ def _chunk_lightning_output_kernel(
     m_lo = o_c[:, None] >= o_c[None, :]
     b_M = tl.exp(b_g * tl.maximum(o_c[:, None] - o_c[None, :], 0).to(tl.float32))
     b_A = tl.where(m_lo, b_A * b_M * scale, 0.0)
-    p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+    p_v = p_row * V + o_v[None, :]
     m_ov = m_t[:, None] & m_v[None, :]
     b_v = tl.load(v + p_v, mask=m_ov, other=0.0)
     b_o = dot_causal(b_A.to(b_v.dtype), b_v, b_o, DOT_PREC)

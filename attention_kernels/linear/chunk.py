@@ -79,6 +79,24 @@ def tiles_that_fit(k: str = "K", v: str = "V"):
 _fits = tiles_that_fit()
 
 
+# 64-bit offsets. Products of sizes that pass 2^31 at training shapes: the chunk-start states B·NT·H·K·V
+# (2^31 at B 8, T 64K, 16 heads, K = V = 128; 4.3e9 at 32 heads), the per-token tensors B·T·H·K (q, k, v, w,
+# the gates per key channel, o: 2^31 at B 8, T 64K, 32 heads x 128; 4.3e9 at 64 heads) and the scores
+# B·T·H·CHUNK (2^31 at 64 heads). Each kernel takes one 64-bit number a program: `chunk_row`, the row of its
+# chunk's (or sub-chunk's, or token's) first token in the B·T·H rows of a [B, T, H, ...] tensor, times a row's
+# length; a state's offset takes its (batch row, chunk) index widened before the multiply by H·K·V. Offsets
+# inside a chunk ([BT] tokens x a tile: at most CHUNK·H·max(K, V, CHUNK)) stay 32-bit, as do the per-token
+# scalars of a gate per head or β ([B, T, H]: B·T·H < 2^31 is assumed) and the initial and final states
+# (B·H·K·V). The sequential state pass reads the per-token tensors from a 64-bit base per batch row, at 32-bit
+# offsets inside it (one row's T·H·max(K, V) < 2^31 is assumed), as the backward's reverse pass does
+# (chunk_backward.py).
+@triton.jit
+def chunk_row(i_b, t0, i_h, T, H):
+    """The row of (batch i_b, token t0, head i_h) in a [B, T, H, ...] tensor's B·T·H rows, as a 64-bit number:
+    times a row's length it may pass 2^31."""
+    return (i_b * T + t0).to(tl.int64) * H + i_h
+
+
 # ------------------------------------------------------------------ 1. the in-chunk cumulative gate
 # T, H and the chunk count NT change with every prompt; they only enter address arithmetic
 # (always multiplied by the constexpr head dims), so `do_not_specialize` lets one compiled
@@ -93,13 +111,16 @@ def _chunk_local_cumsum_kernel(g, b, T, H, G: tl.constexpr, FLOOR: tl.constexpr,
     o_t = i_t * BT + tl.arange(0, BT)
     o_g = i_g * BG + tl.arange(0, BG)
     m_g = (o_t < T)[:, None] & (o_g < G)[None, :]
-    p_g = ((i_b * T + o_t[:, None]) * H + i_h) * G + o_g[None, :]
+    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)       # 64-bit (comment above chunk_row)
+    g, b = g + r_c * G, b + r_c * G
+    p_g = (tl.arange(0, BT)[:, None] * H) * G + o_g[None, :]
     b_g = tl.load(g + p_g, mask=m_g, other=0.0).to(tl.float32)
     b_g = tl.where(b_g < FLOOR, FLOOR, b_g)   # -inf -> FLOOR (see GATE_FLOOR); NaN stays NaN
     tl.store(b + p_g, tl.cumsum(b_g, axis=0), mask=m_g)
     if L2NORM:
         # q and k, [B, T, H, G] as the gates, divided by their L2 norm in the
         # same pass (KDA): the program holds whole rows (BG >= G)
+        q, k, qn, kn = q + r_c * G, k + r_c * G, qn + r_c * G, kn + r_c * G
         b_q = tl.load(q + p_g, mask=m_g, other=0.0).to(tl.float32)
         b_k = tl.load(k + p_g, mask=m_g, other=0.0).to(tl.float32)
         tl.store(qn + p_g, (b_q * tl.rsqrt(tl.sum(b_q * b_q, axis=1) + EPS)[:, None]).to(qn.dtype.element_ty),
@@ -150,23 +171,21 @@ def load_log_decay(gamma, i_h):
 
 
 @triton.jit
-def _chunk_values(v, w, v_new, b_h, i_b, i_h, o_t, m_t, o_k, m_k, o_v, m_v, T, H, K: tl.constexpr,
+def _chunk_values(v, w, v_new, b_h, o_t, m_t, o_k, m_k, o_v, m_v, H, K: tl.constexpr,
                   V: tl.constexpr, DELTA: tl.constexpr, DOT_PREC: tl.constexpr):
     """The [BT, BV] values one chunk adds to the state: v's tile, or with the delta rule (KDA, v holding
     the pseudo-values W') U = W' - W S, a sum over every key channel (one K-tile, BK >= K), also written
-    to v_new for the output kernel."""
+    to v_new for the output kernel. v, w and v_new point at the batch row's (and head's) first token."""
     if DELTA:
-        b_w = tl.load(w + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :],
-                      mask=m_t[:, None] & m_k[None, :], other=0.0)
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        b_w = tl.load(w + (o_t[:, None] * H) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        p_v = (o_t[:, None] * H) * V + o_v[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
         b_u = tl.load(v + p_v, mask=m_tv, other=0.0).to(tl.float32) \
             - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)
         b_v = b_u.to(v_new.dtype.element_ty)
         tl.store(v_new + p_v, b_v, mask=m_tv)
     else:
-        b_v = tl.load(v + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
-                      mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_v = tl.load(v + (o_t[:, None] * H) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
     return b_v
 
 
@@ -197,18 +216,28 @@ def _chunk_state_kernel(
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
 
+    # the batch row's first token of head i_h, 64-bit (comment above chunk_row)
+    r_b = chunk_row(i_b, 0, i_h, T, H)
+    k, v = k + r_b * K, v + r_b * V
+    if G == K:
+        b = b + r_b * G
+    elif not GAMMA:
+        b = b + (i_b * T * H + i_h)             # a gate per head: [B, T, H] scalars, 32-bit
+    if DELTA:
+        w, v_new = w + r_b * K, v_new + r_b * V
     for i_t in range(NT):
         # the state at the start of chunk i_t, for the output kernel (in the
         # input dtype)
-        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_h, b_h.to(h.dtype.element_ty), mask=m_h)
+        tl.store(h + (i_b * NT + i_t).to(tl.int64) * H * K * V + (i_h * K * V + p_h), b_h.to(h.dtype.element_ty),
+                 mask=m_h)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
         # K^T and b^T as [BK, BT] tiles, V as [BT, BV]
         m_kt = m_k[:, None] & m_t[None, :]
-        b_kt = tl.load(k + ((i_b * T + o_t[None, :]) * H + i_h) * K + o_k[:, None], mask=m_kt, other=0.0)
+        b_kt = tl.load(k + (o_t[None, :] * H) * K + o_k[:, None], mask=m_kt, other=0.0)
         t_last = tl.minimum(i_t * BT + BT, T) - 1
         if GAMMA:
-            b_v = _chunk_values(v, w, v_new, b_h, i_b, i_h, o_t, m_t, o_k, m_k, o_v, m_v, T, H, K, V, DELTA, DOT_PREC)
+            b_v = _chunk_values(v, w, v_new, b_h, o_t, m_t, o_k, m_k, o_v, m_v, H, K, V, DELTA, DOT_PREC)
             # a fixed log decay per step and head: from token t to the chunk
             # end it is gamma·(t_last - t), one product (no difference of
             # cumulative sums); <= 0 on every real token, 0 on the padding
@@ -218,9 +247,9 @@ def _chunk_state_kernel(
                 + tl.dot(b_kt, b_v, input_precision=DOT_PREC)
         else:
             if not DECAYED_KEYS:
-                b_gt = tl.load(b + ((i_b * T + o_t[None, :]) * H + i_h) * G + o_gk[:, None], mask=m_kt, other=0.0)
-            b_gl = tl.load(b + ((i_b * T + t_last) * H + i_h) * G + o_gk, mask=m_k, other=0.0)
-            b_v = _chunk_values(v, w, v_new, b_h, i_b, i_h, o_t, m_t, o_k, m_k, o_v, m_v, T, H, K, V, DELTA, DOT_PREC)
+                b_gt = tl.load(b + (o_t[None, :] * H) * G + o_gk[:, None], mask=m_kt, other=0.0)
+            b_gl = tl.load(b + (t_last * H) * G + o_gk, mask=m_k, other=0.0)
+            b_v = _chunk_values(v, w, v_new, b_h, o_t, m_t, o_k, m_k, o_v, m_v, H, K, V, DELTA, DOT_PREC)
             if not DECAYED_KEYS:
                 # decay to the chunk end; every exponent b_last - b_t <= 0
                 b_kt = (b_kt * tl.exp(b_gl[:, None] - b_gt)).to(b_v.dtype)
@@ -295,16 +324,17 @@ def chunk_state_pass(k, v, b, states, initial_state=None, final_state=None, *, g
 @triton.jit
 def output_tile(h, T, H, NT, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
     """Where an output program works: grid (V / BV, NT, B·H), the BT rows of chunk i_t and value
-    columns [i_v·BV, (i_v+1)·BV) of one (batch, head). Returns i_b, i_h, the rows inside the chunk
-    o_c and in the sequence o_t (mask m_t), the value columns o_v (mask m_v), and a pointer to the
-    state at the chunk's start in h [B, NT, H, K, V]."""
+    columns [i_v·BV, (i_v+1)·BV) of one (batch, head). Returns i_h, the rows inside the chunk o_c and in
+    the sequence o_t (mask m_t), the value columns o_v (mask m_v), a pointer to the state at the chunk's
+    start in h [B, NT, H, K, V], and the chunk's first row r_c (`chunk_row`, 64-bit): token t's row of a
+    [B, T, H, D] tensor starts at (r_c + (t - i_t·BT)·H)·D."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_c = tl.arange(0, BT)
     o_t = i_t * BT + o_c
     o_v = i_v * BV + tl.arange(0, BV)
-    p_hc = h + ((i_b * NT + i_t) * H + i_h) * K * V
-    return i_b, i_h, o_c, o_t, o_t < T, o_v, o_v < V, p_hc
+    p_hc = h + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V
+    return i_h, o_c, o_t, o_t < T, o_v, o_v < V, p_hc, chunk_row(i_b, i_t * BT, i_h, T, H)
 
 
 # (BK, BV), num_warps, num_stages. V = 64 keeps only the BV = 64 one.
@@ -319,7 +349,9 @@ def _chunk_output_kernel(
     K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    i_b, i_h, o_c, o_t, m_t, o_v, m_v, p_hc = output_tile(h, T, H, NT, K, V, BT, BV)
+    i_h, o_c, o_t, m_t, o_v, m_v, p_hc, r_c = output_tile(h, T, H, NT, K, V, BT, BV)
+    q, b, A, v, o = q + r_c * K, b + r_c * G, A + r_c * BT, v + r_c * V, o + r_c * V
+    p_row = o_c[:, None] * H                   # the chunk's tokens' rows after r_c
 
     # inter-chunk: (Q ⊙ e^{b}) S_start · scale, a [BT, K] x [K, BV] product
     # (exponent b <= 0)
@@ -329,17 +361,17 @@ def _chunk_output_kernel(
         o_gk = o_k if G == K else o_k * 0      # a gate per head (G = 1): every key channel reads it
         m_k = o_k < K
         m_q = m_t[:, None] & m_k[None, :]
-        b_q = tl.load(q + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_q, other=0.0).to(tl.float32)
-        b_g = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * G + o_gk[None, :], mask=m_q, other=0.0)
+        b_q = tl.load(q + p_row * K + o_k[None, :], mask=m_q, other=0.0).to(tl.float32)
+        b_g = tl.load(b + p_row * G + o_gk[None, :], mask=m_q, other=0.0)
         b_h = tl.load(p_hc + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_o += tl.dot((b_q * tl.exp(b_g) * scale).to(b_h.dtype), b_h, input_precision=DOT_PREC)
 
     # intra-chunk: A V, a [BT, BT] x [BT, BV] product over the causal
     # triangle. A is zero above the diagonal, and dot_causal keeps a NaN or
     # inf in a later token's v out of the earlier rows.
-    b_A = tl.load(A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
+    b_A = tl.load(A + p_row * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
     b_A = tl.where(o_c[:, None] >= o_c[None, :], b_A, 0.0)
-    p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+    p_v = p_row * V + o_v[None, :]
     m_ov = m_t[:, None] & m_v[None, :]
     b_v = tl.load(v + p_v, mask=m_ov, other=0.0)
     b_o = dot_causal(b_A.to(b_v.dtype), b_v, b_o, DOT_PREC)
@@ -365,4 +397,4 @@ def chunk_output(q, v, b, states, A, o, scale: float) -> None:
 
 
 __all__ = ["CHUNK", "SUB_CHUNK", "GATE_FLOOR", "chunk_local_cumsum", "chunk_state_pass", "chunk_output",
-           "chunk_state_dtype", "decay_exponent", "dot_precision", "load_log_decay"]
+           "chunk_row", "chunk_state_dtype", "decay_exponent", "dot_precision", "load_log_decay"]

@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, pow2_at_least_16
-from .chunk import (CHUNK, GATE_FLOOR, SUB_CHUNK, decay_exponent, dot_precision, launch_state_pass,
+from .chunk import (CHUNK, GATE_FLOOR, SUB_CHUNK, chunk_row, decay_exponent, dot_precision, launch_state_pass,
                     tiles_that_fit)
 
 _fits = tiles_that_fit()
@@ -87,12 +87,8 @@ def _tile(n: int) -> int:
 # scalars of a gate per head ([B, T, H]: B·T·H < 2^31 is assumed) and B·T (under the 64-bit multiply). The
 # reverse state pass reads q, do and a gate per key channel from a 64-bit base per batch row, at 32-bit offsets
 # inside it (one row's T·H·K < 2^31): a 64-bit base per step cost GLA's pass (BK = BV = 64) an 8-byte spill
-# at 255 registers (the delta rule's tensors, on a pass of 8 warps, take one per step).
-@triton.jit
-def chunk_row(i_b, t0, i_h, T, H):
-    """The row of (batch i_b, token t0, head i_h) in a [B, T, H, ...] tensor's B·T·H rows, as a 64-bit number:
-    times a row's length it may pass 2^31."""
-    return (i_b * T + t0).to(tl.int64) * H + i_h
+# at 255 registers (the delta rule's tensors, on a pass of 8 warps, take one per step). `chunk_row` is defined
+# in chunk.py, whose forward kernels take the same 64-bit bases.
 
 
 # ------------------------------------------------------------------ 1. the reverse state pass

@@ -108,14 +108,16 @@ def program_tile(T, H, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: t
     """Where this program works: grid (V / BV, B·H), the whole key range (BK >= K) and one slice of
     value columns of one (batch, head). Returns the head i_h, key and value offsets and masks, the
     state tile's offsets p_h in a [B, H, K, V] state, and token 0's offsets in [B, T, H, K] and
-    [B, T, H, V]."""
+    [B, T, H, V], 64-bit: B·T·H·K passes 2^31 at training lengths (B 8, T 64K, 32 heads x 128); the
+    offsets t·H·K added to them stay 32-bit (one row's T·H·K < 2^31 is assumed)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     p_h = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
-    return i_h, o_k, o_v, m_k, m_v, p_h, (i_b * T * H + i_h) * K, (i_b * T * H + i_h) * V
+    r_b = (i_b * T).to(tl.int64) * H + i_h          # token 0's row in the B·T·H rows
+    return i_h, o_k, o_v, m_k, m_v, p_h, r_b * K, r_b * V
 
 
 @triton.jit
