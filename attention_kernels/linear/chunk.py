@@ -219,10 +219,11 @@ def _chunk_state_kernel(
     # the batch row's first token of head i_h, 64-bit (comment above chunk_row)
     r_b = chunk_row(i_b, 0, i_h, T, H)
     k, v = k + r_b * K, v + r_b * V
-    if G == K:
-        b = b + r_b * G
-    elif not GAMMA:
-        b = b + (i_b * T * H + i_h)             # a gate per head: [B, T, H] scalars, 32-bit
+    if not GAMMA:   # (a fixed decay has no gate tensor)
+        if G == K:
+            b = b + r_b * G
+        else:
+            b = b + (i_b * T * H + i_h)         # a gate per head: [B, T, H] scalars, 32-bit
     if DELTA:
         w, v_new = w + r_b * K, v_new + r_b * V
     for i_t in range(NT):
