@@ -50,15 +50,22 @@ def build(D: int, causal: bool, schedule: str):
     consts = {"D": D, "BN": bn, "STAGES": stages, "CAUSAL": causal, "SCHEDULE": SCHEDULES[schedule],
               "CONSUMER_REGS": gf.WS_CONSUMER_REGS,
               "PRODUCER_REGS": gf.WS_PRODUCER_REGS, "num_warps": 4}
-    fn = gf.attn_fwd_ws_kernel
-    missing = set(fn.arg_names) - set(SIG) - set(consts)
+    return compile_warp_specialized(gf.attn_fwd_ws_kernel, SIG, ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr"),
+                                    consts, gf.WS_MAXNREG)
+
+
+def compile_warp_specialized(fn, sig, pointers, consts, maxnreg: int):
+    """Compile Gluon kernel fn for sm_90a as its launcher runs it: sig the non-constexpr arguments' types,
+    pointers those 16-byte aligned, consts the constexprs (num_warps 4), maxnreg the launch bound. An argument
+    neither names ends the script: a kernel that grew one needs its script told."""
+    missing = set(fn.arg_names) - set(sig) - set(consts)
     if missing:
         raise SystemExit(f"the kernel has arguments this script does not know: {sorted(missing)}")
-    sig = dict(SIG, **{k: "constexpr" for k in consts})
+    sig = dict(sig, **{k: "constexpr" for k in consts})
     div16 = [["tt.divisibility", 16]]   # what the launcher sees: pointers 16-byte aligned (ints not specialized)
-    attrs = {(fn.arg_names.index(a), ): div16 for a in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr")}
+    attrs = {(fn.arg_names.index(a), ): div16 for a in pointers}
     return triton.compile(GluonASTSource(fn, sig, consts, attrs), target=TARGET,
-                          options={"num_warps": 4, "maxnreg": gf.WS_MAXNREG})
+                          options={"num_warps": 4, "maxnreg": maxnreg})
 
 
 def check(D: int, causal: bool, schedule: str, keep: Path | None) -> tuple[list, dict]:

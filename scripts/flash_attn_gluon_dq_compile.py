@@ -24,12 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import triton
-from triton.experimental.gluon._runtime import GluonASTSource
 
 from attention_kernels.flash_attn import gluon_dq as gq
-from flash_attn_gluon_compile import compile_variants, parse_args
-from mla_gluon_compile import TARGET, report
+from flash_attn_gluon_compile import compile_variants, compile_warp_specialized, parse_args
+from mla_gluon_compile import report
 
 SIG = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "do_ptr": "*bf16", "dq_ptr": "*bf16",
        "lse_ptr": "*fp32", "delta_ptr": "*fp32", "scale_log2": "fp32", "sm_scale": "fp32", "T": "i32", "S": "i32",
@@ -42,15 +40,7 @@ def build(D: int, causal: bool):
     bn, stages = gq.DQ_TILES[D]
     consts = {"D": D, "BN": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": gq.WS_CONSUMER_REGS,
               "PRODUCER_REGS": gq.WS_PRODUCER_REGS, "num_warps": 4}
-    fn = gq.attn_bwd_dq_ws_kernel
-    missing = set(fn.arg_names) - set(SIG) - set(consts)
-    if missing:
-        raise SystemExit(f"the kernel has arguments this script does not know: {sorted(missing)}")
-    sig = dict(SIG, **{k: "constexpr" for k in consts})
-    div16 = [["tt.divisibility", 16]]   # what the launcher sees: pointers 16-byte aligned (ints not specialized)
-    attrs = {(fn.arg_names.index(a), ): div16 for a in POINTERS}
-    return triton.compile(GluonASTSource(fn, sig, consts, attrs), target=TARGET,
-                          options={"num_warps": 4, "maxnreg": gq.WS_MAXNREG})
+    return compile_warp_specialized(gq.attn_bwd_dq_ws_kernel, SIG, POINTERS, consts, gq.WS_MAXNREG)
 
 
 def check(D: int, causal: bool, schedule: str, keep: Path | None) -> tuple[list, dict]:

@@ -45,7 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from ..gluon_helpers import opaque_zero
 from ..launch import LOG2E, launch_direct
-from .gluon_forward import has_non_finite, key_tiles, pv_skipping_zeros, rows_desc
+from .gluon_forward import has_non_finite, pv_skipping_zeros, query_block, rows_desc
 
 BM = 128           # query rows per CTA: two consumer warpgroups of 64 (wgmma's M)
 # (keys per ring tile, ring slots) per head dim. Registers per consumer thread (a [64, N] fp32 tile of one
@@ -216,23 +216,9 @@ def attn_bwd_dq_ws_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, dq_ptr, lse_ptr, d
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     BM: gl.constexpr = 128
     HALF: gl.constexpr = 64
-    i_m = gl.program_id(0)
-    if CAUSAL:   # the last query blocks see the most keys: start them first
-        i_m = gl.num_programs(0) - 1 - i_m
-    i_bh = gl.program_id(1)
-    i_b = i_bh // HQ
-    i_h = i_bh % HQ
-    i_hk = i_h // (HQ // HKV)   # GQA: the KV head this query head reads, no copy
-    m0 = i_m * BM
-    n_full, n_tiles = key_tiles(m0, T, S, BM, BN, CAUSAL)
-    if CAUSAL:
-        shift = S - T
-    else:
-        shift = S   # every key < S is at or before row + S: the mask keeps only keys past S out
-    q_base = (i_b.to(gl.int64) * T * HQ + i_h) * D        # row 0 of this (batch, head) in q, o, do and dq
-    kv_base = (i_b.to(gl.int64) * S * HKV + i_hk) * D
+    # q_base: row 0 of this (batch, head) in q, o, do and dq; stats_base: its row of lse and delta
+    i_b, i_h, m0, shift, n_full, n_tiles, q_base, kv_base, stats_base = query_block(T, S, HQ, HKV, D, BM, BN, CAUSAL)
     q_row0 = i_b.to(gl.int64) * T * HQ * D
-    stats_base = i_bh.to(gl.int64) * T
 
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, D], dtype)

@@ -450,6 +450,32 @@ def key_tiles(m0, T, S, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr
     return n_full, n_tiles
 
 
+@gluon.jit
+def query_block(T, S, HQ, HKV, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+    """Where a CTA of grid (cdiv(T, BM), B * HQ) stands: its batch row i_b and query head i_h, its first query
+    row m0 (causal: the last blocks, which see the most keys, first), the mask's shift (query i sees key j iff
+    j <= i + shift), its key tiles (`key_tiles`), and 64-bit element offsets: row 0 of (i_b, i_h) in a [B, T, HQ,
+    D] tensor, row 0 of its KV head (GQA: i_h // (HQ // HKV), no copy) in a [B, S, HKV, D] one, and its row in a
+    [B, HQ, T] one (lse, delta)."""
+    i_m = gl.program_id(0)
+    if CAUSAL:
+        i_m = gl.num_programs(0) - 1 - i_m
+    i_bh = gl.program_id(1)
+    i_b = i_bh // HQ
+    i_h = i_bh % HQ
+    i_hk = i_h // (HQ // HKV)
+    m0 = i_m * BM
+    n_full, n_tiles = key_tiles(m0, T, S, BM, BN, CAUSAL)
+    if CAUSAL:
+        shift = S - T
+    else:
+        shift = S   # every key < S is at or before row + S: the mask keeps only keys past S out
+    q_base = (i_b.to(gl.int64) * T * HQ + i_h) * D
+    kv_base = (i_b.to(gl.int64) * S * HKV + i_hk) * D
+    stats_base = i_bh.to(gl.int64) * T
+    return i_b, i_h, m0, shift, n_full, n_tiles, q_base, kv_base, stats_base
+
+
 # Integer arguments equal to 1 would be specialized into constants, which gl.warp_specialize cannot hand to the
 # partitions (T = 1, one KV head): none is specialized, which also lets launch_direct skip the dispatcher.
 @gluon.jit(do_not_specialize=["T", "S", "HQ", "HKV"])
@@ -460,22 +486,7 @@ def attn_fwd_ws_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, scale_log2, T, S, HQ
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     BM: gl.constexpr = 128
     HALF: gl.constexpr = 64
-    i_m = gl.program_id(0)
-    if CAUSAL:   # the last query blocks see the most keys: start them first
-        i_m = gl.num_programs(0) - 1 - i_m
-    i_bh = gl.program_id(1)
-    i_b = i_bh // HQ
-    i_h = i_bh % HQ
-    i_hk = i_h // (HQ // HKV)   # GQA: the KV head this query head reads, no copy
-    m0 = i_m * BM
-    n_full, n_tiles = key_tiles(m0, T, S, BM, BN, CAUSAL)
-    if CAUSAL:
-        shift = S - T
-    else:
-        shift = S   # every key < S is at or before row + S: the mask keeps only keys past S out
-    q_base = (i_b.to(gl.int64) * T * HQ + i_h) * D        # row 0 of this (batch, head) in q and o
-    kv_base = (i_b.to(gl.int64) * S * HKV + i_hk) * D
-    lse_base = i_bh.to(gl.int64) * T
+    i_b, i_h, m0, shift, n_full, n_tiles, q_base, kv_base, lse_base = query_block(T, S, HQ, HKV, D, BM, BN, CAUSAL)
 
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, D], dtype)
