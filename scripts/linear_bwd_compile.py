@@ -198,13 +198,8 @@ def mamba2_backward() -> list:
                2 * T * L * N * runs / 1e9, "bf16 TC",
                "C B^T over the whole dstate once a run; per head D, W, E, R and their sums once (not once per key "
                "tile); W written rounded to bf16",
-               # then the experiment of shorter intra runs (_DQK_INTRA_HEADS; W in fp32 partials), on 8 and 4
-               # warps, and on 8 warps capped at 128 registers (_DQK_INTRA_MAXNREG: two programs an SM)
-               configs=[({}, ssd._DQK_INTRA_WARPS, ssd._DQK_INTRA_STAGES)]
-               + [({"HEADS": heads, "W": "*fp32", **cap}, warps, ssd._DQK_INTRA_STAGES)
-                  for heads in (ssd._DQK_HEADS // 2, ssd._DQK_HEADS // 4)
-                  for cap, warps in (({}, 8), ({}, 4), ({"maxnreg": 128}, 8))]
-               + [({}, 4, ssd._DQK_INTRA_STAGES)]),
+               # as launched, then on 8 warps (slower on the H200: 662 µs against 434 at 16K)
+               configs=[({}, ssd._DQK_INTRA_WARPS, ssd._DQK_INTRA_STAGES), ({}, 8, ssd._DQK_INTRA_STAGES)]),
         Launch("ssd dqk key tiles (on W)", ssd._ssd_dqk_kernel,
                dict(C="*bf16", B="*bf16", x="*bf16", h=STATE_PTR, dh=STATE_PTR, do="*bf16", W="*bf16",
                     dC_part="*fp32", dB_part="*fp32", dg_tiles="*fp32", ddt_tiles="*fp32", **scalars),
@@ -217,11 +212,7 @@ def mamba2_backward() -> list:
                f"dstate tile (x{nk}: the {nk} programs of a chunk run side by side, so mostly from L2); dC, dB as "
                "partial sums per run of heads; dt, g, b read and the gate's and dt's inter shares written "
                "head-major ([H, T]: 256 contiguous bytes a head and chunk)",
-               # then on W's fp32 partials of intra runs of 8 and 4 heads, summed before W B and W^T C, as
-               # launched (capped at _DQK_PARTS_MAXNREG registers) and uncapped
-               configs=[({}, ssd._DQK_WARPS, ssd._DQK_STAGES)]
-               + [({"W_PARTS": parts, "W": "*fp32", **cap}, ssd._DQK_WARPS, ssd._DQK_STAGES) for parts in (2, 4)
-                  for cap in ({"maxnreg": ssd._DQK_PARTS_MAXNREG}, {})],
+               configs=[({}, ssd._DQK_WARPS, ssd._DQK_STAGES)],
                reread_mb=(nk - 1) * (2 * thp * bf + w_mb)),
     ]
 

@@ -417,24 +417,16 @@ def train_kernels(*families):
 
 def ssd_dqk_configs():
     """Mamba-2's dq/dk launches (`_ssd_dqk_intra_kernel`, then the key tiles `_ssd_dqk_kernel`) at the training
-    table's 16K case (B 1, 80 heads x 64, dstate 128, G 1, bf16), in their config, with the intra kernel over
-    runs of 8 and 4 heads (`_DQK_INTRA_HEADS`) on 8 warps, on 8 capped at 128 registers and on 4, over runs
-    of 16 on 4 warps, and with the key tiles on 8 warps. One forward; each config's gradients checked against
+    table's 16K case (B 1, 80 heads x 64, dstate 128, G 1, bf16), in their config, with the intra kernel on 8
+    warps, and with the key tiles on 8 warps too. One forward; each config's gradients checked against
     the first's (bf16: equal to rounding; a config off by more is not timed), then the backward alone: the two
     launches' GPU µs, every backward kernel's (torch.profiler) and the plain backward call (~45 s)."""
     from attention_kernels.mamba2 import bench as mamba2_bench
     from attention_kernels.mamba2 import chunk as mamba2_chunk
     B, T, H, P, N, bf16 = 1, 16384, 80, 64, 128, torch.bfloat16
-    landed = {"_DQK_WARPS": mamba2_chunk._DQK_WARPS, "_DQK_INTRA_HEADS": mamba2_chunk._DQK_INTRA_HEADS,
-              "_DQK_INTRA_WARPS": mamba2_chunk._DQK_INTRA_WARPS, "_DQK_INTRA_MAXNREG": mamba2_chunk._DQK_INTRA_MAXNREG}
-    # the intra kernel over shorter runs of heads (more programs; W's fp32 partials summed by the key tiles):
-    # on 8 warps (182 registers: one program an SM), capped at 128 registers (no spills: two an SM), on 4
-    # warps (255: two an SM), and its runs of 16 on 4 warps
-    intra_rows = {f"intra {heads}h {warps}w" + (f" r{cap}" if cap else ""):
-                  {"_DQK_INTRA_HEADS": heads, "_DQK_INTRA_WARPS": warps, "_DQK_INTRA_MAXNREG": cap}
-                  for heads, warps, cap in ((8, 8, None), (4, 8, None), (4, 8, 128), (8, 8, 128), (4, 4, None),
-                                            (16, 4, None))}
-    configs = {f"key tiles {landed['_DQK_WARPS']} warps": {}, **intra_rows, "key tiles 8 warps": {"_DQK_WARPS": 8}}
+    landed = {"_DQK_WARPS": mamba2_chunk._DQK_WARPS, "_DQK_INTRA_WARPS": mamba2_chunk._DQK_INTRA_WARPS}
+    configs = {"as launched": {}, "intra 8 warps": {"_DQK_INTRA_WARPS": 8},
+               "both on 8 warps": {"_DQK_INTRA_WARPS": 8, "_DQK_WARPS": 8}}
     inputs = dict(x=torch.randn(B, T, H, P, dtype=bf16), dt=torch.randn(B, T, H, dtype=bf16),
                   A=-torch.exp(torch.rand(H)), B=torch.randn(B, T, 1, N, dtype=bf16),
                   C=torch.randn(B, T, 1, N, dtype=bf16), D=torch.randn(H), z=torch.randn(B, T, H, P, dtype=bf16),

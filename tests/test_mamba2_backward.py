@@ -207,32 +207,6 @@ def test_heads_summed_in_runs_over_dstate_tiles(monkeypatch):
     assert (dg_tiles[:, ~reset] != 0).any(dim=1).all()              # every share nonzero somewhere else
 
 
-@pytest.mark.parametrize("intra_heads", [4, 2, 1], ids=lambda n: f"intra{n}")
-def test_intra_kernel_on_shorter_runs_of_heads(intra_heads, monkeypatch):
-    # the intra-chunk kernel over runs of intra_heads heads, the key tiles over runs of 4: W as fp32 partials
-    # per intra run, summed by the key tiles over the intra runs theirs covers. 5 heads a group (the key tiles'
-    # last run one head, which covers one intra run of the 2 or 4 it could), two groups, T 150, two batch rows
-    monkeypatch.setattr(mamba2_chunk, "_DQK_HEADS", 4)
-    monkeypatch.setattr(mamba2_chunk, "_DQK_INTRA_HEADS", intra_heads)
-    launched = _recording_intra_launches(monkeypatch)
-    case = Case(T=150, G=2)
-    Bt, H, P, N = 2, 10, 8, 48
-    inputs = make_inputs(case, Bt=Bt, H=H, P=P, N=N)
-    dy, dfinal = torch.randn(Bt, case.T, H, P, device=DEVICE), torch.randn(Bt, H, P, N, device=DEVICE)
-    ref = run(ssd_scan_ref, inputs, case, dy, dfinal, math_dtype=torch.float64)
-    assert_same_gradients(run(ssd_chunk_scan, inputs, case, dy, dfinal), ref, FP32)
-    assert launched == [(3, Bt * 2 * -(-5 // intra_heads))]      # (chunks, batch rows x groups x intra runs)
-
-
-def test_intra_run_not_dividing_the_key_tiles_run_is_refused(monkeypatch):
-    monkeypatch.setattr(mamba2_chunk, "_DQK_INTRA_HEADS", 3)
-    case = Case(T=70, G=1)
-    inputs = make_inputs(case)
-    dy, dfinal = torch.randn(1, case.T, 4, 8, device=DEVICE), torch.randn(1, 4, 8, 16, device=DEVICE)
-    with pytest.raises(ValueError, match="_DQK_INTRA_HEADS"):
-        run(ssd_chunk_scan, inputs, case, dy, dfinal)
-
-
 def test_dqk_kernel_takes_two_stages_where_shared_memory_is_short(monkeypatch):
     # with fp32 inputs a GPU with less shared memory a program than the H100 (~100 KB on sm_86, sm_89) refuses
     # the key-tile dq/dk kernel's pipeline of three stages: the launch is made again with two, the gradients hold,
@@ -397,23 +371,6 @@ def test_bf16_gradients_on_the_gpu(chunk_size):
     assert_same_gradients(run(ssd_chunk_scan, low, case, dy, dfinal), ref, tolerance(torch.bfloat16))
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("heads,warps,maxnreg", [(8, 8, None), (4, 8, 128), (4, 4, None)],
-                         ids=["intra8", "intra4-cap128", "intra4-4warps"])
-def test_bf16_gradients_with_shorter_intra_runs_on_the_gpu(heads, warps, maxnreg, monkeypatch):
-    """bf16 inputs at B=2, T=1000, 40 heads in 2 groups (runs of 16 + 4 for the key tiles), P=64, N=128, the
-    intra kernel compiled in the experiment's configs, against the default kernels on the inputs in fp32."""
-    case = Case(T=1000, chunk_size=64)
-    inputs = make_inputs(case, Bt=2, H=40, P=64, N=128)
-    dy, dfinal = torch.randn(2, 1000, 40, 64, device=DEVICE), torch.randn(2, 40, 64, 128, device=DEVICE)
-    ref = run(ssd_chunk_scan, inputs, case, dy, dfinal)
-    for name, value in (("_DQK_INTRA_HEADS", heads), ("_DQK_INTRA_WARPS", warps), ("_DQK_INTRA_MAXNREG", maxnreg)):
-        monkeypatch.setattr(mamba2_chunk, name, value)
-    low = {n: None if t is None else (t.to(torch.bfloat16) if n in ("x", "B", "C", "z") else t)
-           for n, t in inputs.items()}
-    assert_same_gradients(run(ssd_chunk_scan, low, case, dy, dfinal), ref, tolerance(torch.bfloat16))
-
-
 @triton.jit
 def _chunk_row_times(out, i_b, t0, i_h, T, H, D: tl.constexpr):
     tl.store(out, chunk_row(i_b, t0, i_h, T, H) * D)
@@ -433,7 +390,8 @@ def test_gradients_past_32_bit_offsets_on_the_gpu():
     """B 4, T 64K, 40 heads x headdim 128, dstate 128, bf16: the chunk-start states and their gradients,
     [4, 1024, 40, 128, 128], hold 2.7e9 elements, so every offset past chunk ~205 of the last batch row passes
     2^31 (x, do and dA stay under it: 1.3e9, 0.7e9). A sequence's gradients do not depend on the other batch
-    rows: the last row's, from the batch of 4, match the same backward on that row alone (~22 GB)."""
+    rows: the last row's, from the batch of 4, match the same backward on that row alone (~22 GB); the same for
+    the forward's output."""
     Bt, T, H, P, N = 4, 65536, 40, 128, 128
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     rand = lambda *s: torch.randn(*s, device=DEVICE, generator=gen, dtype=torch.bfloat16)   # noqa: E731
@@ -452,6 +410,21 @@ def test_gradients_past_32_bit_offsets_on_the_gpu():
     for name, got, want in zip(("dx", "ddt", "dB", "dC"), whole, alone):
         assert torch.isfinite(got).all(), name
         assert_close(got, want, tolerance(torch.bfloat16), name)
+    del whole, alone
+
+    # the forward, both state passes (the sequential one at 64 tokens a chunk, the split at 256): the states
+    # and the output kernel's reads of them past 2^31
+    for chunk_size in (64, 256):
+        def last_row_output(x, dt, B, C):
+            dims = (x.shape[0], T, H, P, N, 1)
+            y, _ = mamba2_chunk.ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, None, None, True, None,
+                                                   False)
+            return y[-1].float()
+
+        got = last_row_output(x, dt, B, C)
+        want = last_row_output(x[-1:], dt[-1:], B[-1:], C[-1:])
+        assert torch.isfinite(got).all(), f"y, chunk {chunk_size}"
+        assert_close(got, want, tolerance(torch.bfloat16), f"y, chunk {chunk_size}")
 
 
 # ------------------------------------------------------------------ packed sequences (cu_seqlens)

@@ -132,14 +132,16 @@ def _add_chunk_tokens(b_h, B, x, dt, b, b_last, i_t, i_b, i_h, i_g, o_k, o_v, m_
     64: token s enters as (dt_s e^{b_last - b_s} B_s) x_sᵀ. dt and the decay to the chunk end (exponent <= 0 in a
     model) are one number per token, applied to Bᵀ's columns; x·dt is never formed."""
     for i_s in tl.static_range(L // BT):
-        o_t = i_t * L + i_s * BT + tl.arange(0, BT)
+        t0 = i_t * L + i_s * BT
+        o_c = tl.arange(0, BT)
+        o_t = t0 + o_c
         m_t = o_t < T
         p_th = (i_b * T + o_t) * H + i_h
         b_w = tl.load(dt + p_th, mask=m_t, other=0.0) * tl.exp(b_last - tl.load(b + p_th, mask=m_t, other=0.0))
         b_w = tl.where(m_t, b_w, 0.0)
-        b_kt = tl.load(B + ((i_b * T + o_t[None, :]) * G + i_g) * N + o_k[:, None],
+        b_kt = tl.load(B + chunk_row(i_b, t0, i_g, T, G) * N + (o_c[None, :] * G) * N + o_k[:, None],
                        mask=m_k[:, None] & m_t[None, :], other=0.0)
-        b_x = tl.load(x + ((i_b * T + o_t[:, None]) * H + i_h) * P + o_v[None, :],
+        b_x = tl.load(x + chunk_row(i_b, t0, i_h, T, H) * P + (o_c[:, None] * H) * P + o_v[None, :],
                       mask=m_t[:, None] & m_v[None, :], other=0.0)
         b_h += tl.dot((b_kt * b_w[None, :]).to(b_x.dtype), b_x, input_precision=DOT_PREC)
     return b_h
@@ -174,7 +176,8 @@ def _ssd_state_kernel(
     for i_t in range(NT):
         # the state at the start of chunk i_t, for the output kernel (in the
         # input dtype)
-        tl.store(h + ((i_b * NT + i_t) * H + i_h) * N * P + p_h, b_h.to(h.dtype.element_ty), mask=m_h)
+        tl.store(h + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * N * P + p_h, b_h.to(h.dtype.element_ty),
+                 mask=m_h)
         t_last = tl.minimum(i_t * L + L, T) - 1
         b_last = tl.load(b + (i_b * T + t_last) * H + i_h)
         b_h = b_h * tl.exp(b_last)
@@ -329,8 +332,9 @@ def _ssd_output_kernel(
     m_t = o_t < T
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < P
-    p_hc = h + ((i_b * NT + i_t) * H + i_h) * N * P      # the state at the chunk's start
+    p_hc = h + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * N * P     # the state at the chunk's start (64-bit)
     p_th = (i_b * T + o_t) * H + i_h                     # token rows of this head in [Bt, T, H]
+    r_g = chunk_row(i_b, i_t * L + i_s * BT, i_g, T, G)  # the block's first row of B and C, [Bt, T, G, N]
     b_b = tl.load(b + p_th, mask=m_t, other=0.0)         # [BT] cumulative log decay from the chunk start
     b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)       # [BT] dt after bias and softplus
 
@@ -341,7 +345,7 @@ def _ssd_output_kernel(
     for i_k in range(tl.cdiv(N, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < N
-        p_g = ((i_b * T + o_t[:, None]) * G + i_g) * N + o_k[None, :]
+        p_g = r_g * N + (o_c[:, None] * G) * N + o_k[None, :]
         b_c = tl.load(C + p_g, mask=m_t[:, None] & m_k[None, :], other=0.0)
         b_k = tl.load(B + p_g, mask=m_t[:, None] & m_k[None, :], other=0.0)
         b_h = tl.load(p_hc + o_k[:, None] * P + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
@@ -363,14 +367,14 @@ def _ssd_output_kernel(
             for i_k in range(tl.cdiv(N, BK)):
                 o_k = i_k * BK + tl.arange(0, BK)
                 m_k = o_k < N
-                b_c = tl.load(C + ((i_b * T + o_t[:, None]) * G + i_g) * N + o_k[None, :],
+                b_c = tl.load(C + r_g * N + (o_c[:, None] * G) * N + o_k[None, :],
                               mask=m_t[:, None] & m_k[None, :], other=0.0)
-                b_kj = tl.load(B + ((i_b * T + o_j[:, None]) * G + i_g) * N + o_k[None, :],
-                               mask=m_k[None, :], other=0.0)
+                b_kj = tl.load(B + chunk_row(i_b, i_t * L + j * BT, i_g, T, G) * N + (o_c[:, None] * G) * N
+                               + o_k[None, :], mask=m_k[None, :], other=0.0)
                 b_Sj += tl.dot(b_c, tl.trans(b_kj), input_precision=DOT_PREC)
             b_Lj = tl.exp(b_b[:, None] - tl.load(b + p_tj)[None, :]) * tl.load(dt + p_tj)[None, :]
-            b_xj = tl.load(x + ((i_b * T + o_j[:, None]) * H + i_h) * P + o_v[None, :], mask=m_v[None, :],
-                           other=0.0)
+            b_xj = tl.load(x + chunk_row(i_b, i_t * L + j * BT, i_h, T, H) * P + (o_c[:, None] * H) * P
+                           + o_v[None, :], mask=m_v[None, :], other=0.0)
             b_o += tl.dot((b_Sj * b_Lj).to(b_xj.dtype), b_xj, input_precision=DOT_PREC)
 
     # intra-chunk, the block itself: (L ∘ C Bᵀ) diag(dt) x, with L_ts = e^{b_t - b_s} on and below the
@@ -381,7 +385,7 @@ def _ssd_output_kernel(
     m_lo = o_c[:, None] >= o_c[None, :]
     b_L = tl.exp(tl.where(m_lo, b_b[:, None] - b_b[None, :], float("-inf"))) * b_dt[None, :]
     b_S = tl.where(m_lo, b_S * b_L, 0.0)
-    p_x = ((i_b * T + o_t[:, None]) * H + i_h) * P + o_v[None, :]
+    p_x = chunk_row(i_b, i_t * L + i_s * BT, i_h, T, H) * P + (o_c[:, None] * H) * P + o_v[None, :]
     m_x = m_t[:, None] & m_v[None, :]
     b_x = tl.load(x + p_x, mask=m_x, other=0.0)
     b_o = dot_causal(b_S.to(b_x.dtype), b_x, b_o, DOT_PREC)
@@ -453,30 +457,21 @@ def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softp
 _TAIL_ROWS, _TAIL_COLS = 16, 128          # tokens × (head, headdim) columns of the elementwise pass
 _TAIL_WARPS = 8
 # dq and dk summed over a group's heads, in two launches over runs of 16 heads a program (80 heads: 5 runs;
-# partial sums 2 x 42 MB). First the intra-chunk work, once per chunk and run (1,280 programs at 16K), on 8 warps
+# partial sums 2 x 42 MB). First the intra-chunk work, once per chunk and run (1,280 programs at 16K), on 4 warps
 # and 2 stages: C Bᵀ over the whole dstate in tiles of 64, then per head the decay tile, W and the intra shares of
 # the gate's and dt's gradients. Then the key tiles (5,120 programs): dstate tiles of 32, a whole headdim of 64 a
 # tile, on 4 warps and 3 stages. With the headdim in one tile the loop over the heads is the innermost loop, so
 # Triton pipelines it: the next heads' x, do, states, dt and gates are copied to shared memory while this head's
-# two inter-chunk products run; W B and Wᵀ C once a program. Measured on an H100 (B 1, T 16K, 80 heads x 64,
-# dstate 128, bf16; the backward alone): 1,257 µs for the two (596 key tiles + 661 intra), against 1,522 with
-# the key tiles on 8 warps and 1,594 with key tiles of 64 (8 warps); the backward 3,146 µs. ptxas (sm_90a, bf16,
-# dstate 128, headdim 64): the intra kernel 174 registers (255 on 4 warps, at the cap), 32 KB of shared memory;
-# the key-tile kernel 156 (102 on 8 warps), no spills. The key tiles' shared memory: 72 KB at 3 stages with
-# 16-bit inputs; with fp32 inputs 136 KB, 96 at 2 stages, which a GPU with ~100 KB a program (sm_86, sm_89) needs.
+# two inter-chunk products run; W B and Wᵀ C once a program. Measured on an H200 (B 1, T 16K, 80 heads x 64,
+# dstate 128, bf16; the backward alone, `scripts/tune_probe.py ssd_dqk_configs`): 965 µs for the two (532 key
+# tiles + 434 intra), against 1,192 with the intra kernel on 8 warps (662) and 1,506 with the key tiles on 8
+# warps too; the backward 2,672 µs. ptxas (sm_90a, bf16, dstate 128, headdim 64): the intra kernel 254 registers
+# (182 on 8 warps), 32 KB of shared memory; the key-tile kernel 167 (102 on 8 warps); no spills. The key tiles'
+# shared memory: 72 KB at 3 stages with 16-bit inputs; with fp32 inputs 136 KB, 96 at 2 stages, which a GPU with
+# ~100 KB a program (sm_86, sm_89) needs.
 _DQK_HEADS, _DQK_BK, _DQK_BV, _DQK_WARPS, _DQK_STAGES = 16, 32, 64, 4, 3
 _DQK_STAGES_ON = {}   # device -> the stage count that fits there, where it is not _DQK_STAGES
-_DQK_INTRA_BK, _DQK_INTRA_WARPS, _DQK_INTRA_STAGES = 64, 8, 2
-# The intra kernel's run of heads, dividing _DQK_HEADS (an experiment, "2026-12-07 (31)" in notes/TUNING.md):
-# shorter runs give it _DQK_HEADS / _DQK_INTRA_HEADS times the programs, each writing W's fp32 partial sum
-# over its run, which the key tiles sum before rounding W once to B's dtype
-_DQK_INTRA_HEADS = 16
-# ptxas's register cap for the intra kernel with 16-bit inputs, None for none: 128 on 8 warps fits two
-# programs an SM (with fp32 partials of W it compiles without spills; the same experiment)
-_DQK_INTRA_MAXNREG = None
-# the key tiles summing W's fp32 partials compile to 183 registers with 16-bit inputs (two 4-warp programs an
-# SM); capped here they take 162 without spills and keep today's three (fp32 inputs, ~210, stay uncapped)
-_DQK_PARTS_MAXNREG = 168
+_DQK_INTRA_BK, _DQK_INTRA_WARPS, _DQK_INTRA_STAGES = 64, 4, 2
 
 
 @triton.jit
@@ -574,9 +569,7 @@ def _ssd_dqk_intra_kernel(
     # (`_ssd_dqk_kernel` below does the inter-chunk part), once per chunk and head, not once per key tile: the
     # whole score CB = C Bᵀ (summed over dstate in tiles of BK), then per head D_h = dA_h ⊙ M_h,
     # W += D_h ⊙ dt_h[None, s], E_h = D_h ⊙ CB and R_h = E_h ⊙ dt_h[None, s] strictly below the diagonal.
-    # Written: W, in W's dtype after the sum over the run (B's dtype, or fp32 partials the key tiles sum where
-    # this kernel's runs are shorter than theirs, `_DQK_INTRA_HEADS`), and per head the intra shares of the
-    # gate's and dt's gradients, which need per-head sums of q·dq and k·dk: with k_s · (D_hᵀ C)_s = dt_s Σ_t E_h,ts
+    # Written: W, in B's dtype after the sum over the run, and per head the intra shares of the gate's and dt's gradients, which need per-head sums of q·dq and k·dk: with k_s · (D_hᵀ C)_s = dt_s Σ_t E_h,ts
     # and B_s · (D_hᵀ C)_s = Σ_t E_h,ts, the gate's is Σ_{s>=t} (rowsum R - colsum R)_s (`one_decay_dqk`'s sum)
     # and dt's through the keys colsum E. Both are linear in R and E, so they add to the key-tile kernel's
     # inter shares, and the floor's zeroing distributes over the sum
@@ -608,7 +601,7 @@ def _ssd_dqk_intra_kernel(
 def _ssd_dqk_kernel(
     C, B, x, dt, g, b, h, dh, do, W, dC_part, dB_part, dg_tiles, ddt_tiles, T, H, NT, HPG, G, NB,
     N: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HEADS: tl.constexpr, FLOOR: tl.constexpr, DOT_PREC: tl.constexpr, W_PARTS: tl.constexpr = 1,
+    HEADS: tl.constexpr, FLOOR: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     # one program: chunk i_t, dstate columns [i_k·BK, ..), and a run of HEADS heads of one (batch, group),
     # walked in turn. Each head's dq and dk are the shared backward's (`one_decay_dqk`) for q = C, k = B·dt_h
@@ -650,17 +643,7 @@ def _ssd_dqk_kernel(
         b_dg = tl.cumsum(b_r, axis=0, reverse=True) + (tl.cumsum(b_p, axis=0) - b_p) + tl.sum(b_hdh) * tl.exp(b_gl)
         tl.store(dg_tiles + p_tile + p_th, _under_floor_zeroed(b_dg, g, p_th, m_t, FLOOR), mask=m_t)
         tl.store(ddt_tiles + p_tile + p_th, b_Bdk, mask=m_t)
-    p_w = o_c[:, None] * BT + o_c[None, :]
-    if W_PARTS == 1:
-        b_W = tl.load(W + _w_tile(i_run, i_b, i_t, i_g, NB, NT, G, BT) + p_w)
-    else:
-        # W in fp32 partials over the intra kernel's shorter runs (W_PARTS of them in this run, fewer in a
-        # group's last run): summed, then rounded once to B's dtype, as one intra run of HEADS rounds it
-        n_parts = tl.cdiv(HPG, HEADS // W_PARTS)
-        b_Wf = tl.zeros([BT, BT], dtype=tl.float32)
-        for i_part in range(i_run * W_PARTS, tl.minimum(i_run * W_PARTS + W_PARTS, n_parts)):
-            b_Wf += tl.load(W + _w_tile(i_part, i_b, i_t, i_g, NB, NT, G, BT) + p_w)
-        b_W = b_Wf.to(B.dtype.element_ty)
+    b_W = tl.load(W + _w_tile(i_run, i_b, i_t, i_g, NB, NT, G, BT) + o_c[:, None] * BT + o_c[None, :])
     b_dC += tl.dot(b_W, b_B, input_precision=DOT_PREC)
     b_dB += tl.dot(tl.trans(b_W), b_c, input_precision=DOT_PREC)
     p_run = i_run.to(tl.int64) * NB * T * G * N + r_g * N    # this run's partial sums, [runs, Bt, T, G, N]
@@ -719,9 +702,6 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     Bt, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     HP = H * P
-    intra_heads = min(_DQK_INTRA_HEADS, _DQK_HEADS)     # the intra kernel's run: the key tiles' or a divisor
-    if _DQK_HEADS % intra_heads:
-        raise ValueError(f"_DQK_INTRA_HEADS ({_DQK_INTRA_HEADS}) must divide _DQK_HEADS ({_DQK_HEADS})")
     dev, f32 = x.device, torch.float32
     x, B, C, dy = x.contiguous(), B.contiguous(), C.contiguous(), dy.contiguous()
     z = None if z is None else z.contiguous()
@@ -774,22 +754,17 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     g_heads = dt_heads * Af[:, None]      # as given: a gate below the floor gets gradient 0 (both dq/dk kernels)
     dC_part, dB_part = (torch.empty(runs, Bt, T, G, N, dtype=f32, device=dev) for _ in range(2))
     dg_tiles, ddt_tiles = (torch.empty(NK + 1, Bt, H, T, dtype=f32, device=dev) for _ in range(2))
-    # the intra-chunk work once per chunk and head: W = Σ_h D_h ⊙ dt_h and the intra shares; W in B's dtype
-    # when the intra kernel's runs are the key tiles', else fp32 partials per intra run
-    w_parts = _DQK_HEADS // intra_heads
-    intra_runs = triton.cdiv(H // G, intra_heads)
-    W = torch.empty(intra_runs, Bt, NT, G, CHUNK, CHUNK, dtype=B.dtype if w_parts == 1 else f32, device=dev)
-    _ssd_dqk_intra_kernel[(NT, Bt * G * intra_runs)](
+    # the intra-chunk work once per chunk and head: W = Σ_h D_h ⊙ dt_h (in B's dtype) and the intra shares
+    W = torch.empty(runs, Bt, NT, G, CHUNK, CHUNK, dtype=B.dtype, device=dev)
+    _ssd_dqk_intra_kernel[(NT, Bt * G * runs)](
         C, B, dt_heads, g_heads, b_heads, dscores, W, dg_tiles[NK], ddt_tiles[NK], T, H, NT, H // G, G, Bt,
-        N=N, BT=CHUNK, BK=min(_DQK_INTRA_BK, pow2_at_least_16(N)), HEADS=intra_heads, FLOOR=GATE_FLOOR,
-        DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_INTRA_WARPS, num_stages=_DQK_INTRA_STAGES,
-        **({"maxnreg": _DQK_INTRA_MAXNREG} if _DQK_INTRA_MAXNREG and B.element_size() == 2 else {}))
+        N=N, BT=CHUNK, BK=min(_DQK_INTRA_BK, pow2_at_least_16(N)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
+        DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_INTRA_WARPS, num_stages=_DQK_INTRA_STAGES)
     # per key tile: each head's inter-chunk products, then W B and Wᵀ C
     dqk_args = (C, B, x, dt_heads, g_heads, b_heads, states, dstates, do, W, dC_part, dB_part, dg_tiles,
                 ddt_tiles, T, H, NT, H // G, G, Bt, N, P)
     dqk_meta = dict(BT=CHUNK, BK=BK, BV=min(_DQK_BV, pow2_at_least_16(P)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
-                    DOT_PREC=dot_precision(x.dtype), W_PARTS=w_parts, num_warps=_DQK_WARPS,
-                    **({"maxnreg": _DQK_PARTS_MAXNREG} if w_parts > 1 and B.element_size() == 2 else {}))
+                    DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_WARPS)
     # with fp32 inputs a GPU with less shared memory a program than the H100 (~100 KB on sm_86 and sm_89)
     # refuses three stages: the first refusal is remembered per device, so later calls launch two at once
     stages = _DQK_STAGES_ON.get(dev, _DQK_STAGES)
