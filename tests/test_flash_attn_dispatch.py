@@ -1,15 +1,15 @@
 """flash_attn_func's choice of kernels (attention_kernels/flash_attn/interface.py): the Triton forward and backward,
-or on an sm_90 GPU the Gluon forward (gluon_forward.py) and the Gluon dK/dV backward (gluon_backward.py) where they
-measured faster.
+or on an sm_90 GPU the Gluon forward (gluon_forward.py) and the Gluon dK/dV backward (gluon_backward.py, its dQ
+from the Triton pass or the Gluon kernel) where they measured faster.
 
-On any machine: the rules against their tables (`gluon_fwd_loop`, `GLUON_FWD_MEASURED`; `gluon_bwd_faster`,
-`GLUON_BWD_MEASURED`) at the measured points and between them; the dispatch on a GPU played as an sm_90 one (the
-capability query, the interpreter flag and `Tensor.is_cuda` monkeypatched; no kernel runs), which picks Gluon only
-where everything holds and Triton for any other capability, the interpreter, an untested Triton, a Gluon that does
-not import, inputs the kernel cannot take and packed sequences; `backend=` forcing either, forward and backward; and
-the whole autograd path with the Gluon launches standing in, so the saved (o, lse) the Gluon forward allocates feed
-either backward. On an sm_90 GPU: flash_attn_func with the Gluon kernels chosen, output and gradients against the
-fp64 formula.
+On any machine: the rules against their tables (`gluon_fwd_loop`, `GLUON_FWD_MEASURED`; `gluon_bwd_form`,
+`GLUON_BWD_MEASURED`: three backward forms) at the measured points and between them; the dispatch on a GPU played as
+an sm_90 one (the capability query, the interpreter flag and `Tensor.is_cuda` monkeypatched; no kernel runs), which
+picks Gluon only where everything holds and Triton for any other capability, the interpreter, an untested Triton, a
+Gluon that does not import, inputs the kernel cannot take and packed sequences; `backend=` forcing either, forward
+and backward; and the whole autograd path with the Gluon launches standing in, so the saved (o, lse) the Gluon
+forward allocates feed either backward. On an sm_90 GPU: flash_attn_func with the Gluon kernels chosen, output and
+gradients against the fp64 formula.
 """
 import pytest
 import torch
@@ -45,7 +45,7 @@ def test_rule_between_and_beyond_the_measured_points(T, S, causal, loop):
 @pytest.mark.parametrize("head_dim", [32, 64, 256])
 def test_rule_keeps_unmeasured_head_dims_on_triton(head_dim):
     assert all(interface.gluon_fwd_loop(8192, 8192, causal, head_dim) is None for causal in (False, True))
-    assert not any(interface.gluon_bwd_faster(8192, 8192, causal, head_dim) for causal in (False, True))
+    assert all(interface.gluon_bwd_form(8192, 8192, causal, head_dim) is None for causal in (False, True))
 
 
 @pytest.fixture
@@ -57,9 +57,9 @@ def table(monkeypatch):
             monkeypatch.setattr(interface, "GLUON_FWD_MEASURED", forward)
         if backward is not None:
             monkeypatch.setattr(interface, "GLUON_BWD_MEASURED", backward)
-        interface.gluon_fwd_loop.cache_clear(), interface.gluon_bwd_faster.cache_clear()
+        interface.gluon_fwd_loop.cache_clear(), interface.gluon_bwd_form.cache_clear()
     yield use
-    interface.gluon_fwd_loop.cache_clear(), interface.gluon_bwd_faster.cache_clear()
+    interface.gluon_fwd_loop.cache_clear(), interface.gluon_bwd_form.cache_clear()
 
 
 @pytest.mark.parametrize("timings, loop", [
@@ -74,31 +74,57 @@ def test_rule_reads_its_verdict_from_the_table(timings, loop, table):
     assert interface.gluon_fwd_loop(4096, 4096, True, D) is None
 
 
-@pytest.mark.parametrize("T, causal", [(t, c) for t in (2048, 4096, 8192, 16384) for c in (False, True)])
-def test_backward_rule_gives_the_table_s_verdict_at_each_measured_point(T, causal):
-    """The Gluon backward beat the Triton one at every measured point (1.14-1.20x on the H200)."""
-    gluon, triton_ = interface.GLUON_BWD_MEASURED[T, causal]
-    assert gluon > triton_ and interface.gluon_bwd_faster(T, T, causal, D)
-
-
-@pytest.mark.parametrize("T, S, causal, faster", [
-    (1, 1, False, True), (3000, 3000, False, True), (131072, 131072, False, True),
-    (1, 1, True, False), (4095, 4095, True, False), (4096, 4096, True, True), (131072, 131072, True, True),
-    (300, 9000, True, False), (9000, 300, True, False), (5000, 9000, True, True),
+@pytest.mark.parametrize("T, causal, form", [
+    (512, False, None), (1024, False, "gluon"), (2048, False, "gluon"), (4096, False, "gluon"),
+    (8192, False, "gluon"), (16384, False, "gluon"),
+    (512, True, None), (1024, True, "triton"), (2048, True, "triton"), (4096, True, "gluon"),
+    (8192, True, "triton"), (16384, True, "gluon"),
 ])
-def test_backward_rule_between_and_beyond_the_measured_points(T, S, causal, faster, table):
-    """Played on the table with Triton made the winner at causal 2K, so that the point a shape takes shows: the
-    longest measured length at or below the shorter of T and S, below the shortest the shortest's."""
-    table(backward={**interface.GLUON_BWD_MEASURED, (2048, True): (300, 320)})
-    assert interface.gluon_bwd_faster(T, S, causal, D) == faster
+def test_backward_rule_gives_the_table_s_verdict_at_each_measured_point(T, causal, form):
+    """Of the three backward forms, Triton measured fastest at 512 (either mask); elsewhere a Gluon dK/dV form,
+    its dQ from the Gluon kernel at every non-causal point and at causal 4K and 16K, from the Triton pass at causal
+    1K, 2K and 8K. The verdict is the table's: the named column is the row's largest."""
+    row = interface.GLUON_BWD_MEASURED[T, causal]
+    column = len(row) - 1 if form is None else interface.GLUON_BWD_DQ.index(form)
+    assert row[column] == max(row) and row.count(max(row)) == 1
+    assert interface.gluon_bwd_form(T, T, causal, D) == form
+
+
+@pytest.mark.parametrize("T, S, causal, form", [
+    (1, 1, False, None), (1023, 1023, False, None), (1024, 1024, False, "gluon"), (3000, 3000, False, "gluon"),
+    (131072, 131072, False, "gluon"),
+    (1, 1, True, None), (4095, 4095, True, "triton"), (4096, 4096, True, "gluon"), (8191, 8191, True, "gluon"),
+    (8192, 8192, True, "triton"), (131072, 131072, True, "gluon"),
+    (300, 9000, True, None), (9000, 300, True, None), (5000, 9000, True, "gluon"), (16384, 9000, True, "triton"),
+])
+def test_backward_rule_between_and_beyond_the_measured_points(T, S, causal, form):
+    """The point a shape takes: the longest measured length at or below the shorter of T and S, below the
+    shortest the shortest's."""
+    assert interface.gluon_bwd_form(T, S, causal, D) == form
+
+
+@pytest.mark.parametrize("timings, form, forced", [
+    ((300, 200, 250), "triton", "triton"), ((200, 300, 250), "gluon", "gluon"),   # a Gluon form fastest: it runs
+    ((200, 240, 250), None, "gluon"), ((240, 200, 250), None, "triton"),          # Triton fastest: "auto" takes it
+    ((250, 240, 250), None, "triton"),                                            # a tie with Triton: Triton
+])
+def test_backward_rule_reads_its_verdict_from_the_table(timings, form, forced, table, sm90):
+    """A new measurement changes the table only: "auto" runs whichever of the three columns is fastest,
+    backend="gluon" the faster Gluon column even where Triton's is faster still."""
+    table(backward={(512, False): timings, (512, True): (1, 1, 2)})
+    assert interface.gluon_bwd_form(1024, 1024, False, D) == form
+    assert interface.gluon_bwd_form(1024, 1024, True, D) is None
+    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") == form
+    assert interface.backward_kernel(*_bwd_inputs(), False, "gluon") == forced
 
 
 def _inputs(T=300, S=300, dtype=torch.float16, head_dim=D, hq=4, hkv=2):
     return (torch.randn(1, T, hq, head_dim, dtype=dtype), *torch.randn(2, 1, S, hkv, head_dim, dtype=dtype))
 
 
-def _bwd_inputs(T=300, S=300, dtype=torch.float16, head_dim=D):
-    """(do, q, k, v, o, lse) of a dense backward, as the forward leaves them."""
+def _bwd_inputs(T=1100, S=1100, dtype=torch.float16, head_dim=D):
+    """(do, q, k, v, o, lse) of a dense backward, as the forward leaves them; by default of a length where the
+    table picks a Gluon form (non-causal 1K: the Gluon dQ kernel)."""
     q, k, v = _inputs(T, S, dtype, head_dim)
     return torch.randn_like(q), q, k, v, torch.randn_like(q), torch.randn(q.shape[0], q.shape[2], T)
 
@@ -129,6 +155,7 @@ def test_dispatch_picks_gluon_where_everything_holds(sm90):
     q, k, v = _inputs(T=5000, S=5000)
     assert interface.forward_kernel(q, k, v, True, "auto") == "ping-pong"
     assert interface.backward_kernel(*_bwd_inputs(T=5000, S=5000), True, "auto") == "gluon"
+    assert interface.backward_kernel(*_bwd_inputs(), True, "auto") == "triton"   # causal 1K: the Triton dQ pass
 
 
 @pytest.mark.parametrize("capability", [(8, 0), (8, 9), (9, 1), (10, 0), (12, 0)])
@@ -138,18 +165,18 @@ def test_dispatch_keeps_other_capabilities_on_triton(capability, sm90):
     assert "sm_90" in interface.gluon_misfit(q, k, v)
     assert interface.forward_kernel(q, k, v, False, "auto") is None
     assert "sm_90" in interface.gluon_bwd_misfit(*_bwd_inputs())
-    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") == "triton"
+    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") is None
 
 
 def test_dispatch_keeps_the_cpu_and_the_interpreter_on_triton(sm90, monkeypatch):
     q, k, v = _inputs()
     monkeypatch.setattr(interface, "INTERPRET", True)
     assert interface.forward_kernel(q, k, v, False, "auto") is None
-    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") == "triton"
+    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") is None
     monkeypatch.setattr(interface, "INTERPRET", False)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: False))
     assert interface.forward_kernel(q, k, v, False, "auto") is None
-    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") == "triton"
+    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") is None
 
 
 def test_dispatch_on_this_machine_is_triton():
@@ -159,8 +186,8 @@ def test_dispatch_on_this_machine_is_triton():
     q, k, v = _inputs()
     assert interface.gluon_fwd_loop(300, 300, False, D) == "ping-pong"
     assert interface.forward_kernel(q, k, v, False, "auto") is None
-    assert interface.gluon_bwd_faster(300, 300, False, D)
-    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") == "triton"
+    assert interface.gluon_bwd_form(1100, 1100, False, D) == "gluon"
+    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") is None
 
 
 def test_dispatch_keeps_an_untested_or_gluon_less_triton_on_triton(sm90, monkeypatch):
@@ -169,14 +196,14 @@ def test_dispatch_keeps_an_untested_or_gluon_less_triton_on_triton(sm90, monkeyp
     assert "measured on Triton" in interface.gluon_misfit(q, k, v)
     assert interface.forward_kernel(q, k, v, False, "auto") is None
     assert "measured on Triton" in interface.gluon_bwd_misfit(*_bwd_inputs())
-    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") == "triton"
+    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") is None
     monkeypatch.setattr(interface, "fast_paths_on", lambda: True)
     monkeypatch.setattr(interface, "_gluon_forward", lambda: None)
     monkeypatch.setattr(interface, "_gluon_backward", lambda: None)
     assert "does not import" in interface.gluon_misfit(q, k, v)
     assert interface.forward_kernel(q, k, v, False, "auto") is None
     assert "does not import" in interface.gluon_bwd_misfit(*_bwd_inputs())
-    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") == "triton"
+    assert interface.backward_kernel(*_bwd_inputs(), False, "auto") is None
 
 
 @pytest.mark.parametrize("inputs, why", [
@@ -206,7 +233,7 @@ def test_backward_dispatch_keeps_misfits_on_triton(change, why, sm90):
     is also off the measured table, so the misfit check is asked directly."""
     inputs = change(list(_bwd_inputs()))
     assert why in interface.gluon_bwd_misfit(*inputs)
-    assert interface.backward_kernel(*inputs, False, "auto") == "triton"
+    assert interface.backward_kernel(*inputs, False, "auto") is None
     with pytest.raises(ValueError, match=f"backend='gluon' does not apply here: .*{why}"):
         interface.backward_kernel(*inputs, False, "gluon")
 
@@ -260,15 +287,16 @@ def test_backend_forces_either_forward(backend, causal, T, head_dim, ran, sm90, 
 
 @pytest.fixture
 def bwd_launches(monkeypatch):
-    """Stand-ins for the two backward launchers, recording which ran; no kernel runs."""
+    """Stand-ins for the two backward launchers, recording which ran (and the Gluon form's dQ kernel); no kernel
+    runs."""
     ran = []
 
     def triton(do, q, k, v, o, lse, causal, scale, one_launch, cu_seqlens_q=None, cu_seqlens_k=None):
         ran.append("triton")
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 
-    def gluon(do, q, k, v, o, lse, causal, scale, cu_seqlens_q=None, cu_seqlens_k=None):
-        ran.append("gluon")
+    def gluon(do, q, k, v, o, lse, causal, scale, cu_seqlens_q=None, cu_seqlens_k=None, dq_kernel="triton"):
+        ran.append(f"gluon, {dq_kernel} dQ")
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 
     monkeypatch.setattr(interface.backward, "attention_bwd", triton)
@@ -277,13 +305,19 @@ def bwd_launches(monkeypatch):
 
 
 @pytest.mark.parametrize("backend, causal, T, head_dim, ran", [
-    ("auto", False, 300, D, "gluon"), ("auto", True, 300, D, "gluon"), ("auto", True, 5000, D, "gluon"),
-    ("triton", False, 300, D, "triton"), ("triton", True, 5000, D, "triton"),
-    ("auto", False, 300, 64, "triton"), ("gluon", False, 300, 64, "gluon"),
+    ("auto", False, 300, D, "triton"), ("auto", True, 300, D, "triton"), ("auto", False, 1100, D, "gluon, gluon dQ"),
+    ("auto", True, 1100, D, "gluon, triton dQ"), ("auto", True, 5000, D, "gluon, gluon dQ"),
+    ("auto", True, 9000, D, "gluon, triton dQ"),
+    ("triton", False, 1100, D, "triton"), ("triton", True, 5000, D, "triton"),
+    ("gluon", False, 300, D, "gluon, triton dQ"), ("gluon", True, 300, D, "gluon, triton dQ"),
+    ("gluon", False, 1100, D, "gluon, gluon dQ"),
+    ("auto", False, 1100, 64, "triton"), ("gluon", False, 1100, 64, "gluon, triton dQ"),
 ])
 def test_backend_forces_either_backward(backend, causal, T, head_dim, ran, sm90, bwd_launches):
-    """The backward op on a played sm_90: "auto" runs the Gluon backward where it was measured faster (every
-    measured point at D = 128) and Triton at an unmeasured head dim; "triton" and "gluon" force either."""
+    """The backward op on a played sm_90: "auto" runs the form the table measured fastest (Triton at 512, the Gluon
+    dK/dV kernel with the dQ kernel of its faster column elsewhere) and Triton at an unmeasured head dim;
+    "triton" forces Triton, "gluon" the faster Gluon form (the Triton dQ pass at 512 and at a head dim not
+    measured)."""
     do, q, k, v, o, lse = _bwd_inputs(T=T, S=T, head_dim=head_dim)
     interface.attention_bwd(do, q, k, v, o, lse, causal, head_dim ** -0.5, False, None, None, backend)
     assert bwd_launches == [ran]
@@ -292,17 +326,20 @@ def test_backend_forces_either_backward(backend, causal, T, head_dim, ran, sm90,
 def test_packed_backward_stays_on_triton(sm90, bwd_launches):
     """flash_attn_varlen_func's backward is the Triton one even where its dense shape would take Gluon."""
     do, q, k, v, o, _ = (t[0] for t in _bwd_inputs())
-    cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+    cu = torch.tensor([0, 400, 1100], dtype=torch.int32)
     interface.attention_bwd(do, q, k, v, o, torch.randn(q.shape[1], q.shape[0]), False, D ** -0.5, False, cu, cu)
     interface.attention_bwd(*_bwd_inputs(), False, D ** -0.5, False)   # dense: Gluon
-    assert bwd_launches == ["triton", "gluon"]
+    assert bwd_launches == ["triton", "gluon, gluon dQ"]
 
 
-@pytest.mark.parametrize("backend, ran", [("auto", ["gluon ping-pong", "gluon"]), ("triton", ["triton", "triton"]),
-                                          ("gluon", ["gluon ping-pong", "gluon"])])
-def test_backend_reaches_the_backward_through_autograd(backend, ran, sm90, launches, bwd_launches):
-    """flash_attn_func's backend= is carried from the forward to the backward op: one choice for both passes."""
-    q, k, v = (t.requires_grad_() for t in _inputs())
+@pytest.mark.parametrize("backend, T, ran", [
+    ("auto", 1100, ["gluon ping-pong", "gluon, gluon dQ"]), ("auto", 300, ["gluon ping-pong", "triton"]),
+    ("triton", 1100, ["triton", "triton"]), ("gluon", 300, ["gluon ping-pong", "gluon, triton dQ"]),
+])
+def test_backend_reaches_the_backward_through_autograd(backend, T, ran, sm90, launches, bwd_launches):
+    """flash_attn_func's backend= is carried from the forward to the backward op: one choice for both passes,
+    each pass's kernel by its own table (at 300 keys the Triton backward measured fastest)."""
+    q, k, v = (t.requires_grad_() for t in _inputs(T=T, S=T))
     flash_attn_func(q, k, v, backend=backend).sum().backward()
     assert launches + bwd_launches == ran
 
@@ -347,19 +384,42 @@ def _dkdv_from_the_formula(kernel, grid, key, args, constexprs, **options):
             out.copy_(summed)
 
 
+def _dq_from_the_formula(kernel, grid, key, args, constexprs, **options):
+    """Stands in for the Gluon dQ launch: delta = rowsum(dO o O) and dQ from what the kernel is handed, in fp64,
+    written where the kernel writes them."""
+    q, k, v, o, do, dq, lse, delta, scale_log2, scale, T, S, HQ, HKV = args
+    group = HQ // HKV
+    q, do, lse = q.double(), do.double(), lse.double()
+    k, v = (t.double().repeat_interleave(group, dim=2) for t in (k, v))
+    rows = (do * o.double()).sum(-1).transpose(1, 2)   # [B, HQ, T]
+    s = torch.einsum("bthd,bshd->bhts", q, k)
+    if constexprs["CAUSAL"]:
+        hidden = torch.arange(S)[None, :] > torch.arange(T)[:, None] + S - T
+        s = s.masked_fill(hidden, float("-inf"))
+    p = torch.exp2(s * scale_log2 - lse[..., None])
+    ds = p * (torch.einsum("bthd,bshd->bhts", do, v) - rows[..., None])
+    dq.copy_(scale * torch.einsum("bhts,bshd->bthd", ds, k)), delta.copy_(rows)
+
+
 @pytest.mark.skipif(not INTERPRET, reason="plays a Hopper on the CPU; on a GPU, test_gpu_* runs the kernel")
-@pytest.mark.parametrize("T, causal, backend, loop", [(67, False, "auto", "ping-pong"),
-                                                      (66, True, "gluon", "ping-pong"), (67, True, "auto", None)],
-                         ids=["full-auto", "causal-forced", "causal-fwd-triton"])
-def test_autograd_path_through_the_gluon_launches(T, causal, backend, loop, monkeypatch):
+@pytest.mark.parametrize("T, causal, backend, measured, loop, dq_kernel", [
+    (67, False, "auto", (1, 3, 2), "ping-pong", "gluon"), (66, True, "gluon", None, "ping-pong", "triton"),
+    (67, True, "auto", (3, 1, 2), None, "triton")], ids=["full-auto", "causal-forced", "causal-fwd-triton"])
+def test_autograd_path_through_the_gluon_launches(T, causal, backend, measured, loop, dq_kernel, table, monkeypatch):
     """flash_attn_func with inputs that require grad, the dispatch choosing Gluon for both passes (the misfits
-    answered None) and the Gluon kernels' launches standing in: the forward's fills the o and lse that
-    `launch_gluon` allocated with the Triton forward's values, the dK/dV launch computes from what it is handed
-    (`_dkdv_from_the_formula`; the dQ pass is the Triton one). No refusal of inputs that require grad, the
-    backward reads the saved o and lse, and output and gradients match the fp64 formula. Also asserts what
-    `launch_gluon` allocates is what the Triton forward returns (shape, dtype, contiguity). Causal at this short
-    T, "auto" keeps the Triton forward (the table's causal 2K) and still runs the Gluon backward on its o and lse."""
-    from attention_kernels.flash_attn import gluon_backward, gluon_forward
+    answered None; "auto" reading a table whose point at 512 is `measured`, where given) and the Gluon kernels'
+    launches standing in: the forward's fills the o and lse that `launch_gluon` allocated with the Triton
+    forward's values, the dK/dV launch computes from what it is handed (`_dkdv_from_the_formula`), and so does
+    the Gluon dQ launch where the form has it (`_dq_from_the_formula`; else the dQ pass is the Triton one). No
+    refusal of inputs that require grad, the backward reads the saved o and lse, and output and gradients match
+    the fp64 formula. Also asserts what `launch_gluon` allocates is what the Triton forward returns (shape,
+    dtype, contiguity). Causal at this short T, "auto" keeps the Triton forward (the table's causal 2K) and
+    still runs the Gluon backward on its o and lse; backend="gluon" at causal 512 takes the Triton dQ pass, the
+    faster Gluon form there."""
+    from attention_kernels.flash_attn import gluon_backward, gluon_dq, gluon_forward
+
+    if measured is not None:
+        table(backward={**interface.GLUON_BWD_MEASURED, (512, causal): measured})
 
     launched = []
     names = {gluon_forward.IN_ORDER.value: "in-order", gluon_forward.OVERLAPPED.value: "overlapped",
@@ -377,18 +437,24 @@ def test_autograd_path_through_the_gluon_launches(T, causal, backend, loop, monk
         _dkdv_from_the_formula(*args, **options)
         launched.append("gluon backward")
 
+    def dq_launch(*args, **options):
+        _dq_from_the_formula(*args, **options)
+        launched.append("gluon dQ")
+
     monkeypatch.setattr(interface, "gluon_misfit", lambda q, k, v: None)
     monkeypatch.setattr(interface, "gluon_bwd_misfit", lambda *inputs: None)
     monkeypatch.setattr(gluon_backward, "_check_inputs", lambda *inputs: None)   # CPU tensors: no Hopper's
     monkeypatch.setattr(gluon_forward, "launch_direct", forward_kernel)
     monkeypatch.setattr(gluon_backward, "launch_direct", dkdv_kernel)
+    monkeypatch.setattr(gluon_dq, "launch_direct", dq_launch)
     S, scale = 90, 0.2
     mk = lambda *shape: torch.randn(*shape).half().requires_grad_()   # noqa: E731
     q, k, v = mk(2, T, 4, D), mk(2, S, 2, D), mk(2, S, 2, D)
     o = flash_attn_func(q, k, v, causal=causal, softmax_scale=scale, backend=backend)
     g = torch.randn_like(o)
     grads = torch.autograd.grad(o, (q, k, v), g)
-    assert launched == [loop] * (loop is not None) + ["gluon backward"] and o.grad_fn is not None
+    gluon_dq_ran = ["gluon dQ"] * (dq_kernel == "gluon")
+    assert launched == [loop] * (loop is not None) + gluon_dq_ran + ["gluon backward"] and o.grad_fn is not None
     qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref = attention_ref(qr, kr, vr, causal=causal, softmax_scale=scale, compute_dtype=torch.float64)
     refs = (ref, *torch.autograd.grad(ref, (qr, kr, vr), g.double()))
@@ -399,13 +465,15 @@ def test_autograd_path_through_the_gluon_launches(T, causal, backend, loop, monk
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T, S, causal, loop", [(1000, 1000, False, "ping-pong"), (4100, 4100, True, "ping-pong"),
-                                                (300, 77, False, "ping-pong"), (1001, 1001, True, None)],
-                         ids=["full-1000", "causal-4100", "full-T>S", "causal-1001-fwd-triton"])
-def test_gpu_flash_attn_func_through_gluon_matches_reference(T, S, causal, loop):
+@pytest.mark.parametrize("T, S, causal, loop, dq_kernel", [
+    (1100, 1100, False, "ping-pong", "gluon"), (4100, 4100, True, "ping-pong", "gluon"),
+    (1300, 1100, False, "ping-pong", "gluon"), (1025, 1025, True, None, "triton"),
+], ids=["full-1100", "causal-4100", "full-T>S", "causal-1025-fwd-triton"])
+def test_gpu_flash_attn_func_through_gluon_matches_reference(T, S, causal, loop, dq_kernel):
     """On an sm_90 GPU the dispatch chooses the Gluon forward for these bf16 D = 128 shapes (GQA 8/2) but causal
-    1001 (Triton's, as at causal 2K), and the Gluon backward for all; output and gradients against attention_ref
-    in fp64. T = 1001 also takes the lse and delta rows the launcher pads for the copy engine."""
+    1025 (Triton's, as at causal 2K), and the Gluon dK/dV backward for all, its dQ from the Gluon kernel but at
+    causal 1025 (the Triton pass, as at causal 1K); output and gradients against attention_ref in fp64.
+    T = 1025 also takes the lse and delta rows the launcher pads for the copy engine."""
     if not torch.cuda.is_available() or interface.capability(torch.device("cuda")) != (9, 0):
         pytest.skip("the Gluon kernels are dispatched on sm_90 GPUs only")
     mk = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)   # noqa: E731
@@ -414,7 +482,8 @@ def test_gpu_flash_attn_func_through_gluon_matches_reference(T, S, causal, loop)
     o = flash_attn_func(q, k, v, causal=causal)
     g = torch.randn_like(o)
     lse = torch.empty(1, 8, T, device="cuda")   # the forward's saved lse: the dispatch reads its shape and address
-    assert interface.backward_kernel(g, q.detach(), k.detach(), v.detach(), o.detach(), lse, causal, "auto") == "gluon"
+    detached = (t.detach() for t in (g, q, k, v, o))
+    assert interface.backward_kernel(*detached, lse, causal, "auto") == dq_kernel
     grads = torch.autograd.grad(o, (q, k, v), g)
     with torch.no_grad():
         assert torch.equal(flash_attn_func(q, k, v, causal=causal), o)   # the inference path takes the same kernel

@@ -1,6 +1,6 @@
 """The Gluon FlashAttention backward for Hopper (attention_kernels/flash_attn/gluon_backward.py): its dK/dV kernel
-and the Triton dQ pass, called directly (`flash_attn_func` dispatches its backward here only where measured faster,
-`interface.gluon_bwd_faster`, so these tests do not go through it).
+and the Triton dQ pass or the Gluon dQ kernel, called directly (`flash_attn_func` dispatches its backward here only
+where measured faster, `interface.gluon_bwd_form`, so these tests do not go through it).
 
 On any machine: the dK/dV kernel compiles for sm_90a with no spills and with wgmma and TMA copies (ptxas judges
 it), and the call refuses what it cannot take before any launch. On a Hopper GPU: dq, dk, dv against the fp64

@@ -12,14 +12,14 @@
     DECODE    one query token against a KV cache (`flash_attn_with_kvcache`), 32 query heads over 8 KV
               heads of 128, B = 1 and 64, T = 4K, 16K, 64K; CUDA-graph replays, roofline: K and V read once
 
-Providers: "book" (this chapter's Triton kernels, `backend="triton"`), "book: Gluon (Hopper)" (the forward
-in Gluon, `backend="gluon"`: FORWARD, FA3 and GQA forward cases on an sm_90 GPU, n/a elsewhere), "SDPA flash"
-and "SDPA cuDNN" (PyTorch's scaled_dot_product_attention pinned to one backend, in its own [B, H, T, D]
-layout), "FlexAttention"
-(PyTorch's flex_attention compiled for each shape, causal through a block mask; FORWARD, BACKWARD, GQA),
-"FA4" (FlashAttention-4, flash-attn's CuTe DSL kernels, where installed; same tables) and "eager"
-(einsum + softmax with the full score matrix in memory). Self-attention: S = T in every case but DECODE,
-whose peers are SDPA flash and flash-attn's own flash_attn_with_kvcache (where it is installed).
+Providers: "book" (this chapter's Triton kernels, `backend="triton"`), "book: Gluon (Hopper)" (the Gluon kernels,
+`backend="gluon"`: the forward, and in a backward case, after the Gluon forward, the Gluon dK/dV kernel with
+whichever dQ kernel, Triton's or Gluon's, measured faster for the shape; FORWARD, BACKWARD, FA3 and GQA on an sm_90
+GPU, n/a elsewhere), "SDPA flash" and "SDPA cuDNN" (PyTorch's scaled_dot_product_attention pinned to one backend, in
+its own [B, H, T, D] layout), "FlexAttention" (PyTorch's flex_attention compiled for each shape, causal through a
+block mask; FORWARD, BACKWARD, GQA), "FA4" (FlashAttention-4, flash-attn's CuTe DSL kernels, where installed; same
+tables) and "eager" (einsum + softmax with the full score matrix in memory). Self-attention: S = T in every case but
+DECODE, whose peers are SDPA flash and flash-attn's own flash_attn_with_kvcache (where it is installed).
 """
 from __future__ import annotations
 
@@ -107,12 +107,11 @@ def _book(c):
 
 
 def _book_gluon(c):
-    """The Gluon forward: n/a for a backward case (`scripts/tune_probe.py fa_gluon_bwd` times the Gluon backward)
-    and where it cannot run (not an sm_90 GPU; ValueError saying why on the first call)."""
-    if c["pass"] != "fwd":
-        return None
-    fn = _timed(c, lambda q, k, v: flash_attn_func(q, k, v, causal=c["causal"], backend="gluon"), "bthd")
+    """The Gluon kernels (`backend="gluon"`): the forward, or the backward of a Gluon forward (with the dQ kernel
+    `interface.backward_kernel` picks); n/a where they cannot run (not an sm_90 GPU; ValueError saying why on the
+    first call, which for a backward case is the forward inside `_timed`)."""
     try:
+        fn = _timed(c, lambda q, k, v: flash_attn_func(q, k, v, causal=c["causal"], backend="gluon"), "bthd")
         fn()
     except ValueError:
         return None
@@ -186,9 +185,8 @@ def _sweep(pass_):
 
 
 FORWARD = Benchmark("flash_attn_fwd", _sweep("fwd"), PROVIDERS, flops, bytes_moved, timer="flushed", module=__name__)
-BACKWARD = Benchmark("flash_attn_bwd", _sweep("bwd"),
-                     {label: make for label, make in PROVIDERS.items() if label != "book: Gluon (Hopper)"}, flops,
-                     bytes_moved, timer="flushed", module=__name__)
+BACKWARD = Benchmark("flash_attn_bwd", _sweep("bwd"), PROVIDERS, flops, bytes_moved, timer="flushed",
+                     module=__name__)
 FA3 = Benchmark("flash_attn_fa3",
                 [{"B": 16384 // t, "T": t, "H": 16, "D": 128, "pass": p, "causal": causal}
                  for p in ("fwd", "bwd") for causal in (False, True) for t in FA3_T],

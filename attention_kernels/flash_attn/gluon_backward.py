@@ -1,10 +1,11 @@
 """FlashAttention backward for Hopper (sm_90a) in Gluon: a dK/dV kernel with a TMA copy warp and two consumer
-warpgroups, and the Triton dQ pass (`backward.py`) beside it.
+warpgroups, and beside it the Triton dQ pass (`backward.py`) or the Gluon dQ kernel (`gluon_dq.py`).
 
 `gluon_attention_bwd` is a whole backward with `backward.attention_bwd`'s contract (dense inputs only);
-`flash_attn_func`'s backward runs it on an sm_90 GPU where it measured faster than the Triton backward
-(`interface.gluon_bwd_faster`, `interface.GLUON_BWD_MEASURED`; `scripts/tune_probe.py fa_gluon_bwd`) and where it
-takes the inputs (`gluon_backward_misfit`). Checked on a Hopper GPU by `tests/test_flash_attn_gluon_backward.py`.
+`flash_attn_func`'s backward runs it on an sm_90 GPU where it measured faster than the Triton backward, with the dQ
+kernel that measured faster (`interface.gluon_bwd_form`, `interface.GLUON_BWD_MEASURED`; `scripts/tune_probe.py
+fa_gluon_bwd`), and where it takes the inputs (`gluon_backward_misfit`). Checked on a Hopper GPU by
+`tests/test_flash_attn_gluon_backward.py`.
 
 With P = exp2(s * scale * log2 e - lse) (lse in base 2, from the forward), dP = dO V^T, delta = rowsum(dO o O),
 dS = P o (dP - delta): dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K.

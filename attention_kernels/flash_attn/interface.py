@@ -23,9 +23,10 @@ from .reference import attention_flops, check_attention_args, check_varlen_args
 BACKENDS = ("auto", "triton", "gluon")   # flash_attn_func's kernels, forward and backward: chosen, or forced
 
 # The Gluon kernels against the Triton ones, TFLOP/s, on an H200 (bf16, B = 4, H = 32, D = 128, S = T, do_bench
-# medians; `scripts/tune_probe.py fa_gluon` and `fa_gluon_bwd`, notes/TUNING.md 2026-12-06 (19), the "NVIDIA H200"
-# rows of results/logs/fa_gluon_forward.csv and fa_gluon_backward.csv). `gluon_fwd_loop` and `gluon_bwd_faster`
-# read their verdicts from here: a new measurement updates these tables and nothing else.
+# medians). Forward: `scripts/tune_probe.py fa_gluon`, notes/TUNING.md 2026-12-06 (19), the "NVIDIA H200" rows of
+# results/logs/fa_gluon_forward.csv. Backward: `scripts/tune_probe.py fa_gluon_bwd` at commit 9d4e2e6,
+# notes/TUNING.md 2026-12-07 (32), the rows of results/logs/fa_gluon_backward.csv with that code. `gluon_fwd_loop`
+# and `gluon_bwd_form` read their verdicts from here: a new measurement updates these tables and nothing else.
 # Forward: (T, causal) -> (Gluon in-order loop, Gluon overlapped loop, Gluon ping-pong loop, Triton).
 GLUON_FWD_MEASURED = {
     (2048, False): (485, 506, 517, 423), (4096, False): (529, 525, 555, 471),
@@ -35,12 +36,15 @@ GLUON_FWD_MEASURED = {
 }
 GLUON_FWD_LOOPS = ("in-order", "overlapped", "ping-pong")   # the Gluon columns of GLUON_FWD_MEASURED, in order
 GLUON_FWD_HEAD_DIMS = (128,)   # the head dims measured; D = 64 runs too, but untimed it stays on Triton
-# Backward: (T, causal) -> (Gluon dK/dV with the Triton dQ pass, Triton).
+# Backward: (T, causal) -> (Gluon dK/dV with the Triton dQ pass, Gluon dK/dV with the Gluon dQ kernel, Triton).
 GLUON_BWD_MEASURED = {
-    (2048, False): (395, 347), (4096, False): (429, 373), (8192, False): (447, 379), (16384, False): (456, 385),
-    (2048, True): (322, 270), (4096, True): (380, 324), (8192, True): (422, 351), (16384, True): (446, 373),
+    (512, False): (245, 242, 247), (1024, False): (341, 344, 300), (2048, False): (393, 404, 341),
+    (4096, False): (423, 435, 367), (8192, False): (436, 459, 382), (16384, False): (451, 464, 379),
+    (512, True): (138, 128, 142), (1024, True): (232, 223, 190), (2048, True): (317, 313, 268),
+    (4096, True): (379, 386, 312), (8192, True): (421, 414, 346), (16384, True): (430, 455, 366),
 }
-GLUON_BWD_HEAD_DIMS = (128,)
+GLUON_BWD_DQ = ("triton", "gluon")   # the dQ kernel of each Gluon column of GLUON_BWD_MEASURED, in order
+GLUON_BWD_HEAD_DIMS = (128,)   # the head dims measured; D = 64 runs too, but untimed it stays on Triton
 
 
 def _measured_point(table, T: int, S: int, causal: bool) -> tuple[int, bool]:
@@ -76,19 +80,30 @@ def gluon_fwd_loop(T: int, S: int, causal: bool, D: int) -> str | None:
     return loop if beats_triton else None
 
 
-@functools.lru_cache(maxsize=256)
-def gluon_bwd_faster(T: int, S: int, causal: bool, D: int) -> bool:
-    """Whether a dense backward of T queries and S keys of head dim D should run the Gluon dK/dV kernel (with
-    the Triton dQ pass) rather than the Triton backward, by the timings of GLUON_BWD_MEASURED, read at the
-    point `gluon_fwd_loop` reads its own. Unmeasured head dims: Triton.
+def _fastest_gluon_bwd(T: int, S: int, causal: bool) -> tuple[str, bool]:
+    """The dQ kernel ("triton" or "gluon") of the Gluon backward form that measured fastest at the point T, S
+    take (`_measured_point`), and whether that form beat the Triton backward there."""
+    *gluon, triton_ = GLUON_BWD_MEASURED[_measured_point(GLUON_BWD_MEASURED, T, S, causal)]
+    fastest = max(range(len(gluon)), key=gluon.__getitem__)
+    return GLUON_BWD_DQ[fastest], gluon[fastest] > triton_
 
-    >>> gluon_bwd_faster(8192, 8192, True, 128)   # True
-    >>> gluon_bwd_faster(8192, 8192, True, 64)    # False: not measured
+
+@functools.lru_cache(maxsize=256)
+def gluon_bwd_form(T: int, S: int, causal: bool, D: int) -> str | None:
+    """The backward a dense call of T queries and S keys of head dim D should run, by the timings of
+    GLUON_BWD_MEASURED: None for the Triton backward, else the dQ kernel ("triton" or "gluon") beside the Gluon
+    dK/dV kernel, of the Gluon form that measured fastest, where it beat Triton. Read at the point
+    `gluon_fwd_loop` reads its own. Unmeasured head dims: Triton.
+
+    >>> gluon_bwd_form(16384, 16384, True, 128)   # 'gluon'
+    >>> gluon_bwd_form(8192, 8192, True, 128)     # 'triton'
+    >>> gluon_bwd_form(512, 512, False, 128)      # None: Triton measured faster
+    >>> gluon_bwd_form(8192, 8192, True, 64)      # None: not measured
     """
     if D not in GLUON_BWD_HEAD_DIMS:
-        return False
-    gluon, triton_ = GLUON_BWD_MEASURED[_measured_point(GLUON_BWD_MEASURED, T, S, causal)]
-    return gluon > triton_
+        return None
+    dq_kernel, beats_triton = _fastest_gluon_bwd(T, S, causal)
+    return dq_kernel if beats_triton else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -160,19 +175,22 @@ def forward_kernel(q, k, v, causal: bool, backend: str) -> str | None:
     return _fastest_gluon_loop(T, S, causal)[0] if D in GLUON_FWD_HEAD_DIMS else "in-order"
 
 
-def backward_kernel(do, q, k, v, o, lse, causal: bool, backend: str) -> str:
-    """Which backward a dense call runs: "gluon" (the Gluon dK/dV kernel with the Triton dQ pass) or "triton".
-    backend as `forward_kernel`'s: "auto": Gluon where it fits (`gluon_bwd_misfit`) and measured faster
-    (`gluon_bwd_faster`); "triton": always Triton; "gluon": Gluon, ValueError saying why where it does not fit."""
+def backward_kernel(do, q, k, v, o, lse, causal: bool, backend: str) -> str | None:
+    """Which backward a dense call runs: None for the Triton one, else the Gluon dK/dV kernel with the dQ kernel
+    this names: "triton" (the Triton dQ pass) or "gluon" (the Gluon dQ kernel). backend as `forward_kernel`'s:
+    "auto": the fastest of the three forms by the table (`gluon_bwd_form`), a Gluon one only where it fits
+    (`gluon_bwd_misfit`); "triton": always Triton; "gluon": the Gluon form that measured faster for the shape
+    (the Triton dQ pass at an unmeasured head dim), ValueError saying why where it does not fit."""
     if backend == "triton":
-        return "triton"
+        return None
+    T, S, D = q.shape[1], k.shape[1], q.shape[3]
     if backend == "auto":
-        faster = gluon_bwd_faster(q.shape[1], k.shape[1], causal, q.shape[3])
-        return "gluon" if faster and gluon_bwd_misfit(do, q, k, v, o, lse) is None else "triton"
+        form = gluon_bwd_form(T, S, causal, D)
+        return form if form is not None and gluon_bwd_misfit(do, q, k, v, o, lse) is None else None
     misfit = gluon_bwd_misfit(do, q, k, v, o, lse)
     if misfit is not None:
         raise ValueError(f"backend='gluon' does not apply here: {misfit}")
-    return "gluon"
+    return _fastest_gluon_bwd(T, S, causal)[0] if D in GLUON_BWD_HEAD_DIMS else "triton"
 
 
 def _attention_fwd(q, k, v, causal: bool, softmax_scale: float, cu_seqlens_q=None, cu_seqlens_k=None,
@@ -206,8 +224,9 @@ def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, one_l
     _check_backward_inputs(q, k, v, o, lse, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k)
     check_gradient("do", do, q.shape, q.dtype, q.device)
     do, q, k, v, o, lse = (t.contiguous() for t in (do, q, k, v, o, lse))
-    if cu_seqlens_q is None and backward_kernel(do, q, k, v, o, lse, causal, backend) == "gluon":
-        return _gluon_backward().gluon_attention_bwd(do, q, k, v, o, lse, causal, softmax_scale)
+    dq_kernel = None if cu_seqlens_q is not None else backward_kernel(do, q, k, v, o, lse, causal, backend)
+    if dq_kernel is not None:
+        return _gluon_backward().gluon_attention_bwd(do, q, k, v, o, lse, causal, softmax_scale, dq_kernel=dq_kernel)
     return backward.attention_bwd(do, q, k, v, o, lse, causal, softmax_scale, one_launch, cu_seqlens_q, cu_seqlens_k)
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
@@ -275,8 +294,9 @@ class FlashAttnFunction(torch.autograd.Function):
     save O and the same fp32 base-2 log-sum-exp, not P), dense or packed
     (offsets given). Backward: `attention_bwd`, recomputing P: one Triton
     kernel, launched once or twice, or for a dense call on an sm_90 GPU the
-    Gluon dK/dV kernel beside the Triton dQ pass where it measured faster
-    (`backward_kernel`), whichever forward ran. With return_lse, the forward
+    Gluon dK/dV kernel beside the Triton dQ pass or the Gluon dQ kernel,
+    whichever form measured fastest (`backward_kernel`), whichever forward
+    ran. With return_lse, the forward
     also returns the natural-log LSE, which takes no gradient."""
 
     @staticmethod
@@ -390,9 +410,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     backend (keyword only, not flash-attn's): the kernels, forward and
     backward. "auto" (the default): on an sm_90 GPU (H100, H200), bf16 or
     fp16, D 64 or 128, the warp-specialized Gluon kernels where they
-    measured faster than the Triton ones (`gluon_fwd_loop`,
-    `gluon_bwd_faster`), else Triton; "triton": always Triton; "gluon":
-    always Gluon, ValueError saying why where it cannot run.
+    measured faster than the Triton ones (`gluon_fwd_loop`; the backward's
+    dQ from Triton's pass or Gluon's kernel, `gluon_bwd_form`), else
+    Triton; "triton": always Triton; "gluon": always Gluon (the faster
+    Gluon form), ValueError saying why where it cannot run.
 
     >>> q = torch.randn(2, 1000, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     >>> k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
