@@ -37,16 +37,19 @@ kda_step: KDA's decode step (H = 32, K = V = 128) at B = 1, 8 and 64: single cal
   calls back to back (as the chapter times plain calls), the graph replay, and the host time of a call.
 
 Only the package's public names are used (tests/test_package.py checks it), but for the split count
-`mla_decode` picks, until the MLA package makes it public, and the warps of Mamba-2's dq/dk key tiles and the
-intra kernel's runs of heads, warps and register cap, which ssd_dqk_configs changes.
+`mla_decode` picks, until the MLA package makes it public, the warps of Mamba-2's dq/dk kernels, which
+ssd_dqk_configs changes, and the chunk length from which Mamba-2's state pass splits, which ssd_state_split changes.
 train_kernels [mamba2] [gla]: where a training step's GPU time goes at 16K, per kernel (torch.profiler), the book's
   and its peer's.
 train_ncu: one training step each of the book's Mamba-2 and GLA (B = 1, T = 16K) between cudaProfilerStart and
   Stop, after warm-up: the target of `ncu --profile-from-start off -k regex:'^_(chunk|ssd)'`.
 kda_prefill: KDA's prefill at T = 4K and 16K, GPU time per kernel, the book's and fla's (torch.profiler).
-ssd_dqk_configs: Mamba-2's dq/dk launches (the intra-chunk kernel, then the key tiles on 4 warps and on 8; the
-  intra kernel over runs of 16, 8 and 4 heads on 8 and 4 warps, and capped at 128 registers), the backward
-  alone at 16K: checked against each other, then the dq/dk kernels' and the backward's GPU time (~45 s).
+ssd_dqk_configs: Mamba-2's dq/dk launches (the intra-chunk kernel, then the key tiles), as launched, with the
+  intra kernel on 8 warps, and with both on 8, the backward alone at 16K: checked against each other, then the
+  dq/dk kernels' and the backward's GPU time (~30 s).
+ssd_state_split: Mamba-2's state pass at chunks of 64 (what the backward and the book's forward take) at 16K, the
+  sequential pass against the split (chunk states all at once, then the walk), states in bf16 and fp32: checked
+  against each other, then each launch's GPU time (~20 s).
 """
 import importlib.util
 import pathlib
@@ -460,6 +463,43 @@ def ssd_dqk_configs():
               f"first rel err {worst:.1e}", flush=True)
     for n, value in landed.items():
         setattr(mamba2_chunk, n, value)
+
+
+def ssd_state_split():
+    """Mamba-2's state pass at chunks of 64 (B 1, T 16K, 80 heads x 64, dstate 128, bf16 inputs): the sequential
+    pass (`_ssd_state_kernel`, today's below SPLIT_FROM_CHUNK) against the split (`_ssd_chunk_state_kernel` then
+    `_ssd_state_pass_kernel`), the states written in bf16 (the backward's) and in fp32; each split's states
+    checked against the sequential pass's, then every launch's GPU µs. The split moves 2.75x the bytes at this
+    chunk but has 1,280x the programs (notes on SPLIT_FROM_CHUNK in attention_kernels/mamba2/chunk.py)."""
+    from attention_kernels.mamba2 import chunk as mamba2_chunk
+    B, T, H, P, N, L, bf16 = 1, 16384, 80, 64, 128, 64, torch.bfloat16
+    x = torch.randn(B, T, H, P, dtype=bf16, device="cuda")
+    Bm = torch.randn(B, T, 1, N, dtype=bf16, device="cuda")
+    dt = torch.rand(B, T, H, device="cuda") * 0.1
+    A = -torch.exp(torch.rand(H, device="cuda"))
+    dtf = torch.empty(B, T, H, device="cuda")
+    b = torch.empty(B, T, H, 1, device="cuda")
+    mamba2_chunk.ssd_gates(dt, None, A, False, dtf, b, L)
+    NT = triton.cdiv(T, L)
+    landed = mamba2_chunk.SPLIT_FROM_CHUNK
+    print(f"--- Mamba-2 state pass, B {B}, T {T}, {H} heads x {P}, dstate {N}, chunks of {L}; GPU µs per call")
+    first = None
+    for dtype in (bf16, torch.float32):
+        for name, split_from in (("sequential", landed), ("split", L)):
+            states = torch.empty(B, NT, H, N, P, dtype=dtype, device="cuda")
+            mamba2_chunk.SPLIT_FROM_CHUNK = split_from
+            try:
+                def call():
+                    mamba2_chunk.ssd_state_pass(Bm, x, dtf, b, states, None, None, L)
+                call()
+                err = 0.0 if first is None else ((states.float() - first).norm() / first.norm()).item()
+                first = states.float() if first is None else first
+                times = _kernel_times_us(call, reps=10)
+            finally:
+                mamba2_chunk.SPLIT_FROM_CHUNK = landed
+            parts = ", ".join(f"{k[:30]} {us:.1f}" for k, us in sorted(times.items(), key=lambda kv: -kv[1]))
+            print(f"  {name:10s} states {str(dtype)[6:]:8s} {sum(times.values()):8.1f} us ({parts}); "
+                  f"states vs the first rel err {err:.1e}", flush=True)
 
 
 def _profile_once(calls, label: str):
