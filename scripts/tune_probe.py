@@ -38,7 +38,8 @@ kda_step: KDA's decode step (H = 32, K = V = 128) at B = 1, 8 and 64: single cal
 
 Only the package's public names are used (tests/test_package.py checks it), but for the split count
 `mla_decode` picks, until the MLA package makes it public, the warps of Mamba-2's dq/dk kernels, which
-ssd_dqk_configs changes, and the chunk length from which Mamba-2's state pass splits, which ssd_state_split changes.
+ssd_dqk_configs changes, the chunk length from which Mamba-2's state pass splits, which ssd_state_split changes, and
+the sub-chunk dq/dk kernel's key tile and warps, which gla_intra_configs changes.
 train_kernels [mamba2] [gla]: where a training step's GPU time goes at 16K, per kernel (torch.profiler), the book's
   and its peer's.
 train_ncu: one training step each of the book's Mamba-2 and GLA (B = 1, T = 16K) between cudaProfilerStart and
@@ -47,6 +48,10 @@ kda_prefill: KDA's prefill at T = 4K and 16K, GPU time per kernel, the book's an
 ssd_dqk_configs: Mamba-2's dq/dk launches (the intra-chunk kernel, then the key tiles), as launched, with the
   intra kernel on 8 warps, and with both on 8, the backward alone at 16K: checked against each other, then the
   dq/dk kernels' and the backward's GPU time (~30 s).
+gla_intra_configs: GLA's sub-chunk dq/dk kernel (`_chunk_dqk_intra_kernel`) as launched (all 128 key channels a
+  program, 8 warps) and on key tiles of 64 (8 and 4 warps) and 32 (4 and 2 warps), in the backward of a GLA
+  training step at 16K (B 1, 32 heads, K = V = 128, bf16): gradients checked against the first config's, then
+  the kernel's and the backward's GPU time (~30 s).
 ssd_state_split: Mamba-2's state pass at chunks of 64 (what the backward and the book's forward take) at 16K, the
   sequential pass against the split (chunk states all at once, then the walk), states in bf16 and fp32: checked
   against each other, then each launch's GPU time (~20 s).
@@ -463,6 +468,42 @@ def ssd_dqk_configs():
               f"first rel err {worst:.1e}", flush=True)
     for n, value in landed.items():
         setattr(mamba2_chunk, n, value)
+
+
+def gla_intra_configs():
+    """GLA's sub-chunk dq/dk kernel in five configs (module docstring), timed inside the backward of one training
+    step (B 1, T 16K, 32 heads, K = V = 128, bf16); each config's gradients against the first's (bf16: equal to
+    rounding; a config off by more is not timed)."""
+    from attention_kernels.gla import chunk_gla
+    from attention_kernels.linear import chunk_backward
+    B, T, H, K, bf16 = 1, 16384, 32, 128, torch.bfloat16
+    landed = {"_INTRA_BK": chunk_backward._INTRA_BK, "_INTRA_WARPS": chunk_backward._INTRA_WARPS}
+    configs = {"as launched": {}, **{f"key tiles of {bk}, {w} warps": {"_INTRA_BK": bk, "_INTRA_WARPS": w}
+                                     for bk, w in ((64, 8), (64, 4), (32, 4), (32, 2))}}
+    q, k, v = (torch.randn(B, T, H, K, dtype=bf16, device="cuda", requires_grad=True) for _ in range(3))
+    gk = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, device="cuda")).div(16).to(bf16).requires_grad_()
+    o, _ = chunk_gla(q, k, v, gk=gk)
+    do = torch.randn_like(o)
+
+    def backward():
+        return torch.autograd.grad(o, (q, k, v, gk), do, retain_graph=True)
+    first = None
+    print(f"--- GLA backward alone, B {B}, T {T}, {H} heads, K = V = {K}, bf16; GPU µs per call")
+    for name, patch in configs.items():
+        for n, value in {**landed, **patch}.items():
+            setattr(chunk_backward, n, value)
+        grads = [g.float() for g in backward()]
+        first = first or grads
+        worst = max(((g - f).norm() / f.norm().clamp_min(1e-30)).item() for g, f in zip(grads, first))
+        if not worst < 2e-2:
+            print(f"  {name:24s} WRONG: gradients vs the first rel err {worst:.1e}; not timed", flush=True)
+            continue
+        times = _kernel_times_us(backward, reps=10)
+        intra = sum(us for n, us in times.items() if "_chunk_dqk_intra_kernel" in n)
+        print(f"  {name:24s} sub-chunk kernel {intra:8.1f} us; backward GPU {sum(times.values()):8.1f} us; "
+              f"gradients vs the first rel err {worst:.1e}", flush=True)
+    for n, value in landed.items():
+        setattr(chunk_backward, n, value)
 
 
 def ssd_state_split():

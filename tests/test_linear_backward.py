@@ -23,6 +23,7 @@ from attention_kernels.gla import interface as gla_interface
 from attention_kernels.gla.chunk import chunk_gla_scores
 from attention_kernels.lightning import chunk_lightning, fused_recurrent_lightning, lightning_slopes, naive_recurrent_lightning
 from attention_kernels.linear import CHUNK, chunk_local_cumsum, chunk_state_dtype, chunk_state_pass
+from attention_kernels.linear import chunk_backward
 from attention_kernels.linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 
 FP32 = tolerance(torch.float32)
@@ -103,6 +104,31 @@ def test_gla_gradients(shape, gate, with_h0):
     if gate == "reset":                       # a gate of -inf: no gradient at all, as in the fp64 loop
         reset = tensors[3] == float("-inf")
         assert reset.any() and (out[2][3][reset] == 0).all()
+
+
+@pytest.mark.parametrize("K, key_tile", [(48, 16), (40, 16), (32, 32)], ids=["K48-tiles16", "K40-tiles16", "K32-one-tile"])
+def test_gla_gradients_with_the_sub_chunk_kernel_on_key_tiles(K, key_tile, monkeypatch):
+    # the sub-chunk dq/dk kernel over key tiles (`_INTRA_BK`): three whole tiles, two and a partial one, one
+    # tile of all of K; T 70 (a partial chunk, sub-chunks past T), strong gates (exponents far below 0)
+    monkeypatch.setattr(chunk_backward, "_INTRA_BK", key_tile)
+    launched = []
+    kernel = chunk_backward._chunk_dqk_intra_kernel
+    monkeypatch.setattr(chunk_backward, "_chunk_dqk_intra_kernel", _Recording(kernel, launched))
+    tensors, h0, do, dht = gla_inputs(2, 70, 2, K, 24, "strong", True)
+    out = grads(chunk_gla, tensors, h0, do, dht)
+    ref = grads(naive_recurrent_gla, fp64(tensors), *fp64([h0]), do, dht)
+    assert_grads_close(out, ref, ["dq", "dk", "dv", "dgk", "dh0"])
+    assert launched == [(-(-K // key_tile) * CHUNK // 16, 2, 2 * 2)]     # (key tiles x sub-chunks, chunks, B x H)
+
+
+class _Recording:
+    """A kernel whose launches record their grid, then run."""
+    def __init__(self, kernel, grids):
+        self.kernel, self.grids = kernel, grids
+
+    def __getitem__(self, grid):
+        self.grids.append(tuple(grid))
+        return self.kernel[grid]
 
 
 def test_gla_loss_through_the_final_state_only():

@@ -432,24 +432,31 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
 # stages their tiles through shared memory (scripts/linear_bwd_compile.py).
 _PER_CHANNEL_WARPS = 8
 _INTRA_STAGES = 1
+# The sub-chunk kernel's key channels a program (None: all of K) and warps. Every part of its work is separable
+# by key channel, so smaller tiles give it NK times the programs at fewer registers each; its 16-step diagonal
+# loop is a chain of dependent loads and exponentials (1.83 ms of GLA's 16K step on an H200, ~4x its byte bound),
+# which more programs an SM would hide. An experiment ("2026-12-07 (33)" in notes/TUNING.md): the GPU decides.
+_INTRA_BK, _INTRA_WARPS = None, _PER_CHANNEL_WARPS
 @triton.jit(do_not_specialize=["T", "H"])
 def _chunk_dqk_intra_kernel(
     q, k, b, dA, dq, dk, T, H,
     K: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    # one program: sub-chunk i_c of chunk i_t; its rows' dq and its columns' dk from the pairs j < t
-    # (the pairs j = t are left to the chunk-wide kernel, which drops them from the gate's gradient).
+    # one program: sub-chunk i_c of chunk i_t, key channels [i_k·BK, ..); its rows' dq and its columns' dk
+    # from the pairs j < t (the pairs j = t are left to the chunk-wide kernel, which drops them from the
+    # gate's gradient). Each key channel's terms are its own (a gate per channel: no sum across channels).
     # The elementwise diagonal block and the tensor-core products accumulate apart and meet once, at the
     # store: an elementwise update of an accumulator in the products' layout is a shared-memory round trip.
-    i_c, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_kc, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_k, i_c = i_kc // (BT // BC), i_kc % (BT // BC)
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_t * BT + i_c * BC
     if t0 < T:
         o_r = tl.arange(0, BC)
         o_t = t0 + o_r
         m_t = o_t < T
-        o_k = tl.arange(0, BK)
+        o_k = i_k * BK + tl.arange(0, BK)
         o_gk = o_k if G == K else o_k * 0
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
@@ -697,10 +704,10 @@ def chunk_dqk_intra(q, k, b, dA, dq, dk, *, input_precision: str | None = None) 
         >>> chunk_dqk_intra(q, k, b, dA, dq, dk)
     """
     B, T, H, K = q.shape
-    _chunk_dqk_intra_kernel[(CHUNK // SUB_CHUNK, triton.cdiv(T, CHUNK), B * H)](
-        q, k, b, dA, dq, dk, T, H, K, b.shape[-1], BT=CHUNK, BC=SUB_CHUNK, BK=pow2_at_least_16(K),
-        DOT_PREC=input_precision or dot_precision(q.dtype), num_warps=_PER_CHANNEL_WARPS,
-        num_stages=_INTRA_STAGES)
+    BK = pow2_at_least_16(K) if _INTRA_BK is None else _INTRA_BK     # key channels a program
+    _chunk_dqk_intra_kernel[(triton.cdiv(K, BK) * (CHUNK // SUB_CHUNK), triton.cdiv(T, CHUNK), B * H)](
+        q, k, b, dA, dq, dk, T, H, K, b.shape[-1], BT=CHUNK, BC=SUB_CHUNK, BK=BK,
+        DOT_PREC=input_precision or dot_precision(q.dtype), num_warps=_INTRA_WARPS, num_stages=_INTRA_STAGES)
 
 
 def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float, *, gamma=None) -> None:
