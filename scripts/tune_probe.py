@@ -423,16 +423,49 @@ def train_kernels(*families):
             del fn
 
 
+def _each_config(module, configs, backward):
+    """For each config of `configs` (name -> {module constant: value}), set on `module` over the values it has
+    at the start, in turn: (name, gradients' rel err against the first config's, or None where the config does
+    not fit this GPU, with the reason). The caller times each while it is set; the module's values are restored
+    at the end, or on an error."""
+    landed = {n: getattr(module, n) for patch in configs.values() for n in patch}
+    first = None
+    try:
+        for name, patch in configs.items():
+            for n, value in {**landed, **patch}.items():
+                setattr(module, n, value)
+            try:
+                grads = [g.float() for g in backward()]
+            except Exception as e:   # a config that does not fit this GPU: say so, go on
+                yield name, None, f"failed: {type(e).__name__}: {str(e)[:120]}"
+                continue
+            first = first or grads
+            yield name, max(((g - f).norm() / f.norm().clamp_min(1e-30)).item() for g, f in zip(grads, first)), ""
+    finally:
+        for n, value in landed.items():
+            setattr(module, n, value)
+
+
+def _timed_configs(module, configs, backward, report):
+    """Each config's backward (`_each_config`) timed per kernel, unless it failed or its gradients are off the
+    first config's by more than bf16's rounding (2e-2): `report(name, times, err)` prints its row."""
+    for name, err, why in _each_config(module, configs, backward):
+        if err is None or not err < 2e-2:
+            print(f"  {name:24s} " + (why or f"WRONG: gradients vs the first rel err {err:.1e}; not timed"),
+                  flush=True)
+            continue
+        report(name, _kernel_times_us(backward, reps=10), err)
+
+
 def ssd_dqk_configs():
     """Mamba-2's dq/dk launches (`_ssd_dqk_intra_kernel`, then the key tiles `_ssd_dqk_kernel`) at the training
     table's 16K case (B 1, 80 heads x 64, dstate 128, G 1, bf16), in their config, with the intra kernel on 8
     warps, and with the key tiles on 8 warps too. One forward; each config's gradients checked against
     the first's (bf16: equal to rounding; a config off by more is not timed), then the backward alone: the two
-    launches' GPU µs, every backward kernel's (torch.profiler) and the plain backward call (~45 s)."""
+    launches' GPU µs, every backward kernel's (torch.profiler) and the plain backward call (~30 s)."""
     from attention_kernels.mamba2 import bench as mamba2_bench
     from attention_kernels.mamba2 import chunk as mamba2_chunk
     B, T, H, P, N, bf16 = 1, 16384, 80, 64, 128, torch.bfloat16
-    landed = {"_DQK_WARPS": mamba2_chunk._DQK_WARPS, "_DQK_INTRA_WARPS": mamba2_chunk._DQK_INTRA_WARPS}
     configs = {"as launched": {}, "intra 8 warps": {"_DQK_INTRA_WARPS": 8},
                "both on 8 warps": {"_DQK_INTRA_WARPS": 8, "_DQK_WARPS": 8}}
     inputs = dict(x=torch.randn(B, T, H, P, dtype=bf16), dt=torch.randn(B, T, H, dtype=bf16),
@@ -445,29 +478,15 @@ def ssd_dqk_configs():
 
     def backward():
         return torch.autograd.grad(y, list(inputs.values()), dy, retain_graph=True)
-    first = None
-    print(f"--- Mamba-2 backward alone, B {B}, T {T}, {H} heads x {P}, dstate {N}, bf16; GPU µs per call")
-    for name, patch in configs.items():
-        for n, value in {**landed, **patch}.items():
-            setattr(mamba2_chunk, n, value)
-        try:
-            grads = [g.float() for g in backward()]
-        except Exception as e:   # a config that does not fit this GPU: say so, go on
-            print(f"  {name:17s} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
-            continue
-        first = first or grads
-        worst = max(((g - f).norm() / f.norm().clamp_min(1e-30)).item() for g, f in zip(grads, first))
-        if not worst < 2e-2:
-            print(f"  {name:17s} WRONG: gradients vs the first rel err {worst:.1e}; not timed", flush=True)
-            continue
-        times = _kernel_times_us(backward, reps=10)
+
+    def report(name, times, err):
         keys = sum(us for k, us in times.items() if "_ssd_dqk_kernel" in k)
         intra = sum(us for k, us in times.items() if "_ssd_dqk_intra_kernel" in k)
-        print(f"  {name:17s} dq/dk {keys + intra:8.1f} us (key tiles {keys:.1f}, intra {intra:.1f}); backward GPU "
+        print(f"  {name:24s} dq/dk {keys + intra:8.1f} us (key tiles {keys:.1f}, intra {intra:.1f}); backward GPU "
               f"{sum(times.values()):8.1f} us, plain call {time_ms(backward) * 1000:8.1f} us; gradients vs the "
-              f"first rel err {worst:.1e}", flush=True)
-    for n, value in landed.items():
-        setattr(mamba2_chunk, n, value)
+              f"first rel err {err:.1e}", flush=True)
+    print(f"--- Mamba-2 backward alone, B {B}, T {T}, {H} heads x {P}, dstate {N}, bf16; GPU µs per call")
+    _timed_configs(mamba2_chunk, configs, backward, report)
 
 
 def gla_intra_configs():
@@ -477,7 +496,6 @@ def gla_intra_configs():
     from attention_kernels.gla import chunk_gla
     from attention_kernels.linear import chunk_backward
     B, T, H, K, bf16 = 1, 16384, 32, 128, torch.bfloat16
-    landed = {"_INTRA_BK": chunk_backward._INTRA_BK, "_INTRA_WARPS": chunk_backward._INTRA_WARPS}
     configs = {"as launched": {}, **{f"key tiles of {bk}, {w} warps": {"_INTRA_BK": bk, "_INTRA_WARPS": w}
                                      for bk, w in ((64, 8), (64, 4), (32, 4), (32, 2))}}
     q, k, v = (torch.randn(B, T, H, K, dtype=bf16, device="cuda", requires_grad=True) for _ in range(3))
@@ -487,23 +505,13 @@ def gla_intra_configs():
 
     def backward():
         return torch.autograd.grad(o, (q, k, v, gk), do, retain_graph=True)
-    first = None
-    print(f"--- GLA backward alone, B {B}, T {T}, {H} heads, K = V = {K}, bf16; GPU µs per call")
-    for name, patch in configs.items():
-        for n, value in {**landed, **patch}.items():
-            setattr(chunk_backward, n, value)
-        grads = [g.float() for g in backward()]
-        first = first or grads
-        worst = max(((g - f).norm() / f.norm().clamp_min(1e-30)).item() for g, f in zip(grads, first))
-        if not worst < 2e-2:
-            print(f"  {name:24s} WRONG: gradients vs the first rel err {worst:.1e}; not timed", flush=True)
-            continue
-        times = _kernel_times_us(backward, reps=10)
+
+    def report(name, times, err):
         intra = sum(us for n, us in times.items() if "_chunk_dqk_intra_kernel" in n)
         print(f"  {name:24s} sub-chunk kernel {intra:8.1f} us; backward GPU {sum(times.values()):8.1f} us; "
-              f"gradients vs the first rel err {worst:.1e}", flush=True)
-    for n, value in landed.items():
-        setattr(chunk_backward, n, value)
+              f"gradients vs the first rel err {err:.1e}", flush=True)
+    print(f"--- GLA backward alone, B {B}, T {T}, {H} heads, K = V = {K}, bf16; GPU µs per call")
+    _timed_configs(chunk_backward, configs, backward, report)
 
 
 def ssd_state_split():
@@ -780,4 +788,5 @@ if __name__ == "__main__":
     for part in sys.argv[1:]:
         {"fa_host": fa_host, "fa_bwd": fa_bwd, "fa_mask": fa_mask, "fa_gluon": fa_gluon, "fa_gluon_bwd": fa_gluon_bwd,
          "kda_step": kda_step, "mla_splits": mla_splits, "mla_mixed": mla_mixed, "kda_prefill": kda_prefill,
-         "train_kernels": train_kernels, "train_ncu": train_ncu, "ssd_dqk_configs": ssd_dqk_configs}[part]()
+         "train_kernels": train_kernels, "train_ncu": train_ncu, "ssd_dqk_configs": ssd_dqk_configs,
+         "gla_intra_configs": gla_intra_configs, "ssd_state_split": ssd_state_split}[part]()

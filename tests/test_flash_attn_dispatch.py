@@ -364,19 +364,12 @@ def _dkdv_from_the_formula(kernel, grid, key, args, constexprs, **options):
     0 of the per-part workspace that the launcher sums)."""
     q, k, v, do, dk, dv, lse_rows, delta_rows, scale_log2, scale, T, S, HQ, HKV, parts, row_stride = args
     assert lse_rows.shape[-1] == row_stride and row_stride % 4 == 0
-    group = HQ // HKV
-    q, do, lse, delta = q.double(), do.double(), lse_rows[..., :T].double(), delta_rows[..., :T].double()
-    k, v = (t.double().repeat_interleave(group, dim=2) for t in (k, v))
-    s = torch.einsum("bthd,bshd->bhts", q, k)
-    if constexprs["CAUSAL"]:   # bottom-right: query i sees key j iff j <= i + S - T
-        hidden = torch.arange(S)[None, :] > torch.arange(T)[:, None] + S - T
-        s = s.masked_fill(hidden, float("-inf"))
-    p = torch.exp2(s * scale_log2 - lse[..., None])
-    ds = p * (torch.einsum("bthd,bshd->bhts", do, v) - delta[..., None])
+    q, do, delta = q.double(), do.double(), delta_rows[..., :T].double()
+    k, v, p, ds = _p_and_ds(q, k, v, do, lse_rows[..., :T], delta, scale_log2, constexprs["CAUSAL"], HQ // HKV)
     B, D = q.shape[0], q.shape[3]
     dv_heads, dk_heads = torch.einsum("bhts,bthd->bshd", p, do), scale * torch.einsum("bhts,bthd->bshd", ds, q)
     for out, grad in ((dv, dv_heads), (dk, dk_heads)):
-        summed = grad.reshape(B, S, HKV, group, D).sum(3)
+        summed = grad.reshape(B, S, HKV, HQ // HKV, D).sum(3)
         if parts > 1:
             out.zero_()
             out[..., 0, :] = summed
@@ -388,17 +381,23 @@ def _dq_from_the_formula(kernel, grid, key, args, constexprs, **options):
     """Stands in for the Gluon dQ launch: delta = rowsum(dO o O) and dQ from what the kernel is handed, in fp64,
     written where the kernel writes them."""
     q, k, v, o, do, dq, lse, delta, scale_log2, scale, T, S, HQ, HKV = args
-    group = HQ // HKV
-    q, do, lse = q.double(), do.double(), lse.double()
-    k, v = (t.double().repeat_interleave(group, dim=2) for t in (k, v))
+    q, do = q.double(), do.double()
     rows = (do * o.double()).sum(-1).transpose(1, 2)   # [B, HQ, T]
+    k, _, _, ds = _p_and_ds(q, k, v, do, lse, rows, scale_log2, constexprs["CAUSAL"], HQ // HKV)
+    dq.copy_(scale * torch.einsum("bhts,bshd->bthd", ds, k)), delta.copy_(rows)
+
+
+def _p_and_ds(q, k, v, do, lse, delta, scale_log2, causal, group):
+    """fp64 k and v repeated over each KV head's query heads, P and dS = P o (dP - delta) ([B, HQ, T, S]), from
+    fp64 q and do ([B, T, HQ, D]), the base-2 lse and delta rows ([B, HQ, T])."""
+    k, v = (t.double().repeat_interleave(group, dim=2) for t in (k, v))
+    T, S = q.shape[1], k.shape[1]
     s = torch.einsum("bthd,bshd->bhts", q, k)
-    if constexprs["CAUSAL"]:
+    if causal:   # bottom-right: query i sees key j iff j <= i + S - T
         hidden = torch.arange(S)[None, :] > torch.arange(T)[:, None] + S - T
         s = s.masked_fill(hidden, float("-inf"))
-    p = torch.exp2(s * scale_log2 - lse[..., None])
-    ds = p * (torch.einsum("bthd,bshd->bhts", do, v) - rows[..., None])
-    dq.copy_(scale * torch.einsum("bhts,bshd->bthd", ds, k)), delta.copy_(rows)
+    p = torch.exp2(s * scale_log2 - lse.double()[..., None])
+    return k, v, p, p * (torch.einsum("bthd,bshd->bhts", do, v) - delta[..., None])
 
 
 @pytest.mark.skipif(not INTERPRET, reason="plays a Hopper on the CPU; on a GPU, test_gpu_* runs the kernel")

@@ -64,6 +64,17 @@ def test_kda_gradients(shape, gate, beta, with_h0, l2norm):
         assert reset.any() and (out[2][3][reset] == 0).all()
 
 
+def test_kda_gradients_with_the_sub_chunk_kernel_on_key_tiles(monkeypatch):
+    # KDA's two sub-chunk launches (A_qk's pairs, then A_kk's with k in both places) over key tiles of 16 of
+    # K = 48, T 70: the gradients against the fp64 loop, as on one tile of all of K
+    from attention_kernels.linear import chunk_backward
+    monkeypatch.setattr(chunk_backward, "_INTRA_BK", 16)
+    tensors, h0, do, dht = kda_inputs(1, 70, 2, 48, 16, "paper", "uniform", True, True)
+    out = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=True)
+    ref = grads(naive_recurrent_kda, fp64(tensors), *fp64([h0]), do, dht, use_qk_l2norm_in_kernel=True)
+    assert_grads_close(out, ref, NAMES + ["dh0"])
+
+
 def test_kda_loss_through_the_final_state_only():
     # o takes no gradient: autograd hands the backward None for it
     (q, k, v, g, beta), h0, _, dht = kda_inputs(1, 70, 2, 16, 32, "paper", "uniform", True, True)

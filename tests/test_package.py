@@ -209,8 +209,7 @@ PRIVATE_ACROSS_MODULES = {
     ("scripts/linear_bwd_compile.py", "_PER_CHANNEL_WARPS"): "compiles each kernel at its launch warps",
     ("scripts/linear_bwd_compile.py", "_INTRA_STAGES"): "compiles the sub-chunk kernel at its launch stages",
     ("scripts/linear_bwd_compile.py", "_INTRA_WARPS"): "compiles the sub-chunk kernel at its launch warps",
-    ("scripts/tune_probe.py", "_INTRA_BK"): "times the sub-chunk dq/dk kernel on key tiles",
-    ("scripts/tune_probe.py", "_INTRA_WARPS"): "times the sub-chunk dq/dk kernel on other warps",
+    ("scripts/linear_bwd_compile.py", "_INTRA_BK"): "compiles the sub-chunk kernel at its launch key tile",
     ("scripts/linear_bwd_compile.py", "_sum_precision"): "compiles the gate's sums at the precision a launch picks",
     ("scripts/linear_bwd_compile.py", "_DQK_BK"): "compiles Mamba-2's dq/dk kernel at its launch tile",
     ("scripts/linear_bwd_compile.py", "_DQK_BV"): "compiles Mamba-2's dq/dk kernel at its launch tile",
@@ -224,8 +223,6 @@ PRIVATE_ACROSS_MODULES = {
     ("scripts/linear_bwd_compile.py", "_DQK_INTRA_WARPS"): "compiles Mamba-2's dq/dk intra kernel at its launch tile",
     ("scripts/gla_tilelang_compile.py", "_state_kernel"): "compiles the TileLang GLA kernels alone",
     ("scripts/gla_tilelang_compile.py", "_output_kernel"): "compiles the TileLang GLA kernels alone",
-    ("scripts/tune_probe.py", "_DQK_WARPS"): "times Mamba-2's dq/dk key tiles on other warps than their launch's",
-    ("scripts/tune_probe.py", "_DQK_INTRA_WARPS"): "times Mamba-2's dq/dk intra kernel on other warps",
     ("scripts/mla_replay_check.py", "_paged_case"): "replays the MLA benchmark's own cases",
     ("scripts/mla_replay_check.py", "_paged_inputs"): "replays the MLA benchmark's own inputs",
 }

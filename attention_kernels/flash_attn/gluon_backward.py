@@ -15,7 +15,8 @@ in Dao-AILab/flash-attention, read, not copied): one CTA per key block, K and V 
 producer warp streaming Q and dO tiles with their lse and delta rows through a pipeline, and the MMA warpgroups
 holding the transposed products (its SdP_swapAB), so that P^T and dS^T come out of the accumulators as the
 register A operands of dV += P^T dO and dK += dS^T Q. Unlike FA3, dQ is not accumulated here (FA3 writes dS to
-shared memory and adds dQ with atomics): the deterministic Triton dQ pass computes it, and delta with it.
+shared memory and adds dQ with atomics): a deterministic pass computes it, and delta with it, before this kernel
+runs: the Triton dQ pass or the Gluon dQ kernel (`gluon_dq.py`).
 
 One CTA per (block of 128 keys, KV head [, part of its GQA group], batch), three partitions (gl.warp_specialize):
   * a 1-warp producer copies the CTA's K and V once (two 64-key halves each), then for each query head of the

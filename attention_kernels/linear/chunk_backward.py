@@ -427,16 +427,17 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
 # ------------------------------------------------------------------ 3. dq, dk and the gate's gradient
 # A gate per key channel (GLA, K = 128): both kernels on 8 warps. At 4 warps ptxas (sm_90a, bf16) spilled the
 # chunk-wide one 2.7 KB (with its gate sums as IEEE fp32 products, 4,284 FFMA); at 8 warps 237 registers, no
-# spills. The sub-chunk kernel: 96 registers at 8 warps (two programs an SM), 155 at 4 (one program of 4 warps
-# at 160+); one stage, as its loops over the other sub-chunks run at most 3 steps and a pipelined copy only
+# spills. The sub-chunk kernel over all of K: 113 registers at 8 warps (two programs an SM); one stage, as its loops over the other sub-chunks run at most 3 steps and a pipelined copy only
 # stages their tiles through shared memory (scripts/linear_bwd_compile.py).
 _PER_CHANNEL_WARPS = 8
 _INTRA_STAGES = 1
 # The sub-chunk kernel's key channels a program (None: all of K) and warps. Every part of its work is separable
 # by key channel, so smaller tiles give it NK times the programs at fewer registers each; its 16-step diagonal
-# loop is a chain of dependent loads and exponentials (1.83 ms of GLA's 16K step on an H200, ~4x its byte bound),
-# which more programs an SM would hide. An experiment ("2026-12-07 (33)" in notes/TUNING.md): the GPU decides.
+# loop is a chain of dependent loads and exponentials (1.83 ms of GLA's 16K step on an H200, ~3.6x its byte
+# bound), which more programs an SM would hide: tiles of 64 on 4 warps take 80 registers (six programs an SM),
+# of 32 on 4 warps 56. An experiment ("2026-12-07 (33)" in notes/TUNING.md): the GPU decides.
 _INTRA_BK, _INTRA_WARPS = None, _PER_CHANNEL_WARPS
+
 @triton.jit(do_not_specialize=["T", "H"])
 def _chunk_dqk_intra_kernel(
     q, k, b, dA, dq, dk, T, H,

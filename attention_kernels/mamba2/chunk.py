@@ -169,7 +169,7 @@ def _ssd_state_kernel(
     p_h = o_k[:, None] * P + o_v[None, :]                # a chunk state, [dstate, headdim]
     p_io = o_k[:, None] + o_v[None, :] * N               # the initial and final ones, mamba_ssm's [headdim, dstate]
     if USE_H0:
-        b_h = tl.load(h0 + i_bh * N * P + p_io, mask=m_h, other=0.0)
+        b_h = tl.load(h0 + i_bh.to(tl.int64) * N * P + p_io, mask=m_h, other=0.0)
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
 
@@ -185,7 +185,7 @@ def _ssd_state_kernel(
                                 N, P, L, BT, DOT_PREC)
 
     if STORE_HT:
-        tl.store(ht + i_bh * N * P + p_io, b_h, mask=m_h)
+        tl.store(ht + i_bh.to(tl.int64) * N * P + p_io, b_h, mask=m_h)
 
 
 # 2b. The split, first every chunk's own state: (BK over dstate, BV over headdim), num_warps, num_stages on
@@ -244,7 +244,7 @@ def _ssd_state_pass_kernel(
     if IN_PLACE:
         h = local
     if USE_H0:
-        b_h = tl.load(h0 + i_bh * N * P + p_io, mask=m_e, other=0.0)
+        b_h = tl.load(h0 + i_bh.to(tl.int64) * N * P + p_io, mask=m_e, other=0.0)
     else:
         b_h = tl.zeros([BE], dtype=tl.float32)
     p_c = (i_b * NT * H + i_h).to(tl.int64) * N * P + o_e   # chunk 0's state of this head
@@ -261,7 +261,7 @@ def _ssd_state_pass_kernel(
         b_h = b_h * tl.exp(g_last) + b_loc
         p_c += H * N * P
     if STORE_HT:
-        tl.store(ht + i_bh * N * P + p_io, b_h, mask=m_e)
+        tl.store(ht + i_bh.to(tl.int64) * N * P + p_io, b_h, mask=m_e)
 
 
 def ssd_state_pass(B, x, dtf, b, states, initial_states=None, final_states=None, chunk_size: int = CHUNK) -> None:
@@ -569,7 +569,8 @@ def _ssd_dqk_intra_kernel(
     # (`_ssd_dqk_kernel` below does the inter-chunk part), once per chunk and head, not once per key tile: the
     # whole score CB = C Bᵀ (summed over dstate in tiles of BK), then per head D_h = dA_h ⊙ M_h,
     # W += D_h ⊙ dt_h[None, s], E_h = D_h ⊙ CB and R_h = E_h ⊙ dt_h[None, s] strictly below the diagonal.
-    # Written: W, in B's dtype after the sum over the run, and per head the intra shares of the gate's and dt's gradients, which need per-head sums of q·dq and k·dk: with k_s · (D_hᵀ C)_s = dt_s Σ_t E_h,ts
+    # Written: W, in B's dtype after the sum over the run, and per head the intra shares of the gate's and dt's
+    # gradients, which need per-head sums of q·dq and k·dk: with k_s · (D_hᵀ C)_s = dt_s Σ_t E_h,ts
     # and B_s · (D_hᵀ C)_s = Σ_t E_h,ts, the gate's is Σ_{s>=t} (rowsum R - colsum R)_s (`one_decay_dqk`'s sum)
     # and dt's through the keys colsum E. Both are linear in R and E, so they add to the key-tile kernel's
     # inter shares, and the floor's zeroing distributes over the sum
