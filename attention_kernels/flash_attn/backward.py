@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import LOG2E, launch, on_machine
+from ..launch import LOG2E, cdiv, launch, on_machine
 from .forward import _key_ranges, varlen_key_block, varlen_query_block
 
 # Tiles (BM, BN, num_warps, num_stages): a program owns BN keys (dK/dV) or BN queries (dQ) and steps
@@ -360,8 +360,8 @@ def attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float, one_l
     else:
         B, T, HQ, D = q.shape
         S, HKV = k.shape[1], k.shape[2]
-        n_kv_blocks = lambda BN: triton.cdiv(S, BN) * B * HKV  # noqa: E731
-        n_dq = lambda BN: triton.cdiv(T, BN) * B * HQ  # noqa: E731
+        n_kv_blocks = lambda BN: cdiv(S, BN) * B * HKV  # noqa: E731
+        n_dq = lambda BN: cdiv(T, BN) * B * HQ  # noqa: E731
     parts, tiles = bwd_plan(D, HQ // HKV, n_kv_blocks)
     partial = parts > 1
     do = do.contiguous()  # e.g. the gradient of out.sum() arrives as a stride-0 view
@@ -401,7 +401,7 @@ def dq_and_delta(do, q, k, v, o, lse, causal: bool, softmax_scale: float):
     dq = torch.empty_like(q)
     delta = torch.empty(lse.shape, device=q.device, dtype=torch.float32)
     # dk and dv: the dQ programs write neither, dq stands in for both
-    launch(_attn_bwd_kernel, lambda BM, BN: (triton.cdiv(T, BN) * B * HQ,), dq_tiles(D),
+    launch(_attn_bwd_kernel, lambda BM, BN: (cdiv(T, BN) * B * HQ,), dq_tiles(D),
            ("bwd dq alone", q.device, q.dtype, D, causal), q, k, v, o, do, dq, dq, dq, lse, delta, None, None,
            B, T, S, HQ, HQ // HKV, 1, softmax_scale * LOG2E, softmax_scale, D=D, CAUSAL=causal, DQ=True, DKDV=False,
            VARLEN=False, PARTIAL=False)

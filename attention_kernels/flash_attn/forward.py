@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import LOG2E, launch, on_machine
+from ..launch import LOG2E, cdiv, launch, on_machine
 from ..tl_helpers import dot_visible
 
 # Tile sizes per head dim: (BM, BN, num_warps, num_stages). Fixed, not autotuned: on the H200
@@ -223,7 +223,7 @@ def attention_fwd(q, k, v, causal: bool, softmax_scale: float, cu_seqlens_q=None
     else:
         B, T, HQ, D = q.shape
         S, HKV = k.shape[1], k.shape[2]
-        grid = lambda BM, BN: (triton.cdiv(T, BM), B * HQ)  # noqa: E731
+        grid = lambda BM, BN: (cdiv(T, BM), B * HQ)  # noqa: E731
         lse = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     tiles = fwd_tiles(D, causal)

@@ -51,7 +51,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from ..checks import check_tensor
 from ..gluon_helpers import opaque_zero
-from ..launch import LOG2E, aligned16, launch_direct
+from ..launch import LOG2E, aligned16, cdiv, launch_direct
 from .backward import dq_and_delta, group_parts
 
 BN = 128           # keys per CTA: two consumer warpgroups of 64 (wgmma's M)
@@ -414,14 +414,14 @@ def gluon_attention_bwd(do, q, k, v, o, lse, causal: bool, softmax_scale: float,
                                                                               softmax_scale)   # delta for dK/dV
 
     # the GQA split as the Triton backward's (`bwd_plan`), counted in this kernel's programs
-    parts = group_parts(group, triton.cdiv(S, BN) * B * HKV)
+    parts = group_parts(group, cdiv(S, BN) * B * HKV)
     if parts > 1:   # [B, S, Hkv, parts, D]: each part's sums, added up below
         dk, dv = (torch.empty((B, S, HKV, parts, D), device=q.device, dtype=torch.float32) for _ in "kv")
     else:
         dk, dv = torch.empty_like(k), torch.empty_like(v)
     lse_rows, row_stride = _rows_for_the_copy_engine(lse)
     delta_rows, _ = _rows_for_the_copy_engine(delta)
-    grid = (triton.cdiv(S, BN), B * HKV * parts)
+    grid = (cdiv(S, BN), B * HKV * parts)
     constexprs = dict(D=D, BM=BM, STAGES=STAGES, CAUSAL=bool(causal), CONSUMER_REGS=WS_CONSUMER_REGS,
                       PRODUCER_REGS=WS_PRODUCER_REGS)
     launch_direct(attn_bwd_dkdv_ws_kernel, grid,

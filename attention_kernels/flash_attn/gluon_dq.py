@@ -38,13 +38,12 @@ buffers' shapes, the consumers at 240 registers (setmaxnreg; the producer at 32,
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ..gluon_helpers import opaque_zero
-from ..launch import LOG2E, launch_direct
+from ..launch import LOG2E, cdiv, launch_direct
 from .gluon_forward import has_non_finite, pv_skipping_zeros, query_block, rows_desc
 
 BM = 128           # query rows per CTA: two consumer warpgroups of 64 (wgmma's M)
@@ -267,7 +266,7 @@ def gluon_dq_and_delta(do, q, k, v, o, lse, causal: bool, softmax_scale: float):
     BN, STAGES = DQ_TILES[D]
     constexprs = dict(D=D, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), CONSUMER_REGS=WS_CONSUMER_REGS,
                       PRODUCER_REGS=WS_PRODUCER_REGS)
-    launch_direct(attn_bwd_dq_ws_kernel, (triton.cdiv(T, BM), B * HQ),
+    launch_direct(attn_bwd_dq_ws_kernel, (cdiv(T, BM), B * HQ),
                   ("gluon_bwd_dq", q.device.index, q.dtype, D, bool(causal)),
                   (q, k, v, o, do, dq, lse, delta, softmax_scale * LOG2E, softmax_scale, T, S, HQ, HKV), constexprs,
                   aligned=True, num_warps=4, maxnreg=WS_MAXNREG)   # the caller checked the addresses

@@ -42,14 +42,13 @@ not cross into the partitions, which read sizes off the buffers' shapes.
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ..checks import check_no_grad
 from ..gluon_helpers import opaque_zero
-from ..launch import LOG2E, aligned16, launch_direct
+from ..launch import LOG2E, aligned16, cdiv, launch_direct
 
 BM = 128           # query rows per CTA: two consumer warpgroups of 64 (wgmma's M)
 WG_ROWS = BM // 2
@@ -578,7 +577,7 @@ def launch_gluon(q, k, v, causal: bool, softmax_scale: float, schedule: int):
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty((B, HQ, T), device=q.device, dtype=torch.float32)
     BN, STAGES = FWD_TILES[D]
-    grid = (triton.cdiv(T, BM), B * HQ)
+    grid = (cdiv(T, BM), B * HQ)
     constexprs = dict(D=D, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), SCHEDULE=schedule,
                       CONSUMER_REGS=WS_CONSUMER_REGS, PRODUCER_REGS=WS_PRODUCER_REGS)
     launch_direct(attn_fwd_ws_kernel, grid, ("gluon_fwd", q.device.index, q.dtype, D, bool(causal), schedule),

@@ -341,6 +341,11 @@ def _check_peer_options(causal, dropout_p, window_size, softcap, alibi_slopes, d
     """flash-attn's options beyond q, k, v, the offsets and the scale, as these kernels take them: the values
     that ask for nothing they lack pass, any other is refused naming the argument. Returns causal, which
     window_size (-1, 0) also asks for (see `flash_attn_func`)."""
+    if (type(dropout_p) is float and dropout_p == 0.0 and type(window_size) is tuple and window_size == (-1, -1)
+            and type(window_size[0]) is type(window_size[1]) is int and type(softcap) is float and softcap == 0.0
+            and alibi_slopes is None and block_table is None and type(causal) is bool
+            and type(deterministic) is bool and return_attn_probs is False and type(return_lse) is bool):
+        return causal   # flash-attn's defaults: nothing to check one by one (a few microseconds of a short call)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
     if dropout_p != 0.0:

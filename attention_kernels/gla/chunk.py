@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..launch import autotune_configs, pow2_at_least_16
+from ..launch import autotune_configs, cdiv, pow2_at_least_16
 from ..linear.chunk import CHUNK, SUB_CHUNK, chunk_row, dot_precision
 
 BC = SUB_CHUNK  # rows per sub-chunk
@@ -98,5 +98,5 @@ def chunk_gla_scores(q, k, g, A, scale: float) -> None:
         >>> chunk_gla_scores(q, k, g, A, scale=K ** -0.5)
     """
     B, T, H, K = q.shape
-    _chunk_gla_scores_kernel[(CHUNK // BC, triton.cdiv(T, CHUNK), B * H)](
+    _chunk_gla_scores_kernel[(CHUNK // BC, cdiv(T, CHUNK), B * H)](
         q, k, g, A, scale, T, H, K, BT=CHUNK, BC=BC, BK=pow2_at_least_16(K), DOT_PREC=dot_precision(q.dtype))

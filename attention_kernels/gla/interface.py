@@ -23,7 +23,6 @@ its options for what these kernels lack (gv, reverse, cu_seqlens_cpu) at their d
 from __future__ import annotations
 
 import torch
-import triton
 
 from .. import peers
 from . import tilelang_chunk
@@ -32,6 +31,7 @@ from ..linear.autograd import chunk_function
 from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_dtype, chunk_state_pass
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 from ..checks import check_bool, check_no_grad, check_tensor
+from ..launch import cdiv
 from ..linear.inputs import check_linear_inputs, check_output_gradients
 from ..linear.inputs import state_v_first_in as _state_in, state_v_first_out as _state_out
 from ..linear.packed import backward_per_sequence, forward_per_sequence
@@ -206,7 +206,7 @@ def _forward(q, k, v, gk, scale, h0, output_final_state, A=None):
     V, dev = v.shape[-1], q.device
     g = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
     chunk_local_cumsum(gk, g)
-    states = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, dtype=q.dtype, device=dev)
+    states = torch.empty(B, cdiv(T, CHUNK), H, K, V, dtype=q.dtype, device=dev)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     chunk_state_pass(k, v, g, states, h0, ht)
     if A is None:
@@ -242,7 +242,7 @@ def _backward(q, k, v, gk, scale, h0, do, dht, A=None):
     `chunk_state_dtype` (the input dtype for 16-bit inputs)."""
     B, T, H, K = q.shape
     V, dev = v.shape[-1], q.device
-    NT = triton.cdiv(T, CHUNK)
+    NT = cdiv(T, CHUNK)
     g = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
     chunk_local_cumsum(gk, g)      # recomputed, not kept: fp32 and as large as q in fp32, and cheap to redo
     states = torch.empty(B, NT, H, K, V, dtype=chunk_state_dtype(q.dtype), device=dev)

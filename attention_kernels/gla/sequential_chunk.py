@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..launch import pow2_at_least_16
+from ..launch import cdiv, pow2_at_least_16
 from ..linear.chunk import CHUNK
 
 
@@ -49,7 +49,7 @@ def sequential_chunk_fwd(q, k, v, gk, o, state, scale: float) -> None:
     B, T, H, K = q.shape
     V = v.shape[-1]
     BV = min(32, pow2_at_least_16(V))
-    grid = (triton.cdiv(V, BV), B * H)
+    grid = (cdiv(V, BV), B * H)
     for t_start in range(0, T, CHUNK):   # the chunks run one launch after another
         _sequential_chunk_kernel[grid](q, k, v, gk, o, state, scale, t_start, T, H, K, V,
                                        BT=CHUNK, BK=pow2_at_least_16(K), BV=BV, num_warps=4)

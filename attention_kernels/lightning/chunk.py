@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..launch import autotune_configs
+from ..launch import autotune_configs, cdiv
 from ..linear.chunk import CHUNK, dot_precision, load_log_decay, output_tile, tiles_that_fit
 from ..tl_helpers import dot_causal
 
@@ -92,8 +92,8 @@ def chunk_lightning_output(q, k, v, states, gamma, o, scale: float) -> None:
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT = triton.cdiv(T, CHUNK)
-    _chunk_lightning_output_kernel[lambda m: (triton.cdiv(V, m["BV"]), NT, B * H)](
+    NT = cdiv(T, CHUNK)
+    _chunk_lightning_output_kernel[lambda m: (cdiv(V, m["BV"]), NT, B * H)](
         q, k, v, states, gamma, o, scale, T, H, NT, K, V, BT=CHUNK, DOT_PREC=dot_precision(q.dtype))
 
 

@@ -21,13 +21,13 @@ apart inside its products would cost registers the kernel does not have).
 from __future__ import annotations
 
 import torch
-import triton
 
 from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_fake
 from ..linear.autograd import chunk_function
 from ..linear.chunk import CHUNK, chunk_state_dtype, chunk_state_pass
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 from ..checks import check_no_grad
+from ..launch import cdiv
 from ..linear.inputs import check_linear_inputs, check_output_gradients
 from ..linear.packed import backward_per_sequence, forward_per_sequence
 from ..linear.slots import check_serving_options, pooled_state, step_outputs
@@ -129,7 +129,7 @@ def _forward(q, k, v, gamma, scale, h0, output_final_state):
     """The forward's two launches."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    states = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, dtype=q.dtype, device=q.device)
+    states = torch.empty(B, cdiv(T, CHUNK), H, K, V, dtype=q.dtype, device=q.device)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
     chunk_state_pass(k, v, None, states, h0, ht, gamma=gamma)
     o = torch.empty_like(v)
@@ -155,7 +155,7 @@ def _backward(q, k, v, gamma, scale, h0, do, dht):
     """The backward's launches; the per-chunk states and their gradients in `chunk_state_dtype`."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT = triton.cdiv(T, CHUNK)
+    NT = cdiv(T, CHUNK)
     states = torch.empty(B, NT, H, K, V, dtype=chunk_state_dtype(q.dtype), device=q.device)
     chunk_state_pass(k, v, None, states, h0, gamma=gamma)
     dstates = torch.empty_like(states)

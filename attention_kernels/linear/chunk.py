@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import autotune_configs, pow2_at_least_16
+from ..launch import autotune_configs, cdiv, next_power_of_2, pow2_at_least_16
 from ..tl_helpers import dot_causal
 
 CHUNK = 64  # tokens per chunk, in every chunk-parallel kernel (the scores A are [CHUNK] wide)
@@ -146,8 +146,8 @@ def chunk_local_cumsum(g: torch.Tensor, b: torch.Tensor, *, q=None, k=None, q_no
     l2norm = {} if q is None else dict(q=q, k=k, qn=q_normed, kn=k_normed, L2NORM=True, EPS=eps,
                                        num_warps=8 if G > 64 else 4)
     # the norm sums over every key channel: one program holds whole rows then
-    BG = pow2_at_least_16(G) if l2norm else min(64, triton.next_power_of_2(G))
-    _chunk_local_cumsum_kernel[(triton.cdiv(G, BG), triton.cdiv(T, CHUNK), B * H)](
+    BG = pow2_at_least_16(G) if l2norm else min(64, next_power_of_2(G))
+    _chunk_local_cumsum_kernel[(cdiv(G, BG), cdiv(T, CHUNK), B * H)](
         g, b, T, H, G, FLOOR=GATE_FLOOR, BT=CHUNK, BG=BG, **l2norm)
 
 
@@ -278,11 +278,11 @@ def launch_state_pass(kernel, delta_kernel, args: tuple, flags: dict, delta: dic
     x, y, b = args[:3]
     B, T, _, K = x.shape
     _, _, H, V = y.shape             # the heads: y's (x may hold one row per group of heads)
-    args = (*args, T, H, triton.cdiv(T, CHUNK), B * H, K, V, 1 if b is None else b.shape[-1])
+    args = (*args, T, H, cdiv(T, CHUNK), B * H, K, V, 1 if b is None else b.shape[-1])
     if delta is None:
-        kernel[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), B * H)](*args, **flags)
+        kernel[lambda m: (cdiv(K, m["BK"]), cdiv(V, m["BV"]), B * H)](*args, **flags)
     else:
-        delta_kernel[lambda m: (1, triton.cdiv(V, m["BV"]), B * H)](
+        delta_kernel[lambda m: (1, cdiv(V, m["BV"]), B * H)](
             *args, **flags, BK=pow2_at_least_16(K), **delta, DELTA=True)
 
 
@@ -392,8 +392,8 @@ def chunk_output(q, v, b, states, A, o, scale: float) -> None:
     """
     B, T, H, K = q.shape
     V, G = v.shape[-1], b.shape[-1]
-    NT = triton.cdiv(T, CHUNK)
-    _chunk_output_kernel[lambda m: (triton.cdiv(V, m["BV"]), NT, B * H)](
+    NT = cdiv(T, CHUNK)
+    _chunk_output_kernel[lambda m: (cdiv(V, m["BV"]), NT, B * H)](
         q, v, b, states, A, o, scale, T, H, NT, K, V, G, BT=CHUNK, DOT_PREC=dot_precision(q.dtype))
 
 

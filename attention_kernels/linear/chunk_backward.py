@@ -59,7 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import autotune_configs, pow2_at_least_16
+from ..launch import autotune_configs, cdiv, pow2_at_least_16
 from .chunk import (CHUNK, GATE_FLOOR, SUB_CHUNK, chunk_row, decay_exponent, dot_precision, launch_state_pass,
                     tiles_that_fit)
 
@@ -405,7 +405,7 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
     recompute = A is None and gamma is None
     if recompute and G != 1:
         raise ValueError(f"chunk_dv recomputes the scores for a gate per head only (G = 1), got G = {G}")
-    NT = triton.cdiv(T, CHUNK)
+    NT = cdiv(T, CHUNK)
     # the scores read (GLA, K = V = 128): with fp32 states 255 registers and 120 KB of shared memory at 3
     # stages, one program of 4 warps an SM; at 2 stages 248 and 80 KB, two. With bf16 states 252 and 105 KB
     # at 3 stages, 251 and 72 KB at 2. The scores recomputed (Mamba-2, K = 128, V = 64, bf16 states): 248
@@ -706,7 +706,7 @@ def chunk_dqk_intra(q, k, b, dA, dq, dk, *, input_precision: str | None = None) 
     """
     B, T, H, K = q.shape
     BK = pow2_at_least_16(K) if _INTRA_BK is None else _INTRA_BK     # key channels a program
-    _chunk_dqk_intra_kernel[(triton.cdiv(K, BK) * (CHUNK // SUB_CHUNK), triton.cdiv(T, CHUNK), B * H)](
+    _chunk_dqk_intra_kernel[(cdiv(K, BK) * (CHUNK // SUB_CHUNK), cdiv(T, CHUNK), B * H)](
         q, k, b, dA, dq, dk, T, H, K, b.shape[-1], BT=CHUNK, BC=SUB_CHUNK, BK=BK,
         DOT_PREC=input_precision or dot_precision(q.dtype), num_warps=_INTRA_WARPS, num_stages=_INTRA_STAGES)
 
@@ -736,8 +736,8 @@ def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float,
     B, T, H, K = q.shape
     V = v.shape[-1]
     G = 1 if b is None else b.shape[-1]
-    NT, BK = triton.cdiv(T, CHUNK), _tile(K)
-    NK = triton.cdiv(K, BK)
+    NT, BK = cdiv(T, CHUNK), _tile(K)
+    NK = cdiv(K, BK)
     dq_intra = dk_intra = dg_tiles = None
     if gamma is None and G != 1:      # a gate per key channel: the intra-chunk pairs in sub-chunks first
         dq_intra = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)

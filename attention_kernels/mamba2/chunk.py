@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from ..launch import autotune_configs, pow2_at_least_16
+from ..launch import autotune_configs, cdiv, next_power_of_2, pow2_at_least_16
 from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_state_dtype, dot_precision, tiles_that_fit
 from ..linear.chunk_backward import (chunk_dv, chunk_row, chunk_state_grad_pass, decayed_score_grad,
                                      inter_chunk_products, score_grad_tile)
@@ -93,9 +93,9 @@ def ssd_gates(dt, dt_bias, A, dt_softplus: bool, dtf, b, chunk_size: int = CHUNK
         >>> b[:, :CHUNK, :, 0].exp()        # the decay from the first chunk's start to each of its tokens
     """
     Bt, T, H = dt.shape
-    BH = min(64, triton.next_power_of_2(H), 8192 // chunk_size)    # a block of at most 8K gates
+    BH = min(64, next_power_of_2(H), 8192 // chunk_size)    # a block of at most 8K gates
     bias = dt_bias if dt_bias is not None else A          # a stand-in pointer, never read
-    _ssd_gates_kernel[(triton.cdiv(T, chunk_size), triton.cdiv(H, BH), Bt)](
+    _ssd_gates_kernel[(cdiv(T, chunk_size), cdiv(H, BH), Bt)](
         dt, bias, A, dtf, b, T, H, *dt.stride(), bias.stride(0), A.stride(0),
         HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus, FLOOR=GATE_FLOOR, BT=chunk_size, BH=BH)
 
@@ -282,20 +282,20 @@ def ssd_state_pass(B, x, dtf, b, states, initial_states=None, final_states=None,
     """
     Bt, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
-    NT = triton.cdiv(T, chunk_size)
+    NT = cdiv(T, chunk_size)
     if chunk_size < SPLIT_FROM_CHUNK:
-        _ssd_state_kernel[lambda m: (triton.cdiv(N, m["BK"]), triton.cdiv(P, m["BV"]), Bt * H)](
+        _ssd_state_kernel[lambda m: (cdiv(N, m["BK"]), cdiv(P, m["BV"]), Bt * H)](
             B, x, dtf, b, states, initial_states, final_states, T, H, NT, Bt * H, H // G, G, N, P, L=chunk_size,
             BT=min(chunk_size, BLOCK),
             USE_H0=initial_states is not None, STORE_HT=final_states is not None, DOT_PREC=dot_precision(x.dtype))
         return
     in_place = states.dtype == torch.float32
     local = states if in_place else torch.empty(states.shape, dtype=torch.float32, device=states.device)
-    _ssd_chunk_state_kernel[lambda m: (NT, triton.cdiv(N, m["BK"]) * triton.cdiv(P, m["BV"]), Bt * H)](
+    _ssd_chunk_state_kernel[lambda m: (NT, cdiv(N, m["BK"]) * cdiv(P, m["BV"]), Bt * H)](
         B, x, dtf, b, local, T, H, NT, H // G, G, N, P, L=chunk_size, BT=min(chunk_size, BLOCK),
         DOT_PREC=dot_precision(x.dtype))
-    block = min(_PASS_BLOCK, triton.next_power_of_2(N * P))
-    _ssd_state_pass_kernel[(triton.cdiv(N * P, block), Bt * H)](
+    block = min(_PASS_BLOCK, next_power_of_2(N * P))
+    _ssd_state_pass_kernel[(cdiv(N * P, block), Bt * H)](
         local, b, states, initial_states, final_states, T, H, NT, N, P, L=chunk_size, BE=block,
         IN_PLACE=in_place, USE_H0=initial_states is not None, STORE_HT=final_states is not None,
         num_warps=_PASS_WARPS)
@@ -423,9 +423,9 @@ def ssd_output(C, B, x, dtf, b, states, D, z, y, chunk_size: int = CHUNK, y_unga
     G, N = C.shape[2], C.shape[3]
     BT = min(chunk_size, BLOCK)
     s_D = (0, 0) if D is None else (D.stride(0), D.stride(1) if D.dim() == 2 else 0)   # [H]: one D per head
-    _ssd_output_kernel[lambda m: (triton.cdiv(P, m["BV"]), triton.cdiv(T, BT), Bt * H)](
+    _ssd_output_kernel[lambda m: (cdiv(P, m["BV"]), cdiv(T, BT), Bt * H)](
         C, B, x, dtf, b, states, D, z, y, y if y_ungated is None else y_ungated,   # y: a stand-in, never written
-        T, H, triton.cdiv(T, chunk_size), H // G, G, *s_D, N, P, L=chunk_size, BT=BT, HAS_D=D is not None,
+        T, H, cdiv(T, chunk_size), H // G, G, *s_D, N, P, L=chunk_size, BT=BT, HAS_D=D is not None,
         HAS_Z=z is not None, STORE_UNGATED=y_ungated is not None, DOT_PREC=dot_precision(x.dtype))
 
 
@@ -441,7 +441,7 @@ def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softp
     dtf = torch.empty(Bt, T, H, dtype=torch.float32, device=x.device)
     b = torch.empty(Bt, T, H, 1, dtype=torch.float32, device=x.device)
     ssd_gates(dt, dt_bias, A, dt_softplus, dtf, b, chunk_size)
-    states = torch.empty(Bt, triton.cdiv(T, chunk_size), H, N, P, dtype=x.dtype, device=x.device)
+    states = torch.empty(Bt, cdiv(T, chunk_size), H, N, P, dtype=x.dtype, device=x.device)
     h0 = None if initial_states is None else initial_states.contiguous()
     ht = torch.empty(Bt, H, P, N, dtype=torch.float32, device=x.device) if return_final_states else None
     ssd_state_pass(B, x, dtf, b, states, h0, ht, chunk_size)
@@ -654,7 +654,7 @@ def _ssd_dqk_kernel(
 
 def _elementwise_grid(Bt, T, HP):
     """The grid of the gate's pass: token tiles first (a grid's first side has no 65535 limit)."""
-    return triton.cdiv(T, _TAIL_ROWS), triton.cdiv(HP, _TAIL_COLS), Bt
+    return cdiv(T, _TAIL_ROWS), cdiv(HP, _TAIL_COLS), Bt
 
 
 def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor | None,
@@ -706,7 +706,7 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     dev, f32 = x.device, torch.float32
     x, B, C, dy = x.contiguous(), B.contiguous(), C.contiguous(), dy.contiguous()
     z = None if z is None else z.contiguous()
-    NT = triton.cdiv(T, CHUNK)
+    NT = cdiv(T, CHUNK)
     dtf = torch.empty(Bt, T, H, dtype=f32, device=dev)
     b = torch.empty(Bt, T, H, 1, dtype=f32, device=dev)
     ssd_gates(dt, dt_bias, A, dt_softplus, dtf, b, CHUNK)
@@ -726,7 +726,7 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
             y_ungated = y_ungated.contiguous()
             dz = torch.empty_like(z)
         do = torch.empty_like(x)
-        NTB = triton.cdiv(T, _TAIL_ROWS)
+        NTB = cdiv(T, _TAIL_ROWS)
         dD_part = None if D is None else torch.empty(Bt * NTB, HP, dtype=f32, device=dev)
         _ssd_gate_grad_kernel[_elementwise_grid(Bt, T, HP)](
             dy, z, y_ungated, x, do, dz, dD_part, T, HP, NTB,
@@ -748,7 +748,7 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     # dq and dk summed over each group's heads (dC, dB) with dt's share through the keys, in runs of _DQK_HEADS
     # heads a program: partial sums per run; the gate's and dt's shares per key tile, the intra ones in the last
     BK = min(_DQK_BK, pow2_at_least_16(N))
-    NK, runs = triton.cdiv(N, BK), triton.cdiv(H // G, _DQK_HEADS)
+    NK, runs = cdiv(N, BK), cdiv(H // G, _DQK_HEADS)
     # its per-head scalars read head-major ([Bt, H, T]: a head's chunk contiguous), its dg and ddt tiles written so
     dt_heads = dtf.transpose(1, 2).contiguous()
     b_heads = b.view(Bt, T, H).transpose(1, 2).contiguous()
