@@ -262,10 +262,9 @@ def gla_backward() -> list:
                2 * thk * f4, 2 * 1.5 * 2 * T * 16 * K * H / 1e9, "bf16 TC",
                "k, q and b re-read by the later / earlier sub-chunks (~x2.5); diagonal elementwise: 1.4 G exp",
                side={"fp32 FMA": 4 * T * 16 * K * H / 1e9, "exp": 1.4},
-               # as launched, then on key tiles of 64 and 32 (`_INTRA_BK`, `_INTRA_WARPS`: the experiment of
-               # notes/TUNING.md "2026-12-07 (33)")
+               # as launched, then all of K on 8 warps and tiles of 64 on 4 (notes/TUNING.md "2026-12-07 (35)")
                configs=[({}, lbw._INTRA_WARPS, lbw._INTRA_STAGES)]
-               + [({"BK": bk}, warps, lbw._INTRA_STAGES) for bk, warps in ((64, 8), (64, 4), (32, 4), (32, 2))],
+               + [({"BK": bk}, warps, lbw._INTRA_STAGES) for bk, warps in ((K, 8), (64, 4))],
                reread_mb=1.5 * (thk * bf + thk * f4)),
         Launch("chunk_dqk (gate per channel)", lbw._chunk_dqk_kernel,
                dict(q="*bf16", k="*bf16", v="*bf16", gk="*bf16", b="*fp32", h=STATE_PTR, dh=STATE_PTR, do="*bf16",

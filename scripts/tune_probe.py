@@ -399,15 +399,17 @@ def kda_prefill():
 def train_kernels(*families):
     """Where a training step's GPU time goes (forward + backward, bf16, B = 1, T = 16K): each kernel the
     book's step launches and each its peer's, GPU µs per step, largest first; `families` ("mamba2", "gla")
-    picks some, none picks both. Mamba-2 at Mamba-2 2.7B's heads (chunk 64 for the book, 256 for mamba_ssm),
-    GLA at 32 heads x 128 against fla's chunk_gla."""
+    picks some, none picks all. Mamba-2 at Mamba-2 2.7B's heads (chunk 64 for the book, 256 for mamba_ssm),
+    GLA and KDA at 32 heads x 128 against fla's chunk_gla and chunk_kda."""
     from attention_kernels.gla import bench as gla_bench
+    from attention_kernels.kda import bench as kda_bench
     from attention_kernels.mamba2 import bench as mamba2_bench
     rows = ((mamba2_bench.TRAIN, {"B": 1, "T": 16384, "H": 80, "D": 64, "dstate": 128, "G": 1},
              ("book: chunk 64", "mamba_ssm chunk 256")),
-            (gla_bench.TRAIN, {"B": 1, "T": 16384, "H": 32, "D": 128}, ("book: chunk", "fla chunk_gla")))
+            (gla_bench.TRAIN, {"B": 1, "T": 16384, "H": 32, "D": 128}, ("book: chunk", "fla chunk_gla")),
+            (kda_bench.TRAIN, {"B": 1, "T": 16384, "H": 32, "D": 128}, ("book: chunk", "fla chunk_kda")))
     for table, case, names in rows:
-        if families and table.name.split("_")[0] not in families:   # "mamba2", "gla"
+        if families and table.name.split("_")[0] not in families:   # "mamba2", "gla", "kda"
             continue
         print(f"--- {table.name}, {case}")
         for name in names:
@@ -490,14 +492,14 @@ def ssd_dqk_configs():
 
 
 def gla_intra_configs():
-    """GLA's sub-chunk dq/dk kernel in five configs (module docstring), timed inside the backward of one training
+    """GLA's sub-chunk dq/dk kernel in four configs (module docstring), timed inside the backward of one training
     step (B 1, T 16K, 32 heads, K = V = 128, bf16); each config's gradients against the first's (bf16: equal to
     rounding; a config off by more is not timed)."""
     from attention_kernels.gla import chunk_gla
     from attention_kernels.linear import chunk_backward
     B, T, H, K, bf16 = 1, 16384, 32, 128, torch.bfloat16
-    configs = {"as launched": {}, **{f"key tiles of {bk}, {w} warps": {"_INTRA_BK": bk, "_INTRA_WARPS": w}
-                                     for bk, w in ((64, 8), (64, 4), (32, 4), (32, 2))}}
+    configs = {"as launched": {}, "all of K, 8 warps": {"_INTRA_BK": None, "_INTRA_WARPS": 8},
+               **{f"key tiles of {bk}, {w} warps": {"_INTRA_BK": bk, "_INTRA_WARPS": w} for bk, w in ((64, 4), (32, 4))}}
     q, k, v = (torch.randn(B, T, H, K, dtype=bf16, device="cuda", requires_grad=True) for _ in range(3))
     gk = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, device="cuda")).div(16).to(bf16).requires_grad_()
     o, _ = chunk_gla(q, k, v, gk=gk)
@@ -567,6 +569,7 @@ def train_ncu():
     """The target of `ncu --profile-from-start off`: one training step each of the book's Mamba-2 and GLA at
     `train_kernels`' shapes (B = 1, T = 16K), after two warm-up steps, between cudaProfilerStart and Stop."""
     from attention_kernels.gla import bench as gla_bench
+    from attention_kernels.kda import bench as kda_bench
     from attention_kernels.mamba2 import bench as mamba2_bench
     steps = [mamba2_bench.TRAIN.providers["book: chunk 64"]({"B": 1, "T": 16384, "H": 80, "D": 64, "dstate": 128,
                                                               "G": 1}),

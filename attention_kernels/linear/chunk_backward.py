@@ -431,12 +431,13 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
 # stages their tiles through shared memory (scripts/linear_bwd_compile.py).
 _PER_CHANNEL_WARPS = 8
 _INTRA_STAGES = 1
-# The sub-chunk kernel's key channels a program (None: all of K) and warps. Every part of its work is separable
-# by key channel, so smaller tiles give it NK times the programs at fewer registers each; its 16-step diagonal
-# loop is a chain of dependent loads and exponentials (1.83 ms of GLA's 16K step on an H200, ~3.6x its byte
-# bound), which more programs an SM would hide: tiles of 64 on 4 warps take 80 registers (six programs an SM),
-# of 32 on 4 warps 56. An experiment ("2026-12-07 (33)" in notes/TUNING.md): the GPU decides.
-_INTRA_BK, _INTRA_WARPS = None, _PER_CHANNEL_WARPS
+# The sub-chunk kernel's key channels a program and warps. Every part of its work is separable by key channel,
+# so smaller tiles give it NK times the programs at fewer registers each; its 16-step diagonal loop is a chain
+# of dependent loads and exponentials, which more programs an SM hide. Inside GLA's backward (B 1, T 16K, 32
+# heads, K = 128, bf16, an H100): all of K on 8 warps 1,773 us, tiles of 64 on 8 warps 1,722, on 4 warps
+# 1,583, tiles of 32 on 4 warps 1,427, on 2 warps 1,397 (notes/TUNING.md "2026-12-07 (35)"). ptxas (sm_90a,
+# bf16): 92 registers at tiles of 32 on 2 warps, 80 at 64 on 4, 113 over all of K on 8; no spills.
+_INTRA_BK, _INTRA_WARPS = 32, 2
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _chunk_dqk_intra_kernel(

@@ -111,7 +111,8 @@ def ssd_gates(dt, dt_bias, A, dt_softplus: bool, dtf, b, chunk_size: int = CHUNK
 # (160 at batch 1, 80 heads), too few to reach the memory's bandwidth (its 316 µs at 16K on the H200, chunk
 # 64, moved 0.67 GB: ~2.1 TB/s). At L = 256 the split's extra bytes are 1.4x, at 64 2.75x: the split takes
 # the chunks of 256 (mamba_ssm's), the sequential pass the shorter ones (the book's 64, and the backward's).
-# A prediction from bytes and that one rate: notes/TUNING.md says what the next GPU run times to check it.
+# Timed at chunks of 64 (B 1, T 16K, 80 heads, an H100, `scripts/tune_probe.py ssd_state_split`): sequential
+# 310 µs with bf16 states, split 743 (399 the chunks' own states, 344 the pass); fp32 states 402 against 862.
 SPLIT_FROM_CHUNK = 256
 
 # 2a. The sequential pass.
@@ -465,7 +466,7 @@ _TAIL_WARPS = 8
 # two inter-chunk products run; W B and Wᵀ C once a program. Measured on an H200 (B 1, T 16K, 80 heads x 64,
 # dstate 128, bf16; the backward alone, `scripts/tune_probe.py ssd_dqk_configs`): 965 µs for the two (532 key
 # tiles + 434 intra), against 1,192 with the intra kernel on 8 warps (662) and 1,506 with the key tiles on 8
-# warps too; the backward 2,672 µs. ptxas (sm_90a, bf16, dstate 128, headdim 64): the intra kernel 254 registers
+# warps too; the backward 2,672 µs (on an H100: 1,048 µs, against 1,263 and 1,534; the backward 2,938). ptxas (sm_90a, bf16, dstate 128, headdim 64): the intra kernel 254 registers
 # (182 on 8 warps), 32 KB of shared memory; the key-tile kernel 167 (102 on 8 warps); no spills. The key tiles'
 # shared memory: 72 KB at 3 stages with 16-bit inputs; with fp32 inputs 136 KB, 96 at 2 stages, which a GPU with
 # ~100 KB a program (sm_86, sm_89) needs.
