@@ -42,7 +42,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..launch import autotune_configs, cdiv, next_power_of_2, pow2_at_least_16
-from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_state_dtype, dot_precision, tiles_that_fit
+from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_state_base, chunk_state_dtype, dot_precision, tiles_that_fit
 from ..linear.chunk_backward import (chunk_dv, chunk_row, chunk_state_grad_pass, decayed_score_grad,
                                      inter_chunk_products, score_grad_tile)
 from ..tl_helpers import dot_causal
@@ -176,8 +176,7 @@ def _ssd_state_kernel(
     for i_t in range(NT):
         # the state at the start of chunk i_t, for the output kernel (in the
         # input dtype)
-        tl.store(h + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * N * P + p_h, b_h.to(h.dtype.element_ty),
-                 mask=m_h)
+        tl.store(h + chunk_state_base(i_b, i_t, i_h, NT, H, N, P) + p_h, b_h.to(h.dtype.element_ty), mask=m_h)
         t_last = tl.minimum(i_t * L + L, T) - 1
         b_last = tl.load(b + (i_b * T + t_last) * H + i_h)
         b_h = b_h * tl.exp(b_last)
@@ -218,7 +217,7 @@ def _ssd_chunk_state_kernel(
     b_last = tl.load(b + (i_b * T + t_last) * H + i_h)
     b_h = _add_chunk_tokens(tl.zeros([BK, BV], dtype=tl.float32), B, x, dt, b, b_last, i_t, i_b, i_h, i_g,
                             o_k, o_v, m_k, m_v, T, H, G, N, P, L, BT, DOT_PREC)
-    p_c = ((i_b * NT + i_t) * H + i_h).to(tl.int64) * N * P     # 64-bit: [Bt, NT, H] states of N·P each
+    p_c = chunk_state_base(i_b, i_t, i_h, NT, H, N, P)          # this chunk's own state in local [Bt, NT, H, N, P]
     tl.store(local + p_c + o_k[:, None] * P + o_v[None, :], b_h, mask=m_k[:, None] & m_v[None, :])
 
 
@@ -247,7 +246,7 @@ def _ssd_state_pass_kernel(
         b_h = tl.load(h0 + i_bh.to(tl.int64) * N * P + p_io, mask=m_e, other=0.0)
     else:
         b_h = tl.zeros([BE], dtype=tl.float32)
-    p_c = (i_b * NT * H + i_h).to(tl.int64) * N * P + o_e   # chunk 0's state of this head
+    p_c = chunk_state_base(i_b, 0, i_h, NT, H, N, P) + o_e   # chunk 0's state of this head
     # the next chunk's local state and decay are loaded one step ahead, so that their latency overlaps
     # the current step instead of stalling it
     b_next = tl.load(local + p_c, mask=m_e, other=0.0)
@@ -332,7 +331,7 @@ def _ssd_output_kernel(
     m_t = o_t < T
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < P
-    p_hc = h + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * N * P     # the state at the chunk's start (64-bit)
+    p_hc = h + chunk_state_base(i_b, i_t, i_h, NT, H, N, P)     # the state at the chunk's start
     p_th = (i_b * T + o_t) * H + i_h                     # token rows of this head in [Bt, T, H]
     r_g = chunk_row(i_b, i_t * L + i_s * BT, i_g, T, G)  # the block's first row of B and C, [Bt, T, G, N]
     b_b = tl.load(b + p_th, mask=m_t, other=0.0)         # [BT] cumulative log decay from the chunk start
