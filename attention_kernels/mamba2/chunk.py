@@ -310,6 +310,13 @@ _TILES = [({"BK": 128, "BV": 64}, 4, 2), ({"BK": 64, "BV": 64}, 4, 3), ({"BK": 6
 _CONFIGS = autotune_configs(_TILES, interpreter={"BK": 32, "BV": 32})
 
 
+@triton.jit
+def _group_tile_at(i_b, i_t, i_g, o_c, o_k, T, G, N: tl.constexpr, BT: tl.constexpr):
+    """Where C's and B's [BT, BK] tiles of group i_g, block i_t of BT tokens and dstate columns o_k lie in
+    [Bt, T, G, N]: the block's first row (64-bit, `chunk_row`) and the tiles' 32-bit offsets after it."""
+    return chunk_row(i_b, i_t * BT, i_g, T, G), (o_c[:, None] * G) * N + o_k[None, :]
+
+
 @triton.autotune(configs=_CONFIGS, key=["N", "P", "HAS_D", "HAS_Z", "STORE_UNGATED", "L"],
                  prune_configs_by={"early_config_prune": _fits})
 @triton.jit(do_not_specialize=["T", "H", "NT", "HPG", "G"])
@@ -326,6 +333,7 @@ def _ssd_output_kernel(
     i_t, i_s = i_ts // NB, i_ts % NB
     i_b, i_h = i_bh // H, i_bh % H
     i_g = i_h // HPG                                     # the head's group: its B and C
+    i_blk = i_t * NB + i_s                               # the block's place among the sequence's blocks of BT
     o_c = tl.arange(0, BT)
     o_t = i_t * L + i_s * BT + o_c
     m_t = o_t < T
@@ -333,7 +341,6 @@ def _ssd_output_kernel(
     m_v = o_v < P
     p_hc = h + chunk_state_base(i_b, i_t, i_h, NT, H, N, P)     # the state at the chunk's start
     p_th = (i_b * T + o_t) * H + i_h                     # token rows of this head in [Bt, T, H]
-    r_g = chunk_row(i_b, i_t * L + i_s * BT, i_g, T, G)  # the block's first row of B and C, [Bt, T, G, N]
     b_b = tl.load(b + p_th, mask=m_t, other=0.0)         # [BT] cumulative log decay from the chunk start
     b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)       # [BT] dt after bias and softplus
 
@@ -344,9 +351,7 @@ def _ssd_output_kernel(
     for i_k in range(tl.cdiv(N, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < N
-        p_g = r_g * N + (o_c[:, None] * G) * N + o_k[None, :]
-        b_c = tl.load(C + p_g, mask=m_t[:, None] & m_k[None, :], other=0.0)
-        b_k = tl.load(B + p_g, mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_c, b_k, _, _, _ = _group_tiles(C, B, i_b, i_blk, i_g, o_c, m_t, o_k, T, G, N, BT)
         b_h = tl.load(p_hc + o_k[:, None] * P + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_o += tl.dot(b_c, b_h.to(b_c.dtype), input_precision=DOT_PREC)
         b_S += tl.dot(b_c, tl.trans(b_k), input_precision=DOT_PREC)
@@ -366,10 +371,10 @@ def _ssd_output_kernel(
             for i_k in range(tl.cdiv(N, BK)):
                 o_k = i_k * BK + tl.arange(0, BK)
                 m_k = o_k < N
-                b_c = tl.load(C + r_g * N + (o_c[:, None] * G) * N + o_k[None, :],
-                              mask=m_t[:, None] & m_k[None, :], other=0.0)
-                b_kj = tl.load(B + chunk_row(i_b, i_t * L + j * BT, i_g, T, G) * N + (o_c[:, None] * G) * N
-                               + o_k[None, :], mask=m_k[None, :], other=0.0)
+                r_g, p_g = _group_tile_at(i_b, i_blk, i_g, o_c, o_k, T, G, N, BT)
+                r_j, _ = _group_tile_at(i_b, i_t * NB + j, i_g, o_c, o_k, T, G, N, BT)   # block j's row: p_g again
+                b_c = tl.load(C + r_g * N + p_g, mask=m_t[:, None] & m_k[None, :], other=0.0)
+                b_kj = tl.load(B + r_j * N + p_g, mask=m_k[None, :], other=0.0)
                 b_Sj += tl.dot(b_c, tl.trans(b_kj), input_precision=DOT_PREC)
             b_Lj = tl.exp(b_b[:, None] - tl.load(b + p_tj)[None, :]) * tl.load(dt + p_tj)[None, :]
             b_xj = tl.load(x + chunk_row(i_b, i_t * L + j * BT, i_h, T, H) * P + (o_c[:, None] * H) * P
@@ -533,10 +538,9 @@ def _chunk_tokens(i_t, T, BT: tl.constexpr):
 
 @triton.jit
 def _group_tiles(C, B, i_b, i_t, i_g, o_c, m_t, o_k, T, G, N: tl.constexpr, BT: tl.constexpr):
-    """C's and B's [BT, BK] tiles of group i_g, chunk i_t, dstate columns o_k; with the chunk's first row of
-    [Bt, T, G, N] (64-bit, `chunk_row`), the tiles' 32-bit offsets after it and their mask."""
-    r_g = chunk_row(i_b, i_t * BT, i_g, T, G)
-    p_g = (o_c[:, None] * G) * N + o_k[None, :]
+    """C's and B's [BT, BK] tiles of group i_g, chunk (or block) i_t of BT tokens, dstate columns o_k; with where
+    they lie (`_group_tile_at`) and their mask."""
+    r_g, p_g = _group_tile_at(i_b, i_t, i_g, o_c, o_k, T, G, N, BT)
     m_tk = m_t[:, None] & (o_k < N)[None, :]
     b_c = tl.load(C + r_g * N + p_g, mask=m_tk, other=0.0)
     b_B = tl.load(B + r_g * N + p_g, mask=m_tk, other=0.0)
