@@ -55,12 +55,13 @@ def _measured_point(table, T: int, S: int, causal: bool) -> tuple[int, bool]:
     return max((t for t in measured if t <= min(T, S)), default=measured[0]), causal
 
 
-def _fastest_gluon_loop(T: int, S: int, causal: bool) -> tuple[str, bool]:
-    """The Gluon forward loop that measured fastest at the point T, S take (`_measured_point`), and whether it
-    beat the Triton forward there."""
-    *gluon, triton_ = GLUON_FWD_MEASURED[_measured_point(GLUON_FWD_MEASURED, T, S, causal)]
+def _fastest_gluon_column(table, names: tuple[str, ...], T: int, S: int, causal: bool) -> tuple[str, bool]:
+    """Of a table of timings ((length, causal) -> Gluon columns, then Triton's), the Gluon column that measured
+    fastest at the point T, S take (`_measured_point`), by its name in `names` (the Gluon columns', in order),
+    and whether it beat Triton there."""
+    *gluon, triton_ = table[_measured_point(table, T, S, causal)]
     fastest = max(range(len(gluon)), key=gluon.__getitem__)
-    return GLUON_FWD_LOOPS[fastest], gluon[fastest] > triton_
+    return names[fastest], gluon[fastest] > triton_
 
 
 @functools.lru_cache(maxsize=256)   # asked on every dense call: a pure function of four ints
@@ -76,16 +77,8 @@ def gluon_fwd_loop(T: int, S: int, causal: bool, D: int) -> str | None:
     """
     if D not in GLUON_FWD_HEAD_DIMS:
         return None
-    loop, beats_triton = _fastest_gluon_loop(T, S, causal)
+    loop, beats_triton = _fastest_gluon_column(GLUON_FWD_MEASURED, GLUON_FWD_LOOPS, T, S, causal)
     return loop if beats_triton else None
-
-
-def _fastest_gluon_bwd(T: int, S: int, causal: bool) -> tuple[str, bool]:
-    """The dQ kernel ("triton" or "gluon") of the Gluon backward form that measured fastest at the point T, S
-    take (`_measured_point`), and whether that form beat the Triton backward there."""
-    *gluon, triton_ = GLUON_BWD_MEASURED[_measured_point(GLUON_BWD_MEASURED, T, S, causal)]
-    fastest = max(range(len(gluon)), key=gluon.__getitem__)
-    return GLUON_BWD_DQ[fastest], gluon[fastest] > triton_
 
 
 @functools.lru_cache(maxsize=256)
@@ -102,7 +95,7 @@ def gluon_bwd_form(T: int, S: int, causal: bool, D: int) -> str | None:
     """
     if D not in GLUON_BWD_HEAD_DIMS:
         return None
-    dq_kernel, beats_triton = _fastest_gluon_bwd(T, S, causal)
+    dq_kernel, beats_triton = _fastest_gluon_column(GLUON_BWD_MEASURED, GLUON_BWD_DQ, T, S, causal)
     return dq_kernel if beats_triton else None
 
 
@@ -172,7 +165,9 @@ def forward_kernel(q, k, v, causal: bool, backend: str) -> str | None:
     misfit = gluon_misfit(q, k, v)
     if misfit is not None:
         raise ValueError(f"backend='gluon' does not apply here: {misfit}")
-    return _fastest_gluon_loop(T, S, causal)[0] if D in GLUON_FWD_HEAD_DIMS else "in-order"
+    if D not in GLUON_FWD_HEAD_DIMS:
+        return "in-order"
+    return _fastest_gluon_column(GLUON_FWD_MEASURED, GLUON_FWD_LOOPS, T, S, causal)[0]
 
 
 def backward_kernel(do, q, k, v, o, lse, causal: bool, backend: str) -> str | None:
@@ -190,7 +185,9 @@ def backward_kernel(do, q, k, v, o, lse, causal: bool, backend: str) -> str | No
     misfit = gluon_bwd_misfit(do, q, k, v, o, lse)
     if misfit is not None:
         raise ValueError(f"backend='gluon' does not apply here: {misfit}")
-    return _fastest_gluon_bwd(T, S, causal)[0] if D in GLUON_BWD_HEAD_DIMS else "triton"
+    if D not in GLUON_BWD_HEAD_DIMS:
+        return "triton"
+    return _fastest_gluon_column(GLUON_BWD_MEASURED, GLUON_BWD_DQ, T, S, causal)[0]
 
 
 def _attention_fwd(q, k, v, causal: bool, softmax_scale: float, cu_seqlens_q=None, cu_seqlens_k=None,

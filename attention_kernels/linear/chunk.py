@@ -84,17 +84,24 @@ _fits = tiles_that_fit()
 # the gates per key channel, o: 2^31 at B 8, T 64K, 32 heads x 128; 4.3e9 at 64 heads) and the scores
 # B·T·H·CHUNK (2^31 at 64 heads). Each kernel takes one 64-bit number a program: `chunk_row`, the row of its
 # chunk's (or sub-chunk's, or token's) first token in the B·T·H rows of a [B, T, H, ...] tensor, times a row's
-# length; a state's offset takes its (batch row, chunk) index widened before the multiply by H·K·V. Offsets
-# inside a chunk ([BT] tokens x a tile: at most CHUNK·H·max(K, V, CHUNK)) stay 32-bit, as do the per-token
-# scalars of a gate per head or β ([B, T, H]: B·T·H < 2^31 is assumed) and the initial and final states
-# (B·H·K·V). The sequential state pass reads the per-token tensors from a 64-bit base per batch row, at 32-bit
-# offsets inside it (one row's T·H·max(K, V) < 2^31 is assumed), as the backward's reverse pass does
-# (chunk_backward.py).
+# length; a chunk-start state's offset, `chunk_state_base`, its (batch row, chunk, head) index widened before
+# the multiply by K·V. Offsets inside a chunk ([BT] tokens x a tile: at most CHUNK·H·max(K, V, CHUNK)) stay
+# 32-bit, as do the per-token scalars of a gate per head or β ([B, T, H]: B·T·H < 2^31 is assumed, and so
+# B·NT·H) and the initial and final states (B·H·K·V). The sequential state pass reads the per-token tensors
+# from a 64-bit base per batch row, at 32-bit offsets inside it (one row's T·H·max(K, V) < 2^31 is assumed),
+# as the backward's reverse pass does (chunk_backward.py).
 @triton.jit
 def chunk_row(i_b, t0, i_h, T, H):
     """The row of (batch i_b, token t0, head i_h) in a [B, T, H, ...] tensor's B·T·H rows, as a 64-bit number:
     times a row's length it may pass 2^31."""
     return (i_b * T + t0).to(tl.int64) * H + i_h
+
+
+@triton.jit
+def chunk_state_base(i_b, i_t, i_h, NT, H, K, V):
+    """The first element of (batch i_b, chunk i_t, head i_h)'s state in a [B, NT, H, K, V] tensor, as a 64-bit
+    number: B·NT·H·K·V passes 2^31 at training shapes."""
+    return ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V
 
 
 # ------------------------------------------------------------------ 1. the in-chunk cumulative gate
@@ -229,8 +236,7 @@ def _chunk_state_kernel(
     for i_t in range(NT):
         # the state at the start of chunk i_t, for the output kernel (in the
         # input dtype)
-        tl.store(h + (i_b * NT + i_t).to(tl.int64) * H * K * V + (i_h * K * V + p_h), b_h.to(h.dtype.element_ty),
-                 mask=m_h)
+        tl.store(h + chunk_state_base(i_b, i_t, i_h, NT, H, K, V) + p_h, b_h.to(h.dtype.element_ty), mask=m_h)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
         # K^T and b^T as [BK, BT] tiles, V as [BT, BV]
@@ -334,7 +340,7 @@ def output_tile(h, T, H, NT, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     o_c = tl.arange(0, BT)
     o_t = i_t * BT + o_c
     o_v = i_v * BV + tl.arange(0, BV)
-    p_hc = h + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V
+    p_hc = h + chunk_state_base(i_b, i_t, i_h, NT, H, K, V)
     return i_h, o_c, o_t, o_t < T, o_v, o_v < V, p_hc, chunk_row(i_b, i_t * BT, i_h, T, H)
 
 

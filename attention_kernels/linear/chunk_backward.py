@@ -60,8 +60,8 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, cdiv, pow2_at_least_16
-from .chunk import (CHUNK, GATE_FLOOR, SUB_CHUNK, chunk_row, decay_exponent, dot_precision, launch_state_pass,
-                    tiles_that_fit)
+from .chunk import (CHUNK, GATE_FLOOR, SUB_CHUNK, chunk_row, chunk_state_base, decay_exponent, dot_precision,
+                    launch_state_pass, tiles_that_fit)
 
 _fits = tiles_that_fit()
 
@@ -143,8 +143,7 @@ def _chunk_state_grad_kernel(
         # past the last (predicated off, at negative chunks) inside the tensors
         i_t = tl.maximum(NT - 1 - i_s, 0)
         # the gradient at the end of chunk i_t (from every later chunk and the final state)
-        tl.store(dh + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V + p_h, b_dh.to(dh.dtype.element_ty),
-                 mask=m_h)
+        tl.store(dh + chunk_state_base(i_b, i_t, i_h, NT, H, K, V) + p_h, b_dh.to(dh.dtype.element_ty), mask=m_h)
         o_c = tl.arange(0, BT)
         o_t = i_t * BT + o_c
         m_t = o_t < T
@@ -284,7 +283,7 @@ def _chunk_dv_kernel(
     m_t = o_t < T
     t_last = tl.minimum(i_t * BT + BT, T) - 1
     m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
-    p_dhc = dh + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V
+    p_dhc = dh + chunk_state_base(i_b, i_t, i_h, NT, H, K, V)
     r_c = chunk_row(i_b, i_t * BT, i_h, T, H)           # 64-bit; the tokens' rows r_c + o_c·H
 
     if G == 1:
@@ -533,8 +532,8 @@ def inter_chunk_products(v, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, 
                          GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr):
     """For chunk i_t of (batch i_b, head i_h) and the key columns o_k: dO S^T and V dS'^T ([BT, BK], fp32),
     over the value dim in tiles, and rowsum(S ⊙ dS') ([BK], for the gate; zeros without GATE_GRAD)."""
-    h = h + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V       # this chunk's state, 64-bit
-    dh = dh + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V
+    h = h + chunk_state_base(i_b, i_t, i_h, NT, H, K, V)             # this chunk's state and its gradient
+    dh = dh + chunk_state_base(i_b, i_t, i_h, NT, H, K, V)
     r_c = chunk_row(i_b, i_t * BT, i_h, T, H)
     v, do = v + r_c * V, do + r_c * V                                # the chunk's first row, 64-bit
     b_dos = tl.zeros([BT, BK], dtype=tl.float32)

@@ -42,7 +42,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..launch import autotune_configs, cdiv, next_power_of_2, pow2_at_least_16
-from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_state_dtype, dot_precision, tiles_that_fit
+from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_state_base, chunk_state_dtype, dot_precision, tiles_that_fit
 from ..linear.chunk_backward import (chunk_dv, chunk_row, chunk_state_grad_pass, decayed_score_grad,
                                      inter_chunk_products, score_grad_tile)
 from ..tl_helpers import dot_causal
@@ -177,8 +177,7 @@ def _ssd_state_kernel(
     for i_t in range(NT):
         # the state at the start of chunk i_t, for the output kernel (in the
         # input dtype)
-        tl.store(h + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * N * P + p_h, b_h.to(h.dtype.element_ty),
-                 mask=m_h)
+        tl.store(h + chunk_state_base(i_b, i_t, i_h, NT, H, N, P) + p_h, b_h.to(h.dtype.element_ty), mask=m_h)
         t_last = tl.minimum(i_t * L + L, T) - 1
         b_last = tl.load(b + (i_b * T + t_last) * H + i_h)
         b_h = b_h * tl.exp(b_last)
@@ -219,7 +218,7 @@ def _ssd_chunk_state_kernel(
     b_last = tl.load(b + (i_b * T + t_last) * H + i_h)
     b_h = _add_chunk_tokens(tl.zeros([BK, BV], dtype=tl.float32), B, x, dt, b, b_last, i_t, i_b, i_h, i_g,
                             o_k, o_v, m_k, m_v, T, H, G, N, P, L, BT, DOT_PREC)
-    p_c = ((i_b * NT + i_t) * H + i_h).to(tl.int64) * N * P     # 64-bit: [Bt, NT, H] states of N·P each
+    p_c = chunk_state_base(i_b, i_t, i_h, NT, H, N, P)          # this chunk's own state in local [Bt, NT, H, N, P]
     tl.store(local + p_c + o_k[:, None] * P + o_v[None, :], b_h, mask=m_k[:, None] & m_v[None, :])
 
 
@@ -248,7 +247,7 @@ def _ssd_state_pass_kernel(
         b_h = tl.load(h0 + i_bh.to(tl.int64) * N * P + p_io, mask=m_e, other=0.0)
     else:
         b_h = tl.zeros([BE], dtype=tl.float32)
-    p_c = (i_b * NT * H + i_h).to(tl.int64) * N * P + o_e   # chunk 0's state of this head
+    p_c = chunk_state_base(i_b, 0, i_h, NT, H, N, P) + o_e   # chunk 0's state of this head
     # the next chunk's local state and decay are loaded one step ahead, so that their latency overlaps
     # the current step instead of stalling it
     b_next = tl.load(local + p_c, mask=m_e, other=0.0)
@@ -312,6 +311,13 @@ _TILES = [({"BK": 128, "BV": 64}, 4, 2), ({"BK": 64, "BV": 64}, 4, 3), ({"BK": 6
 _CONFIGS = autotune_configs(_TILES, interpreter={"BK": 32, "BV": 32})
 
 
+@triton.jit
+def _group_tile_at(i_b, i_t, i_g, o_c, o_k, T, G, N: tl.constexpr, BT: tl.constexpr):
+    """Where C's and B's [BT, BK] tiles of group i_g, block i_t of BT tokens and dstate columns o_k lie in
+    [Bt, T, G, N]: the block's first row (64-bit, `chunk_row`) and the tiles' 32-bit offsets after it."""
+    return chunk_row(i_b, i_t * BT, i_g, T, G), (o_c[:, None] * G) * N + o_k[None, :]
+
+
 @triton.autotune(configs=_CONFIGS, key=["N", "P", "HAS_D", "HAS_Z", "STORE_UNGATED", "L"],
                  prune_configs_by={"early_config_prune": _fits})
 @triton.jit(do_not_specialize=["T", "H", "NT", "HPG", "G"])
@@ -328,14 +334,14 @@ def _ssd_output_kernel(
     i_t, i_s = i_ts // NB, i_ts % NB
     i_b, i_h = i_bh // H, i_bh % H
     i_g = i_h // HPG                                     # the head's group: its B and C
+    i_blk = i_t * NB + i_s                               # the block's place among the sequence's blocks of BT
     o_c = tl.arange(0, BT)
     o_t = i_t * L + i_s * BT + o_c
     m_t = o_t < T
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < P
-    p_hc = h + ((i_b * NT + i_t) * H + i_h).to(tl.int64) * N * P     # the state at the chunk's start (64-bit)
+    p_hc = h + chunk_state_base(i_b, i_t, i_h, NT, H, N, P)     # the state at the chunk's start
     p_th = (i_b * T + o_t) * H + i_h                     # token rows of this head in [Bt, T, H]
-    r_g = chunk_row(i_b, i_t * L + i_s * BT, i_g, T, G)  # the block's first row of B and C, [Bt, T, G, N]
     b_b = tl.load(b + p_th, mask=m_t, other=0.0)         # [BT] cumulative log decay from the chunk start
     b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)       # [BT] dt after bias and softplus
 
@@ -346,9 +352,7 @@ def _ssd_output_kernel(
     for i_k in range(tl.cdiv(N, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < N
-        p_g = r_g * N + (o_c[:, None] * G) * N + o_k[None, :]
-        b_c = tl.load(C + p_g, mask=m_t[:, None] & m_k[None, :], other=0.0)
-        b_k = tl.load(B + p_g, mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_c, b_k, _, _, _ = _group_tiles(C, B, i_b, i_blk, i_g, o_c, m_t, o_k, T, G, N, BT)
         b_h = tl.load(p_hc + o_k[:, None] * P + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_o += tl.dot(b_c, b_h.to(b_c.dtype), input_precision=DOT_PREC)
         b_S += tl.dot(b_c, tl.trans(b_k), input_precision=DOT_PREC)
@@ -368,10 +372,10 @@ def _ssd_output_kernel(
             for i_k in range(tl.cdiv(N, BK)):
                 o_k = i_k * BK + tl.arange(0, BK)
                 m_k = o_k < N
-                b_c = tl.load(C + r_g * N + (o_c[:, None] * G) * N + o_k[None, :],
-                              mask=m_t[:, None] & m_k[None, :], other=0.0)
-                b_kj = tl.load(B + chunk_row(i_b, i_t * L + j * BT, i_g, T, G) * N + (o_c[:, None] * G) * N
-                               + o_k[None, :], mask=m_k[None, :], other=0.0)
+                r_g, p_g = _group_tile_at(i_b, i_blk, i_g, o_c, o_k, T, G, N, BT)
+                r_j, _ = _group_tile_at(i_b, i_t * NB + j, i_g, o_c, o_k, T, G, N, BT)   # block j's row: p_g again
+                b_c = tl.load(C + r_g * N + p_g, mask=m_t[:, None] & m_k[None, :], other=0.0)
+                b_kj = tl.load(B + r_j * N + p_g, mask=m_k[None, :], other=0.0)
                 b_Sj += tl.dot(b_c, tl.trans(b_kj), input_precision=DOT_PREC)
             b_Lj = tl.exp(b_b[:, None] - tl.load(b + p_tj)[None, :]) * tl.load(dt + p_tj)[None, :]
             b_xj = tl.load(x + chunk_row(i_b, i_t * L + j * BT, i_h, T, H) * P + (o_c[:, None] * H) * P
@@ -535,10 +539,9 @@ def _chunk_tokens(i_t, T, BT: tl.constexpr):
 
 @triton.jit
 def _group_tiles(C, B, i_b, i_t, i_g, o_c, m_t, o_k, T, G, N: tl.constexpr, BT: tl.constexpr):
-    """C's and B's [BT, BK] tiles of group i_g, chunk i_t, dstate columns o_k; with the chunk's first row of
-    [Bt, T, G, N] (64-bit, `chunk_row`), the tiles' 32-bit offsets after it and their mask."""
-    r_g = chunk_row(i_b, i_t * BT, i_g, T, G)
-    p_g = (o_c[:, None] * G) * N + o_k[None, :]
+    """C's and B's [BT, BK] tiles of group i_g, chunk (or block) i_t of BT tokens, dstate columns o_k; with where
+    they lie (`_group_tile_at`) and their mask."""
+    r_g, p_g = _group_tile_at(i_b, i_t, i_g, o_c, o_k, T, G, N, BT)
     m_tk = m_t[:, None] & (o_k < N)[None, :]
     b_c = tl.load(C + r_g * N + p_g, mask=m_tk, other=0.0)
     b_B = tl.load(B + r_g * N + p_g, mask=m_tk, other=0.0)
