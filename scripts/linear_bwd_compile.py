@@ -8,7 +8,8 @@ grid, sequential loop, HBM bytes and matmul FLOPs counted from the code, and a l
 
 Shapes (bf16, B = 1, T = 16K, chunks of 64): Mamba-2 as `mamba2.bench.TRAIN` calls it (80 heads x headdim 64,
 dstate 128, one group, z, D [H], dt_bias, softplus; the ungated output for dz taken from the forward, so no
-output launch); GLA as `gla.bench.TRAIN` (32 heads, K = V = 128, gk bf16).
+output launch); GLA as `gla.bench.TRAIN` (32 heads, K = V = 128, gk bf16); and KDA's own backward kernels
+(attention_kernels/kda/chunk_backward.py) at GLA's shape, with the L2 norm in the kernel and g fp32.
 Each kernel is compiled in every config of its autotune list (the others at Triton's defaults, 4 warps and 3
 stages), with the pointers marked 16-divisible as contiguous tensors' are at launch. Instruction counts are from
 the SASS (cuobjdump): HGMMA (wgmma), HMMA (mma.sync), FFMA (fp32 FMA: elementwise code and any IEEE dot).
@@ -41,6 +42,7 @@ from triton.compiler import ASTSource
 from triton.runtime.autotuner import Autotuner
 
 from attention_kernels.gla import chunk as gla_chunk
+from attention_kernels.kda import chunk_backward as kda_bw
 from attention_kernels.linear import chunk as lin
 from attention_kernels.linear import chunk_backward as lbw
 from attention_kernels.mamba2 import chunk as ssd
@@ -280,6 +282,42 @@ def gla_backward() -> list:
     ]
 
 
+def kda_backward() -> list:
+    """KDA's two kernels of its own after the reverse state pass (the state pass, the sub-chunk launches and the
+    recomputed forward are the shared ones above)."""
+    H, K, V = 32, 128, 128
+    thk, thv, thl = T * H * K / MB, T * H * V / MB, T * H * L / MB
+    states = NT * H * K * V / MB
+    bf, f4, sb = 2, 4, STATE_BYTES
+    nk = K // kda_bw._GRAD_BK
+    gflop = NT * H * (3 * 2 * L * L * V + 3 * 2 * L * K * V + 2 * 2 * L * L * K) / 1e9
+    return [
+        Launch("kda chunk grads (all but the pairs j < t)", kda_bw._kda_chunk_grad_kernel,
+               dict(q="*bf16", k="*bf16", v="*bf16", b="*fp32", beta="*fp32", Akk="*fp32", inverse="*fp32",
+                    w="*bf16", u="*bf16", v_new="*bf16", states=STATE_PTR, dstates=STATE_PTR, do="*bf16", du="*fp32",
+                    dq="*fp32", dk="*fp32", db="*fp32", dv="*bf16", dbeta="*fp32", dAqk="*fp32", dAkk="*fp32",
+                    qn="*fp32", kn="*fp32", scale="fp32", T="i32", H="i32", NT="i32"),
+               dict(K=K, V=V, BT=L, L2NORM=True, EPS=1e-6, STORE_QK=True, DOT_PREC="tf32"),
+               NT * H, f"{nk} key tiles x 2 value tiles",
+               2 * 2 * thk * bf + thk * f4 + thk * bf + 2 * thv * bf + (1 + nk) * (2 * thv * bf + thv * f4)
+               + (2 + nk) * thl * f4 + 2 * states * sb,
+               5 * thk * f4 + thv * bf + 2 * thl * f4, gflop, "tf32 TC",
+               f"do, U, dU and X re-read per key tile (x{nk}, from L2 mostly); q and k twice (the L2 norm first); "
+               "dq, dk, db partials and q, k normalised written fp32",
+               configs=[({"BK": kda_bw._GRAD_BK, "BV": kda_bw._GRAD_BV}, kda_bw._GRAD_WARPS, 1),
+                        ({"BK": 64, "BV": 64}, 8, 1)],
+               reread_mb=nk * (2 * thv * bf + thv * f4 + thl * f4) + 2 * thk * bf),
+        Launch("kda combine (sums, dg, L2 norm)", kda_bw._kda_dqk_combine_kernel,
+               dict(q="*bf16", k="*bf16", g="*fp32", dAqk="*fp32", dq_part="*fp32", dk_part="*fp32",
+                    db_part="*fp32", dq_qk="*fp32", dk_qk="*fp32", dk_rows="*fp32", dk_cols="*fp32", dq="*bf16",
+                    dk="*bf16", dg="*fp32", T="i32", H="i32"),
+               dict(K=K, BT=L, BR=kda_bw._COMBINE_ROWS, BK=K, L2NORM=True, EPS=1e-6, FLOOR=lin.GATE_FLOOR),
+               NT * H, f"{L // kda_bw._COMBINE_ROWS} row blocks", 2 * thk * bf + 8 * thk * f4 + T * H * f4 / MB,
+               2 * thk * bf + thk * f4, 0.0, "fp32 FMA", "seven fp32 partials read, dA_qk's diagonal",
+               configs=[({}, kda_bw._COMBINE_WARPS, 1)]),
+    ]
+
+
 def _fmt(x: float) -> str:
     return f"{x:,.0f}"
 
@@ -323,7 +361,8 @@ def main() -> int:
     parser.add_argument("--only", default="", help="compile only the launches whose name holds this text")
     args = parser.parse_args()
     families = (("Mamba-2 backward, B 1, T 16K, 80 heads x 64, dstate 128, bf16", mamba2_backward()),
-                ("GLA backward, B 1, T 16K, 32 heads, K = V = 128, bf16", gla_backward()))
+                ("GLA backward, B 1, T 16K, 32 heads, K = V = 128, bf16", gla_backward()),
+                ("KDA backward's own kernels, B 1, T 16K, 32 heads, K = V = 128, bf16", kda_backward()))
     spilled = False
     for title, launches in families:
         byte_table(title, launches)

@@ -140,6 +140,7 @@ def _kda_wy_kernel(
     k, v, b, beta, Akk, w, u, kg, T, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
     NB: tl.constexpr, DOT_PREC: tl.constexpr, SOLVE_PREC: tl.constexpr,
+    inverse=None, STORE_INVERSE: tl.constexpr = False,
 ):
     # one program: the BT rows of chunk i_t of one (batch, head)
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -205,6 +206,9 @@ def _kda_wy_kernel(
     b_M = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0) - b_N + b_N2 - b_N3
     b_X = tl.dot(b_M, b_X, input_precision=SOLVE_PREC)
     b_X = tl.where(o_c[:, None] >= first_bad, float("nan"), b_X)
+    if STORE_INVERSE:
+        # for the backward, whose solve's gradient is a product with Xᵀ: fp32, as computed
+        tl.store(inverse + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :], b_X, mask=m_t[:, None])
     b_Xd = b_X.to(k.dtype.element_ty)
     k, b, kg, w, v, u = k + r_c * K, b + r_c * K, kg + r_c * K, w + r_c * K, v + r_c * V, u + r_c * V
 
@@ -237,28 +241,31 @@ def _kda_wy_kernel(
         tl.store(u + p_v, b_u.to(u.dtype.element_ty), mask=m_tv)
 
 
-def kda_wy(k, v, b, beta, Akk, w, u, kg) -> None:
+def kda_wy(k, v, b, beta, Akk, w, u, kg, inverse=None) -> None:
     """The pseudo-values of every chunk, all chunks in parallel (one program per chunk and batch·head).
 
     k: [B, T, H, K]; v: [B, T, H, V]; b: fp32 [B, T, H, K], the in-chunk cumulative gates; beta:
     [B, T, H]; Akk: fp32 [B, T, H, CHUNK], the key-key scores Σ_c k_tc k_jc e^{b_tc - b_jc} (GLA's
     scores with k for q and scale 1), read strictly below the diagonal. Written, in k's dtype: w and kg
     [B, T, H, K], u [B, T, H, V]: W = (I + A)⁻¹ diag(β) (K ⊙ e^b), W' = (I + A)⁻¹ diag(β) V, and the keys
-    decayed to their chunk's last token, K ⊙ e^{b_last - b}, which the state pass adds with.
+    decayed to their chunk's last token, K ⊙ e^{b_last - b}, which the state pass adds with. inverse: fp32
+    [B, T, H, CHUNK] or None; given, it receives X = (I + A)⁻¹ (Akk's layout, zeros above the diagonal), which
+    the backward multiplies by.
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
     _kda_wy_kernel[(cdiv(T, CHUNK), B * H)](
         k, v, b, beta, Akk, w, u, kg, T, H, K, V, BT=CHUNK, BK=pow2_at_least_16(K),
         BV=min(64, pow2_at_least_16(V)), BS=SUB_CHUNK, NB=CHUNK // SUB_CHUNK, DOT_PREC=dot_precision(k.dtype),
-        SOLVE_PREC=dot_precision(k.dtype))
+        SOLVE_PREC=dot_precision(k.dtype), inverse=inverse, STORE_INVERSE=inverse is not None)
 
 
 # ------------------------------------------------------------------ 3. the forward up to its output
 class ChunkIntermediates(NamedTuple):
     """What the forward computes before its output, and the backward recomputes: the (normalised) q and k,
     the in-chunk cumulative gates b (fp32), the two score matrices, the solve's W, W' and K_g, the
-    chunk-start states, the corrected values U = W' - W S, and the final state (or None)."""
+    chunk-start states, the corrected values U = W' - W S, the final state (or None), and the solve's
+    inverse X = (I + A)⁻¹ (fp32 [B, T, H, CHUNK], or None)."""
     q: torch.Tensor
     k: torch.Tensor
     b: torch.Tensor
@@ -270,13 +277,15 @@ class ChunkIntermediates(NamedTuple):
     states: torch.Tensor
     v_new: torch.Tensor
     final_state: torch.Tensor | None
+    inverse: torch.Tensor | None
 
 
 def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool, state_dtype: torch.dtype,
-                            output_final_state: bool = False) -> ChunkIntermediates:
+                            output_final_state: bool = False, store_inverse: bool = False) -> ChunkIntermediates:
     """The forward's first five launches on contiguous, checked inputs: the gate pass (q and k normalised
     when l2norm), the scores, the solve, the state pass with the delta rule. The chunk-start states are kept
-    in state_dtype: the input dtype for the forward's output product, `chunk_state_dtype` for the backward."""
+    in state_dtype: the input dtype for the forward's output product, `chunk_state_dtype` for the backward.
+    store_inverse: the solve also writes its inverse X (the backward's)."""
     B, T, H, K = q.shape
     V, dev = v.shape[-1], q.device
     b = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
@@ -290,12 +299,13 @@ def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool,
     Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)
     kda_scores(q, k, b, Aqk, Akk, scale)
     w, kg, u = torch.empty_like(k), torch.empty_like(k), torch.empty_like(v)
-    kda_wy(k, v, b, beta, Akk, w, u, kg)
+    inverse = torch.empty_like(Akk) if store_inverse else None
+    kda_wy(k, v, b, beta, Akk, w, u, kg, inverse)
     states = torch.empty(B, cdiv(T, CHUNK), H, K, V, dtype=state_dtype, device=dev)
     v_new = torch.empty_like(v)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     chunk_state_pass(kg, u, b, states, h0, ht, w=w, v_new=v_new, decayed_keys=True)
-    return ChunkIntermediates(q, k, b, Aqk, Akk, w, u, kg, states, v_new, ht)
+    return ChunkIntermediates(q, k, b, Aqk, Akk, w, u, kg, states, v_new, ht, inverse)
 
 
 __all__ = ["kda_scores", "kda_wy", "ChunkIntermediates", "chunk_kda_intermediates"]

@@ -1,8 +1,9 @@
 """chunk_kda's backward. It saves nothing from the forward: the forward's own launches
 (`chunk_kda_intermediates`, attention_kernels/kda/chunk.py) recompute the in-chunk cumulative gates b, the two score
-matrices, the solve's W and W' and the keys decayed to their chunk's end K_g, and the state S at every chunk
-start (in `chunk_state_dtype`, the input dtype for 16-bit inputs, as are the state gradients). The forward of
-one chunk (attention_kernels/kda/chunk.py has the derivation):
+matrices, the solve's W and W', its inverse X = (I + A)⁻¹ (fp32, written for the backward only), the keys
+decayed to their chunk's end K_g, and the state S at every chunk start (in `chunk_state_dtype`, the input dtype
+for 16-bit inputs, as are the state gradients). The forward of one chunk (attention_kernels/kda/chunk.py has
+the derivation):
 
     U = W' - W S,                         W = (I + A)⁻¹ diag(β) (K ⊙ e^b),  W' = (I + A)⁻¹ diag(β) V
     S_next = e^{b_last} ⊙ S + K_gᵀ U,     K_g = K ⊙ e^{b_last - b}
@@ -20,47 +21,244 @@ every exponent <= 0), once per matrix; the pair j = t (A_qk's diagonal) has no e
 k in fp32 (as the L2 norm's gradient needs them), in products of IEEE fp32 for fp32 inputs and TF32 for
 16-bit ones (more bits than the inputs had).
 
-The rest is PyTorch ops, batched over all chunks, in fp32 on per-chunk tensors [B, H, NT, C, K or V],
-[B, H, NT, C, C] and the states [B, H, NT, K, V] (the states and their gradients read as stored, 16-bit for
-16-bit inputs, then multiplied in fp32): the read-out's and the state update's gradients; the solve's, as
-one more triangular solve with each chunk's own (I + A)ᵀ (dR = (I + A)⁻ᵀ dW, never an explicit inverse),
-dA = -dR_k Wᵀ - dR_v W'ᵀ below the diagonal; the scores' gradients dA_qk and dA_kk themselves; then the
-in-chunk reverse cumulative sum for g, and the L2 norm's gradient. A gate below GATE_FLOOR (-inf: a reset)
-counts as the floor, as in the forward, and gets gradient 0.
+Two kernels of this module do the rest, one program per chunk and batch·head each, in fp32 registers (the
+states and their gradients read as stored, 16-bit for 16-bit inputs), their products IEEE fp32 for fp32 inputs
+and TF32 for 16-bit ones, as the sub-chunk launches'. `_kda_chunk_grad_kernel`, before the sub-chunk launches:
+the read-out's and the state update's gradients (products with S and dS' over the value dim in tiles); the
+solve's, as products with the transpose of its inverse X (dR = Xᵀ dW: dR_k = -Xᵀ (dU Sᵀ), dR_v = Xᵀ dU, so dv
+= β dR_v; no triangular solve), and dA = -(dR_k Wᵀ + dR_v W'ᵀ) below the diagonal; dβ; and the scores'
+gradients dA_qk = scale dO Uᵀ (on and below the diagonal) and dA_kk = β dA, which the two sub-chunk launches
+read. It writes dv and dβ (in v's and β's dtypes), partial dq, dk and db (the gradient to b) in fp32, and q
+and k in fp32 (normalised when the L2 norm is on) for the sub-chunk launches. `_kda_dqk_combine_kernel`, after
+them: the partials and the pairs j < t summed, the pair j = t added, db's in-chunk reverse cumulative sum (b =
+the in-chunk cumsum of g) for dg, and the L2 norm's gradient, with the norms recomputed from the raw rows. A
+gate below GATE_FLOOR (-inf: a reset) counts as the floor, as in the forward, and gets gradient 0.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+import triton
+import triton.language as tl
 
-from ..launch import cdiv
-from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_state_dtype, dot_precision
+from ..launch import cdiv, on_machine, pow2_at_least_16
+from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_row, chunk_state_dtype, dot_precision
 from ..linear.chunk_backward import chunk_dqk_intra, chunk_state_grad_pass
 from .chunk import chunk_kda_intermediates
 from .reference import L2NORM_EPS
 
 
-def _to_chunks(x: torch.Tensor, NT: int) -> torch.Tensor:
-    """[B, T, H, D] -> fp32 [B, H, NT, C, D], zero rows after T."""
-    B, T, H, D = x.shape
-    x = F.pad(x.float(), (0, 0, 0, 0, 0, NT * CHUNK - T))
-    return x.view(B, NT, CHUNK, H, D).permute(0, 3, 1, 2, 4)
+@triton.jit
+def _row_square_sums(x, o_c, m_t, H, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """Σ x² of the chunk's rows o_c of x ([B, T, H, K], x at the chunk's first row), [BT] fp32, over K in tiles
+    of BK."""
+    b_ss = tl.zeros([BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_x = tl.load(x + (o_c[:, None] * H) * K + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :],
+                      other=0.0).to(tl.float32)
+        b_ss += tl.sum(b_x * b_x, axis=1)
+    return b_ss
 
 
-def _from_chunks(x: torch.Tensor, T: int, like: torch.Tensor) -> torch.Tensor:
-    """fp32 [B, H, NT, C, D] -> [B, T, H, D] in like's dtype, contiguous."""
-    B, H, NT, C, D = x.shape
-    return x.permute(0, 2, 3, 1, 4).reshape(B, NT * C, H, D)[:, :T].to(like.dtype).contiguous()
+# ------------------------------------------------------------------ 1. every gradient but the pairs j < t
+@triton.jit(do_not_specialize=["T", "H", "NT"])
+def _kda_chunk_grad_kernel(
+    q, k, v, b, beta, Akk, inverse, w, u, v_new, states, dstates, do, du,
+    dq, dk, db, dv, dbeta, dAqk, dAkk, qn, kn, scale, T, H, NT,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    L2NORM: tl.constexpr, EPS: tl.constexpr, STORE_QK: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    # one program: chunk i_t of one (batch, head), the key dim in tiles of BK (outer), the value dim in
+    # tiles of BV (inner): each state tile is read once, the chunk's value rows once per key tile
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_c = tl.arange(0, BT)
+    o_t = i_t * BT + o_c
+    m_t = o_t < T
+    t_last = tl.minimum(i_t * BT + BT, T) - 1
+    # the chunk's first row, 64-bit (linear/chunk.py's chunk_row); rows and columns after it 32-bit
+    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)
+    q, k, b, w, qn, kn = q + r_c * K, k + r_c * K, b + r_c * K, w + r_c * K, qn + r_c * K, kn + r_c * K
+    dq, dk, db = dq + r_c * K, dk + r_c * K, db + r_c * K
+    v, u, v_new, do, du, dv = v + r_c * V, u + r_c * V, v_new + r_c * V, do + r_c * V, du + r_c * V, dv + r_c * V
+    Akk, inverse, dAqk, dAkk = Akk + r_c * BT, inverse + r_c * BT, dAqk + r_c * BT, dAkk + r_c * BT
+    p_h = ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V          # this chunk's state, 64-bit
+    states, dstates = states + p_h, dstates + p_h
+    p_A = (o_c[:, None] * H) * BT + o_c[None, :]
+    b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)    # [B, T, H]: 32-bit
+    # Xᵀ, X = (I + A)⁻¹ lower triangular (the forward's solve wrote it), read again in the key loop rather
+    # than held through it
+    p_At = (o_c[None, :] * H) * BT + o_c[:, None]
+    b_Xt = tl.load(inverse + p_At, mask=m_t[None, :], other=0.0)
+    if L2NORM:
+        b_rq = tl.rsqrt(_row_square_sums(q, o_c, m_t, H, K, BT, BK) + EPS)
+        b_rk = tl.rsqrt(_row_square_sums(k, o_c, m_t, H, K, BT, BK) + EPS)
+    else:
+        b_rq = tl.full([BT], 1.0, tl.float32)
+        b_rk = b_rq
+
+    # the value side, over the value dim: dO Uᵀ (A_qk's gradient) and W' = X diag(β) V's: dR_v = Xᵀ dU,
+    # dv = β dR_v, and dR_v's shares of dβ (Σ dR_v ⊙ v) and of dA (dR_v W'ᵀ). Every product takes fp32
+    # operands at DOT_PREC: TF32 holds a 16-bit input exactly (as many mantissa bits as fp16, more than bf16),
+    # so a product of two 16-bit inputs is what 16-bit tensor cores give, and all the accumulators share one
+    # register layout
+    b_dAqk = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dA = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dbeta = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v < V)[None, :]
+        p_v = (o_c[:, None] * H) * V + o_v[None, :]
+        b_do = tl.load(do + p_v, mask=m_tv, other=0.0).to(tl.float32)
+        b_u = tl.load(v_new + p_v, mask=m_tv, other=0.0).to(tl.float32)
+        b_dAqk += tl.dot(b_do, tl.trans(b_u), input_precision=DOT_PREC)
+        b_dRv = tl.dot(b_Xt, tl.load(du + p_v, mask=m_tv, other=0.0), input_precision=DOT_PREC)
+        tl.store(dv + p_v, (b_dRv * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
+        b_dbeta += tl.sum(b_dRv * tl.load(v + p_v, mask=m_tv, other=0.0).to(tl.float32), axis=1)
+        b_wv = tl.load(u + p_v, mask=m_tv, other=0.0).to(tl.float32)
+        b_dA += tl.dot(b_dRv, tl.trans(b_wv), input_precision=DOT_PREC)
+    # A_qk's gradient, scale folded in, on and below the diagonal (the sub-chunk launches read the pairs j < t,
+    # the combine the diagonal)
+    tl.store(dAqk + p_A, tl.where(o_c[:, None] >= o_c[None, :], b_dAqk * scale, 0.0), mask=m_t[:, None])
+
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        # the key side, over the value dim: dO Sᵀ (the read-out), U dS'ᵀ (the state update), dU Sᵀ (W's share
+        # of U = W' - W S) and rowsum(S ⊙ dS') (b_last's); the states as stored (16-bit for 16-bit inputs),
+        # multiplied in fp32
+        b_dqs = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dkg = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dus = tl.zeros([BT, BK], dtype=tl.float32)
+        b_sds = tl.zeros([BK], dtype=tl.float32)
+        for i_v in range(tl.cdiv(V, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            m_tv = m_t[:, None] & m_v[None, :]
+            p_v = (o_c[:, None] * H) * V + o_v[None, :]
+            p_s = o_k[:, None] * V + o_v[None, :]
+            b_s = tl.load(states + p_s, mask=m_k[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+            b_ds = tl.load(dstates + p_s, mask=m_k[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+            b_dqs += tl.dot(tl.load(do + p_v, mask=m_tv, other=0.0).to(tl.float32), tl.trans(b_s),
+                            input_precision=DOT_PREC)
+            b_dkg += tl.dot(tl.load(v_new + p_v, mask=m_tv, other=0.0).to(tl.float32), tl.trans(b_ds),
+                            input_precision=DOT_PREC)
+            b_dus += tl.dot(tl.load(du + p_v, mask=m_tv, other=0.0), tl.trans(b_s), input_precision=DOT_PREC)
+            b_sds += tl.sum(b_s * b_ds, axis=1)
+
+        # this key tile's partials, each stored as soon as it is whole
+        # W = X diag(β) (K ⊙ e^b), dW = -dU Sᵀ: dR_k = -Xᵀ (dU Sᵀ), dkb = β dR_k, and dR_k's shares of dA
+        # (dR_k Wᵀ) and dβ (Σ dR_k ⊙ K ⊙ e^b)
+        p_k = (o_c[:, None] * H) * K + o_k[None, :]
+        b_Xt = tl.load(inverse + p_At, mask=m_t[None, :], other=0.0)
+        b_dRk = -tl.dot(b_Xt, b_dus, input_precision=DOT_PREC)
+        b_w = tl.load(w + p_k, mask=m_tk, other=0.0).to(tl.float32)
+        b_dA += tl.dot(b_dRk, tl.trans(b_w), input_precision=DOT_PREC)
+        b_g = tl.load(b + p_k, mask=m_tk, other=0.0)
+        b_eb = tl.exp(b_g)                                              # every b <= 0
+        b_k = tl.load(k + p_k, mask=m_tk, other=0.0).to(tl.float32) * b_rk[:, None]
+        b_kb = b_k * b_eb
+        b_dbeta += tl.sum(b_dRk * b_kb, axis=1)
+        b_dkb = b_dRk * b_beta[:, None]
+        # through K_gᵀ U, K_g = K ⊙ e^{b_last - b}: dk = e^{b_last - b} ⊙ U dS'ᵀ, -k ⊙ dk to b, and to b_last
+        # the same summed over the rows, plus e^{b_last} rowsum(S ⊙ dS') (S' = e^{b_last} ⊙ S + ...)
+        b_gl = tl.load(b + ((t_last - i_t * BT) * H) * K + o_k, mask=m_k, other=0.0)
+        b_dk = b_dkg * tl.exp(tl.where(m_tk, b_gl[None, :] - b_g, 0.0))
+        b_kdk = b_k * b_dk
+        b_dbl = tl.sum(b_kdk, axis=0) + tl.exp(b_gl) * b_sds
+        # b_last is the last real token's b
+        b_db = b_dkb * b_kb - b_kdk + tl.where(o_c[:, None] == t_last - i_t * BT, b_dbl[None, :], 0.0)
+        tl.store(dk + p_k, b_dk + b_dkb * b_eb, mask=m_tk)
+        if STORE_QK:
+            tl.store(kn + p_k, b_k, mask=m_tk)
+        # through scale (Q ⊙ e^b) S: dq = scale e^b ⊙ dO Sᵀ, and q ⊙ dq to b
+        b_dq = b_dqs * b_eb * scale
+        tl.store(dq + p_k, b_dq, mask=m_tk)
+        b_q = tl.load(q + p_k, mask=m_tk, other=0.0).to(tl.float32) * b_rq[:, None]
+        if STORE_QK:
+            tl.store(qn + p_k, b_q, mask=m_tk)
+        tl.store(db + p_k, b_db + b_dq * b_q, mask=m_tk)
+
+    # dA = -(dR_k Wᵀ + dR_v W'ᵀ) for A = diag(β) Akk, strictly below the diagonal (Akk's entries above were
+    # never written): to β through Akk, and dA_kk = β dA for the sub-chunk launch
+    m_strict = (o_c[:, None] > o_c[None, :]) & m_t[:, None]
+    b_dA = tl.where(m_strict, -b_dA, 0.0)
+    b_dbeta += tl.sum(b_dA * tl.load(Akk + p_A, mask=m_strict, other=0.0), axis=1)
+    tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_dbeta.to(dbeta.dtype.element_ty), mask=m_t)
+    tl.store(dAkk + p_A, b_dA * b_beta[:, None], mask=m_t[:, None])
 
 
-def _l2_normalize_bwd(x: torch.Tensor, x_normed: torch.Tensor, rnorm: torch.Tensor, dx_normed: torch.Tensor):
-    """The gradient through x / sqrt(Σ x² + eps): (dx̂ - x̂ (x̂ · dx̂)) / sqrt(Σ x² + eps)."""
-    return (dx_normed - x_normed * (x_normed * dx_normed).sum(-1, keepdim=True)) * rnorm
+# ------------------------------------------------------------------ 2. the sums, the gate's and the L2 norm's
+@triton.jit(do_not_specialize=["T", "H"])
+def _kda_dqk_combine_kernel(
+    q, k, g, dAqk, dq_part, dk_part, db_part, dq_qk, dk_qk, dk_rows, dk_cols, dq, dk, dg, T, H,
+    K: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr,
+    EPS: tl.constexpr, FLOOR: tl.constexpr,
+):
+    # one program: chunk i_t of one (batch, head), all of K (BK >= K: the L2 norm sums over it), the rows in
+    # blocks of BR from the chunk's last, carrying the sum of db over the rows after the block
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)         # 64-bit; the rows after it 32-bit
+    q, k, g, dq, dk, dg = q + r_c * K, k + r_c * K, g + r_c * K, dq + r_c * K, dk + r_c * K, dg + r_c * K
+    dq_part, dk_part, db_part = dq_part + r_c * K, dk_part + r_c * K, db_part + r_c * K
+    dq_qk, dk_qk, dk_rows, dk_cols = dq_qk + r_c * K, dk_qk + r_c * K, dk_rows + r_c * K, dk_cols + r_c * K
+    dAqk = dAqk + r_c * BT
+    b_after = tl.zeros([BK], dtype=tl.float32)
+    for i_r in range(BT // BR):
+        o_r = BT - BR - i_r * BR + tl.arange(0, BR)
+        m_r = i_t * BT + o_r < T
+        m_rk = m_r[:, None] & m_k[None, :]
+        p_k = (o_r[:, None] * H) * K + o_k[None, :]
+        b_q = tl.load(q + p_k, mask=m_rk, other=0.0).to(tl.float32)
+        b_k = tl.load(k + p_k, mask=m_rk, other=0.0).to(tl.float32)
+        if L2NORM:
+            b_rq = tl.rsqrt(tl.sum(b_q * b_q, axis=1) + EPS)
+            b_rk = tl.rsqrt(tl.sum(b_k * b_k, axis=1) + EPS)
+            b_q, b_k = b_q * b_rq[:, None], b_k * b_rk[:, None]
+        # A_qk's diagonal pairs, which have no exponent: dA_tt k_t to dq, dA_tt q_t to dk, and to b two shares
+        # that cancel exactly, left out
+        b_dAd = tl.load(dAqk + (o_r * H) * BT + o_r, mask=m_r, other=0.0)
+        # the pairs j < t of both matrices: A_qk's rows to dq and columns to dk, A_kk's rows and columns to dk;
+        # to b, a ⊙ da of the rows minus k ⊙ dk of the columns
+        b_dqs = tl.load(dq_qk + p_k, mask=m_rk, other=0.0)
+        b_dq = tl.load(dq_part + p_k, mask=m_rk, other=0.0) + b_dqs + b_dAd[:, None] * b_k
+        b_db = tl.load(db_part + p_k, mask=m_rk, other=0.0) + b_dqs * b_q
+        if L2NORM:
+            # through x / sqrt(Σ x² + eps): (dx̂ - x̂ (x̂ · dx̂)) / sqrt(Σ x² + eps)
+            b_dq = (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None]) * b_rq[:, None]
+        tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_rk)
+        b_dkr = tl.load(dk_rows + p_k, mask=m_rk, other=0.0)
+        b_dkc = tl.load(dk_qk + p_k, mask=m_rk, other=0.0) + tl.load(dk_cols + p_k, mask=m_rk, other=0.0)
+        b_dk = tl.load(dk_part + p_k, mask=m_rk, other=0.0) + b_dkr + b_dkc + b_dAd[:, None] * b_q
+        b_db += (b_dkr - b_dkc) * b_k
+        if L2NORM:
+            b_dk = (b_dk - b_k * tl.sum(b_k * b_dk, axis=1)[:, None]) * b_rk[:, None]
+        tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_rk)
+        # b = the in-chunk cumulative sum of g: dg_s = Σ_{t >= s} db_t (rows past T hold 0). A gate under the
+        # floor (-inf) is not a variable
+        b_dg = tl.cumsum(b_db, axis=0, reverse=True) + b_after[None, :]
+        b_after += tl.sum(b_db, axis=0)
+        b_graw = tl.load(g + p_k, mask=m_rk, other=0.0)
+        tl.store(dg + p_k, tl.where(b_graw < FLOOR, 0.0, b_dg).to(dg.dtype.element_ty), mask=m_rk)
+
+
+# Tiles and warps from ptxas (sm_90a, bf16, K = V = 128, scripts/linear_bwd_compile.py). The chunk kernel: key
+# tiles of 32, value tiles of 64, 8 warps, one stage: 255 registers and three of them spilled (12 bytes stored
+# before the loops, loaded once after them). Key tiles of 64 spilled 1.8 KB, inside the loops; 4 warps, or 2
+# and 3 stages, spilled more. The combine: rows in blocks of 16 on 4 warps, 168 registers, no spills (the whole
+# chunk at once spilled at 4 and 8 warps).
+_GRAD_BK, _GRAD_BV, _GRAD_WARPS = 32, 64, 8
+_COMBINE_ROWS, _COMBINE_WARPS = 16, 4
 
 
 def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_kernel: bool):
-    """The gradients of chunk_kda (see the module docstring): Triton for the recomputed forward, the
-    reverse state pass and the scores' pairs j < t, PyTorch ops on the per-chunk tensors for the rest.
+    """The gradients of chunk_kda (see the module docstring): the recomputed forward, the reverse state pass,
+    every chunk's gradients but the scores' pairs j < t, those pairs (GLA's sub-chunk kernel, once per score
+    matrix), then the sums with the gate's and the L2 norm's gradients. Triton throughout; torch allocates.
 
     q, k, g: [B, T, H, K]; v, do: [B, T, H, V] (do in v's dtype); beta: [B, T, H]; h0, dht: fp32
     [B, H, K, V] or None (zeros); all contiguous. do and dht are the gradients of o and of the final state.
@@ -72,83 +270,50 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
         ...                                          torch.randn_like(v), None, True)
     """
     B, T, H, K = q.shape
-    V, NT, C = v.shape[-1], cdiv(T, CHUNK), CHUNK
-    qf, kf = q.float(), k.float()
-    if use_qk_l2norm_in_kernel:
-        rq = torch.rsqrt(qf.pow(2).sum(-1, keepdim=True) + L2NORM_EPS)
-        rk = torch.rsqrt(kf.pow(2).sum(-1, keepdim=True) + L2NORM_EPS)
-        qn, kn = qf * rq, kf * rk
-    else:
-        qn, kn = qf, kf
-    # ---- the forward's intermediates, by the forward's kernels
+    V, NT = v.shape[-1], cdiv(T, CHUNK)
     dev, state_dtype = q.device, chunk_state_dtype(q.dtype)
+    f32 = dict(dtype=torch.float32, device=dev)
+    # ---- the forward's intermediates, by the forward's kernels (the solve's inverse too)
     x = chunk_kda_intermediates(q, k, v, g, beta, scale, h0, l2norm=use_qk_l2norm_in_kernel,
-                                state_dtype=state_dtype)
+                                state_dtype=state_dtype, store_inverse=True)
     # ---- the reverse state pass (the delta rule's): dS' at every chunk's end, dS at the start, and dU
     dstates = torch.empty(B, NT, H, K, V, dtype=state_dtype, device=dev)
-    dU = torch.empty(B, T, H, V, dtype=torch.float32, device=dev)
+    dU = torch.empty(B, T, H, V, **f32)
     dh0 = None if h0 is None else torch.empty_like(h0)
     chunk_state_grad_pass(x.q, do, x.b, dstates, scale, dht, dh0, Aqk=x.Aqk, kg=x.kg, w=x.w, du=dU)
 
-    # ---- the rest per chunk in PyTorch: [B, H, NT, C, ...] fp32
-    qc, kc, vc, doc = (_to_chunks(t, NT) for t in (qn, kn, v, do))
-    betac = _to_chunks(beta.unsqueeze(-1), NT)                    # [B, H, NT, C, 1]
-    # gates below GATE_FLOOR (-inf) count as the floor, as in the forward's gate pass, and get gradient 0
-    b = _to_chunks(g.float().clamp(min=GATE_FLOOR), NT).cumsum(-2)   # the padded rows repeat the last b
-    b_last = b[..., -1, :]                                       # [B, H, NT, K]
-    causal = torch.ones(C, C, dtype=torch.bool, device=dev).tril()
-    strict = causal.tril(-1)
-    Akk = torch.where(strict, _to_chunks(x.Akk, NT), 0.0)          # the entries above were never written
-    solve = torch.eye(C, device=dev) + betac * Akk                # I + A, unit lower triangular
-    kb = kc * b.exp()
-    W, Wv, kg, U, dU = (_to_chunks(t, NT) for t in (x.w, x.u, x.kg, x.v_new, dU))
-    states, dstates = x.states.float().transpose(1, 2), dstates.float().transpose(1, 2)   # [B, H, NT, K, V]
-    qb = qc * b.exp()
-
-    # ---- per chunk: the read-out, the state update, the solve, the scores (their pairs j < t by Triton)
-    dqb = scale * doc @ states.transpose(-1, -2)                  # through (Q ⊙ e^b) S
-    dq = dqb * b.exp()
-    db = dqb * qb
-    dkg = U @ dstates.transpose(-1, -2)                            # through K_gᵀ U
-    dk = dkg * torch.exp(b_last[..., None, :] - b)
-    db = db - dkg * kg
-    db_last = (dkg * kg).sum(-2) + b_last.exp() * (states * dstates).sum(-1)
-    dR_k = torch.linalg.solve_triangular(solve.transpose(-1, -2), -dU @ states.transpose(-1, -2), upper=True,
-                                         unitriangular=True)    # (I + A)⁻ᵀ dW
-    dR_v = torch.linalg.solve_triangular(solve.transpose(-1, -2), dU, upper=True, unitriangular=True)
-    dA = -(dR_k @ W.transpose(-1, -2) + dR_v @ Wv.transpose(-1, -2)) * strict
-    dbeta = (dA * Akk).sum(-1, keepdim=True) + (dR_k * kb).sum(-1, keepdim=True) + (dR_v * vc).sum(-1, keepdim=True)
-    dv = betac * dR_v
-    dkb = betac * dR_k
-    dk = dk + dkb * b.exp()
-    db = db + dkb * kb
-    # the scores Σ_c a_tc k_jc e^{b_tc - b_jc}: a = q (A_qk, with scale) and a = k (A_kk, under β). Their pairs
-    # j < t by GLA's sub-chunk kernel, once per matrix, on [B, T, H, ·] tensors. The pair j = t (A_qk's
-    # diagonal; A_kk has none) has no exponent: dA_tt k_t to dq, dA_tt q_t to dk, and to b two shares that
-    # cancel exactly, left out
-    dAqk = (doc @ U.transpose(-1, -2)) * causal * scale
-    dAkk = dA * betac
-    # fp32 q and k (ptxas, sm_90a, K = 128: 98 registers at TF32, 102 at IEEE, no spills; 96 for GLA's bf16)
+    # ---- every chunk's gradients but the scores' pairs j < t: dv, dbeta, the partial dq, dk and db, dA_qk
+    # and dA_kk. The sub-chunk launches take q and k in fp32 (normalised when the L2 norm is on): written here
+    # unless q and k are those already
+    store_qk = use_qk_l2norm_in_kernel or q.dtype != torch.float32
+    qn, kn = (torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)) if store_qk else (q, k)
+    dq_part, dk_part, db_part = (torch.empty(B, T, H, K, **f32) for _ in range(3))
+    dAqk, dAkk = torch.empty(B, T, H, CHUNK, **f32), torch.empty(B, T, H, CHUNK, **f32)
+    dv, dbeta = torch.empty_like(v), torch.empty_like(beta)
     precision = dot_precision(q.dtype)
-    dq_s, dk_cols_q, dk_rows, dk_cols_k = (torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
-                                           for _ in range(4))
-    chunk_dqk_intra(qn, kn, x.b, _from_chunks(dAqk, T, dAqk), dq_s, dk_cols_q, input_precision=precision)
-    chunk_dqk_intra(kn, kn, x.b, _from_chunks(dAkk, T, dAkk), dk_rows, dk_cols_k, input_precision=precision)
-    dq_s, dk_rows = _to_chunks(dq_s, NT), _to_chunks(dk_rows, NT)
-    dk_cols = _to_chunks(dk_cols_q, NT) + _to_chunks(dk_cols_k, NT)
-    dAqk_diag = dAqk.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)      # [B, H, NT, C, 1]
-    dq = dq + dq_s + dAqk_diag * kc
-    dk = dk + dk_rows + dk_cols + dAqk_diag * qc
-    db = db + dq_s * qc + (dk_rows - dk_cols) * kc
-    db[..., -1, :] += db_last                                     # b_last is the last (maybe padded) row's b
-    dg = db.flip(-2).cumsum(-2).flip(-2)                          # b = the in-chunk cumsum of g
+    _kda_chunk_grad_kernel[(NT, B * H)](
+        q, k, v, x.b, beta, x.Akk, x.inverse, x.w, x.u, x.v_new, x.states, dstates, do, dU,
+        dq_part, dk_part, db_part, dv, dbeta, dAqk, dAkk, qn, kn, scale, T, H, NT, K, V, BT=CHUNK,
+        BK=on_machine(gpu=min(_GRAD_BK, pow2_at_least_16(K)), interpreter=16),
+        BV=on_machine(gpu=min(_GRAD_BV, pow2_at_least_16(V)), interpreter=16), L2NORM=use_qk_l2norm_in_kernel,
+        EPS=L2NORM_EPS, STORE_QK=store_qk, DOT_PREC=precision, num_warps=_GRAD_WARPS, num_stages=1)
+    b = x.b
+    del x, dstates, dU                  # the state-sized and per-token buffers go back before the next ones
 
-    dq, dk = _from_chunks(dq, T, qf), _from_chunks(dk, T, kf)
-    if use_qk_l2norm_in_kernel:
-        dq, dk = _l2_normalize_bwd(qf, qn, rq, dq), _l2_normalize_bwd(kf, kn, rk, dk)
-    dg = torch.where(g < GATE_FLOOR, 0.0, _from_chunks(dg, T, g))
-    return (dq.to(q.dtype), dk.to(k.dtype), _from_chunks(dv, T, v), dg,
-            _from_chunks(dbeta, T, beta).squeeze(-1), dh0)
+    # ---- the scores' pairs j < t, GLA's sub-chunk kernel on [B, T, H, ·] tensors: A_qk's (a = q), then A_kk's
+    # (k in both places), in products of IEEE fp32 for fp32 inputs and TF32 for 16-bit ones (ptxas, sm_90a,
+    # K = 128: 98 registers at TF32, 102 at IEEE, no spills; 96 for GLA's bf16)
+    dq_qk, dk_qk, dk_rows, dk_cols = (torch.empty(B, T, H, K, **f32) for _ in range(4))
+    chunk_dqk_intra(qn, kn, b, dAqk, dq_qk, dk_qk, input_precision=precision)
+    chunk_dqk_intra(kn, kn, b, dAkk, dk_rows, dk_cols, input_precision=precision)
+
+    # ---- the sums, the diagonal pairs, the gate's reverse cumulative sum and the L2 norm's gradient
+    dq, dk, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(g)
+    _kda_dqk_combine_kernel[(NT, B * H)](
+        q, k, g, dAqk, dq_part, dk_part, db_part, dq_qk, dk_qk, dk_rows, dk_cols, dq, dk, dg, T, H, K, BT=CHUNK,
+        BR=_COMBINE_ROWS, BK=pow2_at_least_16(K), L2NORM=use_qk_l2norm_in_kernel, EPS=L2NORM_EPS, FLOOR=GATE_FLOOR,
+        num_warps=_COMBINE_WARPS)
+    return dq, dk, dv, dg, dbeta, dh0
 
 
 __all__ = ["chunk_kda_bwd"]

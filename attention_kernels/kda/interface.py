@@ -269,10 +269,13 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     final state (and the L2 norm when it is on). The backward saves only the
     inputs: the forward's kernels recompute the rest, the shared reverse
     state pass runs with its delta-rule switch, the scores' pairs j < t go
-    to GLA's sub-chunk kernel (once per score matrix), and the rest (the
-    solve's gradient among it) is PyTorch ops batched over chunks
-    (attention_kernels/kda/chunk_backward.py). A gate below GATE_FLOOR
-    (-inf) gets gradient 0.
+    to GLA's sub-chunk kernel (once per score matrix), and two kernels of
+    KDA's own do the rest, one program per chunk: before those launches the
+    read-out's, the state update's and the solve's gradients (the last as
+    products with the solve's inverse, which the recomputed solve also
+    writes), after them the sums, the gate's in-chunk reverse cumulative
+    sum and the L2 norm's gradient (attention_kernels/kda/chunk_backward.py).
+    A gate below GATE_FLOOR (-inf) gets gradient 0.
 
     fla's arguments in fla's order, A_log and dt_bias by keyword (fla reads
     them from its **kwargs). With use_gate_in_kernel, g is the raw gate
