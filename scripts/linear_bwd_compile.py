@@ -291,7 +291,18 @@ def kda_backward() -> list:
     bf, f4, sb = 2, 4, STATE_BYTES
     nk = K // kda_bw._GRAD_BK
     gflop = NT * H * (3 * 2 * L * L * V + 3 * 2 * L * K * V + 2 * 2 * L * L * K) / 1e9
+    bk = lbw._INTRA_BK or K
     return [
+        Launch("kda sub-chunk pairs (A_qk and A_kk in one launch)", lbw._chunk_dqk_intra_kernel,
+               dict(q="*fp32", k="*fp32", b="*fp32", dA="*fp32", dq="*fp32", dk="*fp32", T="i32", H="i32",
+                    dA_kk="*fp32", dk_rows="*fp32"),
+               dict(K=K, G=K, BT=L, BC=16, BK=bk, DOT_PREC="tf32", KEY_PAIRS=True),
+               4 * NT * H * (K // bk), "<= 3 sub-chunks + 16 rows", 3 * 2.5 * thk * f4 + 2 * thl * f4,
+               3 * thk * f4, 2 * 2 * 1.5 * 2 * T * 16 * K * H / 1e9, "tf32 TC",
+               "q, k and b (fp32) re-read by the later / earlier sub-chunks (~x2.5); one exponential per pair and "
+               "channel serves both matrices", side={"fp32 FMA": 8 * T * 16 * K * H / 1e9, "exp": 1.4},
+               configs=[({}, lbw._INTRA_WARPS, lbw._INTRA_STAGES), ({"BK": K}, 8, lbw._INTRA_STAGES)],
+               reread_mb=3 * 1.5 * thk * f4),
         Launch("kda chunk grads (all but the pairs j < t)", kda_bw._kda_chunk_grad_kernel,
                dict(q="*bf16", k="*bf16", v="*bf16", b="*fp32", beta="*fp32", Akk="*fp32", inverse="*fp32",
                     w="*bf16", u="*bf16", v_new="*bf16", states=STATE_PTR, dstates=STATE_PTR, do="*bf16", du="*fp32",
@@ -309,11 +320,11 @@ def kda_backward() -> list:
                reread_mb=nk * (2 * thv * bf + thv * f4 + thl * f4) + 2 * thk * bf),
         Launch("kda combine (sums, dg, L2 norm)", kda_bw._kda_dqk_combine_kernel,
                dict(q="*bf16", k="*bf16", g="*fp32", dAqk="*fp32", dq_part="*fp32", dk_part="*fp32",
-                    db_part="*fp32", dq_qk="*fp32", dk_qk="*fp32", dk_rows="*fp32", dk_cols="*fp32", dq="*bf16",
+                    db_part="*fp32", dq_qk="*fp32", dk_rows="*fp32", dk_cols="*fp32", dq="*bf16",
                     dk="*bf16", dg="*fp32", T="i32", H="i32"),
                dict(K=K, BT=L, BR=kda_bw._COMBINE_ROWS, BK=K, L2NORM=True, EPS=1e-6, FLOOR=lin.GATE_FLOOR),
-               NT * H, f"{L // kda_bw._COMBINE_ROWS} row blocks", 2 * thk * bf + 8 * thk * f4 + T * H * f4 / MB,
-               2 * thk * bf + thk * f4, 0.0, "fp32 FMA", "seven fp32 partials read, dA_qk's diagonal",
+               NT * H, f"{L // kda_bw._COMBINE_ROWS} row blocks", 2 * thk * bf + 7 * thk * f4 + T * H * f4 / MB,
+               2 * thk * bf + thk * f4, 0.0, "fp32 FMA", "six fp32 partials and g read, dA_qk's diagonal",
                configs=[({}, kda_bw._COMBINE_WARPS, 1)]),
     ]
 

@@ -17,20 +17,21 @@ The scores' gradients go through the exponent b_t - b_j of every pair j <= t per
 are GLA's per-channel-gated scores A_tj = Σ_c a_tc k_jc e^{b_tc - b_jc}, with a = q (A_qk, scale folded in
 its gradient) and a = k (A_kk, under β, strictly below the diagonal), so their pairs j < t go to GLA's own
 sub-chunk launch (`chunk_dqk_intra`, attention_kernels/linear/chunk_backward.py: sub-chunks of 16 rows,
-every exponent <= 0), once per matrix; the pair j = t (A_qk's diagonal) has no exponent. They take q and
+every exponent <= 0), both matrices in one launch, which share every exponential and every load of k and b;
+the pair j = t (A_qk's diagonal) has no exponent. They take q and
 k in fp32 (as the L2 norm's gradient needs them), in products of IEEE fp32 for fp32 inputs and TF32 for
 16-bit ones (more bits than the inputs had).
 
 Two kernels of this module do the rest, one program per chunk and batch·head each, in fp32 registers (the
 states and their gradients read as stored, 16-bit for 16-bit inputs), their products IEEE fp32 for fp32 inputs
-and TF32 for 16-bit ones, as the sub-chunk launches'. `_kda_chunk_grad_kernel`, before the sub-chunk launches:
+and TF32 for 16-bit ones, as the sub-chunk launch's. `_kda_chunk_grad_kernel`, before the sub-chunk launch:
 the read-out's and the state update's gradients (products with S and dS' over the value dim in tiles); the
 solve's, as products with the transpose of its inverse X (dR = Xᵀ dW: dR_k = -Xᵀ (dU Sᵀ), dR_v = Xᵀ dU, so dv
 = β dR_v; no triangular solve), and dA = -(dR_k Wᵀ + dR_v W'ᵀ) below the diagonal; dβ; and the scores'
-gradients dA_qk = scale dO Uᵀ (on and below the diagonal) and dA_kk = β dA, which the two sub-chunk launches
-read. It writes dv and dβ (in v's and β's dtypes), partial dq, dk and db (the gradient to b) in fp32, and q
-and k in fp32 (normalised when the L2 norm is on) for the sub-chunk launches. `_kda_dqk_combine_kernel`, after
-them: the partials and the pairs j < t summed, the pair j = t added, db's in-chunk reverse cumulative sum (b =
+gradients dA_qk = scale dO Uᵀ (on and below the diagonal) and dA_kk = β dA, which the sub-chunk launch
+reads. It writes dv and dβ (in v's and β's dtypes), partial dq, dk and db (the gradient to b) in fp32, and q
+and k in fp32 (normalised when the L2 norm is on) for the sub-chunk launch. `_kda_dqk_combine_kernel`, after
+it: the partials and the pairs j < t summed, the pair j = t added, db's in-chunk reverse cumulative sum (b =
 the in-chunk cumsum of g) for dg, and the L2 norm's gradient, with the norms recomputed from the raw rows. A
 gate below GATE_FLOOR (-inf: a reset) counts as the floor, as in the forward, and gets gradient 0.
 """
@@ -117,7 +118,7 @@ def _kda_chunk_grad_kernel(
         b_dbeta += tl.sum(b_dRv * tl.load(v + p_v, mask=m_tv, other=0.0).to(tl.float32), axis=1)
         b_wv = tl.load(u + p_v, mask=m_tv, other=0.0).to(tl.float32)
         b_dA += tl.dot(b_dRv, tl.trans(b_wv), input_precision=DOT_PREC)
-    # A_qk's gradient, scale folded in, on and below the diagonal (the sub-chunk launches read the pairs j < t,
+    # A_qk's gradient, scale folded in, on and below the diagonal (the sub-chunk launch reads the pairs j < t,
     # the combine the diagonal)
     tl.store(dAqk + p_A, tl.where(o_c[:, None] >= o_c[None, :], b_dAqk * scale, 0.0), mask=m_t[:, None])
 
@@ -192,7 +193,7 @@ def _kda_chunk_grad_kernel(
 # ------------------------------------------------------------------ 2. the sums, the gate's and the L2 norm's
 @triton.jit(do_not_specialize=["T", "H"])
 def _kda_dqk_combine_kernel(
-    q, k, g, dAqk, dq_part, dk_part, db_part, dq_qk, dk_qk, dk_rows, dk_cols, dq, dk, dg, T, H,
+    q, k, g, dAqk, dq_part, dk_part, db_part, dq_qk, dk_rows, dk_cols, dq, dk, dg, T, H,
     K: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr,
     EPS: tl.constexpr, FLOOR: tl.constexpr,
 ):
@@ -205,7 +206,7 @@ def _kda_dqk_combine_kernel(
     r_c = chunk_row(i_b, i_t * BT, i_h, T, H)         # 64-bit; the rows after it 32-bit
     q, k, g, dq, dk, dg = q + r_c * K, k + r_c * K, g + r_c * K, dq + r_c * K, dk + r_c * K, dg + r_c * K
     dq_part, dk_part, db_part = dq_part + r_c * K, dk_part + r_c * K, db_part + r_c * K
-    dq_qk, dk_qk, dk_rows, dk_cols = dq_qk + r_c * K, dk_qk + r_c * K, dk_rows + r_c * K, dk_cols + r_c * K
+    dq_qk, dk_rows, dk_cols = dq_qk + r_c * K, dk_rows + r_c * K, dk_cols + r_c * K
     dAqk = dAqk + r_c * BT
     b_after = tl.zeros([BK], dtype=tl.float32)
     for i_r in range(BT // BR):
@@ -232,7 +233,7 @@ def _kda_dqk_combine_kernel(
             b_dq = (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None]) * b_rq[:, None]
         tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_rk)
         b_dkr = tl.load(dk_rows + p_k, mask=m_rk, other=0.0)
-        b_dkc = tl.load(dk_qk + p_k, mask=m_rk, other=0.0) + tl.load(dk_cols + p_k, mask=m_rk, other=0.0)
+        b_dkc = tl.load(dk_cols + p_k, mask=m_rk, other=0.0)          # both matrices' columns
         b_dk = tl.load(dk_part + p_k, mask=m_rk, other=0.0) + b_dkr + b_dkc + b_dAd[:, None] * b_q
         b_db += (b_dkr - b_dkc) * b_k
         if L2NORM:
@@ -257,8 +258,8 @@ _COMBINE_ROWS, _COMBINE_WARPS = 16, 4
 
 def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_kernel: bool):
     """The gradients of chunk_kda (see the module docstring): the recomputed forward, the reverse state pass,
-    every chunk's gradients but the scores' pairs j < t, those pairs (GLA's sub-chunk kernel, once per score
-    matrix), then the sums with the gate's and the L2 norm's gradients. Triton throughout; torch allocates.
+    every chunk's gradients but the scores' pairs j < t, those pairs (GLA's sub-chunk kernel, both score
+    matrices in one launch), then the sums with the gate's and the L2 norm's gradients. Triton throughout; torch allocates.
 
     q, k, g: [B, T, H, K]; v, do: [B, T, H, V] (do in v's dtype); beta: [B, T, H]; h0, dht: fp32
     [B, H, K, V] or None (zeros); all contiguous. do and dht are the gradients of o and of the final state.
@@ -283,7 +284,7 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
     chunk_state_grad_pass(x.q, do, x.b, dstates, scale, dht, dh0, Aqk=x.Aqk, kg=x.kg, w=x.w, du=dU)
 
     # ---- every chunk's gradients but the scores' pairs j < t: dv, dbeta, the partial dq, dk and db, dA_qk
-    # and dA_kk. The sub-chunk launches take q and k in fp32 (normalised when the L2 norm is on): written here
+    # and dA_kk. The sub-chunk launch takes q and k in fp32 (normalised when the L2 norm is on): written here
     # unless q and k are those already
     store_qk = use_qk_l2norm_in_kernel or q.dtype != torch.float32
     qn, kn = (torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)) if store_qk else (q, k)
@@ -300,17 +301,16 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
     b = x.b
     del x, dstates, dU                  # the state-sized and per-token buffers go back before the next ones
 
-    # ---- the scores' pairs j < t, GLA's sub-chunk kernel on [B, T, H, ·] tensors: A_qk's (a = q), then A_kk's
-    # (k in both places), in products of IEEE fp32 for fp32 inputs and TF32 for 16-bit ones (ptxas, sm_90a,
-    # K = 128: 98 registers at TF32, 102 at IEEE, no spills; 96 for GLA's bf16)
-    dq_qk, dk_qk, dk_rows, dk_cols = (torch.empty(B, T, H, K, **f32) for _ in range(4))
-    chunk_dqk_intra(qn, kn, b, dAqk, dq_qk, dk_qk, input_precision=precision)
-    chunk_dqk_intra(kn, kn, b, dAkk, dk_rows, dk_cols, input_precision=precision)
+    # ---- the scores' pairs j < t, GLA's sub-chunk kernel on [B, T, H, ·] tensors, both matrices in one launch:
+    # A_qk's rows to dq_qk, A_kk's (k in both places) to dk_rows, the columns of both summed into dk_cols; in
+    # products of IEEE fp32 for fp32 inputs and TF32 for 16-bit ones
+    dq_qk, dk_rows, dk_cols = (torch.empty(B, T, H, K, **f32) for _ in range(3))
+    chunk_dqk_intra(qn, kn, b, dAqk, dq_qk, dk_cols, input_precision=precision, dA_kk=dAkk, dk_rows=dk_rows)
 
     # ---- the sums, the diagonal pairs, the gate's reverse cumulative sum and the L2 norm's gradient
     dq, dk, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(g)
     _kda_dqk_combine_kernel[(NT, B * H)](
-        q, k, g, dAqk, dq_part, dk_part, db_part, dq_qk, dk_qk, dk_rows, dk_cols, dq, dk, dg, T, H, K, BT=CHUNK,
+        q, k, g, dAqk, dq_part, dk_part, db_part, dq_qk, dk_rows, dk_cols, dq, dk, dg, T, H, K, BT=CHUNK,
         BR=_COMBINE_ROWS, BK=pow2_at_least_16(K), L2NORM=use_qk_l2norm_in_kernel, EPS=L2NORM_EPS, FLOOR=GATE_FLOOR,
         num_warps=_COMBINE_WARPS)
     return dq, dk, dv, dg, dbeta, dh0

@@ -269,8 +269,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     final state (and the L2 norm when it is on). The backward saves only the
     inputs: the forward's kernels recompute the rest, the shared reverse
     state pass runs with its delta-rule switch, the scores' pairs j < t go
-    to GLA's sub-chunk kernel (once per score matrix), and two kernels of
-    KDA's own do the rest, one program per chunk: before those launches the
+    to GLA's sub-chunk kernel (both score matrices in one launch), and two
+    kernels of KDA's own do the rest, one program per chunk: before it the
     read-out's, the state update's and the solve's gradients (the last as
     products with the solve's inverse, which the recomputed solve also
     writes), after them the sums, the gate's in-chunk reverse cumulative
