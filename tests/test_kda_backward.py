@@ -6,8 +6,7 @@ as the delta rule needs); gates near 0, the paper's, strong, and -inf (a reset, 
 uniform, near 1.
 fused_recurrent_kda has no backward and refuses an input that requires grad.
 
-CPU (interpreter): fp32, within 1e-5 of the fp64 loop (the kernels multiply fp32 in IEEE fp32, the
-PyTorch part of the backward is fp32); fp16 against the same function in fp32, within the fp16 tolerance
+CPU (interpreter): fp32, within 1e-5 of the fp64 loop (the kernels multiply fp32 in IEEE fp32); fp16 against the same function in fp32, within the fp16 tolerance
 (the backward's chunk states and their gradients then in fp16). GPU: bf16 against the same function in
 fp32, within 5e-3.
 """
@@ -65,11 +64,22 @@ def test_kda_gradients(shape, gate, beta, with_h0, l2norm):
 
 
 def test_kda_gradients_with_the_sub_chunk_kernel_on_key_tiles(monkeypatch):
-    # KDA's two sub-chunk launches (A_qk's pairs, then A_kk's with k in both places) over key tiles of 16 of
-    # K = 48, T 70: the gradients against the fp64 loop, as on one tile of all of K
+    # KDA's sub-chunk launch (A_qk's pairs and A_kk's, k in both places) over key tiles of 16 of K = 48, T 70:
+    # three whole tiles; the gradients against the fp64 loop
     from attention_kernels.linear import chunk_backward
     monkeypatch.setattr(chunk_backward, "_INTRA_BK", 16)
     tensors, h0, do, dht = kda_inputs(1, 70, 2, 48, 16, "paper", "uniform", True, True)
+    out = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=True)
+    ref = grads(naive_recurrent_kda, fp64(tensors), *fp64([h0]), do, dht, use_qk_l2norm_in_kernel=True)
+    assert_grads_close(out, ref, NAMES + ["dh0"])
+
+
+def test_kda_gradients_at_the_gpu_tiles_of_the_chunk_kernel(monkeypatch):
+    # the per-chunk gradient kernel at the tiles it takes on a GPU (key tiles of 32, value tiles of 64; the
+    # interpreter's default is 16): K = 48 and V = 80 leave a partial tile of each, T 70 a partial chunk
+    from attention_kernels.kda import chunk_backward
+    monkeypatch.setattr(chunk_backward, "on_machine", lambda gpu, interpreter: gpu)
+    tensors, h0, do, dht = kda_inputs(1, 70, 2, 48, 80, "paper", "uniform", True, True)
     out = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=True)
     ref = grads(naive_recurrent_kda, fp64(tensors), *fp64([h0]), do, dht, use_qk_l2norm_in_kernel=True)
     assert_grads_close(out, ref, NAMES + ["dh0"])

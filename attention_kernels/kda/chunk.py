@@ -205,10 +205,11 @@ def _kda_wy_kernel(
     b_N3 = tl.dot(b_N2, b_N, input_precision=SOLVE_PREC)
     b_M = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0) - b_N + b_N2 - b_N3
     b_X = tl.dot(b_M, b_X, input_precision=SOLVE_PREC)
-    b_X = tl.where(o_c[:, None] >= first_bad, float("nan"), b_X)
     if STORE_INVERSE:
-        # for the backward, whose solve's gradient is a product with Xᵀ: fp32, as computed
+        # for the backward, whose solve's gradient is a product with Xᵀ: fp32, as computed, before the
+        # non-finite rows are marked (a NaN input reaches the gradients through dU)
         tl.store(inverse + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :], b_X, mask=m_t[:, None])
+    b_X = tl.where(o_c[:, None] >= first_bad, float("nan"), b_X)
     b_Xd = b_X.to(k.dtype.element_ty)
     k, b, kg, w, v, u = k + r_c * K, b + r_c * K, kg + r_c * K, w + r_c * K, v + r_c * V, u + r_c * V
 

@@ -18,9 +18,8 @@ are GLA's per-channel-gated scores A_tj = Σ_c a_tc k_jc e^{b_tc - b_jc}, with a
 its gradient) and a = k (A_kk, under β, strictly below the diagonal), so their pairs j < t go to GLA's own
 sub-chunk launch (`chunk_dqk_intra`, attention_kernels/linear/chunk_backward.py: sub-chunks of 16 rows,
 every exponent <= 0), both matrices in one launch, which share every exponential and every load of k and b;
-the pair j = t (A_qk's diagonal) has no exponent. They take q and
-k in fp32 (as the L2 norm's gradient needs them), in products of IEEE fp32 for fp32 inputs and TF32 for
-16-bit ones (more bits than the inputs had).
+the pair j = t (A_qk's diagonal) has no exponent. They take q and k in fp32 (as the L2 norm's gradient needs
+them), in products of IEEE fp32 for fp32 inputs and TF32 for 16-bit ones (more bits than the inputs had).
 
 Two kernels of this module do the rest, one program per chunk and batch·head each, in fp32 registers (the
 states and their gradients read as stored, 16-bit for 16-bit inputs), their products IEEE fp32 for fp32 inputs
@@ -33,7 +32,9 @@ reads. It writes dv and dβ (in v's and β's dtypes), partial dq, dk and db (the
 and k in fp32 (normalised when the L2 norm is on) for the sub-chunk launch. `_kda_dqk_combine_kernel`, after
 it: the partials and the pairs j < t summed, the pair j = t added, db's in-chunk reverse cumulative sum (b =
 the in-chunk cumsum of g) for dg, and the L2 norm's gradient, with the norms recomputed from the raw rows. A
-gate below GATE_FLOOR (-inf: a reset) counts as the floor, as in the forward, and gets gradient 0.
+gate below GATE_FLOOR (-inf: a reset) counts as the floor, as in the forward, and gets gradient 0. A NaN or
+inf in an input can make every row of its chunk's gradients NaN (the products with Xᵀ multiply the zeros
+above its diagonal by it), where the recurrence's gradient keeps the rows after it finite.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ import triton
 import triton.language as tl
 
 from ..launch import cdiv, on_machine, pow2_at_least_16
-from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_row, chunk_state_dtype, dot_precision
+from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_row, chunk_state_base, chunk_state_dtype, dot_precision
 from ..linear.chunk_backward import chunk_dqk_intra, chunk_state_grad_pass
 from .chunk import chunk_kda_intermediates
 from .reference import L2NORM_EPS
@@ -83,7 +84,7 @@ def _kda_chunk_grad_kernel(
     dq, dk, db = dq + r_c * K, dk + r_c * K, db + r_c * K
     v, u, v_new, do, du, dv = v + r_c * V, u + r_c * V, v_new + r_c * V, do + r_c * V, du + r_c * V, dv + r_c * V
     Akk, inverse, dAqk, dAkk = Akk + r_c * BT, inverse + r_c * BT, dAqk + r_c * BT, dAkk + r_c * BT
-    p_h = ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V          # this chunk's state, 64-bit
+    p_h = chunk_state_base(i_b, i_t, i_h, NT, H, K, V)                 # this chunk's state, 64-bit
     states, dstates = states + p_h, dstates + p_h
     p_A = (o_c[:, None] * H) * BT + o_c[None, :]
     b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)    # [B, T, H]: 32-bit
@@ -259,7 +260,8 @@ _COMBINE_ROWS, _COMBINE_WARPS = 16, 4
 def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_kernel: bool):
     """The gradients of chunk_kda (see the module docstring): the recomputed forward, the reverse state pass,
     every chunk's gradients but the scores' pairs j < t, those pairs (GLA's sub-chunk kernel, both score
-    matrices in one launch), then the sums with the gate's and the L2 norm's gradients. Triton throughout; torch allocates.
+    matrices in one launch), then the sums with the gate's and the L2 norm's gradients. Triton throughout;
+    torch allocates.
 
     q, k, g: [B, T, H, K]; v, do: [B, T, H, V] (do in v's dtype); beta: [B, T, H]; h0, dht: fp32
     [B, H, K, V] or None (zeros); all contiguous. do and dht are the gradients of o and of the final state.

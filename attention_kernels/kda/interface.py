@@ -273,7 +273,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     kernels of KDA's own do the rest, one program per chunk: before it the
     read-out's, the state update's and the solve's gradients (the last as
     products with the solve's inverse, which the recomputed solve also
-    writes), after them the sums, the gate's in-chunk reverse cumulative
+    writes), after it the sums, the gate's in-chunk reverse cumulative
     sum and the L2 norm's gradient (attention_kernels/kda/chunk_backward.py).
     A gate below GATE_FLOOR (-inf) gets gradient 0.
 

@@ -50,8 +50,8 @@ the chunk-start states (the backward saves only the inputs), and the sub-chunk l
     chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale)         dv and dA
     chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, ...)     dq, dk and the gate's gradient (with the
         intra-chunk pairs of a gate per key channel first, in sub-chunks)
-    chunk_dqk_intra(q, k, b, dA, dq, dk)                        those pairs j < t alone (KDA's two score
-        matrices, whose other terms its backward forms apart)
+    chunk_dqk_intra(q, k, b, dA, dq, dk)                        those pairs j < t alone (with dA_kk and
+        dk_rows, KDA's two score matrices in one launch; their other terms its backward forms apart)
 """
 from __future__ import annotations
 
@@ -424,10 +424,10 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
 
 
 # ------------------------------------------------------------------ 3. dq, dk and the gate's gradient
-# A gate per key channel (GLA, K = 128): both kernels on 8 warps. At 4 warps ptxas (sm_90a, bf16) spilled the
-# chunk-wide one 2.7 KB (with its gate sums as IEEE fp32 products, 4,284 FFMA); at 8 warps 237 registers, no
-# spills. The sub-chunk kernel over all of K: 113 registers at 8 warps (two programs an SM); one stage, as its loops over the other sub-chunks run at most 3 steps and a pipelined copy only
-# stages their tiles through shared memory (scripts/linear_bwd_compile.py).
+# A gate per key channel (GLA, K = 128): the chunk-wide kernel on 8 warps. At 4 warps ptxas (sm_90a, bf16)
+# spilled it 2.7 KB (with its gate sums as IEEE fp32 products, 4,284 FFMA); at 8 warps 237 registers, no spills.
+# The sub-chunk kernel: one stage, as its loops over the other sub-chunks run at most 3 steps and a pipelined
+# copy only stages their tiles through shared memory (scripts/linear_bwd_compile.py).
 _PER_CHANNEL_WARPS = 8
 _INTRA_STAGES = 1
 # The sub-chunk kernel's key channels a program and warps. Every part of its work is separable by key channel,

@@ -470,10 +470,11 @@ _TAIL_WARPS = 8
 # two inter-chunk products run; W B and Wᵀ C once a program. Measured on an H200 (B 1, T 16K, 80 heads x 64,
 # dstate 128, bf16; the backward alone, `scripts/tune_probe.py ssd_dqk_configs`): 965 µs for the two (532 key
 # tiles + 434 intra), against 1,192 with the intra kernel on 8 warps (662) and 1,506 with the key tiles on 8
-# warps too; the backward 2,672 µs (on an H100: 1,048 µs, against 1,263 and 1,534; the backward 2,938). ptxas (sm_90a, bf16, dstate 128, headdim 64): the intra kernel 254 registers
-# (182 on 8 warps), 32 KB of shared memory; the key-tile kernel 167 (102 on 8 warps); no spills. The key tiles'
-# shared memory: 72 KB at 3 stages with 16-bit inputs; with fp32 inputs 136 KB, 96 at 2 stages, which a GPU with
-# ~100 KB a program (sm_86, sm_89) needs.
+# warps too; the backward 2,672 µs (on an H100: 1,048 µs, against 1,263 and 1,534; the backward 2,938).
+# ptxas (sm_90a, bf16, dstate 128, headdim 64): the intra kernel 254 registers (182 on 8 warps), 32 KB of
+# shared memory; the key-tile kernel 167 (102 on 8 warps); no spills. The key tiles' shared memory: 72 KB at 3
+# stages with 16-bit inputs; with fp32 inputs 136 KB, 96 at 2 stages, which a GPU with ~100 KB a program (sm_86,
+# sm_89) needs.
 _DQK_HEADS, _DQK_BK, _DQK_BV, _DQK_WARPS, _DQK_STAGES = 16, 32, 64, 4, 3
 _DQK_STAGES_ON = {}   # device -> the stage count that fits there, where it is not _DQK_STAGES
 _DQK_INTRA_BK, _DQK_INTRA_WARPS, _DQK_INTRA_STAGES = 64, 4, 2
