@@ -40,18 +40,21 @@ Only the package's public names are used (tests/test_package.py checks it), but 
 `mla_decode` picks, until the MLA package makes it public, the warps of Mamba-2's dq/dk kernels, which
 ssd_dqk_configs changes, the chunk length from which Mamba-2's state pass splits, which ssd_state_split changes, and
 the sub-chunk dq/dk kernel's key tile and warps, which gla_intra_configs changes.
-train_kernels [mamba2] [gla]: where a training step's GPU time goes at 16K, per kernel (torch.profiler), the book's
-  and its peer's.
+train_kernels [mamba2] [gla] [kda]: where a training step's GPU time goes at 16K, per kernel (torch.profiler), the
+  book's and its peer's.
 train_ncu: one training step each of the book's Mamba-2 and GLA (B = 1, T = 16K) between cudaProfilerStart and
   Stop, after warm-up: the target of `ncu --profile-from-start off -k regex:'^_(chunk|ssd)'`.
 kda_prefill: KDA's prefill at T = 4K and 16K, GPU time per kernel, the book's and fla's (torch.profiler).
 ssd_dqk_configs: Mamba-2's dq/dk launches (the intra-chunk kernel, then the key tiles), as launched, with the
   intra kernel on 8 warps, and with both on 8, the backward alone at 16K: checked against each other, then the
   dq/dk kernels' and the backward's GPU time (~30 s).
-gla_intra_configs: GLA's sub-chunk dq/dk kernel (`_chunk_dqk_intra_kernel`) as launched (all 128 key channels a
-  program, 8 warps) and on key tiles of 64 (8 and 4 warps) and 32 (4 and 2 warps), in the backward of a GLA
+gla_intra_configs: GLA's sub-chunk dq/dk kernel (`_chunk_dqk_intra_kernel`) as launched (key tiles of 32 on 2
+  warps), over all 128 key channels on 8 warps and on key tiles of 64 and 32 on 4 warps, in the backward of a GLA
   training step at 16K (B 1, 32 heads, K = V = 128, bf16): gradients checked against the first config's, then
   the kernel's and the backward's GPU time (~30 s).
+delta_state_grad: KDA's backward at 16K with the delta rule's reverse state pass as launched and in key halves of 64
+  (`_DELTA_HALVES`) at four (BV, warps, stages), each config in its own process: gradients checked against the
+  launched pass's, then the pass's and the backward's GPU time (~2 min).
 ssd_state_split: Mamba-2's state pass at chunks of 64 (what the backward and the book's forward take) at 16K, the
   sequential pass against the split (chunk states all at once, then the walk), states in bf16 and fp32: checked
   against each other, then each launch's GPU time (~20 s).
@@ -516,6 +519,47 @@ def gla_intra_configs():
     _timed_configs(chunk_backward, configs, backward, report)
 
 
+def delta_state_grad(config=None):
+    """KDA's backward (B 1, T 16K, 32 heads, K = V = 128, bf16) with the delta rule's reverse state pass as one
+    [128, 64] tile a program (as launched) and in key halves (`_DELTA_HALVES`) at each (BV, warps, stages), each
+    config in a process of its own (a config that reads out of bounds ends its process, not the probe): the
+    gradients against the one-tile pass's, then the pass's and the backward's GPU time."""
+    import subprocess
+    if config is None:
+        print("--- KDA backward alone, B 1, T 16384, 32 heads, K = V = 128, bf16; GPU µs per call", flush=True)
+        for cfg in ("32,4,2", "32,4,1", "64,8,1", "64,4,2"):
+            try:
+                run = subprocess.run([sys.executable, __file__, "delta_state_grad", cfg], capture_output=True,
+                                     text=True, timeout=150)
+                rows = [ln for ln in run.stdout.splitlines() if ln.startswith("  ")]
+                print("\n".join(rows) if run.returncode == 0 else
+                      f"  halves {cfg}: process ended {run.returncode}: {run.stderr.strip()[-200:]}", flush=True)
+            except subprocess.TimeoutExpired:
+                print(f"  halves {cfg}: no result in 150 s", flush=True)
+        return
+    from attention_kernels.kda import chunk_kda
+    from attention_kernels.linear import chunk_backward
+    B, T, H, K, bf16 = 1, 16384, 32, 128, torch.bfloat16
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, T, H, K, dtype=bf16, device="cuda", requires_grad=True) for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, device="cuda")).div(16).to(bf16).requires_grad_()
+    beta = torch.rand(B, T, H, dtype=bf16, device="cuda", requires_grad=True)
+    o, _ = chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+    do = torch.randn_like(o)
+
+    def backward():
+        return torch.autograd.grad(o, (q, k, v, g, beta), do, retain_graph=True)
+
+    def report(name, times, err):
+        walk = sum(us for n, us in times.items() if "state_grad" in n)
+        print(f"  {name:24s} reverse state pass {walk:8.1f} us; backward GPU {sum(times.values()):8.1f} us; "
+              f"gradients vs the first rel err {err:.1e}", flush=True)
+    bv, warps, stages = (int(x) for x in config.split(","))
+    halves = {"_DELTA_HALVES": True, "_DELTA_HALVES_CONFIG": (bv, warps, stages)}
+    configs = {"one tile (as launched)": {"_DELTA_HALVES": False}, f"halves, BV {bv}, {warps}w {stages}s": halves}
+    _timed_configs(chunk_backward, configs, backward, report)
+
+
 def ssd_state_split():
     """Mamba-2's state pass at chunks of 64 (B 1, T 16K, 80 heads x 64, dstate 128, bf16 inputs): the sequential
     pass (`_ssd_state_kernel`, today's below SPLIT_FROM_CHUNK) against the split (`_ssd_chunk_state_kernel` then
@@ -787,6 +831,9 @@ def mla_variants(*args):
 if __name__ == "__main__":
     if sys.argv[1:2] in (["mla_variants"], ["mla_ncu"], ["train_kernels"]):   # these take arguments
         {"mla_variants": mla_variants, "mla_ncu": mla_ncu, "train_kernels": train_kernels}[sys.argv[1]](*sys.argv[2:])
+        sys.exit()
+    if sys.argv[1:2] == ["delta_state_grad"]:
+        delta_state_grad(*sys.argv[2:3])
         sys.exit()
     for part in sys.argv[1:]:
         {"fa_host": fa_host, "fa_bwd": fa_bwd, "fa_mask": fa_mask, "fa_gluon": fa_gluon, "fa_gluon_bwd": fa_gluon_bwd,

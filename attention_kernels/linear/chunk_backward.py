@@ -59,7 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import autotune_configs, cdiv, pow2_at_least_16
+from ..launch import autotune_configs, cdiv, on_machine, pow2_at_least_16
 from .chunk import (CHUNK, GATE_FLOOR, SUB_CHUNK, chunk_row, chunk_state_base, decay_exponent, dot_precision,
                     launch_state_pass, tiles_that_fit)
 
@@ -209,6 +209,91 @@ _delta_state_grad_kernel = triton.autotune(configs=_DELTA_STATE_GRAD_CONFIGS, ke
                                            prune_configs_by={"early_config_prune": _fits})(_chunk_state_grad_kernel.fn)
 
 
+# An experiment, off (`_DELTA_HALVES`): the delta rule's pass with the state's gradient held as two [64, BV]
+# halves of the key rows (K <= 128), so that no product takes a [128, BV] register tile as its B operand (the
+# shape that read past its shared tile at BV = 32, above), and value tiles of 32 can double the programs (64 at
+# B 1, 32 heads, V = 128, with BV = 64). One product per half where the one-tile kernel has one over all of K.
+# Its configs (BV, warps, stages) are timed by `scripts/tune_probe.py delta_state_grad`, each in its own process.
+# ptxas (sm_90a, bf16, K = V = 128): BV 32 on 4 warps and 2 stages 161 registers, no spills, 136 KB of shared
+# memory; BV 64 on 8 warps, one stage, 250, no spills; BV 64 on 4 warps spills 16 B.
+_DELTA_HALVES = False
+_DELTA_HALVES_CONFIG = (32, 4, 2)          # BV, num_warps, num_stages
+
+
+@triton.jit
+def _key_half(x, r_c, o_c, m_t, o_k, m_k, H, K: tl.constexpr, TRANS: tl.constexpr):
+    """Rows o_c of x [B, T, H, K] after the chunk's first row r_c (64-bit), key channels o_k: [BT, HALF], or
+    [HALF, BT] with TRANS."""
+    if TRANS:
+        return tl.load(x + r_c * K + (o_c[None, :] * H) * K + o_k[:, None], mask=m_k[:, None] & m_t[None, :],
+                       other=0.0)
+    return tl.load(x + r_c * K + (o_c[:, None] * H) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+
+
+@triton.jit
+def _delta_half_step(b_dh, b_qt, b_gt, b_gl, b_do, b_wt, b_du, scale, DOT_PREC: tl.constexpr):
+    """One half's step back over a chunk: dS = e^{b_last} ⊙ dS' + scale (Q ⊙ e^b)ᵀ dO - Wᵀ dU."""
+    b_qt = (b_qt * tl.exp(b_gt) * scale).to(b_do.dtype)          # every exponent b_t <= 0
+    b_dh = b_dh * tl.exp(b_gl)[:, None] + tl.dot(b_qt, b_do, input_precision=DOT_PREC)
+    return b_dh - tl.dot(b_wt, b_du.to(b_wt.dtype), input_precision=DOT_PREC)
+
+
+@triton.jit(do_not_specialize=["T", "H", "NT"])
+def _delta_state_grad_halves_kernel(
+    q, do, b, dh, dht, dh0, scale, Aqk, kg, w, du, T, H, NT,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HALF: tl.constexpr, BV: tl.constexpr,
+    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    # one program: value columns [i_v·BV, ..) of one (batch, head), all K key rows as two halves of HALF
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k1 = tl.arange(0, HALF)
+    o_k2 = HALF + tl.arange(0, HALF)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k1, m_k2, m_v = o_k1 < K, o_k2 < K, o_v < V
+    p_h1, p_h2 = o_k1[:, None] * V + o_v[None, :], o_k2[:, None] * V + o_v[None, :]
+    m_h1, m_h2 = m_k1[:, None] & m_v[None, :], m_k2[:, None] & m_v[None, :]
+    if USE_DHT:
+        b_dh1 = tl.load(dht + i_bh.to(tl.int64) * K * V + p_h1, mask=m_h1, other=0.0).to(tl.float32)
+        b_dh2 = tl.load(dht + i_bh.to(tl.int64) * K * V + p_h2, mask=m_h2, other=0.0).to(tl.float32)
+    else:
+        b_dh1 = tl.zeros([HALF, BV], dtype=tl.float32)
+        b_dh2 = tl.zeros([HALF, BV], dtype=tl.float32)
+    o_c = tl.arange(0, BT)
+    for i_s in range(NT):
+        i_t = NT - 1 - i_s
+        # the gradient at the end of chunk i_t (from every later chunk and the final state)
+        p_s = dh + chunk_state_base(i_b, i_t, i_h, NT, H, K, V)
+        tl.store(p_s + p_h1, b_dh1.to(dh.dtype.element_ty), mask=m_h1)
+        tl.store(p_s + p_h2, b_dh2.to(dh.dtype.element_ty), mask=m_h2)
+        m_t = i_t * BT + o_c < T
+        r_c = chunk_row(i_b, i_t * BT, i_h, T, H)
+        r_l = chunk_row(i_b, tl.minimum(i_t * BT + BT, T) - 1, i_h, T, H)     # the chunk's last token
+        b_gl1 = tl.load(b + r_l * K + o_k1, mask=m_k1, other=0.0)
+        b_gl2 = tl.load(b + r_l * K + o_k2, mask=m_k2, other=0.0)
+        # dU = A_qkᵀ dO + K_g dS' (A_qk read as stored, masked on and below the diagonal), written for the rest
+        # of the backward
+        m_tv = m_t[:, None] & m_v[None, :]
+        b_do = tl.load(do + r_c * V + (o_c[:, None] * H) * V + o_v[None, :], mask=m_tv, other=0.0)
+        b_a = tl.load(Aqk + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :],
+                      mask=m_t[:, None] & (o_c[:, None] >= o_c[None, :]), other=0.0)
+        b_kg1 = _key_half(kg, r_c, o_c, m_t, o_k1, m_k1, H, K, False)
+        b_kg2 = _key_half(kg, r_c, o_c, m_t, o_k2, m_k2, H, K, False)
+        b_du = tl.dot(tl.trans(b_a.to(b_do.dtype)), b_do, input_precision=DOT_PREC) \
+            + tl.dot(b_kg1, b_dh1.to(b_kg1.dtype), input_precision=DOT_PREC) \
+            + tl.dot(b_kg2, b_dh2.to(b_kg2.dtype), input_precision=DOT_PREC)
+        tl.store(du + r_c * V + (o_c[:, None] * H) * V + o_v[None, :], b_du.to(du.dtype.element_ty), mask=m_tv)
+        b_dh1 = _delta_half_step(b_dh1, _key_half(q, r_c, o_c, m_t, o_k1, m_k1, H, K, True),
+                                 _key_half(b, r_c, o_c, m_t, o_k1, m_k1, H, K, True), b_gl1, b_do,
+                                 _key_half(w, r_c, o_c, m_t, o_k1, m_k1, H, K, True), b_du, scale, DOT_PREC)
+        b_dh2 = _delta_half_step(b_dh2, _key_half(q, r_c, o_c, m_t, o_k2, m_k2, H, K, True),
+                                 _key_half(b, r_c, o_c, m_t, o_k2, m_k2, H, K, True), b_gl2, b_do,
+                                 _key_half(w, r_c, o_c, m_t, o_k2, m_k2, H, K, True), b_du, scale, DOT_PREC)
+    if STORE_DH0:
+        tl.store(dh0 + i_bh.to(tl.int64) * K * V + p_h1, b_dh1, mask=m_h1)
+        tl.store(dh0 + i_bh.to(tl.int64) * K * V + p_h2, b_dh2, mask=m_h2)
+
+
 def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *, gamma=None,
                           Aqk=None, kg=None, w=None, du=None, group_size: int = 1) -> None:
     """The gradient of the state at the end of every chunk, walking the
@@ -244,6 +329,15 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
     delta = (Aqk, kg, w, du)
     if any(t is None for t in delta) != all(t is None for t in delta):
         raise ValueError("chunk_state_grad_pass takes Aqk, kg, w and du together (the delta rule) or none")
+    K, V = q.shape[-1], do.shape[-1]
+    if Aqk is not None and _DELTA_HALVES and K <= 128:
+        B, T, H = do.shape[:3]
+        BV, warps, stages = on_machine(gpu=_DELTA_HALVES_CONFIG, interpreter=(16, 4, 1))
+        _delta_state_grad_halves_kernel[(cdiv(V, BV), B * H)](
+            q, do, b, dstates, dht, dh0, scale, Aqk, kg, w, du, T, H, cdiv(T, CHUNK), K, V, BT=CHUNK, HALF=64,
+            BV=BV, USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
+            num_warps=warps, num_stages=stages)
+        return
     args = (q, do, b, dstates, dht, dh0, scale)
     flags = dict(BT=CHUNK, USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
                  gamma=gamma, GAMMA=gamma is not None, GROUP=group_size)
