@@ -1,5 +1,6 @@
 """What the linear families' tests share: argument mutations, the bad inputs every linear family
-refuses alike, and the check that a NaN or inf at one token reaches exactly the rows the math says.
+refuses alike, the check that a NaN or inf at one token reaches exactly the rows the math says, and a
+kernel stand-in that records its launches' grids.
 
     >>> SHARED_CASES = linear_input_cases(token_tensors=("q", "k", "v", "gk"), key_tensors=("q", "k", "gk"))
     >>> assert_poison_pattern(o, S, o_ref, "v", token=35)
@@ -143,3 +144,13 @@ def assert_inf_in_v(o, o_exact, token: int, exact: bool) -> None:
         assert not torch.isfinite(o[:, token:]).any(), "the rows at and after the inf"
     assert torch.isfinite(o[:, :token]).all(), "the inf reached an earlier token"
     assert_close(o[:, :token], o_exact[:, :token], tolerance(torch.float32), "the rows before the inf")
+
+
+class RecordingKernel:
+    """A kernel whose launches record their grid, then run."""
+    def __init__(self, kernel, grids):
+        self.kernel, self.grids = kernel, grids
+
+    def __getitem__(self, grid):
+        self.grids.append(tuple(grid))
+        return self.kernel[grid]

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from attention_kernels.common import DEVICE, assert_close, tolerance
 from attention_kernels.kda import chunk_kda, fused_recurrent_kda, naive_recurrent_kda
+from linear_cases import RecordingKernel
 from test_linear_backward import BF16_GRAD, FP32, assert_grads_close, fp64, gates, grads, shape_id
 
 NAMES = ["dq", "dk", "dv", "dg", "dbeta"]
@@ -94,22 +95,12 @@ def test_kda_gradients_with_the_state_gradient_in_key_halves(K, monkeypatch):
     monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", True)
     launched = []
     kernel = chunk_backward._delta_state_grad_halves_kernel
-    monkeypatch.setattr(chunk_backward, "_delta_state_grad_halves_kernel", _Recording(kernel, launched))
+    monkeypatch.setattr(chunk_backward, "_delta_state_grad_halves_kernel", RecordingKernel(kernel, launched))
     tensors, h0, do, dht = kda_inputs(1, 70, 2, K, 24, "paper", "uniform", True, True)
     out = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=True)
     ref = grads(naive_recurrent_kda, fp64(tensors), *fp64([h0]), do, dht, use_qk_l2norm_in_kernel=True)
     assert_grads_close(out, ref, NAMES + ["dh0"])
     assert launched == [(2, 2)]                  # (value tiles of 16, B x H)
-
-
-class _Recording:
-    """A kernel whose launches record their grid, then run."""
-    def __init__(self, kernel, grids):
-        self.kernel, self.grids = kernel, grids
-
-    def __getitem__(self, grid):
-        self.grids.append(tuple(grid))
-        return self.kernel[grid]
 
 
 def test_kda_loss_through_the_final_state_only():

@@ -25,6 +25,7 @@ from attention_kernels.lightning import chunk_lightning, fused_recurrent_lightni
 from attention_kernels.linear import CHUNK, chunk_local_cumsum, chunk_state_dtype, chunk_state_pass
 from attention_kernels.linear import chunk_backward
 from attention_kernels.linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
+from linear_cases import RecordingKernel
 
 FP32 = tolerance(torch.float32)
 BF16_GRAD = 5e-3
@@ -113,22 +114,12 @@ def test_gla_gradients_with_the_sub_chunk_kernel_on_key_tiles(K, key_tile, monke
     monkeypatch.setattr(chunk_backward, "_INTRA_BK", key_tile)
     launched = []
     kernel = chunk_backward._chunk_dqk_intra_kernel
-    monkeypatch.setattr(chunk_backward, "_chunk_dqk_intra_kernel", _Recording(kernel, launched))
+    monkeypatch.setattr(chunk_backward, "_chunk_dqk_intra_kernel", RecordingKernel(kernel, launched))
     tensors, h0, do, dht = gla_inputs(2, 70, 2, K, 24, "strong", True)
     out = grads(chunk_gla, tensors, h0, do, dht)
     ref = grads(naive_recurrent_gla, fp64(tensors), *fp64([h0]), do, dht)
     assert_grads_close(out, ref, ["dq", "dk", "dv", "dgk", "dh0"])
     assert launched == [(-(-K // key_tile) * CHUNK // 16, 2, 2 * 2)]     # (key tiles x sub-chunks, chunks, B x H)
-
-
-class _Recording:
-    """A kernel whose launches record their grid, then run."""
-    def __init__(self, kernel, grids):
-        self.kernel, self.grids = kernel, grids
-
-    def __getitem__(self, grid):
-        self.grids.append(tuple(grid))
-        return self.kernel[grid]
 
 
 def test_gla_loss_through_the_final_state_only():
