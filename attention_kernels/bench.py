@@ -236,11 +236,14 @@ def sweep(benchmark: Benchmark) -> pd.DataFrame:
     rows = []
     jobs = [(case, label, factory) for case in benchmark.cases for label, factory in benchmark.providers.items()]
     trace = bool(os.environ.get("KERNELS_BENCH_TRACE"))
+    started = time.perf_counter()
     with peers.recording() as used:  # the peers the providers hand out, with their versions
         for i, (case, label, factory) in enumerate(tqdm(jobs, desc=benchmark.name, file=sys.stderr,
                                                         mininterval=2.0, disable=trace)):
-            if trace:  # one line as each job starts: a job that never ends is the last one named
-                print(f"[{benchmark.name} {i + 1}/{len(jobs)}] {label} {dict(case)}", file=sys.stderr, flush=True)
+            if trace:  # one line as each job starts: a job that never ends is the last one named; the seconds
+                # since the sweep began say which jobs (a peer's compile or autotune) take its time
+                print(f"[{benchmark.name} {i + 1}/{len(jobs)} at {time.perf_counter() - started:.0f} s] {label} "
+                      f"{dict(case)}", file=sys.stderr, flush=True)
             row = {"name": benchmark.name, "provider": label, **case}
             f, b = float(benchmark.flops(case)), float(benchmark.bytes_moved(case))
             roof_ms = max(f / (ceil["peak_tflops"] * 1e9), b / (ceil["peak_gbps"] * 1e6))

@@ -1,3 +1,7 @@
+import fcntl
+import os
+import tempfile
+
 import pytest
 import torch
 
@@ -11,6 +15,8 @@ collect_ignore = ["template_family"]
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (bf16, real shapes); skipped under the interpreter")
     config.addinivalue_line("markers", "site: builds the site and checks it in a browser")
+    config.addinivalue_line("markers", "gpu_heavy: a GPU test whose fp32 reference takes gigabytes; such tests "
+                                       "run one at a time across pytest-xdist's workers")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -25,6 +31,26 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _gpu_memory(request):
+    """Eight workers share one card: a GPU test hands its cached blocks back when it ends, and the gpu_heavy
+    ones (fp32 score matrices of 2 GiB a head group) hold a lock file while they run, so that no two of them
+    fill an 80 GB card together."""
+    if "gpu" not in request.keywords or not torch.cuda.is_available():
+        yield
+        return
+    with open(os.path.join(tempfile.gettempdir(), "attention_kernels_gpu_heavy.lock"), "w") as lock:
+        heavy = request.node.get_closest_marker("gpu_heavy") is not None
+        if heavy:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            torch.cuda.empty_cache()
+            if heavy:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -641,6 +641,7 @@ GPU_GQA = [  # (B, T, S, Hq, Hkv, D), bf16: the size picks how the group is spli
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_heavy
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", GPU_GQA, ids=_id)
 def test_gpu_gqa(shape, causal, launches):

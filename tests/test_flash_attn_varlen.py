@@ -263,6 +263,7 @@ def test_packed_lengths():
 
 # ------------------------------------------------------------------ GPU: bf16, real shapes
 @pytest.mark.gpu
+@pytest.mark.gpu_heavy
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("HQ, HKV", [(16, 4), (32, 32)], ids=["Hq16-Hkv4", "Hq32-Hkv32"])
 def test_gpu_packed_16k(HQ, HKV, causal, launches):

@@ -418,8 +418,8 @@ def test_run_never_times_on_a_cpu(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("trace", [True, False], ids=["traced", "bar"])
 def test_sweep_names_each_job_as_it_starts_when_traced(trace, monkeypatch, capsys):
-    """With KERNELS_BENCH_TRACE a sweep prints one line per job before running it (a job that hangs is the last
-    one named); without it, no such lines (the progress bar only)."""
+    """With KERNELS_BENCH_TRACE a sweep prints one line per job before running it, with the seconds since the
+    sweep began (a job that hangs is the last one named); without it, no such lines (the progress bar only)."""
     monkeypatch.setattr(bench, "ON_GPU", True)
     monkeypatch.setattr(bench, "INTERPRET", False)
     monkeypatch.setattr(bench, "measure_ceilings", lambda: {"peak_tflops": 1.0, "peak_gbps": 1.0})
@@ -433,7 +433,7 @@ def test_sweep_names_each_job_as_it_starts_when_traced(trace, monkeypatch, capsy
     df = bench.sweep(b)
     assert started == [64, 128] and list(df["note"]) == ["n/a", "n/a"]
     named = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[t ")]
-    assert named == (["[t 1/2] book {'T': 64}", "[t 2/2] book {'T': 128}"] if trace else [])
+    assert named == (["[t 1/2 at 0 s] book {'T': 64}", "[t 2/2 at 0 s] book {'T': 128}"] if trace else [])
 
 
 FAKE_FAMILY_BENCH = """

@@ -88,11 +88,11 @@ def test_kda_gradients_at_the_gpu_tiles_of_the_chunk_kernel(monkeypatch):
 
 @pytest.mark.parametrize("K", [48, 80], ids=["K48-one-half", "K80-two-halves"])
 def test_kda_gradients_with_the_state_gradient_in_key_halves(K, monkeypatch):
-    # the delta rule's reverse state pass with its gradient as two halves of 64 key rows (`_DELTA_HALVES`, an
-    # experiment off by default): K 48 fills part of the first half, K 80 the first and part of the second;
+    # the delta rule's reverse state pass with its gradient as two halves of 64 key rows (`_DELTA_HALVES`, the
+    # form launched at K <= 128): K 48 fills part of the first half, K 80 the first and part of the second;
     # T 70 (a partial chunk), an initial state and a loss through the final state
     from attention_kernels.linear import chunk_backward
-    monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", True)
+    assert chunk_backward._DELTA_HALVES
     launched = []
     kernel = chunk_backward._delta_state_grad_halves_kernel
     monkeypatch.setattr(chunk_backward, "_delta_state_grad_halves_kernel", RecordingKernel(kernel, launched))
@@ -101,6 +101,17 @@ def test_kda_gradients_with_the_state_gradient_in_key_halves(K, monkeypatch):
     ref = grads(naive_recurrent_kda, fp64(tensors), *fp64([h0]), do, dht, use_qk_l2norm_in_kernel=True)
     assert_grads_close(out, ref, NAMES + ["dh0"])
     assert launched == [(2, 2)]                  # (value tiles of 16, B x H)
+
+
+def test_kda_gradients_with_the_state_gradient_as_one_tile(monkeypatch):
+    # the one-tile reverse state pass, which K > 128 takes, at K <= 128 too (halves off)
+    from attention_kernels.linear import chunk_backward
+    monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", False)
+    monkeypatch.setattr(chunk_backward, "_delta_state_grad_halves_kernel", None)   # a launch of it would raise
+    tensors, h0, do, dht = kda_inputs(1, 70, 2, 48, 24, "paper", "uniform", True, True)
+    out = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=True)
+    ref = grads(naive_recurrent_kda, fp64(tensors), *fp64([h0]), do, dht, use_qk_l2norm_in_kernel=True)
+    assert_grads_close(out, ref, NAMES + ["dh0"])
 
 
 def test_kda_loss_through_the_final_state_only():

@@ -209,15 +209,17 @@ _delta_state_grad_kernel = triton.autotune(configs=_DELTA_STATE_GRAD_CONFIGS, ke
                                            prune_configs_by={"early_config_prune": _fits})(_chunk_state_grad_kernel.fn)
 
 
-# An experiment, off (`_DELTA_HALVES`): the delta rule's pass with the state's gradient held as two [64, BV]
-# halves of the key rows (K <= 128), so that no product takes a [128, BV] register tile as its B operand (the
-# shape that read past its shared tile at BV = 32, above), and value tiles of 32 can double the programs (64 at
-# B 1, 32 heads, V = 128, with BV = 64). One product per half where the one-tile kernel has one over all of K.
-# Its configs (BV, warps, stages) are timed by `scripts/tune_probe.py delta_state_grad`, each in its own process.
-# ptxas (sm_90a, bf16, K = V = 128): BV 32 on 4 warps and 2 stages 161 registers, no spills, 136 KB of shared
-# memory; BV 64 on 8 warps, one stage, 250, no spills; BV 64 on 4 warps spills 16 B.
-_DELTA_HALVES = False
-_DELTA_HALVES_CONFIG = (32, 4, 2)          # BV, num_warps, num_stages
+# The delta rule's pass with the state's gradient held as two [64, BV] halves of the key rows (`_DELTA_HALVES`,
+# K <= 128), so that no product takes a [128, BV] register tile as its B operand (the shape that read past its
+# shared tile at BV = 32, above). One product per half where the one-tile kernel has one over all of K. Its
+# configs (BV, warps, stages) timed by `scripts/tune_probe.py delta_state_grad`, each in its own process (KDA's
+# backward, B 1, T 16K, 32 heads, K = V = 128, bf16, an H100, twice): BV 64 on 4 warps and 2 stages 1,314-1,327 us
+# against the one-tile pass's 1,480 (gradients bit-equal: each key row's sum keeps its order); BV 32 on 2 stages
+# 1,505-1,518, BV 64 on 8 warps 1,547-1,562; BV 32 on one stage ends its process with an illegal address.
+# ptxas (sm_90a, bf16, K = V = 128): BV 64 on 4 warps 255 registers, 16 B spilled; BV 32 on 4 warps and 2
+# stages 161, no spills.
+_DELTA_HALVES = True
+_DELTA_HALVES_CONFIG = (64, 4, 2)          # BV, num_warps, num_stages
 
 
 @triton.jit
