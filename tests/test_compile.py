@@ -565,7 +565,7 @@ def test_kda_trains_compiled_as_eager():
 
     backend, nodes = _recording_backend()
     _assert_same(run(torch.compile(chunk_kda, fullgraph=True, backend=backend)), run(chunk_kda))
-    assert sum("attention_kernels.chunk_kda_fwd.default" in n for n in nodes) == 1, nodes
+    assert sum("attention_kernels.chunk_kda_fwd_keeping_scores.default" in n for n in nodes) == 1, nodes
     assert sum("attention_kernels.chunk_kda_bwd.default" in n for n in nodes) == 1, nodes
 
 
@@ -578,6 +578,23 @@ def test_kda_backward_opcheck(with_state):
     h0, dht = (h0, torch.randn_like(h0)) if with_state else (None, None)
     torch.library.opcheck(kda_interface._chunk_kda_bwd.op,
                           (q, k, v, g, beta, 0.25, h0, torch.randn_like(v), dht, with_state))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_kda_training_ops_opcheck(packed):
+    """KDA's training forward (o, the two score matrices, the final state) and its backward given those scores:
+    each op's fake gives the real outputs' shapes, dtypes and strides, one sequence or two packed."""
+    q, k, v, g, h0 = _linear_training_inputs("gla", torch.float32)
+    beta = torch.rand(*q.shape[:3], device=DEVICE)
+    cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=DEVICE) if packed else None
+    h0 = torch.cat([h0] * 2) if packed else h0
+    forward = kda_interface._chunk_kda_fwd_keeping_scores
+    # Aqk's blocks above the diagonal are left unwritten (never read): no comparison of two runs' outputs
+    torch.library.opcheck(forward.op, (q, k, v, g, beta, 0.2, h0, True, True, cu),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    _, Aqk, Akk, _ = forward(q, k, v, g, beta, 0.2, h0, True, True, cu)
+    torch.library.opcheck(kda_interface._chunk_kda_bwd.op,
+                          (q, k, v, g, beta, 0.2, h0, torch.randn_like(v), torch.randn_like(h0), True, cu, Aqk, Akk))
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])

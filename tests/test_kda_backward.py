@@ -114,6 +114,41 @@ def test_kda_gradients_with_the_state_gradient_as_one_tile(monkeypatch):
     assert_grads_close(out, ref, NAMES + ["dh0"])
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_kda_backward_takes_the_forward_scores(packed, monkeypatch):
+    # the training forward keeps its two score matrices and the backward launches no scores of its own; its
+    # gradients are those of the backward that computes the scores again, bit for bit (one sequence, or two
+    # packed: each takes its own rows of the kept scores)
+    from attention_kernels.kda import chunk as kda_chunk
+    from attention_kernels.kda import interface
+    launches = []
+    scores = kda_chunk.kda_scores
+    monkeypatch.setattr(kda_chunk, "kda_scores", lambda *a: launches.append(a[0].shape) or scores(*a))
+    (q, k, v, g, beta), h0, do, dht = kda_inputs(1, 70, 2, 16, 32, "paper", "uniform", True, True)
+    cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=DEVICE) if packed else None
+    h0 = torch.cat([h0, h0.flip(0) + 1]) if packed else h0
+    dht = torch.randn_like(h0)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, g, beta, h0)]
+    o, ht = chunk_kda(*leaves[:5], initial_state=leaves[5], output_final_state=True, use_qk_l2norm_in_kernel=True,
+                      cu_seqlens=cu)
+    torch.autograd.backward((o, ht), (do, dht))
+    assert len(launches) == (2 if packed else 1)           # the forward's, once per sequence
+    again = interface._chunk_kda_bwd(q, k, v, g, beta, 16 ** -0.5, h0, do, dht, True, cu)
+    assert len(launches) == (4 if packed else 2)
+    for name, kept, recomputed in zip(NAMES + ["dh0"], [t.grad for t in leaves], again, strict=True):
+        assert torch.equal(kept, recomputed), name
+
+
+def test_kda_backward_refuses_one_score_matrix():
+    from attention_kernels.kda import interface
+    (q, k, v, g, beta), _, do, _ = kda_inputs(1, 70, 2, 16, 32, "paper", "uniform", False, True)
+    Aqk = torch.zeros(1, 70, 2, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="Aqk and Akk together"):
+        interface._chunk_kda_bwd(q, k, v, g, beta, 0.25, None, do, None, True, None, Aqk, None)
+    with pytest.raises(ValueError, match="Akk"):
+        interface._chunk_kda_bwd(q, k, v, g, beta, 0.25, None, do, None, True, None, Aqk, Aqk[..., :32])
+
+
 def test_kda_loss_through_the_final_state_only():
     # o takes no gradient: autograd hands the backward None for it
     (q, k, v, g, beta), h0, _, dht = kda_inputs(1, 70, 2, 16, 32, "paper", "uniform", True, True)

@@ -282,11 +282,15 @@ class ChunkIntermediates(NamedTuple):
 
 
 def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool, state_dtype: torch.dtype,
-                            output_final_state: bool = False, store_inverse: bool = False) -> ChunkIntermediates:
+                            output_final_state: bool = False, store_inverse: bool = False,
+                            scores: tuple[torch.Tensor, torch.Tensor] | None = None,
+                            scores_computed: bool = False) -> ChunkIntermediates:
     """The forward's first five launches on contiguous, checked inputs: the gate pass (q and k normalised
     when l2norm), the scores, the solve, the state pass with the delta rule. The chunk-start states are kept
     in state_dtype: the input dtype for the forward's output product, `chunk_state_dtype` for the backward.
-    store_inverse: the solve also writes its inverse X (the backward's)."""
+    store_inverse: the solve also writes its inverse X (the backward's). scores: buffers for the two score
+    matrices (Aqk in q's dtype, Akk fp32, [B, T, H, CHUNK]), which the scores launch writes, or, with
+    scores_computed, which an earlier forward wrote (the backward's: no scores launch); None: allocated here."""
     B, T, H, K = q.shape
     V, dev = v.shape[-1], q.device
     b = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
@@ -296,9 +300,13 @@ def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool,
         q, k = qn, kn
     else:
         chunk_local_cumsum(g, b)
-    Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)         # blocks above the diagonal stay unwritten
-    Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)
-    kda_scores(q, k, b, Aqk, Akk, scale)
+    if scores is None:
+        Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)     # blocks above the diagonal stay unwritten
+        Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)
+    else:
+        Aqk, Akk = scores
+    if not scores_computed:
+        kda_scores(q, k, b, Aqk, Akk, scale)
     w, kg, u = torch.empty_like(k), torch.empty_like(k), torch.empty_like(v)
     inverse = torch.empty_like(Akk) if store_inverse else None
     kda_wy(k, v, b, beta, Akk, w, u, kg, inverse)

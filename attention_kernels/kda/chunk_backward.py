@@ -1,6 +1,7 @@
-"""chunk_kda's backward. It saves nothing from the forward: the forward's own launches
-(`chunk_kda_intermediates`, attention_kernels/kda/chunk.py) recompute the in-chunk cumulative gates b, the two score
-matrices, the solve's W and W', its inverse X = (I + A)⁻¹ (fp32, written for the backward only), the keys
+"""chunk_kda's backward. It takes the two score matrices from the forward (kept by the training forward, as
+fla's chunk_kda keeps its own; computed again when not given); the forward's own launches
+(`chunk_kda_intermediates`, attention_kernels/kda/chunk.py) recompute the in-chunk cumulative gates b, the
+solve's W and W', its inverse X = (I + A)⁻¹ (fp32, written for the backward only), the keys
 decayed to their chunk's end K_g, and the state S at every chunk start (in `chunk_state_dtype`, the input dtype
 for 16-bit inputs, as are the state gradients). The forward of one chunk (attention_kernels/kda/chunk.py has
 the derivation):
@@ -257,7 +258,7 @@ _GRAD_BK, _GRAD_BV, _GRAD_WARPS = 32, 64, 8
 _COMBINE_ROWS, _COMBINE_WARPS = 16, 4
 
 
-def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_kernel: bool):
+def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_kernel: bool, scores=None):
     """The gradients of chunk_kda (see the module docstring): the recomputed forward, the reverse state pass,
     every chunk's gradients but the scores' pairs j < t, those pairs (GLA's sub-chunk kernel, both score
     matrices in one launch), then the sums with the gate's and the L2 norm's gradients. Triton throughout;
@@ -265,6 +266,7 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
 
     q, k, g: [B, T, H, K]; v, do: [B, T, H, V] (do in v's dtype); beta: [B, T, H]; h0, dht: fp32
     [B, H, K, V] or None (zeros); all contiguous. do and dht are the gradients of o and of the final state.
+    scores: (Aqk, Akk) as the forward wrote them (`chunk_kda_intermediates`), or None to compute them again.
     Returns (dq, dk, dv, dg, dbeta, dh0 or None), each in its input's dtype (dh0 fp32).
 
         >>> q, k, v, g = torch.randn(4, 1, 70, 2, 32, device="cuda").unbind(0)
@@ -278,7 +280,8 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
     f32 = dict(dtype=torch.float32, device=dev)
     # ---- the forward's intermediates, by the forward's kernels (the solve's inverse too)
     x = chunk_kda_intermediates(q, k, v, g, beta, scale, h0, l2norm=use_qk_l2norm_in_kernel,
-                                state_dtype=state_dtype, store_inverse=True)
+                                state_dtype=state_dtype, store_inverse=True, scores=scores,
+                                scores_computed=scores is not None)
     # ---- the reverse state pass (the delta rule's): dS' at every chunk's end, dS at the start, and dU
     dstates = torch.empty(B, NT, H, K, V, dtype=state_dtype, device=dev)
     dU = torch.empty(B, T, H, V, **f32)

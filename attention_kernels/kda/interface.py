@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_bool, check_no_grad
+from ..checks import check_bool, check_no_grad, check_tensor
 from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_fake
-from ..linear.chunk import chunk_output
+from ..linear.chunk import CHUNK, chunk_output
 from ..linear.inputs import check_linear_inputs, check_output_gradients, state_v_first_in, state_v_first_out
 from ..linear.packed import backward_per_sequence, forward_per_sequence
 from ..linear.slots import check_serving_options, pooled_state, step_outputs
@@ -178,10 +178,41 @@ def _chunk_kda_fwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, output_fina
     return forward_per_sequence(run, (q, k, v, g, beta), v, h0, output_final_state, cu_seqlens)
 
 
-def _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel):
-    """The forward's six launches."""
+def _keeping_scores_fake(q, v, output_final_state, cu_seqlens=None, **_):
+    """The training forward's outputs: the forward's (o, final state or None) with the two score matrices
+    between them."""
+    o, ht = linear_attention_fake(q=q, v=v, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+    return o, q.new_empty((*q.shape[:3], CHUNK)), q.new_empty((*q.shape[:3], CHUNK), dtype=torch.float32), ht
+
+
+@compiled_as_op("attention_kernels::chunk_kda_fwd_keeping_scores", fake=_keeping_scores_fake, tuple_size=4)
+def _chunk_kda_fwd_keeping_scores(q, k, v, g, beta, scale, h0: torch.Tensor | None, output_final_state: bool,
+                                  use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None = None):
+    """The training forward (ChunkKDAFunction's): `_chunk_kda_fwd`, and it returns the two score matrices too,
+    (o, Aqk, Akk, final_state or None), Aqk in q's dtype and Akk fp32, both [B, T, H, CHUNK], for the backward
+    to take instead of launching the scores again, as fla's chunk_kda keeps its own. Kept rather than
+    recomputed: 6 bytes a token, head and chunk position (1.5 times q at K = 128, bf16), where the two score
+    launches are about a tenth of the step's GPU time."""
+    (B, T, H, _, _), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, output_final_state,
+                                                              use_qk_l2norm_in_kernel, cu_seqlens)
+    Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=q.device)       # blocks above the diagonal unwritten
+    Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=q.device)
+
+    def run(rows, h0_n, final):
+        return _forward(*rows[:5], scale, h0_n, final, use_qk_l2norm_in_kernel, scores=rows[5:])
+
+    if cu_seqlens is None:     # each packed sequence's scores go into its own rows (its chunks start there)
+        o, ht = run((q, k, v, g, beta, Aqk, Akk), h0, output_final_state)
+    else:
+        o, ht = forward_per_sequence(run, (q, k, v, g, beta, Aqk, Akk), v, h0, output_final_state, cu_seqlens)
+    return o, Aqk, Akk, ht
+
+
+def _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, scores=None):
+    """The forward's six launches; scores: (Aqk, Akk) buffers the scores are written into (the training
+    forward's), or None for buffers dropped after it."""
     x = chunk_kda_intermediates(q, k, v, g, beta, scale, h0, l2norm=use_qk_l2norm_in_kernel, state_dtype=q.dtype,
-                                output_final_state=output_final_state)
+                                output_final_state=output_final_state, scores=scores)
     o = torch.empty_like(v)
     chunk_output(x.q, x.v_new, x.b, x.states, x.Aqk, o, scale)
     return o, x.final_state
@@ -189,43 +220,51 @@ def _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_k
 
 @compiled_as_op("attention_kernels::chunk_kda_bwd", fake=gradients_like("q", "k", "v", "g", "beta", "h0"), tuple_size=6)
 def _chunk_kda_bwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None,
-                   use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None = None):
+                   use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None = None,
+                   Aqk: torch.Tensor | None = None, Akk: torch.Tensor | None = None):
     """The backward (attention_kernels/kda/chunk_backward.py), once or once per packed sequence: recompute the gates,
-    the scores, the solve and the chunk-start states, the delta rule's reverse state pass, then every
-    gradient. do: o's gradient, dht: the final state's (or None). Returns (dq, dk, dv, dg, dbeta, dh0 or
-    None)."""
-    (_, _, _, K, _), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, False,
+    the solve and the chunk-start states (and the scores unless given), the delta rule's reverse state pass,
+    then every gradient. do: o's gradient, dht: the final state's (or None); Aqk, Akk: the forward's scores
+    (`_chunk_kda_fwd_keeping_scores`), both or neither. Returns (dq, dk, dv, dg, dbeta, dh0 or None)."""
+    (B, T, H, K, _), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, False,
                                                               use_qk_l2norm_in_kernel, cu_seqlens)
     check_output_gradients(do, dht, v, K, cu_seqlens)
+    if (Aqk is None) != (Akk is None):
+        raise ValueError("chunk_kda's backward takes the forward's scores Aqk and Akk together, or neither")
+    kept = ()
+    if Aqk is not None:
+        kept = (check_tensor("Aqk", Aqk, dtypes=(q.dtype,), shape=(B, T, H, CHUNK)).contiguous(),
+                check_tensor("Akk", Akk, dtypes=(torch.float32,), shape=(B, T, H, CHUNK)).contiguous())
 
     def run(rows, h0_n, do_n, dht_n):
-        return chunk_kda_bwd(*rows, scale, h0_n, do_n, dht_n, use_qk_l2norm_in_kernel)
+        return chunk_kda_bwd(*rows[:5], scale, h0_n, do_n, dht_n, use_qk_l2norm_in_kernel, scores=rows[5:] or None)
 
     if cu_seqlens is None:
-        return run((q, k, v, g, beta), h0, do, dht)
-    return backward_per_sequence(run, (q, k, v, g, beta), h0, do, dht, cu_seqlens)
+        return run((q, k, v, g, beta, *kept), h0, do, dht)
+    # each sequence's rows of the scores are its own, cut from the packed rows as q, k, v, g and beta are
+    return backward_per_sequence(run, (q, k, v, g, beta), h0, do, dht, cu_seqlens, kept=kept)
 
 
 class ChunkKDAFunction(torch.autograd.Function):
-    """Forward: `_chunk_kda_fwd`, saving the inputs only. Backward: `_chunk_kda_bwd`, which recomputes
-    the rest."""
+    """Forward: `_chunk_kda_fwd_keeping_scores`, saving the inputs and the two score matrices. Backward:
+    `_chunk_kda_bwd`, which takes those scores and recomputes the rest."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens):
-        o, ht = _chunk_kda_fwd(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
-                               cu_seqlens)
-        ctx.save_for_backward(q, k, v, g, beta, h0, cu_seqlens)
+        o, Aqk, Akk, ht = _chunk_kda_fwd_keeping_scores(q, k, v, g, beta, scale, h0, output_final_state,
+                                                        use_qk_l2norm_in_kernel, cu_seqlens)
+        ctx.save_for_backward(q, k, v, g, beta, h0, cu_seqlens, Aqk, Akk)
         ctx.scale, ctx.l2norm = scale, use_qk_l2norm_in_kernel
         ctx.set_materialize_grads(False)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, h0, cu_seqlens = ctx.saved_tensors
+        q, k, v, g, beta, h0, cu_seqlens, Aqk, Akk = ctx.saved_tensors
         do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
         dht = None if dht is None else dht.to(torch.float32).contiguous()
         dq, dk, dv, dg, dbeta, dh0 = _chunk_kda_bwd(q, k, v, g, beta, ctx.scale, h0, do, dht, ctx.l2norm,
-                                                    cu_seqlens)
+                                                    cu_seqlens, Aqk, Akk)
         return dq, dk, dv, dg, dbeta, None, dh0, None, None, None
 
 
@@ -266,8 +305,10 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     tensor-core products).
 
     Differentiable in q, k, v, g, beta and initial_state, through o and the
-    final state (and the L2 norm when it is on). The backward saves only the
-    inputs: the forward's kernels recompute the rest, the shared reverse
+    final state (and the L2 norm when it is on). The backward keeps the
+    inputs and the two score matrices (6 bytes a token, head and chunk
+    position, kept only when a gradient is needed): the forward's kernels
+    recompute the rest, the shared reverse
     state pass runs with its delta-rule switch, the scores' pairs j < t go
     to GLA's sub-chunk kernel (both score matrices in one launch), and two
     kernels of KDA's own do the rest, one program per chunk: before it the
