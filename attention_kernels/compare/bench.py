@@ -177,9 +177,21 @@ def _book_gqa(c):
     return lambda q, k, v: flash_attn_func(q, k, v, causal=True)
 
 
-def _sdpa_gqa(c):
-    attend = sdpa("flash")
-    return lambda q, k, v: attend(q, k, v, causal=True, enable_gqa=True)
+def _sdpa_gqa(backend):
+    """SDPA pinned to `backend` ("flash" or "cuDNN"), causal, k and v with the layer's fewer heads; a backend
+    that does not take them (it raises on a first call) is n/a."""
+    def attention(c):
+        attend = sdpa(backend)
+
+        def causal(q, k, v):
+            return attend(q, k, v, causal=True, enable_gqa=True)
+        try:  # one call on a short sequence with the layer's heads
+            q, k = (torch.randn(1, h, 128, c["D"], device="cuda", dtype=DT) for h in (c["H"], c["Hkv"]))
+            causal(q, k, k)
+        except RuntimeError:
+            return None
+        return causal
+    return attention
 
 
 def _kda_train(chunk):
@@ -210,7 +222,8 @@ TRAIN_BOOK = {"GQA": _gqa_train("bthd", _book_gqa), "GLA": gla_bench.TRAIN.provi
               "Lightning": lightning_bench.TRAIN.providers["book: chunk"], "KDA": _kda_train(lambda: chunk_kda),
               "Mamba-2": mamba2_bench.TRAIN.providers["book: chunk 64"]}
 TRAIN_PEERS = {
-    "SDPA flash": {"GQA": _gqa_train("bhtd", _sdpa_gqa)},
+    "SDPA flash": {"GQA": _gqa_train("bhtd", _sdpa_gqa("flash"))},
+    "SDPA cuDNN": {"GQA": _gqa_train("bhtd", _sdpa_gqa("cuDNN"))},    # the FlashAttention chapter's strongest peer
     "FlexAttention": {"GQA": _gqa_train("bhtd", fa_bench.flex_forward)},
     "FA4": {"GQA": _gqa_train("bthd", fa_bench.fa4_forward)},
     "fla": {"GLA": gla_bench.TRAIN.providers["fla chunk_gla"],
