@@ -52,9 +52,10 @@ gla_intra_configs: GLA's sub-chunk dq/dk kernel (`_chunk_dqk_intra_kernel`) as l
   warps), over all 128 key channels on 8 warps and on key tiles of 64 and 32 on 4 warps, in the backward of a GLA
   training step at 16K (B 1, 32 heads, K = V = 128, bf16): gradients checked against the first config's, then
   the kernel's and the backward's GPU time (~30 s).
-delta_state_grad: KDA's backward at 16K with the delta rule's reverse state pass as launched and in key halves of 64
-  (`_DELTA_HALVES`) at four (BV, warps, stages), each config in its own process: gradients checked against the
-  launched pass's, then the pass's and the backward's GPU time (~2 min).
+delta_state_grad: KDA's backward at 16K with the delta rule's reverse state pass as launched (key halves of 64) and
+  as one tile, in halves at two other (BV, warps, stages), and handed the gated queries (`_DELTA_GATED_QUERIES`),
+  each variant in its own process: gradients checked against the launched pass's, then the pass's and the
+  backward's GPU time (~2 min).
 ssd_state_split: Mamba-2's state pass at chunks of 64 (what the backward and the book's forward take) at 16K, the
   sequential pass against the split (chunk states all at once, then the walk), states in bf16 and fp32: checked
   against each other, then each launch's GPU time (~20 s).
@@ -519,23 +520,33 @@ def gla_intra_configs():
     _timed_configs(chunk_backward, configs, backward, report)
 
 
-def delta_state_grad(config=None):
-    """KDA's backward (B 1, T 16K, 32 heads, K = V = 128, bf16) with the delta rule's reverse state pass as one
-    [128, 64] tile a program (as launched) and in key halves (`_DELTA_HALVES`) at each (BV, warps, stages), each
-    config in a process of its own (a config that reads out of bounds ends its process, not the probe): the
-    gradients against the one-tile pass's, then the pass's and the backward's GPU time."""
+# The variants `delta_state_grad` times against the reverse state pass as launched, each in its own process
+DELTA_VARIANTS = {
+    "one tile": {"_DELTA_HALVES": False},
+    "halves, BV 32, 4w 2s": {"_DELTA_HALVES_CONFIG": (32, 4, 2)},
+    "halves, BV 64, 8w 1s": {"_DELTA_HALVES_CONFIG": (64, 8, 1)},
+    "gated queries": {"_DELTA_GATED_QUERIES": True},
+}
+
+
+def delta_state_grad(variant=None):
+    """KDA's backward (B 1, T 16K, 32 heads, K = V = 128, bf16) with the delta rule's reverse state pass as
+    launched (two halves of 64 key rows at `_DELTA_HALVES_CONFIG`) and with one of DELTA_VARIANTS (the one-tile
+    pass, the halves at other (BV, warps, stages), the halves handed the gated queries), each variant in a
+    process of its own (one that reads out of bounds ends its process, not the probe): the gradients against
+    the launched pass's, then the pass's and the backward's GPU time."""
     import subprocess
-    if config is None:
+    if variant is None:
         print("--- KDA backward alone, B 1, T 16384, 32 heads, K = V = 128, bf16; GPU µs per call", flush=True)
-        for cfg in ("32,4,2", "32,4,1", "64,8,1", "64,4,2"):
+        for name in DELTA_VARIANTS:
             try:
-                run = subprocess.run([sys.executable, __file__, "delta_state_grad", cfg], capture_output=True,
+                run = subprocess.run([sys.executable, __file__, "delta_state_grad", name], capture_output=True,
                                      text=True, timeout=150)
                 rows = [ln for ln in run.stdout.splitlines() if ln.startswith("  ")]
                 print("\n".join(rows) if run.returncode == 0 else
-                      f"  halves {cfg}: process ended {run.returncode}: {run.stderr.strip()[-200:]}", flush=True)
+                      f"  {name}: process ended {run.returncode}: {run.stderr.strip()[-200:]}", flush=True)
             except subprocess.TimeoutExpired:
-                print(f"  halves {cfg}: no result in 150 s", flush=True)
+                print(f"  {name}: no result in 150 s", flush=True)
         return
     from attention_kernels.kda import chunk_kda
     from attention_kernels.linear import chunk_backward
@@ -554,10 +565,7 @@ def delta_state_grad(config=None):
         walk = sum(us for n, us in times.items() if "state_grad" in n)
         print(f"  {name:24s} reverse state pass {walk:8.1f} us; backward GPU {sum(times.values()):8.1f} us; "
               f"gradients vs the first rel err {err:.1e}", flush=True)
-    bv, warps, stages = (int(x) for x in config.split(","))
-    halves = {"_DELTA_HALVES": True, "_DELTA_HALVES_CONFIG": (bv, warps, stages)}
-    configs = {"one tile (as launched)": {"_DELTA_HALVES": False}, f"halves, BV {bv}, {warps}w {stages}s": halves}
-    _timed_configs(chunk_backward, configs, backward, report)
+    _timed_configs(chunk_backward, {"as launched": {}, variant: DELTA_VARIANTS[variant]}, backward, report)
 
 
 def ssd_state_split():

@@ -1,6 +1,4 @@
-import fcntl
 import os
-import tempfile
 
 import pytest
 import torch
@@ -34,23 +32,26 @@ def _seed():
 
 
 @pytest.fixture(autouse=True)
-def _gpu_memory(request):
+def _gpu_memory(request, tmp_path_factory):
     """Eight workers share one card: a GPU test hands its cached blocks back when it ends, and the gpu_heavy
-    ones (fp32 score matrices of 2 GiB a head group) hold a lock file while they run, so that no two of them
-    fill an 80 GB card together."""
-    if "gpu" not in request.keywords or not torch.cuda.is_available():
+    ones (fp32 score matrices of 2 GiB a head group) hold a lock while they run, one file for the session's
+    workers, so that no two of them fill an 80 GB card together."""
+    if request.node.get_closest_marker("gpu") is None or not torch.cuda.is_available():
         yield
         return
-    with open(os.path.join(tempfile.gettempdir(), "attention_kernels_gpu_heavy.lock"), "w") as lock:
-        heavy = request.node.get_closest_marker("gpu_heavy") is not None
-        if heavy:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    lock = None
+    if request.node.get_closest_marker("gpu_heavy") is not None:
+        import fcntl   # POSIX only, as the GPU machines the suite runs on
+        lock = os.open(tmp_path_factory.getbasetemp().parent / "gpu_heavy.lock", os.O_RDWR | os.O_CREAT)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
         try:
-            yield
-        finally:
             torch.cuda.empty_cache()
-            if heavy:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        finally:
+            if lock is not None:
+                os.close(lock)      # and with it the lock
 
 
 def pytest_terminal_summary(terminalreporter):

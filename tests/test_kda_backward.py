@@ -86,13 +86,13 @@ def test_kda_gradients_at_the_gpu_tiles_of_the_chunk_kernel(monkeypatch):
     assert_grads_close(out, ref, NAMES + ["dh0"])
 
 
-@pytest.mark.parametrize("K", [48, 80], ids=["K48-one-half", "K80-two-halves"])
+@pytest.mark.parametrize("K", [80, 128], ids=["K80-part-of-the-second", "K128-both-full"])
 def test_kda_gradients_with_the_state_gradient_in_key_halves(K, monkeypatch):
     # the delta rule's reverse state pass with its gradient as two halves of 64 key rows (`_DELTA_HALVES`, the
-    # form launched at K <= 128): K 48 fills part of the first half, K 80 the first and part of the second;
-    # T 70 (a partial chunk), an initial state and a loss through the final state
+    # form launched at 64 < K <= 128): K 80 fills the first and part of the second, K 128 both; T 70 (a partial
+    # chunk), an initial state and a loss through the final state
     from attention_kernels.linear import chunk_backward
-    assert chunk_backward._DELTA_HALVES
+    monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", True)
     launched = []
     kernel = chunk_backward._delta_state_grad_halves_kernel
     monkeypatch.setattr(chunk_backward, "_delta_state_grad_halves_kernel", RecordingKernel(kernel, launched))
@@ -103,15 +103,67 @@ def test_kda_gradients_with_the_state_gradient_in_key_halves(K, monkeypatch):
     assert launched == [(2, 2)]                  # (value tiles of 16, B x H)
 
 
+@pytest.mark.parametrize("K, l2norm", [(96, True), (80, False)], ids=["K96-l2norm", "K80-raw"])
+def test_kda_walk_with_gated_queries_matches_the_walk_that_gates_them(K, l2norm, monkeypatch):
+    # the experiment `_DELTA_GATED_QUERIES`: the gate pass writes scale · q ⊙ e^b and the reverse state pass in
+    # key halves takes it instead of q and b's rows; rounded as the pass rounds them itself, so the gradients
+    # are bit-equal to the pass that gates the queries (the fp64 loop checks that one above)
+    from attention_kernels.linear import chunk_backward
+    gated = []
+    kernel = chunk_backward._delta_state_grad_halves_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                gated.append(kwargs["GATED_Q"])
+                return kernel[grid](*args, **kwargs)
+            return launch
+    monkeypatch.setattr(chunk_backward, "_delta_state_grad_halves_kernel", Recording())
+    tensors, h0, do, dht = kda_inputs(1, 70, 2, K, 24, "paper", "uniform", True, l2norm)
+    walked = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=l2norm)
+    monkeypatch.setattr(chunk_backward, "_DELTA_GATED_QUERIES", True)
+    handed = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=l2norm)
+    assert gated == [False, True]
+    for name, a, b in zip(NAMES + ["dh0"], walked[2], handed[2], strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_kda_walk_at_a_short_key_dim_is_the_one_tile_pass(monkeypatch):
+    # K <= 64: a second key half would be all padding, so the one-tile pass runs, and no gated queries
+    from attention_kernels.linear import chunk_backward
+    monkeypatch.setattr(chunk_backward, "_DELTA_GATED_QUERIES", True)
+    assert not chunk_backward.delta_walk_in_halves(64, torch.device(DEVICE))
+    assert chunk_backward.delta_walk_in_halves(65, torch.device(DEVICE))
+    assert not chunk_backward.delta_walk_takes_gated_queries(48, torch.device(DEVICE))
+    assert not chunk_backward.delta_walk_in_halves(192, torch.device(DEVICE))
+
+
+def test_gated_queries_are_refused_outside_the_halves_pass(monkeypatch):
+    from attention_kernels.linear import chunk_backward
+    monkeypatch.setattr(chunk_backward, "_DELTA_GATED_QUERIES", True)
+    monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", False)
+    q = torch.zeros(1, 8, 1, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="gated_queries"):
+        chunk_backward.chunk_state_grad_pass(q, q, q, None, 1.0, Aqk=q, kg=q, w=q, du=q, gated_queries=q)
+
+
 def test_kda_gradients_with_the_state_gradient_as_one_tile(monkeypatch):
-    # the one-tile reverse state pass, which K > 128 takes, at K <= 128 too (halves off)
+    # the one-tile reverse state pass, which K <= 64 and K > 128 take, at K 80 too (halves off): it runs, and
+    # its gradients are the fp64 loop's
     from attention_kernels.linear import chunk_backward
     monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", False)
-    monkeypatch.setattr(chunk_backward, "_delta_state_grad_halves_kernel", None)   # a launch of it would raise
-    tensors, h0, do, dht = kda_inputs(1, 70, 2, 48, 24, "paper", "uniform", True, True)
+    delta_launches = []
+    launch = chunk_backward.launch_state_pass
+
+    def recording(kernel, delta_kernel, args, flags, delta=None):
+        delta_launches.append(delta is not None)
+        return launch(kernel, delta_kernel, args, flags, delta)
+    monkeypatch.setattr(chunk_backward, "launch_state_pass", recording)
+    tensors, h0, do, dht = kda_inputs(1, 70, 2, 80, 24, "paper", "uniform", True, True)
     out = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=True)
     ref = grads(naive_recurrent_kda, fp64(tensors), *fp64([h0]), do, dht, use_qk_l2norm_in_kernel=True)
     assert_grads_close(out, ref, NAMES + ["dh0"])
+    assert delta_launches == [True]
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
@@ -212,3 +264,19 @@ def test_kda_fp16_gradients():
 @pytest.mark.gpu
 def test_kda_bf16_gradients_gpu():
     low_against_fp32((2, 300, 4, 64, 64), torch.bfloat16, BF16_GRAD, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("V", [128, 96], ids=["V128", "V96-partial-tile"])
+def test_kda_walk_in_halves_against_one_tile_gpu(V, monkeypatch):
+    # the reverse state pass in key halves (launched at 64 < K <= 128) against the one-tile pass, on the GPU's
+    # own config, bf16, K 128, with an initial state and a loss through the final state
+    from attention_kernels.linear import chunk_backward
+    tensors, h0, do, dht = kda_inputs(1, 300, 4, 128, V, "paper", "uniform", True, True, device="cuda")
+    tensors = [t.bfloat16() for t in tensors]
+    assert chunk_backward.delta_walk_in_halves(128, torch.device("cuda"))
+    halves = grads(chunk_kda, tensors, h0, do.bfloat16(), dht, use_qk_l2norm_in_kernel=True)
+    monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", False)
+    one_tile = grads(chunk_kda, tensors, h0, do.bfloat16(), dht, use_qk_l2norm_in_kernel=True)
+    for name, a, b in zip(NAMES + ["dh0"], halves[2], one_tile[2], strict=True):
+        assert_close(a, b, tolerance(torch.bfloat16), name)

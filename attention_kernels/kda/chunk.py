@@ -284,22 +284,26 @@ class ChunkIntermediates(NamedTuple):
 def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool, state_dtype: torch.dtype,
                             output_final_state: bool = False, store_inverse: bool = False,
                             scores: tuple[torch.Tensor, torch.Tensor] | None = None,
-                            scores_computed: bool = False) -> ChunkIntermediates:
+                            scores_computed: bool = False, gated_queries: torch.Tensor | None = None
+                            ) -> ChunkIntermediates:
     """The forward's first five launches on contiguous, checked inputs: the gate pass (q and k normalised
     when l2norm), the scores, the solve, the state pass with the delta rule. The chunk-start states are kept
     in state_dtype: the input dtype for the forward's output product, `chunk_state_dtype` for the backward.
     store_inverse: the solve also writes its inverse X (the backward's). scores: buffers for the two score
     matrices (Aqk in q's dtype, Akk fp32, [B, T, H, CHUNK]), which the scores launch writes, or, with
-    scores_computed, which an earlier forward wrote (the backward's: no scores launch); None: allocated here."""
+    scores_computed, which an earlier forward wrote (the backward's: no scores launch); None: allocated here.
+    gated_queries: like q, written by the gate pass with scale · q ⊙ e^b (q normalised first with l2norm), for
+    the delta rule's reverse state pass (`chunk_state_grad_pass`'s gated_queries)."""
     B, T, H, K = q.shape
     V, dev = v.shape[-1], q.device
     b = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
     if l2norm:
         qn, kn = torch.empty_like(q), torch.empty_like(k)
-        chunk_local_cumsum(g, b, q=q, k=k, q_normed=qn, k_normed=kn, eps=L2NORM_EPS)
+        chunk_local_cumsum(g, b, q=q, k=k, q_normed=qn, k_normed=kn, eps=L2NORM_EPS, q_gated=gated_queries,
+                           scale=scale)
         q, k = qn, kn
     else:
-        chunk_local_cumsum(g, b)
+        chunk_local_cumsum(g, b, q=q, q_gated=gated_queries, scale=scale)
     if scores is None:
         Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)     # blocks above the diagonal stay unwritten
         Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)

@@ -45,6 +45,7 @@ import triton.language as tl
 
 from ..launch import cdiv, on_machine, pow2_at_least_16
 from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_row, chunk_state_base, chunk_state_dtype, dot_precision
+from ..linear import chunk_backward as linear_backward
 from ..linear.chunk_backward import chunk_dqk_intra, chunk_state_grad_pass
 from .chunk import chunk_kda_intermediates
 from .reference import L2NORM_EPS
@@ -279,14 +280,17 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
     dev, state_dtype = q.device, chunk_state_dtype(q.dtype)
     f32 = dict(dtype=torch.float32, device=dev)
     # ---- the forward's intermediates, by the forward's kernels (the solve's inverse too)
+    gated_q = torch.empty_like(q) if linear_backward.delta_walk_takes_gated_queries(K, q.device) else None
     x = chunk_kda_intermediates(q, k, v, g, beta, scale, h0, l2norm=use_qk_l2norm_in_kernel,
                                 state_dtype=state_dtype, store_inverse=True, scores=scores,
-                                scores_computed=scores is not None)
+                                scores_computed=scores is not None, gated_queries=gated_q)
     # ---- the reverse state pass (the delta rule's): dS' at every chunk's end, dS at the start, and dU
     dstates = torch.empty(B, NT, H, K, V, dtype=state_dtype, device=dev)
     dU = torch.empty(B, T, H, V, **f32)
     dh0 = None if h0 is None else torch.empty_like(h0)
-    chunk_state_grad_pass(x.q, do, x.b, dstates, scale, dht, dh0, Aqk=x.Aqk, kg=x.kg, w=x.w, du=dU)
+    chunk_state_grad_pass(x.q, do, x.b, dstates, scale, dht, dh0, Aqk=x.Aqk, kg=x.kg, w=x.w, du=dU,
+                          gated_queries=gated_q)
+    del gated_q
 
     # ---- every chunk's gradients but the scores' pairs j < t: dv, dbeta, the partial dq, dk and db, dA_qk
     # and dA_kk. The sub-chunk launch takes q and k in fp32 (normalised when the L2 norm is on): written here
@@ -304,7 +308,9 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
         BV=on_machine(gpu=min(_GRAD_BV, pow2_at_least_16(V)), interpreter=16), L2NORM=use_qk_l2norm_in_kernel,
         EPS=L2NORM_EPS, STORE_QK=store_qk, DOT_PREC=precision, num_warps=_GRAD_WARPS, num_stages=1)
     b = x.b
-    del x, dstates, dU                  # the state-sized and per-token buffers go back before the next ones
+    # the state-sized and per-token buffers go back before the next ones (the kept scores, when the training
+    # forward handed them in, stay with autograd until the backward returns)
+    del x, dstates, dU
 
     # ---- the scores' pairs j < t, GLA's sub-chunk kernel on [B, T, H, ·] tensors, both matrices in one launch:
     # A_qk's rows to dq_qk, A_kk's (k in both places) to dk_rows, the columns of both summed into dk_cols; in

@@ -191,8 +191,9 @@ def _chunk_kda_fwd_keeping_scores(q, k, v, g, beta, scale, h0: torch.Tensor | No
     """The training forward (ChunkKDAFunction's): `_chunk_kda_fwd`, and it returns the two score matrices too,
     (o, Aqk, Akk, final_state or None), Aqk in q's dtype and Akk fp32, both [B, T, H, CHUNK], for the backward
     to take instead of launching the scores again, as fla's chunk_kda keeps its own. Kept rather than
-    recomputed: 6 bytes a token, head and chunk position (1.5 times q at K = 128, bf16), where the two score
-    launches are about a tenth of the step's GPU time."""
+    recomputed: 6 bytes a token, head and chunk position for 16-bit inputs (8 for fp32; 1.5 times q at K =
+    128, bf16), where the backward's score launches took about a twentieth of the step's GPU time (0.78 of
+    13.8 ms at B 1, 16K, 32 heads; notes/TUNING.md 2026-12-07 (37))."""
     (B, T, H, _, _), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, output_final_state,
                                                               use_qk_l2norm_in_kernel, cu_seqlens)
     Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=q.device)       # blocks above the diagonal unwritten
@@ -273,7 +274,8 @@ def _refuse_fla_options(disable_recompute, return_intermediate_states, cu_seqlen
     """fla's chunk_kda options for what these kernels do not do: accepted at their defaults, refused naming
     them."""
     if check_bool("disable_recompute", disable_recompute):
-        raise ValueError("disable_recompute must be False: chunk_kda's backward always recomputes from the inputs")
+        raise ValueError("disable_recompute must be False: chunk_kda's backward recomputes all but the two score "
+                         "matrices from the inputs")
     if check_bool("return_intermediate_states", return_intermediate_states):
         raise ValueError("return_intermediate_states must be False: chunk_kda returns (o, final_state) only")
     if cu_seqlens_cpu is not None:
@@ -307,9 +309,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     Differentiable in q, k, v, g, beta and initial_state, through o and the
     final state (and the L2 norm when it is on). The backward keeps the
     inputs and the two score matrices (6 bytes a token, head and chunk
-    position, kept only when a gradient is needed): the forward's kernels
-    recompute the rest, the shared reverse
-    state pass runs with its delta-rule switch, the scores' pairs j < t go
+    position for 16-bit inputs, kept only when a gradient is needed): the
+    forward's kernels recompute the rest, the shared reverse state pass
+    runs with its delta-rule switch, the scores' pairs j < t go
     to GLA's sub-chunk kernel (both score matrices in one launch), and two
     kernels of KDA's own do the rest, one program per chunk: before it the
     read-out's, the state update's and the solve's gradients (the last as

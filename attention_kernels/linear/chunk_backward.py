@@ -43,7 +43,8 @@ j < t are summed in sub-chunks of 16 rows, each re-based so that no exponent is 
 their own, inside chunk_dqk).
 
 Three launchable pieces, after the forward's chunk_local_cumsum and chunk_state_pass have recomputed b and
-the chunk-start states (the backward saves only the inputs), and the sub-chunk launch on its own:
+the chunk-start states (the backward keeps the inputs and, GLA and KDA, the forward's scores), and the
+sub-chunk launch on its own:
 
     chunk_state_grad_pass(q, do, b, dstates, scale, dht, dh0)   dS' at every chunk end, and dS at the start (dh0)
         with Aqk, kg, w, du: the delta rule's (KDA), which also writes U's gradient du
@@ -54,6 +55,8 @@ the chunk-start states (the backward saves only the inputs), and the sub-chunk l
         dk_rows, KDA's two score matrices in one launch; their other terms its backward forms apart)
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -210,16 +213,44 @@ _delta_state_grad_kernel = triton.autotune(configs=_DELTA_STATE_GRAD_CONFIGS, ke
 
 
 # The delta rule's pass with the state's gradient held as two [64, BV] halves of the key rows (`_DELTA_HALVES`,
-# K <= 128), so that no product takes a [128, BV] register tile as its B operand (the shape that read past its
-# shared tile at BV = 32, above). One product per half where the one-tile kernel has one over all of K. Its
-# configs (BV, warps, stages) timed by `scripts/tune_probe.py delta_state_grad`, each in its own process (KDA's
-# backward, B 1, T 16K, 32 heads, K = V = 128, bf16, an H100, twice): BV 64 on 4 warps and 2 stages 1,314-1,327 us
-# against the one-tile pass's 1,480 (gradients bit-equal: each key row's sum keeps its order); BV 32 on 2 stages
-# 1,505-1,518, BV 64 on 8 warps 1,547-1,562; BV 32 on one stage ends its process with an illegal address.
-# ptxas (sm_90a, bf16, K = V = 128): BV 64 on 4 warps 255 registers, 16 B spilled; BV 32 on 4 warps and 2
-# stages 161, no spills.
+# 64 < K <= 128: at K <= 64 the second half would be all padding), so that no product takes a [128, BV] register
+# tile as its B operand (the shape that read past its shared tile at BV = 32, above). One product per half where
+# the one-tile kernel has one over all of K. Its configs (BV, warps, stages) timed by `scripts/tune_probe.py
+# delta_state_grad`, each in its own process (KDA's backward, B 1, T 16K, 32 heads, K = V = 128, bf16, an H100,
+# twice): BV 64 on 4 warps and 2 stages 1,314-1,327 us against the one-tile pass's 1,479-1,482 (gradients
+# bit-equal: each key row's sum keeps its order); BV 32 on 2 stages 1,505-1,518, BV 64 on 8 warps 1,547-1,562;
+# BV 32 on one stage ends its process with an illegal address. ptxas (sm_90a, bf16, K = V = 128): BV 64 on 4
+# warps 255 registers, 16 B spilled, 152 KB of shared memory (a GPU that offers a block less, as sm_86 and sm_89
+# do, takes the one-tile pass); BV 32 on 4 warps and 2 stages 159, no spills.
 _DELTA_HALVES = True
 _DELTA_HALVES_CONFIG = (64, 4, 2)          # BV, num_warps, num_stages
+_DELTA_HALVES_SHARED_KB = 152              # what that config's kernel takes a block (ptxas, sm_90a)
+# An experiment, off (`_DELTA_GATED_QUERIES`): the halves' pass handed the queries already decayed and scaled,
+# scale · q ⊙ e^b in q's dtype, which the backward's gate pass writes beside b (`chunk_local_cumsum`'s
+# q_gated), as fla's KDA backward hands its reverse pass `qg`. The walk then loads no [BT, K] fp32 gates (a third
+# of its bytes a step) and takes no exponential; the gated queries cost one write and one read of q's size.
+# Timed by `scripts/tune_probe.py delta_state_grad` against the pass as launched.
+_DELTA_GATED_QUERIES = False
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_kb_per_block(device: torch.device) -> float:
+    """The shared memory a block may take on `device` (its opt-in maximum), in KB; unbounded off a GPU."""
+    if device.type != "cuda":
+        return float("inf")
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin / 1024
+
+
+def delta_walk_in_halves(K: int, device: torch.device) -> bool:
+    """Whether the delta rule's reverse state pass at key dim K runs in key halves (`_DELTA_HALVES`): 64 < K
+    <= 128, on a device that offers the config's shared memory."""
+    return _DELTA_HALVES and 64 < K <= 128 and _shared_kb_per_block(device) >= _DELTA_HALVES_SHARED_KB
+
+
+def delta_walk_takes_gated_queries(K: int, device: torch.device) -> bool:
+    """Whether the delta rule's reverse state pass takes the gated queries (`gated_queries` of
+    `chunk_state_grad_pass`): the halves' pass only, with `_DELTA_GATED_QUERIES` on."""
+    return _DELTA_GATED_QUERIES and delta_walk_in_halves(K, device)
 
 
 @triton.jit
@@ -233,10 +264,20 @@ def _key_half(x, r_c, o_c, m_t, o_k, m_k, H, K: tl.constexpr, TRANS: tl.constexp
 
 
 @triton.jit
-def _delta_half_step(b_dh, b_qt, b_gt, b_gl, b_do, b_wt, b_du, scale, DOT_PREC: tl.constexpr):
-    """One half's step back over a chunk: dS = e^{b_last} ⊙ dS' + scale (Q ⊙ e^b)ᵀ dO - Wᵀ dU."""
-    b_qt = (b_qt * tl.exp(b_gt) * scale).to(b_do.dtype)          # every exponent b_t <= 0
-    b_dh = b_dh * tl.exp(b_gl)[:, None] + tl.dot(b_qt, b_do, input_precision=DOT_PREC)
+def _gated_query_half(q, b, r_c, o_c, m_t, o_k, m_k, H, scale, K: tl.constexpr, GATED_Q: tl.constexpr):
+    """One half's queries decayed from their chunk's start and scaled, scale (Q ⊙ e^b)ᵀ [HALF, BT]: read as
+    they are (GATED_Q: q holds them, in its dtype) or formed from q and the gates b (fp32)."""
+    b_qt = _key_half(q, r_c, o_c, m_t, o_k, m_k, H, K, True)
+    if not GATED_Q:
+        b_qt = b_qt * tl.exp(_key_half(b, r_c, o_c, m_t, o_k, m_k, H, K, True)) * scale   # every exponent <= 0
+    return b_qt
+
+
+@triton.jit
+def _delta_half_step(b_dh, b_qt, b_gl, b_do, b_wt, b_du, DOT_PREC: tl.constexpr):
+    """One half's step back over a chunk: dS = e^{b_last} ⊙ dS' + scale (Q ⊙ e^b)ᵀ dO - Wᵀ dU, with
+    b_qt = scale (Q ⊙ e^b)ᵀ (`_gated_query_half`)."""
+    b_dh = b_dh * tl.exp(b_gl)[:, None] + tl.dot(b_qt.to(b_do.dtype), b_do, input_precision=DOT_PREC)
     return b_dh - tl.dot(b_wt, b_du.to(b_wt.dtype), input_precision=DOT_PREC)
 
 
@@ -244,9 +285,11 @@ def _delta_half_step(b_dh, b_qt, b_gt, b_gl, b_do, b_wt, b_du, scale, DOT_PREC: 
 def _delta_state_grad_halves_kernel(
     q, do, b, dh, dht, dh0, scale, Aqk, kg, w, du, T, H, NT,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HALF: tl.constexpr, BV: tl.constexpr,
-    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr, GATED_Q: tl.constexpr = False,
 ):
-    # one program: value columns [i_v·BV, ..) of one (batch, head), all K key rows as two halves of HALF
+    # one program: value columns [i_v·BV, ..) of one (batch, head), all K key rows as two halves of HALF; with
+    # GATED_Q, q holds scale · q ⊙ e^b (`chunk_local_cumsum`'s q_gated) and b is read for the chunks' last rows
+    # only
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k1 = tl.arange(0, HALF)
@@ -285,19 +328,17 @@ def _delta_state_grad_halves_kernel(
             + tl.dot(b_kg1, b_dh1.to(b_kg1.dtype), input_precision=DOT_PREC) \
             + tl.dot(b_kg2, b_dh2.to(b_kg2.dtype), input_precision=DOT_PREC)
         tl.store(du + r_c * V + (o_c[:, None] * H) * V + o_v[None, :], b_du.to(du.dtype.element_ty), mask=m_tv)
-        b_dh1 = _delta_half_step(b_dh1, _key_half(q, r_c, o_c, m_t, o_k1, m_k1, H, K, True),
-                                 _key_half(b, r_c, o_c, m_t, o_k1, m_k1, H, K, True), b_gl1, b_do,
-                                 _key_half(w, r_c, o_c, m_t, o_k1, m_k1, H, K, True), b_du, scale, DOT_PREC)
-        b_dh2 = _delta_half_step(b_dh2, _key_half(q, r_c, o_c, m_t, o_k2, m_k2, H, K, True),
-                                 _key_half(b, r_c, o_c, m_t, o_k2, m_k2, H, K, True), b_gl2, b_do,
-                                 _key_half(w, r_c, o_c, m_t, o_k2, m_k2, H, K, True), b_du, scale, DOT_PREC)
+        b_dh1 = _delta_half_step(b_dh1, _gated_query_half(q, b, r_c, o_c, m_t, o_k1, m_k1, H, scale, K, GATED_Q),
+                                 b_gl1, b_do, _key_half(w, r_c, o_c, m_t, o_k1, m_k1, H, K, True), b_du, DOT_PREC)
+        b_dh2 = _delta_half_step(b_dh2, _gated_query_half(q, b, r_c, o_c, m_t, o_k2, m_k2, H, scale, K, GATED_Q),
+                                 b_gl2, b_do, _key_half(w, r_c, o_c, m_t, o_k2, m_k2, H, K, True), b_du, DOT_PREC)
     if STORE_DH0:
         tl.store(dh0 + i_bh.to(tl.int64) * K * V + p_h1, b_dh1, mask=m_h1)
         tl.store(dh0 + i_bh.to(tl.int64) * K * V + p_h2, b_dh2, mask=m_h2)
 
 
 def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *, gamma=None,
-                          Aqk=None, kg=None, w=None, du=None, group_size: int = 1) -> None:
+                          Aqk=None, kg=None, w=None, du=None, group_size: int = 1, gated_queries=None) -> None:
     """The gradient of the state at the end of every chunk, walking the
     chunks backward from dht (the final state's gradient), and at the start
     of the first (dh0): the backward's only sequential pass.
@@ -321,7 +362,9 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
     (the keys decayed to their chunk's end, and W) and du [B, T, H, V] given:
     each chunk added K_gᵀ U, U = W' - W S, and du receives U's gradient A_qkᵀ
     dO + K_g dS' (in its dtype); q and b are then the normalised queries and
-    KDA's gates.
+    KDA's gates. gated_queries: scale · q ⊙ e^b in q's dtype
+    (`chunk_local_cumsum`'s q_gated), taken in place of q and b's rows where
+    `delta_walk_takes_gated_queries(K)`, refused elsewhere.
 
     group_size: heads sharing one query row, q [B, T, H / group_size, K]
     (Mamba-2's C, one per group of heads; not with the delta rule).
@@ -332,13 +375,16 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
     if any(t is None for t in delta) != all(t is None for t in delta):
         raise ValueError("chunk_state_grad_pass takes Aqk, kg, w and du together (the delta rule) or none")
     K, V = q.shape[-1], do.shape[-1]
-    if Aqk is not None and _DELTA_HALVES and K <= 128:
+    if gated_queries is not None and (Aqk is None or not delta_walk_takes_gated_queries(K, q.device)):
+        raise ValueError("gated_queries is taken by the delta rule's pass in key halves only "
+                         "(delta_walk_takes_gated_queries)")
+    if Aqk is not None and delta_walk_in_halves(K, q.device):
         B, T, H = do.shape[:3]
         BV, warps, stages = on_machine(gpu=_DELTA_HALVES_CONFIG, interpreter=(16, 4, 1))
         _delta_state_grad_halves_kernel[(cdiv(V, BV), B * H)](
-            q, do, b, dstates, dht, dh0, scale, Aqk, kg, w, du, T, H, cdiv(T, CHUNK), K, V, BT=CHUNK, HALF=64,
-            BV=BV, USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
-            num_warps=warps, num_stages=stages)
+            q if gated_queries is None else gated_queries, do, b, dstates, dht, dh0, scale, Aqk, kg, w, du, T, H,
+            cdiv(T, CHUNK), K, V, BT=CHUNK, HALF=64, BV=BV, USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
+            DOT_PREC=dot_precision(q.dtype), GATED_Q=gated_queries is not None, num_warps=warps, num_stages=stages)
         return
     args = (q, do, b, dstates, dht, dh0, scale)
     flags = dict(BT=CHUNK, USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
