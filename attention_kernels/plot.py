@@ -162,12 +162,14 @@ def log2_axis(ax, values) -> None:
 
 
 BETTER = {"ms": "lower is better", "us": "lower is better", "tflops": "higher is better", "gbps": "higher is better",
-          "pct_roofline": "higher is better", "peak_gib": "lower is better"}
+          "pct_roofline": "higher is better", "peak_gib": "lower is better", "tokens_per_s": "higher is better"}
+# the columns a figure may draw: the tables' own, and a throughput a chapter derives from a table's times
+AXIS_UNITS = {**UNITS, "tokens_per_s": "tokens per second"}
 
 
 def y_label(y: str) -> str:
     """The unit of y and which way is better: 'TFLOP/s (higher is better)'."""
-    return f"{UNITS.get(y, y)} ({BETTER[y]})" if y in BETTER else UNITS.get(y, y)
+    return f"{AXIS_UNITS.get(y, y)} ({BETTER[y]})" if y in BETTER else AXIS_UNITS.get(y, y)
 
 
 def figure_title(title: str, gpu: str = "", width: int = 72) -> str:
@@ -183,7 +185,8 @@ def plot_results(df: pd.DataFrame, x: str = "T", y: str = "tflops", col: str | N
     `col`, stacked, each the full column width.
 
     df: a table from `attention_kernels.bench.run` (its metadata names the GPU).
-    y: 'ms', 'us', 'tflops', 'gbps', 'pct_roofline' or 'peak_gib'. The roofline is drawn for ms/us,
+    y: 'ms', 'us', 'tflops', 'gbps', 'pct_roofline', 'peak_gib', or 'tokens_per_s' (a column the caller
+        adds: tokens a second, B·T over the time). The roofline is drawn for ms/us,
         tflops and gbps: the fastest any implementation could go for that shape.
     Returns the matplotlib Figure (a notebook shows it as a PNG the width of the text column), or None
     for a table with no rows (not measured yet).
@@ -206,8 +209,10 @@ def plot_results(df: pd.DataFrame, x: str = "T", y: str = "tflops", col: str | N
         log2_axis(ax, data[x].unique())
         if logy:
             ax.set_yscale("log")
-        elif y in ("tflops", "gbps", "pct_roofline"):
+        elif y in ("tflops", "gbps", "pct_roofline", "tokens_per_s"):
             ax.set_ylim(bottom=0)
+        if y == "tokens_per_s":   # millions, without an offset label above the axis
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v / 1e6:g}M" if v else "0"))
         ax.set_ylabel(y_label(y))
         if col:
             ax.set_title(f"{col} = {value}", loc="left")
