@@ -103,6 +103,14 @@ def _fa(table, value, where, peer=None, digits=2, join="range"):
     return Number(f"flash_attn_{table}", "book", value, {"B": 1, "H": 32, "D": 128, **where}, peer, digits, join)
 
 
+def _train_step(family, peer):
+    """A family's training-step row numbers: the book's and the peer's times at B=1, the speed-up at every shape."""
+    table = f"{family}_train"
+    return dict(ms=Number(table, "book: chunk", "ms", {"B": 1}, digits=2, join=" / "),
+                speedup=Number(table, "book: chunk", "speedup", {}, peer),
+                peer_ms=Number(table, peer, "ms", {"B": 1}, digits=2, join=" / "))
+
+
 def _graph_decode(family, peer, heads=32, **extra):
     where = {"H": heads, **extra}
     table = f"{family}_decode_graph"
@@ -196,9 +204,7 @@ ROWS = [
     Row("GLA training step", "forward and backward, H=32, D=128, B=1 and 8, T=4K and 16K",
         "{ms} ms at B=1, 4K / 16K; {speedup}× the speed of fla at every shape",
         "fla `chunk_gla` ({peer_ms} ms at B=1, 4K / 16K)",
-        dict(ms=Number("gla_train", "book: chunk", "ms", {"B": 1}, digits=2, join=" / "),
-             speedup=Number("gla_train", "book: chunk", "speedup", {}, "fla chunk_gla"),
-             peer_ms=Number("gla_train", "fla chunk_gla", "ms", {"B": 1}, digits=2, join=" / "))),
+        _train_step("gla", "fla chunk_gla")),
     Row("Lightning decode step", "B=1 / 8 / 64, H=32, K=V=128, CUDA graph",
         "{us} µs, {pct} % of the copy bandwidth at B=64; {speedup}× fla",
         "fla `fused_recurrent_simple_gla`",
@@ -217,9 +223,7 @@ ROWS = [
     Row("Lightning training step", "forward and backward, H=32, D=128, B=1 and 8, T=4K and 16K",
         "{ms} ms at B=1, 4K / 16K; {speedup}× the speed of fla",
         "fla `chunk_simple_gla` ({peer_ms} ms at B=1, 4K / 16K)",
-        dict(ms=Number("lightning_train", "book: chunk", "ms", {"B": 1}, digits=2, join=" / "),
-             speedup=Number("lightning_train", "book: chunk", "speedup", {}, "fla chunk_simple_gla"),
-             peer_ms=Number("lightning_train", "fla chunk_simple_gla", "ms", {"B": 1}, digits=2, join=" / "))),
+        _train_step("lightning", "fla chunk_simple_gla")),
     Row("KDA decode step", "B=1 / 8 / 64, H=32, K=V=128, CUDA graph",
         "{us} µs, {pct} % of the copy bandwidth at B=64; {speedup}× fla",
         "fla `fused_recurrent_kda`",
@@ -232,9 +236,7 @@ ROWS = [
     Row("KDA training step", "forward and backward, H=32, D=128, B=1 and 8, T=4K and 16K, L2 norm in the kernel",
         "{ms} ms at B=1, 4K / 16K; {speedup}× the speed of fla",
         "fla `chunk_kda` ({peer_ms} ms at B=1, 4K / 16K)",
-        dict(ms=Number("kda_train", "book: chunk", "ms", {"B": 1}, digits=2, join=" / "),
-             speedup=Number("kda_train", "book: chunk", "speedup", {}, "fla chunk_kda"),
-             peer_ms=Number("kda_train", "fla chunk_kda", "ms", {"B": 1}, digits=2, join=" / "))),
+        _train_step("kda", "fla chunk_kda")),
     Row("Mamba-2 decode step", "B=1 / 8 / 64, 80 heads × 64 × 128, CUDA graph",
         "{us} µs, {pct} % of the copy bandwidth at B=64 ({pct64} % at 64 heads); {speedup}× mamba_ssm",
         "mamba_ssm `selective_state_update` (Triton)",
