@@ -242,9 +242,21 @@ ROWS = [
         "mamba_ssm `selective_state_update` (Triton)",
         dict(_graph_decode("mamba2", "mamba_ssm selective_state_update", heads=80),
              pct64=Number("mamba2_decode_graph", "book", "pct_roofline", {"H": 64, "B": 64}, digits=0))),
-    Row("Mamba-2 prefill", "80 heads × 64, dstate 128, B=8 T=1K–16K, B=1 T=16K",
-        "B=8: {b8}× mamba_ssm ({ms} against {peer_ms} ms at T=4K); B=1, T=16K: {b1_ms} against {b1_peer_ms} ms "
-        "({b1}×); at B=1 up to T=4K mamba_ssm's plain call is bound by its host time ({host_ms} ms at any length)",
+    Row("Mamba-2 prefill, as a layer calls it", "80 heads × 64, dstate 128, B=1 and 8, T=4K / 16K; the scan "
+        "with z=None, then the gated RMSNorm",
+        "B=8: {b8}× mamba_ssm ({ms} against {peer_ms} ms at T=16K); B=1: {b1}× (at T=4K mamba_ssm's plain call "
+        "is bound by its host time)",
+        "mamba_ssm `mamba_chunk_scan_combined` (chunk 256), then its `RMSNormGated`",
+        dict(b8=Number("mamba2_layer", "book: scan + norm", "speedup", {"B": 8}, "mamba_ssm: scan + RMSNormGated",
+                       join=" / "),
+             ms=Number("mamba2_layer", "book: scan + norm", "ms", {"B": 8, "T": 16 * K}, digits=3),
+             peer_ms=Number("mamba2_layer", "mamba_ssm: scan + RMSNormGated", "ms", {"B": 8, "T": 16 * K}, digits=3),
+             b1=Number("mamba2_layer", "book: scan + norm", "speedup", {"B": 1}, "mamba_ssm: scan + RMSNormGated",
+                       join=" / "))),
+    Row("Mamba-2 prefill, z handed to the scan", "80 heads × 64, dstate 128, B=8 T=1K–16K, B=1 T=16K",
+        "mamba_ssm given z, so it also writes the ungated output: B=8: {b8}× mamba_ssm ({ms} against {peer_ms} ms "
+        "at T=4K); B=1, T=16K: {b1_ms} against {b1_peer_ms} ms ({b1}×); at B=1 up to T=4K mamba_ssm's plain call "
+        "is bound by its host time ({host_ms} ms at any length)",
         "mamba_ssm `mamba_chunk_scan_combined`",
         dict(b8=Number("mamba2_prefill", "book: SSD chunk scan", "speedup", {"B": 8}, "mamba_ssm"),
              ms=Number("mamba2_prefill", "book: SSD chunk scan", "ms", {"B": 8, "T": 4 * K}, digits=3),
