@@ -42,6 +42,7 @@ from triton.compiler import ASTSource
 from triton.runtime.autotuner import Autotuner
 
 from attention_kernels.gla import chunk as gla_chunk
+from attention_kernels.kda import chunk as kda_chunk
 from attention_kernels.kda import chunk_backward as kda_bw
 from attention_kernels.linear import chunk as lin
 from attention_kernels.linear import chunk_backward as lbw
@@ -292,7 +293,19 @@ def kda_backward() -> list:
     nk = K // kda_bw._GRAD_BK
     gflop = NT * H * (3 * 2 * L * L * V + 3 * 2 * L * K * V + 2 * 2 * L * L * K) / 1e9
     bk = lbw._INTRA_BK or K
+    wy_types = dict(k="*bf16", v="*bf16", b="*fp32", beta="*bf16", Akk="*fp32", w="*bf16", u="*bf16", kg="*bf16",
+                    T="i32", H="i32", inverse="*bf16")
+    wy_consts = dict(K=K, V=V, BT=L, BK=K, BV=64, BS=16, NB=L // 16, DOT_PREC="tf32", SOLVE_PREC="tf32")
+    wy_io = (thk * (bf + f4) + thv * bf + T * H * bf / MB, 2 * thk * bf + thv * bf)
+    wy_gflop = NT * H * 2 * L * L * (K + V) / 1e9
     return [
+        Launch("kda W, W' and K_g from the kept inverse (the recomputed forward)", kda_chunk._kda_wy_kernel,
+               wy_types, dict(wy_consts, LOAD_INVERSE=True), NT * H, "2 value tiles",
+               wy_io[0] + thl * bf, wy_io[1], wy_gflop, "tf32 TC", "X read in bf16; no solve"),
+        Launch("kda solve with W, W' and K_g (the forward's, X stored)", kda_chunk._kda_wy_kernel,
+               wy_types, dict(wy_consts, STORE_INVERSE=True), NT * H, "16 substitution steps, 2 value tiles",
+               wy_io[0] + 2 * thl * f4, wy_io[1] + thl * bf, wy_gflop + NT * H * 4 * 2 * L ** 3 / 1e9, "tf32 TC",
+               "A_kk read twice (the 64 x 64 tile and the [4, 16, 16] blocks)"),
         Launch("delta rule's reverse state pass, key halves", lbw._delta_state_grad_halves_kernel,
                dict(q="*bf16", do="*bf16", b="*fp32", dh=STATE_PTR, dht="*fp32", dh0="*fp32", scale="fp32",
                     Aqk="*bf16", kg="*bf16", w="*bf16", du="*fp32", T="i32", H="i32", NT="i32"),
@@ -314,7 +327,7 @@ def kda_backward() -> list:
                configs=[({"BV": lbw._DELTA_HALVES_CONFIG[0]}, *lbw._DELTA_HALVES_CONFIG[1:])]),
         Launch("kda sub-chunk pairs (A_qk and A_kk in one launch)", lbw._chunk_dqk_intra_kernel,
                dict(q="*fp32", k="*fp32", b="*fp32", dA="*fp32", dq="*fp32", dk="*fp32", T="i32", H="i32",
-                    dA_kk="*fp32", dk_rows="*fp32"),
+                    dA_kk="*fp32", dk_rows="*fp32", beta="*fp32"),
                dict(K=K, G=K, BT=L, BC=16, BK=bk, DOT_PREC="tf32", KEY_PAIRS=True),
                4 * NT * H * (K // bk), "<= 3 sub-chunks + 16 rows", 3 * 2.5 * thk * f4 + 2 * thl * f4,
                3 * thk * f4, 2 * 2 * 1.5 * 2 * T * 16 * K * H / 1e9, "tf32 TC",
@@ -323,27 +336,28 @@ def kda_backward() -> list:
                configs=[({}, lbw._INTRA_WARPS, lbw._INTRA_STAGES), ({"BK": K}, 8, lbw._INTRA_STAGES)],
                reread_mb=3 * 1.5 * thk * f4),
         Launch("kda chunk grads (all but the pairs j < t)", kda_bw._kda_chunk_grad_kernel,
-               dict(q="*bf16", k="*bf16", v="*bf16", b="*fp32", beta="*fp32", Akk="*fp32", inverse="*fp32",
+               dict(q="*bf16", k="*bf16", v="*bf16", b="*fp32", beta="*fp32", inverse="*bf16",
                     w="*bf16", u="*bf16", v_new="*bf16", states=STATE_PTR, dstates=STATE_PTR, do="*bf16", du="*fp32",
-                    dq="*fp32", dk="*fp32", db="*fp32", dv="*bf16", dbeta="*fp32", dAqk="*fp32", dAkk="*fp32",
+                    dq="*fp32", dk="*fp32", db="*fp32", dv="*bf16", dbeta="*fp32", dAqk="*fp32", dA="*fp32",
                     qn="*fp32", kn="*fp32", scale="fp32", T="i32", H="i32", NT="i32"),
                dict(K=K, V=V, BT=L, L2NORM=True, EPS=1e-6, STORE_QK=True, DOT_PREC="tf32"),
                NT * H, f"{nk} key tiles x 2 value tiles",
                2 * 2 * thk * bf + thk * f4 + thk * bf + 2 * thv * bf + (1 + nk) * (2 * thv * bf + thv * f4)
-               + (2 + nk) * thl * f4 + 2 * states * sb,
+               + (1 + nk) * thl * bf + 2 * states * sb,
                5 * thk * f4 + thv * bf + 2 * thl * f4, gflop, "tf32 TC",
                f"do, U, dU and X re-read per key tile (x{nk}, from L2 mostly); q and k twice (the L2 norm first); "
                "dq, dk, db partials and q, k normalised written fp32",
                configs=[({"BK": kda_bw._GRAD_BK, "BV": kda_bw._GRAD_BV}, kda_bw._GRAD_WARPS, 1),
                         ({"BK": 64, "BV": 64}, 8, 1)],
-               reread_mb=nk * (2 * thv * bf + thv * f4 + thl * f4) + 2 * thk * bf),
+               reread_mb=nk * (2 * thv * bf + thv * f4 + thl * bf) + 2 * thk * bf),
         Launch("kda combine (sums, dg, L2 norm)", kda_bw._kda_dqk_combine_kernel,
-               dict(q="*bf16", k="*bf16", g="*fp32", dAqk="*fp32", dq_part="*fp32", dk_part="*fp32",
-                    db_part="*fp32", dq_qk="*fp32", dk_rows="*fp32", dk_cols="*fp32", dq="*bf16",
-                    dk="*bf16", dg="*fp32", T="i32", H="i32"),
+               dict(q="*bf16", k="*bf16", g="*fp32", beta="*bf16", dAqk="*fp32", dq_part="*fp32", dk_part="*fp32",
+                    db_part="*fp32", dbeta_part="*fp32", dq_qk="*fp32", dk_rows="*fp32", dk_cols="*fp32",
+                    dq="*bf16", dk="*bf16", dg="*fp32", dbeta="*bf16", T="i32", H="i32"),
                dict(K=K, BT=L, BR=kda_bw._COMBINE_ROWS, BK=K, L2NORM=True, EPS=1e-6, FLOOR=lin.GATE_FLOOR),
-               NT * H, f"{L // kda_bw._COMBINE_ROWS} row blocks", 2 * thk * bf + 7 * thk * f4 + T * H * f4 / MB,
-               2 * thk * bf + thk * f4, 0.0, "fp32 FMA", "six fp32 partials and g read, dA_qk's diagonal",
+               NT * H, f"{L // kda_bw._COMBINE_ROWS} row blocks",
+               2 * thk * bf + 7 * thk * f4 + T * H * (2 * f4 + bf) / MB, 2 * thk * bf + thk * f4 + T * H * bf / MB,
+               0.0, "fp32 FMA", "six fp32 partials and g read, dA_qk's diagonal, β and dβ's partial",
                configs=[({}, kda_bw._COMBINE_WARPS, 1)]),
     ]
 

@@ -56,6 +56,8 @@ delta_state_grad: KDA's backward at 16K with the delta rule's reverse state pass
   as one tile, in halves at two other (BV, warps, stages), and handed the gated queries (`_DELTA_GATED_QUERIES`),
   each variant in its own process: gradients checked against the launched pass's, then the pass's and the
   backward's GPU time (~2 min).
+kda_solve_precision: KDA's in-chunk solve for bf16 inputs in TF32 (as launched) and in IEEE fp32, at 16K: the
+  output's and the gradients' errors against the fp32 step, the solve's and the forward's GPU time (~30 s).
 ssd_state_split: Mamba-2's state pass at chunks of 64 (what the backward and the book's forward take) at 16K, the
   sequential pass against the split (chunk states all at once, then the walk), states in bf16 and fp32: checked
   against each other, then each launch's GPU time (~20 s).
@@ -568,6 +570,41 @@ def delta_state_grad(variant=None):
     _timed_configs(chunk_backward, {"as launched": {}, variant: DELTA_VARIANTS[variant]}, backward, report)
 
 
+def kda_solve_precision():
+    """KDA's in-chunk solve for bf16 inputs (B 1, T 16K, 32 heads, K = V = 128, L2 norm in the kernel) in TF32,
+    as launched, and in IEEE fp32 (`_SOLVE_PRECISION`): the forward's output and one backward's gradients
+    against the same forward and backward on the inputs in fp32 (IEEE throughout), then the solve's launch and
+    the forward's GPU time."""
+    from attention_kernels.kda import chunk as kda_chunk
+    from attention_kernels.kda import chunk_kda
+    B, T, H, K, bf16 = 1, 16384, 32, 128, torch.bfloat16
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, T, H, K, dtype=bf16, device="cuda") for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, device="cuda")).div(16).to(bf16)
+    beta = torch.rand(B, T, H, dtype=bf16, device="cuda")
+    do = torch.randn_like(v)
+
+    def step(dtype):
+        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v, g, beta)]
+        o, _ = chunk_kda(*leaves, use_qk_l2norm_in_kernel=True)
+        return [o.detach(), *torch.autograd.grad(o, leaves, do.to(dtype))]
+
+    ref = [t.float() for t in step(torch.float32)]
+    names = ("o", "dq", "dk", "dv", "dg", "dbeta")
+    print("--- KDA's solve in bf16: errors against the fp32 step, GPU µs per forward", flush=True)
+    # each config is set while its row runs (and the module's value restored after the last)
+    for name, err, why in _each_config(kda_chunk, {"tf32 (as launched)": {}, "ieee": {"_SOLVE_PRECISION": "ieee"}},
+                                       lambda: step(bf16)):
+        if err is None:
+            print(f"  {name:20s} {why}", flush=True)
+            continue
+        errs = ", ".join(f"{n} {rel_err(x.float(), r):.1e}" for n, x, r in zip(names, step(bf16), ref))
+        times = _kernel_times_us(lambda: chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True))
+        solve = sum(us for n, us in times.items() if "wy" in n)
+        print(f"  {name:20s} solve {solve:7.1f} us, forward {sum(times.values()):7.1f} us; rel err {errs}",
+              flush=True)
+
+
 def ssd_state_split():
     """Mamba-2's state pass at chunks of 64 (B 1, T 16K, 80 heads x 64, dstate 128, bf16 inputs): the sequential
     pass (`_ssd_state_kernel`, today's below SPLIT_FROM_CHUNK) against the split (`_ssd_chunk_state_kernel` then
@@ -847,4 +884,5 @@ if __name__ == "__main__":
         {"fa_host": fa_host, "fa_bwd": fa_bwd, "fa_mask": fa_mask, "fa_gluon": fa_gluon, "fa_gluon_bwd": fa_gluon_bwd,
          "kda_step": kda_step, "mla_splits": mla_splits, "mla_mixed": mla_mixed, "kda_prefill": kda_prefill,
          "train_kernels": train_kernels, "train_ncu": train_ncu, "ssd_dqk_configs": ssd_dqk_configs,
-         "gla_intra_configs": gla_intra_configs, "ssd_state_split": ssd_state_split}[part]()
+         "gla_intra_configs": gla_intra_configs, "ssd_state_split": ssd_state_split,
+         "kda_solve_precision": kda_solve_precision}[part]()

@@ -582,7 +582,7 @@ def test_kda_backward_opcheck(with_state):
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 def test_kda_training_ops_opcheck(packed):
-    """KDA's training forward (o, the two score matrices, the final state) and its backward given those scores:
+    """KDA's training forward (o, the scores and the solve's inverse, the final state) and its backward given those:
     each op's fake gives the real outputs' shapes, dtypes and strides, one sequence or two packed."""
     q, k, v, g, h0 = _linear_training_inputs("gla", torch.float32)
     beta = torch.rand(*q.shape[:3], device=DEVICE)
@@ -592,9 +592,9 @@ def test_kda_training_ops_opcheck(packed):
     # Aqk's blocks above the diagonal are left unwritten (never read): no comparison of two runs' outputs
     torch.library.opcheck(forward.op, (q, k, v, g, beta, 0.2, h0, True, True, cu),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
-    _, Aqk, Akk, _ = forward(q, k, v, g, beta, 0.2, h0, True, True, cu)
-    torch.library.opcheck(kda_interface._chunk_kda_bwd.op,
-                          (q, k, v, g, beta, 0.2, h0, torch.randn_like(v), torch.randn_like(h0), True, cu, Aqk, Akk))
+    _, Aqk, inverse, _ = forward(q, k, v, g, beta, 0.2, h0, True, True, cu)
+    torch.library.opcheck(kda_interface._chunk_kda_bwd.op, (q, k, v, g, beta, 0.2, h0, torch.randn_like(v),
+                                                           torch.randn_like(h0), True, cu, Aqk, inverse))
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])

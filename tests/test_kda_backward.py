@@ -168,14 +168,17 @@ def test_kda_gradients_with_the_state_gradient_as_one_tile(monkeypatch):
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 def test_kda_backward_takes_the_forward_scores(packed, monkeypatch):
-    # the training forward keeps its two score matrices and the backward launches no scores of its own; its
-    # gradients are those of the backward that computes the scores again, bit for bit (one sequence, or two
-    # packed: each takes its own rows of the kept scores)
+    # the training forward keeps its query-key scores and its solve's inverse, and the backward launches no
+    # scores and no solve of its own; its gradients are those of the backward that computes both again, bit
+    # for bit (one sequence, or two packed: each takes its own rows of the kept two)
     from attention_kernels.kda import chunk as kda_chunk
     from attention_kernels.kda import interface
-    launches = []
-    scores = kda_chunk.kda_scores
+    launches, solves = [], []
+    scores, wy = kda_chunk.kda_scores, kda_chunk.kda_wy
     monkeypatch.setattr(kda_chunk, "kda_scores", lambda *a: launches.append(a[0].shape) or scores(*a))
+    monkeypatch.setattr(kda_chunk, "kda_wy",
+                        lambda *a, inverse_computed=False: solves.append(not inverse_computed) or
+                        wy(*a, inverse_computed=inverse_computed))
     (q, k, v, g, beta), h0, do, dht = kda_inputs(1, 70, 2, 16, 32, "paper", "uniform", True, True)
     cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=DEVICE) if packed else None
     h0 = torch.cat([h0, h0.flip(0) + 1]) if packed else h0
@@ -184,21 +187,26 @@ def test_kda_backward_takes_the_forward_scores(packed, monkeypatch):
     o, ht = chunk_kda(*leaves[:5], initial_state=leaves[5], output_final_state=True, use_qk_l2norm_in_kernel=True,
                       cu_seqlens=cu)
     torch.autograd.backward((o, ht), (do, dht))
-    assert len(launches) == (2 if packed else 1)           # the forward's, once per sequence
+    n_seq = 2 if packed else 1
+    assert len(launches) == n_seq                          # the forward's, once per sequence
+    assert solves == [True] * n_seq + [False] * n_seq      # the backward's W and W' from the kept inverse
     again = interface._chunk_kda_bwd(q, k, v, g, beta, 16 ** -0.5, h0, do, dht, True, cu)
-    assert len(launches) == (4 if packed else 2)
+    assert len(launches) == 2 * n_seq
+    assert solves[2 * n_seq:] == [True] * n_seq
     for name, kept, recomputed in zip(NAMES + ["dh0"], [t.grad for t in leaves], again, strict=True):
         assert torch.equal(kept, recomputed), name
 
 
-def test_kda_backward_refuses_one_score_matrix():
+def test_kda_backward_refuses_one_of_the_kept_two():
     from attention_kernels.kda import interface
     (q, k, v, g, beta), _, do, _ = kda_inputs(1, 70, 2, 16, 32, "paper", "uniform", False, True)
     Aqk = torch.zeros(1, 70, 2, 64, device=DEVICE)
-    with pytest.raises(ValueError, match="Aqk and Akk together"):
+    with pytest.raises(ValueError, match="Aqk and inverse together"):
         interface._chunk_kda_bwd(q, k, v, g, beta, 0.25, None, do, None, True, None, Aqk, None)
-    with pytest.raises(ValueError, match="Akk"):
+    with pytest.raises(ValueError, match="inverse"):
         interface._chunk_kda_bwd(q, k, v, g, beta, 0.25, None, do, None, True, None, Aqk, Aqk[..., :32])
+    with pytest.raises(TypeError, match="inverse"):
+        interface._chunk_kda_bwd(q, k, v, g, beta, 0.25, None, do, None, True, None, Aqk, Aqk.double())
 
 
 def test_kda_loss_through_the_final_state_only():

@@ -186,6 +186,17 @@ def test_lightning_gradients(shape, with_h0, scale):
     assert_grads_close(out, ref, ["dq", "dk", "dv"] + (["dh0"] if with_h0 else []))
 
 
+@pytest.mark.parametrize("given", ["dA_kk", "dk_rows", "beta", "dA_kk dk_rows"])
+def test_sub_chunk_key_pairs_take_their_three_tensors_together(given):
+    # KDA's second score matrix needs its gradient, the rows' buffer and the row weights β: any of them alone
+    # is refused before a launch
+    x = torch.zeros(1, 70, 2, 16, device=DEVICE)
+    dA = torch.zeros(1, 70, 2, CHUNK, device=DEVICE)
+    extra = {"dA_kk": dA, "dk_rows": x, "beta": torch.zeros(1, 70, 2, device=DEVICE)}
+    with pytest.raises(ValueError, match="dA_kk, dk_rows and beta together"):
+        chunk_backward.chunk_dqk_intra(x, x, x, dA, x, x, **{n: extra[n] for n in given.split()})
+
+
 def test_lightning_refuses_slopes_that_require_grad():
     q, k, v = (torch.randn(1, 8, 2, 16, device=DEVICE) for _ in "qkv")
     slopes = lightning_slopes(2).to(DEVICE).requires_grad_()

@@ -214,6 +214,7 @@ PRIVATE_ACROSS_MODULES = {
     ("scripts/linear_bwd_compile.py", "_delta_state_grad_halves_kernel"): "compiles the experiment alone (ptxas)",
     ("scripts/linear_bwd_compile.py", "_DELTA_HALVES_CONFIG"): "compiles the key halves' pass at its launch config",
     ("scripts/linear_bwd_compile.py", "_kda_dqk_combine_kernel"): "compiles KDA's backward kernels alone (ptxas)",
+    ("scripts/linear_bwd_compile.py", "_kda_wy_kernel"): "compiles KDA's solve kernel alone (ptxas)",
     ("scripts/linear_bwd_compile.py", "_GRAD_BK"): "compiles KDA's chunk kernel at its launch tiles",
     ("scripts/linear_bwd_compile.py", "_GRAD_BV"): "compiles KDA's chunk kernel at its launch tiles",
     ("scripts/linear_bwd_compile.py", "_GRAD_WARPS"): "compiles KDA's chunk kernel at its launch warps",

@@ -133,26 +133,11 @@ def kda_scores(q, k, b, Aqk, Akk, scale: float) -> None:
 
 
 # ------------------------------------------------------------------ 2. the in-chunk solve
-# num_warps, num_stages: not yet measured with the [NB, BS, BS] forward substitution.
-@triton.autotune(configs=autotune_configs([({}, 4, 1), ({}, 8, 1)]), key=["K", "V"])
-@triton.jit(do_not_specialize=["T", "H"])
-def _kda_wy_kernel(
-    k, v, b, beta, Akk, w, u, kg, T, H,
-    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
-    NB: tl.constexpr, DOT_PREC: tl.constexpr, SOLVE_PREC: tl.constexpr,
-    inverse=None, STORE_INVERSE: tl.constexpr = False,
-):
-    # one program: the BT rows of chunk i_t of one (batch, head)
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_c = tl.arange(0, BT)
-    o_t = i_t * BT + o_c
-    m_t = o_t < T
-    b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)    # [B, T, H]: 32-bit
-    # the chunk's first row, 64-bit (linear/chunk.py's chunk_row); rows and columns after it 32-bit
-    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)
-    Akk = Akk + r_c * BT
-
+@triton.jit
+def _kda_solve(Akk, beta, b_beta, i_b, i_h, i_t, o_c, m_t, T, H, BT: tl.constexpr, BS: tl.constexpr,
+               NB: tl.constexpr, SOLVE_PREC: tl.constexpr):
+    """X = (I + A)⁻¹ of one chunk, fp32 [BT, BT], A = diag(β) Akk strictly below the diagonal (Akk at the
+    chunk's first row), its rows from the first non-finite row of A on set to NaN."""
     # A = diag(β) (K Kᵀ ⊙ decay), strictly below the diagonal (a select: the
     # rest was never written)
     b_A = tl.load(Akk + (o_c[:, None] * H) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
@@ -205,12 +190,37 @@ def _kda_wy_kernel(
     b_N3 = tl.dot(b_N2, b_N, input_precision=SOLVE_PREC)
     b_M = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0) - b_N + b_N2 - b_N3
     b_X = tl.dot(b_M, b_X, input_precision=SOLVE_PREC)
-    if STORE_INVERSE:
-        # for the backward, whose solve's gradient is a product with Xᵀ: fp32, as computed, before the
-        # non-finite rows are marked (a NaN input reaches the gradients through dU)
-        tl.store(inverse + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :], b_X, mask=m_t[:, None])
-    b_X = tl.where(o_c[:, None] >= first_bad, float("nan"), b_X)
-    b_Xd = b_X.to(k.dtype.element_ty)
+    return tl.where(o_c[:, None] >= first_bad, float("nan"), b_X)
+
+
+# num_warps, num_stages: not yet measured with the [NB, BS, BS] forward substitution. The form that loads X
+# (the backward's) tunes apart from the one that solves.
+@triton.autotune(configs=autotune_configs([({}, 4, 1), ({}, 8, 1)]), key=["K", "V", "LOAD_INVERSE"])
+@triton.jit(do_not_specialize=["T", "H"])
+def _kda_wy_kernel(
+    k, v, b, beta, Akk, w, u, kg, T, H,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
+    NB: tl.constexpr, DOT_PREC: tl.constexpr, SOLVE_PREC: tl.constexpr,
+    inverse=None, STORE_INVERSE: tl.constexpr = False, LOAD_INVERSE: tl.constexpr = False,
+):
+    # one program: the BT rows of chunk i_t of one (batch, head)
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_c = tl.arange(0, BT)
+    o_t = i_t * BT + o_c
+    m_t = o_t < T
+    b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)    # [B, T, H]: 32-bit
+    # the chunk's first row, 64-bit (linear/chunk.py's chunk_row); rows and columns after it 32-bit
+    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)
+    if LOAD_INVERSE:
+        # the backward's recomputation: X as an earlier launch of this kernel stored it, no solve
+        b_Xd = tl.load(inverse + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
+    else:
+        b_Xd = _kda_solve(Akk + r_c * BT, beta, b_beta, i_b, i_h, i_t, o_c, m_t, T, H, BT, BS, NB, SOLVE_PREC
+                          ).to(k.dtype.element_ty)
+        if STORE_INVERSE:
+            # for the backward, which multiplies by Xᵀ and recomputes W and W' from it: as W and W' take it
+            tl.store(inverse + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :], b_Xd, mask=m_t[:, None])
     k, b, kg, w, v, u = k + r_c * K, b + r_c * K, kg + r_c * K, w + r_c * K, v + r_c * V, u + r_c * V
 
     # W = X diag(β) (K ⊙ e^b): b <= 0, so every factor e^b <= 1
@@ -242,36 +252,44 @@ def _kda_wy_kernel(
         tl.store(u + p_v, b_u.to(u.dtype.element_ty), mask=m_tv)
 
 
-def kda_wy(k, v, b, beta, Akk, w, u, kg, inverse=None) -> None:
+# The solve's products for 16-bit inputs: TF32 (dot_precision's), since X is rounded to 16 bits right after;
+# "ieee" runs them in fp32 throughout (fla's solve_tril default). `scripts/tune_probe.py kda_solve_precision`
+# times both and measures each output's error.
+_SOLVE_PRECISION = None
+
+
+def kda_wy(k, v, b, beta, Akk, w, u, kg, inverse=None, inverse_computed: bool = False) -> None:
     """The pseudo-values of every chunk, all chunks in parallel (one program per chunk and batch·head).
 
     k: [B, T, H, K]; v: [B, T, H, V]; b: fp32 [B, T, H, K], the in-chunk cumulative gates; beta:
     [B, T, H]; Akk: fp32 [B, T, H, CHUNK], the key-key scores Σ_c k_tc k_jc e^{b_tc - b_jc} (GLA's
     scores with k for q and scale 1), read strictly below the diagonal. Written, in k's dtype: w and kg
     [B, T, H, K], u [B, T, H, V]: W = (I + A)⁻¹ diag(β) (K ⊙ e^b), W' = (I + A)⁻¹ diag(β) V, and the keys
-    decayed to their chunk's last token, K ⊙ e^{b_last - b}, which the state pass adds with. inverse: fp32
-    [B, T, H, CHUNK] or None; given, it receives X = (I + A)⁻¹ (Akk's layout, zeros above the diagonal), which
-    the backward multiplies by.
+    decayed to their chunk's last token, K ⊙ e^{b_last - b}, which the state pass adds with. inverse: [B, T,
+    H, CHUNK] in k's dtype, or None; given, it receives X = (I + A)⁻¹ as W and W' take it (Akk's layout, zeros
+    above the diagonal; from a chunk's first non-finite row of A on, NaN), which the backward multiplies by.
+    inverse_computed: inverse holds that X already (the backward's recomputation): no solve, and Akk is not
+    read (None will do).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
     _kda_wy_kernel[(cdiv(T, CHUNK), B * H)](
         k, v, b, beta, Akk, w, u, kg, T, H, K, V, BT=CHUNK, BK=pow2_at_least_16(K),
         BV=min(64, pow2_at_least_16(V)), BS=SUB_CHUNK, NB=CHUNK // SUB_CHUNK, DOT_PREC=dot_precision(k.dtype),
-        SOLVE_PREC=dot_precision(k.dtype), inverse=inverse, STORE_INVERSE=inverse is not None)
+        SOLVE_PREC=_SOLVE_PRECISION or dot_precision(k.dtype), inverse=inverse,
+        STORE_INVERSE=inverse is not None and not inverse_computed, LOAD_INVERSE=inverse_computed)
 
 
 # ------------------------------------------------------------------ 3. the forward up to its output
 class ChunkIntermediates(NamedTuple):
     """What the forward computes before its output, and the backward recomputes: the (normalised) q and k,
-    the in-chunk cumulative gates b (fp32), the two score matrices, the solve's W, W' and K_g, the
+    the in-chunk cumulative gates b (fp32), the query-key scores Aqk, the solve's W, W' and K_g, the
     chunk-start states, the corrected values U = W' - W S, the final state (or None), and the solve's
-    inverse X = (I + A)⁻¹ (fp32 [B, T, H, CHUNK], or None)."""
+    inverse X = (I + A)⁻¹ (k's dtype, [B, T, H, CHUNK], or None)."""
     q: torch.Tensor
     k: torch.Tensor
     b: torch.Tensor
     Aqk: torch.Tensor
-    Akk: torch.Tensor
     w: torch.Tensor
     u: torch.Tensor
     kg: torch.Tensor
@@ -283,15 +301,14 @@ class ChunkIntermediates(NamedTuple):
 
 def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool, state_dtype: torch.dtype,
                             output_final_state: bool = False, store_inverse: bool = False,
-                            scores: tuple[torch.Tensor, torch.Tensor] | None = None,
-                            scores_computed: bool = False, gated_queries: torch.Tensor | None = None
-                            ) -> ChunkIntermediates:
+                            kept: tuple[torch.Tensor, torch.Tensor] | None = None, kept_computed: bool = False,
+                            gated_queries: torch.Tensor | None = None) -> ChunkIntermediates:
     """The forward's first five launches on contiguous, checked inputs: the gate pass (q and k normalised
     when l2norm), the scores, the solve, the state pass with the delta rule. The chunk-start states are kept
     in state_dtype: the input dtype for the forward's output product, `chunk_state_dtype` for the backward.
-    store_inverse: the solve also writes its inverse X (the backward's). scores: buffers for the two score
-    matrices (Aqk in q's dtype, Akk fp32, [B, T, H, CHUNK]), which the scores launch writes, or, with
-    scores_computed, which an earlier forward wrote (the backward's: no scores launch); None: allocated here.
+    store_inverse: the solve also writes its inverse X. kept: (Aqk, X), [B, T, H, CHUNK] in q's dtype, buffers
+    the scores launch and the solve write (the training forward's, which keeps them), or, with kept_computed,
+    which an earlier forward wrote (the backward's: no scores launch and no solve); None: allocated here.
     gated_queries: like q, written by the gate pass with scale · q ⊙ e^b (q normalised first with l2norm), for
     the delta rule's reverse state pass (`chunk_state_grad_pass`'s gated_queries)."""
     B, T, H, K = q.shape
@@ -304,21 +321,23 @@ def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool,
         q, k = qn, kn
     else:
         chunk_local_cumsum(g, b, q=q, q_gated=gated_queries, scale=scale)
-    if scores is None:
-        Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)     # blocks above the diagonal stay unwritten
+    if kept is not None:
+        Aqk, inverse = kept
+    else:     # the blocks above the diagonal stay unwritten
+        Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)
+        inverse = torch.empty(B, T, H, CHUNK, dtype=k.dtype, device=dev) if store_inverse else None
+    Akk = None
+    if not kept_computed:
         Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)
-    else:
-        Aqk, Akk = scores
-    if not scores_computed:
         kda_scores(q, k, b, Aqk, Akk, scale)
     w, kg, u = torch.empty_like(k), torch.empty_like(k), torch.empty_like(v)
-    inverse = torch.empty_like(Akk) if store_inverse else None
-    kda_wy(k, v, b, beta, Akk, w, u, kg, inverse)
+    kda_wy(k, v, b, beta, Akk, w, u, kg, inverse, inverse_computed=kept_computed)
+    del Akk
     states = torch.empty(B, cdiv(T, CHUNK), H, K, V, dtype=state_dtype, device=dev)
     v_new = torch.empty_like(v)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     chunk_state_pass(kg, u, b, states, h0, ht, w=w, v_new=v_new, decayed_keys=True)
-    return ChunkIntermediates(q, k, b, Aqk, Akk, w, u, kg, states, v_new, ht, inverse)
+    return ChunkIntermediates(q, k, b, Aqk, w, u, kg, states, v_new, ht, inverse)
 
 
 __all__ = ["kda_scores", "kda_wy", "ChunkIntermediates", "chunk_kda_intermediates"]

@@ -1,7 +1,7 @@
-"""chunk_kda's backward. It takes the two score matrices from the forward (kept by the training forward, as
-fla's chunk_kda keeps its own; computed again when not given); the forward's own launches
-(`chunk_kda_intermediates`, attention_kernels/kda/chunk.py) recompute the in-chunk cumulative gates b, the
-solve's W and W', its inverse X = (I + A)⁻¹ (fp32, written for the backward only), the keys
+"""chunk_kda's backward. It takes from the training forward what fla's chunk_kda keeps from its own: the
+query-key scores A_qk and the solve's inverse X = (I + A)⁻¹, both in the input dtype (computed again when not
+given). The forward's own launches (`chunk_kda_intermediates`, attention_kernels/kda/chunk.py) recompute the
+in-chunk cumulative gates b, the solve's W and W' (from the kept X: no scores launch and no solve), the keys
 decayed to their chunk's end K_g, and the state S at every chunk start (in `chunk_state_dtype`, the input dtype
 for 16-bit inputs, as are the state gradients). The forward of one chunk (attention_kernels/kda/chunk.py has
 the derivation):
@@ -21,21 +21,24 @@ sub-chunk launch (`chunk_dqk_intra`, attention_kernels/linear/chunk_backward.py:
 every exponent <= 0), both matrices in one launch, which share every exponential and every load of k and b;
 the pair j = t (A_qk's diagonal) has no exponent. They take q and k in fp32 (as the L2 norm's gradient needs
 them), in products of IEEE fp32 for fp32 inputs and TF32 for 16-bit ones (more bits than the inputs had).
+A_kk's value is needed nowhere: its share of dβ, Σ_j dA_tj A_kk,tj for A = diag(β) A_kk, equals
+k_t · Σ_j dA_tj k_j ⊙ e^{b_t - b_j}, the sub-chunk launch's rows taken without β.
 
 Two kernels of this module do the rest, one program per chunk and batch·head each, in fp32 registers (the
 states and their gradients read as stored, 16-bit for 16-bit inputs), their products IEEE fp32 for fp32 inputs
 and TF32 for 16-bit ones, as the sub-chunk launch's. `_kda_chunk_grad_kernel`, before the sub-chunk launch:
 the read-out's and the state update's gradients (products with S and dS' over the value dim in tiles); the
 solve's, as products with the transpose of its inverse X (dR = Xᵀ dW: dR_k = -Xᵀ (dU Sᵀ), dR_v = Xᵀ dU, so dv
-= β dR_v; no triangular solve), and dA = -(dR_k Wᵀ + dR_v W'ᵀ) below the diagonal; dβ; and the scores'
-gradients dA_qk = scale dO Uᵀ (on and below the diagonal) and dA_kk = β dA, which the sub-chunk launch
-reads. It writes dv and dβ (in v's and β's dtypes), partial dq, dk and db (the gradient to b) in fp32, and q
-and k in fp32 (normalised when the L2 norm is on) for the sub-chunk launch. `_kda_dqk_combine_kernel`, after
-it: the partials and the pairs j < t summed, the pair j = t added, db's in-chunk reverse cumulative sum (b =
-the in-chunk cumsum of g) for dg, and the L2 norm's gradient, with the norms recomputed from the raw rows. A
-gate below GATE_FLOOR (-inf: a reset) counts as the floor, as in the forward, and gets gradient 0. A NaN or
-inf in an input can make every row of its chunk's gradients NaN (the products with Xᵀ multiply the zeros
-above its diagonal by it), where the recurrence's gradient keeps the rows after it finite.
+= β dR_v; no triangular solve), and dA = -(dR_k Wᵀ + dR_v W'ᵀ) below the diagonal; dR's shares of dβ; and
+the scores' gradients dA_qk = scale dO Uᵀ (on and below the diagonal) and dA, which the sub-chunk launch
+reads. It writes dv (in v's dtype), partial dq, dk, db (the gradient to b) and dβ in fp32, and q and k in fp32
+(normalised when the L2 norm is on) for the sub-chunk launch. `_kda_dqk_combine_kernel`, after it: the
+partials and the pairs j < t summed, the pair j = t added, A_kk's share of dβ, db's in-chunk reverse
+cumulative sum (b = the in-chunk cumsum of g) for dg, and the L2 norm's gradient, with the norms recomputed
+from the raw rows. A gate below GATE_FLOOR (-inf: a reset) counts as the floor, as in the forward, and gets
+gradient 0. A NaN or inf in an input can make every row of its chunk's gradients NaN (X's rows from the
+first non-finite one on are NaN, and the products with Xᵀ reach every row), where the recurrence's gradient
+keeps the rows after it finite.
 """
 from __future__ import annotations
 
@@ -67,8 +70,8 @@ def _row_square_sums(x, o_c, m_t, H, K: tl.constexpr, BT: tl.constexpr, BK: tl.c
 # ------------------------------------------------------------------ 1. every gradient but the pairs j < t
 @triton.jit(do_not_specialize=["T", "H", "NT"])
 def _kda_chunk_grad_kernel(
-    q, k, v, b, beta, Akk, inverse, w, u, v_new, states, dstates, do, du,
-    dq, dk, db, dv, dbeta, dAqk, dAkk, qn, kn, scale, T, H, NT,
+    q, k, v, b, beta, inverse, w, u, v_new, states, dstates, do, du,
+    dq, dk, db, dv, dbeta, dAqk, dA, qn, kn, scale, T, H, NT,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     L2NORM: tl.constexpr, EPS: tl.constexpr, STORE_QK: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
@@ -85,15 +88,15 @@ def _kda_chunk_grad_kernel(
     q, k, b, w, qn, kn = q + r_c * K, k + r_c * K, b + r_c * K, w + r_c * K, qn + r_c * K, kn + r_c * K
     dq, dk, db = dq + r_c * K, dk + r_c * K, db + r_c * K
     v, u, v_new, do, du, dv = v + r_c * V, u + r_c * V, v_new + r_c * V, do + r_c * V, du + r_c * V, dv + r_c * V
-    Akk, inverse, dAqk, dAkk = Akk + r_c * BT, inverse + r_c * BT, dAqk + r_c * BT, dAkk + r_c * BT
+    inverse, dAqk, dA = inverse + r_c * BT, dAqk + r_c * BT, dA + r_c * BT
     p_h = chunk_state_base(i_b, i_t, i_h, NT, H, K, V)                 # this chunk's state, 64-bit
     states, dstates = states + p_h, dstates + p_h
     p_A = (o_c[:, None] * H) * BT + o_c[None, :]
     b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)    # [B, T, H]: 32-bit
-    # Xᵀ, X = (I + A)⁻¹ lower triangular (the forward's solve wrote it), read again in the key loop rather
-    # than held through it
+    # Xᵀ, X = (I + A)⁻¹ lower triangular (the forward's solve wrote it in k's dtype), read again in the key
+    # loop rather than held through it
     p_At = (o_c[None, :] * H) * BT + o_c[:, None]
-    b_Xt = tl.load(inverse + p_At, mask=m_t[None, :], other=0.0)
+    b_Xt = tl.load(inverse + p_At, mask=m_t[None, :], other=0.0).to(tl.float32)
     if L2NORM:
         b_rq = tl.rsqrt(_row_square_sums(q, o_c, m_t, H, K, BT, BK) + EPS)
         b_rk = tl.rsqrt(_row_square_sums(k, o_c, m_t, H, K, BT, BK) + EPS)
@@ -155,7 +158,7 @@ def _kda_chunk_grad_kernel(
         # W = X diag(β) (K ⊙ e^b), dW = -dU Sᵀ: dR_k = -Xᵀ (dU Sᵀ), dkb = β dR_k, and dR_k's shares of dA
         # (dR_k Wᵀ) and dβ (Σ dR_k ⊙ K ⊙ e^b)
         p_k = (o_c[:, None] * H) * K + o_k[None, :]
-        b_Xt = tl.load(inverse + p_At, mask=m_t[None, :], other=0.0)
+        b_Xt = tl.load(inverse + p_At, mask=m_t[None, :], other=0.0).to(tl.float32)
         b_dRk = -tl.dot(b_Xt, b_dus, input_precision=DOT_PREC)
         b_w = tl.load(w + p_k, mask=m_tk, other=0.0).to(tl.float32)
         b_dA += tl.dot(b_dRk, tl.trans(b_w), input_precision=DOT_PREC)
@@ -184,19 +187,18 @@ def _kda_chunk_grad_kernel(
             tl.store(qn + p_k, b_q, mask=m_tk)
         tl.store(db + p_k, b_db + b_dq * b_q, mask=m_tk)
 
-    # dA = -(dR_k Wᵀ + dR_v W'ᵀ) for A = diag(β) Akk, strictly below the diagonal (Akk's entries above were
-    # never written): to β through Akk, and dA_kk = β dA for the sub-chunk launch
-    m_strict = (o_c[:, None] > o_c[None, :]) & m_t[:, None]
-    b_dA = tl.where(m_strict, -b_dA, 0.0)
-    b_dbeta += tl.sum(b_dA * tl.load(Akk + p_A, mask=m_strict, other=0.0), axis=1)
-    tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_dbeta.to(dbeta.dtype.element_ty), mask=m_t)
-    tl.store(dAkk + p_A, b_dA * b_beta[:, None], mask=m_t[:, None])
+    # dA = -(dR_k Wᵀ + dR_v W'ᵀ) for A = diag(β) A_kk, strictly below the diagonal, for the sub-chunk launch:
+    # its share of dβ, Σ_j dA_tj A_kk,tj, is k_t · Σ_j dA_tj k_j ⊙ e^{b_t - b_j}, that launch's rows (A_kk
+    # itself is neither kept nor recomputed). dβ's other shares, here, in fp32
+    b_dA = tl.where((o_c[:, None] > o_c[None, :]) & m_t[:, None], -b_dA, 0.0)
+    tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_dbeta, mask=m_t)
+    tl.store(dA + p_A, b_dA, mask=m_t[:, None])
 
 
 # ------------------------------------------------------------------ 2. the sums, the gate's and the L2 norm's
 @triton.jit(do_not_specialize=["T", "H"])
 def _kda_dqk_combine_kernel(
-    q, k, g, dAqk, dq_part, dk_part, db_part, dq_qk, dk_rows, dk_cols, dq, dk, dg, T, H,
+    q, k, g, beta, dAqk, dq_part, dk_part, db_part, dbeta_part, dq_qk, dk_rows, dk_cols, dq, dk, dg, dbeta, T, H,
     K: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr,
     EPS: tl.constexpr, FLOOR: tl.constexpr,
 ):
@@ -235,7 +237,13 @@ def _kda_dqk_combine_kernel(
             # through x / sqrt(Σ x² + eps): (dx̂ - x̂ (x̂ · dx̂)) / sqrt(Σ x² + eps)
             b_dq = (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None]) * b_rq[:, None]
         tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_rk)
+        # A_kk's rows, Σ_{j<t} dA_tj k_j ⊙ e^{b_t - b_j} for A = diag(β) A_kk: k_t · it to β_t, β_t times it
+        # to k_t
         b_dkr = tl.load(dk_rows + p_k, mask=m_rk, other=0.0)
+        o_bt = (i_b * T + i_t * BT + o_r) * H + i_h                    # [B, T, H]: 32-bit
+        b_dbeta = tl.load(dbeta_part + o_bt, mask=m_r, other=0.0) + tl.sum(b_k * b_dkr, axis=1)
+        tl.store(dbeta + o_bt, b_dbeta.to(dbeta.dtype.element_ty), mask=m_r)
+        b_dkr *= tl.load(beta + o_bt, mask=m_r, other=0.0).to(tl.float32)[:, None]
         b_dkc = tl.load(dk_cols + p_k, mask=m_rk, other=0.0)          # both matrices' columns
         b_dk = tl.load(dk_part + p_k, mask=m_rk, other=0.0) + b_dkr + b_dkc + b_dAd[:, None] * b_q
         b_db += (b_dkr - b_dkc) * b_k
@@ -251,15 +259,15 @@ def _kda_dqk_combine_kernel(
 
 
 # Tiles and warps from ptxas (sm_90a, bf16, K = V = 128, scripts/linear_bwd_compile.py). The chunk kernel: key
-# tiles of 32, value tiles of 64, 8 warps, one stage: 255 registers and three of them spilled (12 bytes stored
-# before the loops, loaded once after them). Key tiles of 64 spilled 1.8 KB, inside the loops; 4 warps, or 2
+# tiles of 32, value tiles of 64, 8 warps, one stage: 255 registers and two of them spilled (8 bytes stored
+# before the loops, loaded once after them). Key tiles of 64 spilled 1.5 KB, inside the loops; 4 warps, or 2
 # and 3 stages, spilled more. The combine: rows in blocks of 16 on 4 warps, 168 registers, no spills (the whole
 # chunk at once spilled at 4 and 8 warps).
 _GRAD_BK, _GRAD_BV, _GRAD_WARPS = 32, 64, 8
 _COMBINE_ROWS, _COMBINE_WARPS = 16, 4
 
 
-def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_kernel: bool, scores=None):
+def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_kernel: bool, kept=None):
     """The gradients of chunk_kda (see the module docstring): the recomputed forward, the reverse state pass,
     every chunk's gradients but the scores' pairs j < t, those pairs (GLA's sub-chunk kernel, both score
     matrices in one launch), then the sums with the gate's and the L2 norm's gradients. Triton throughout;
@@ -267,7 +275,8 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
 
     q, k, g: [B, T, H, K]; v, do: [B, T, H, V] (do in v's dtype); beta: [B, T, H]; h0, dht: fp32
     [B, H, K, V] or None (zeros); all contiguous. do and dht are the gradients of o and of the final state.
-    scores: (Aqk, Akk) as the forward wrote them (`chunk_kda_intermediates`), or None to compute them again.
+    kept: (Aqk, X), the query-key scores and the solve's inverse as the training forward wrote them
+    (`chunk_kda_intermediates`), or None to compute them again.
     Returns (dq, dk, dv, dg, dbeta, dh0 or None), each in its input's dtype (dh0 fp32).
 
         >>> q, k, v, g = torch.randn(4, 1, 70, 2, 32, device="cuda").unbind(0)
@@ -279,11 +288,12 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
     V, NT = v.shape[-1], cdiv(T, CHUNK)
     dev, state_dtype = q.device, chunk_state_dtype(q.dtype)
     f32 = dict(dtype=torch.float32, device=dev)
-    # ---- the forward's intermediates, by the forward's kernels (the solve's inverse too)
+    # ---- the forward's intermediates, by the forward's kernels (the solve's inverse too; from the kept one,
+    # no scores launch and no solve)
     gated_q = torch.empty_like(q) if linear_backward.delta_walk_takes_gated_queries(K, q.device) else None
     x = chunk_kda_intermediates(q, k, v, g, beta, scale, h0, l2norm=use_qk_l2norm_in_kernel,
-                                state_dtype=state_dtype, store_inverse=True, scores=scores,
-                                scores_computed=scores is not None, gated_queries=gated_q)
+                                state_dtype=state_dtype, store_inverse=True, kept=kept,
+                                kept_computed=kept is not None, gated_queries=gated_q)
     # ---- the reverse state pass (the delta rule's): dS' at every chunk's end, dS at the start, and dU
     dstates = torch.empty(B, NT, H, K, V, dtype=state_dtype, device=dev)
     dU = torch.empty(B, T, H, V, **f32)
@@ -292,18 +302,18 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
                           gated_queries=gated_q)
     del gated_q
 
-    # ---- every chunk's gradients but the scores' pairs j < t: dv, dbeta, the partial dq, dk and db, dA_qk
-    # and dA_kk. The sub-chunk launch takes q and k in fp32 (normalised when the L2 norm is on): written here
+    # ---- every chunk's gradients but the scores' pairs j < t: dv, the partial dq, dk, db and dbeta, dA_qk
+    # and dA. The sub-chunk launch takes q and k in fp32 (normalised when the L2 norm is on): written here
     # unless q and k are those already
     store_qk = use_qk_l2norm_in_kernel or q.dtype != torch.float32
     qn, kn = (torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)) if store_qk else (q, k)
     dq_part, dk_part, db_part = (torch.empty(B, T, H, K, **f32) for _ in range(3))
-    dAqk, dAkk = torch.empty(B, T, H, CHUNK, **f32), torch.empty(B, T, H, CHUNK, **f32)
-    dv, dbeta = torch.empty_like(v), torch.empty_like(beta)
+    dAqk, dA = torch.empty(B, T, H, CHUNK, **f32), torch.empty(B, T, H, CHUNK, **f32)
+    dv, dbeta_part = torch.empty_like(v), torch.empty(B, T, H, **f32)
     precision = dot_precision(q.dtype)
     _kda_chunk_grad_kernel[(NT, B * H)](
-        q, k, v, x.b, beta, x.Akk, x.inverse, x.w, x.u, x.v_new, x.states, dstates, do, dU,
-        dq_part, dk_part, db_part, dv, dbeta, dAqk, dAkk, qn, kn, scale, T, H, NT, K, V, BT=CHUNK,
+        q, k, v, x.b, beta, x.inverse, x.w, x.u, x.v_new, x.states, dstates, do, dU,
+        dq_part, dk_part, db_part, dv, dbeta_part, dAqk, dA, qn, kn, scale, T, H, NT, K, V, BT=CHUNK,
         BK=on_machine(gpu=min(_GRAD_BK, pow2_at_least_16(K)), interpreter=16),
         BV=on_machine(gpu=min(_GRAD_BV, pow2_at_least_16(V)), interpreter=16), L2NORM=use_qk_l2norm_in_kernel,
         EPS=L2NORM_EPS, STORE_QK=store_qk, DOT_PREC=precision, num_warps=_GRAD_WARPS, num_stages=1)
@@ -313,15 +323,17 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
     del x, dstates, dU
 
     # ---- the scores' pairs j < t, GLA's sub-chunk kernel on [B, T, H, ·] tensors, both matrices in one launch:
-    # A_qk's rows to dq_qk, A_kk's (k in both places) to dk_rows, the columns of both summed into dk_cols; in
-    # products of IEEE fp32 for fp32 inputs and TF32 for 16-bit ones
+    # A_qk's rows to dq_qk, A_kk's (k in both places) to dk_rows without β, the columns of both summed into
+    # dk_cols (A_kk's under β); in products of IEEE fp32 for fp32 inputs and TF32 for 16-bit ones
     dq_qk, dk_rows, dk_cols = (torch.empty(B, T, H, K, **f32) for _ in range(3))
-    chunk_dqk_intra(qn, kn, b, dAqk, dq_qk, dk_cols, input_precision=precision, dA_kk=dAkk, dk_rows=dk_rows)
+    chunk_dqk_intra(qn, kn, b, dAqk, dq_qk, dk_cols, input_precision=precision, dA_kk=dA, dk_rows=dk_rows,
+                    beta=beta)
 
-    # ---- the sums, the diagonal pairs, the gate's reverse cumulative sum and the L2 norm's gradient
-    dq, dk, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(g)
+    # ---- the sums, the diagonal pairs, dβ, the gate's reverse cumulative sum and the L2 norm's gradient
+    dq, dk, dg, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(g), torch.empty_like(beta)
     _kda_dqk_combine_kernel[(NT, B * H)](
-        q, k, g, dAqk, dq_part, dk_part, db_part, dq_qk, dk_rows, dk_cols, dq, dk, dg, T, H, K, BT=CHUNK,
+        q, k, g, beta, dAqk, dq_part, dk_part, db_part, dbeta_part, dq_qk, dk_rows, dk_cols, dq, dk, dg, dbeta,
+        T, H, K, BT=CHUNK,
         BR=_COMBINE_ROWS, BK=pow2_at_least_16(K), L2NORM=use_qk_l2norm_in_kernel, EPS=L2NORM_EPS, FLOOR=GATE_FLOOR,
         num_warps=_COMBINE_WARPS)
     return dq, dk, dv, dg, dbeta, dh0

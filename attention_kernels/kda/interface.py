@@ -179,41 +179,42 @@ def _chunk_kda_fwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, output_fina
 
 
 def _keeping_scores_fake(q, v, output_final_state, cu_seqlens=None, **_):
-    """The training forward's outputs: the forward's (o, final state or None) with the two score matrices
-    between them."""
+    """The training forward's outputs: the forward's (o, final state or None) with the query-key scores and
+    the solve's inverse between them."""
     o, ht = linear_attention_fake(q=q, v=v, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
-    return o, q.new_empty((*q.shape[:3], CHUNK)), q.new_empty((*q.shape[:3], CHUNK), dtype=torch.float32), ht
+    return o, q.new_empty((*q.shape[:3], CHUNK)), q.new_empty((*q.shape[:3], CHUNK)), ht
 
 
 @compiled_as_op("attention_kernels::chunk_kda_fwd_keeping_scores", fake=_keeping_scores_fake, tuple_size=4)
 def _chunk_kda_fwd_keeping_scores(q, k, v, g, beta, scale, h0: torch.Tensor | None, output_final_state: bool,
                                   use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None = None):
-    """The training forward (ChunkKDAFunction's): `_chunk_kda_fwd`, and it returns the two score matrices too,
-    (o, Aqk, Akk, final_state or None), Aqk in q's dtype and Akk fp32, both [B, T, H, CHUNK], for the backward
-    to take instead of launching the scores again, as fla's chunk_kda keeps its own. Kept rather than
-    recomputed: 6 bytes a token, head and chunk position for 16-bit inputs (8 for fp32; 1.5 times q at K =
-    128, bf16), where the backward's score launches took about a twentieth of the step's GPU time (0.78 of
-    13.8 ms at B 1, 16K, 32 heads; notes/TUNING.md 2026-12-07 (37))."""
+    """The training forward (ChunkKDAFunction's): `_chunk_kda_fwd`, and it returns the query-key scores and
+    the solve's inverse X = (I + A)⁻¹ too, (o, Aqk, X, final_state or None), both [B, T, H, CHUNK] in q's dtype,
+    for the backward to take instead of launching the scores and the solve again, as fla's chunk_kda keeps its
+    own two. Kept rather than recomputed: 4 bytes a token, head and chunk position for 16-bit inputs (8 for
+    fp32; q's size at K = 128, bf16), where the backward's score launches took about a twentieth of the step's
+    GPU time (0.78 of 13.8 ms at B 1, 16K, 32 heads; notes/TUNING.md 2026-12-07 (37)) and its solve runs in
+    the launch that recomputes W and W' (0.87 ms there, against fla's 0.43 for that launch without one)."""
     (B, T, H, _, _), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, output_final_state,
                                                               use_qk_l2norm_in_kernel, cu_seqlens)
-    Aqk = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=q.device)       # blocks above the diagonal unwritten
-    Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=q.device)
+    # the blocks above the diagonal stay unwritten
+    Aqk, inverse = (torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=q.device) for _ in range(2))
 
     def run(rows, h0_n, final):
-        return _forward(*rows[:5], scale, h0_n, final, use_qk_l2norm_in_kernel, scores=rows[5:])
+        return _forward(*rows[:5], scale, h0_n, final, use_qk_l2norm_in_kernel, kept=rows[5:])
 
     if cu_seqlens is None:     # each packed sequence's scores go into its own rows (its chunks start there)
-        o, ht = run((q, k, v, g, beta, Aqk, Akk), h0, output_final_state)
+        o, ht = run((q, k, v, g, beta, Aqk, inverse), h0, output_final_state)
     else:
-        o, ht = forward_per_sequence(run, (q, k, v, g, beta, Aqk, Akk), v, h0, output_final_state, cu_seqlens)
-    return o, Aqk, Akk, ht
+        o, ht = forward_per_sequence(run, (q, k, v, g, beta, Aqk, inverse), v, h0, output_final_state, cu_seqlens)
+    return o, Aqk, inverse, ht
 
 
-def _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, scores=None):
-    """The forward's six launches; scores: (Aqk, Akk) buffers the scores are written into (the training
-    forward's), or None for buffers dropped after it."""
+def _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, kept=None):
+    """The forward's six launches; kept: (Aqk, X) buffers the query-key scores and the solve's inverse are
+    written into (the training forward's), or None for buffers dropped after it."""
     x = chunk_kda_intermediates(q, k, v, g, beta, scale, h0, l2norm=use_qk_l2norm_in_kernel, state_dtype=q.dtype,
-                                output_final_state=output_final_state, scores=scores)
+                                output_final_state=output_final_state, kept=kept)
     o = torch.empty_like(v)
     chunk_output(x.q, x.v_new, x.b, x.states, x.Aqk, o, scale)
     return o, x.final_state
@@ -222,50 +223,51 @@ def _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_k
 @compiled_as_op("attention_kernels::chunk_kda_bwd", fake=gradients_like("q", "k", "v", "g", "beta", "h0"), tuple_size=6)
 def _chunk_kda_bwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None,
                    use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None = None,
-                   Aqk: torch.Tensor | None = None, Akk: torch.Tensor | None = None):
+                   Aqk: torch.Tensor | None = None, inverse: torch.Tensor | None = None):
     """The backward (attention_kernels/kda/chunk_backward.py), once or once per packed sequence: recompute the gates,
-    the solve and the chunk-start states (and the scores unless given), the delta rule's reverse state pass,
-    then every gradient. do: o's gradient, dht: the final state's (or None); Aqk, Akk: the forward's scores
-    (`_chunk_kda_fwd_keeping_scores`), both or neither. Returns (dq, dk, dv, dg, dbeta, dh0 or None)."""
+    W and W' and the chunk-start states (and the scores and the solve unless given), the delta rule's reverse
+    state pass, then every gradient. do: o's gradient, dht: the final state's (or None); Aqk, inverse: the
+    forward's scores and solve's inverse (`_chunk_kda_fwd_keeping_scores`), both or neither. Returns (dq, dk,
+    dv, dg, dbeta, dh0 or None)."""
     (B, T, H, K, _), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, False,
                                                               use_qk_l2norm_in_kernel, cu_seqlens)
     check_output_gradients(do, dht, v, K, cu_seqlens)
-    if (Aqk is None) != (Akk is None):
-        raise ValueError("chunk_kda's backward takes the forward's scores Aqk and Akk together, or neither")
+    if (Aqk is None) != (inverse is None):
+        raise ValueError("chunk_kda's backward takes the forward's Aqk and inverse together, or neither")
     kept = ()
     if Aqk is not None:
         kept = (check_tensor("Aqk", Aqk, dtypes=(q.dtype,), shape=(B, T, H, CHUNK)).contiguous(),
-                check_tensor("Akk", Akk, dtypes=(torch.float32,), shape=(B, T, H, CHUNK)).contiguous())
+                check_tensor("inverse", inverse, dtypes=(q.dtype,), shape=(B, T, H, CHUNK)).contiguous())
 
     def run(rows, h0_n, do_n, dht_n):
-        return chunk_kda_bwd(*rows[:5], scale, h0_n, do_n, dht_n, use_qk_l2norm_in_kernel, scores=rows[5:] or None)
+        return chunk_kda_bwd(*rows[:5], scale, h0_n, do_n, dht_n, use_qk_l2norm_in_kernel, kept=rows[5:] or None)
 
     if cu_seqlens is None:
         return run((q, k, v, g, beta, *kept), h0, do, dht)
-    # each sequence's rows of the scores are its own, cut from the packed rows as q, k, v, g and beta are
+    # each sequence's rows of the kept two are its own, cut from the packed rows as q, k, v, g and beta are
     return backward_per_sequence(run, (q, k, v, g, beta), h0, do, dht, cu_seqlens, kept=kept)
 
 
 class ChunkKDAFunction(torch.autograd.Function):
-    """Forward: `_chunk_kda_fwd_keeping_scores`, saving the inputs and the two score matrices. Backward:
-    `_chunk_kda_bwd`, which takes those scores and recomputes the rest."""
+    """Forward: `_chunk_kda_fwd_keeping_scores`, saving the inputs, the query-key scores and the solve's
+    inverse. Backward: `_chunk_kda_bwd`, which takes those two and recomputes the rest."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens):
-        o, Aqk, Akk, ht = _chunk_kda_fwd_keeping_scores(q, k, v, g, beta, scale, h0, output_final_state,
-                                                        use_qk_l2norm_in_kernel, cu_seqlens)
-        ctx.save_for_backward(q, k, v, g, beta, h0, cu_seqlens, Aqk, Akk)
+        o, Aqk, inverse, ht = _chunk_kda_fwd_keeping_scores(q, k, v, g, beta, scale, h0, output_final_state,
+                                                            use_qk_l2norm_in_kernel, cu_seqlens)
+        ctx.save_for_backward(q, k, v, g, beta, h0, cu_seqlens, Aqk, inverse)
         ctx.scale, ctx.l2norm = scale, use_qk_l2norm_in_kernel
         ctx.set_materialize_grads(False)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, h0, cu_seqlens, Aqk, Akk = ctx.saved_tensors
+        q, k, v, g, beta, h0, cu_seqlens, Aqk, inverse = ctx.saved_tensors
         do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
         dht = None if dht is None else dht.to(torch.float32).contiguous()
         dq, dk, dv, dg, dbeta, dh0 = _chunk_kda_bwd(q, k, v, g, beta, ctx.scale, h0, do, dht, ctx.l2norm,
-                                                    cu_seqlens, Aqk, Akk)
+                                                    cu_seqlens, Aqk, inverse)
         return dq, dk, dv, dg, dbeta, None, dh0, None, None, None
 
 
@@ -274,8 +276,8 @@ def _refuse_fla_options(disable_recompute, return_intermediate_states, cu_seqlen
     """fla's chunk_kda options for what these kernels do not do: accepted at their defaults, refused naming
     them."""
     if check_bool("disable_recompute", disable_recompute):
-        raise ValueError("disable_recompute must be False: chunk_kda's backward recomputes all but the two score "
-                         "matrices from the inputs")
+        raise ValueError("disable_recompute must be False: chunk_kda's backward recomputes all but the query-key "
+                         "scores and the solve's inverse from the inputs")
     if check_bool("return_intermediate_states", return_intermediate_states):
         raise ValueError("return_intermediate_states must be False: chunk_kda returns (o, final_state) only")
     if cu_seqlens_cpu is not None:
@@ -308,17 +310,18 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
 
     Differentiable in q, k, v, g, beta and initial_state, through o and the
     final state (and the L2 norm when it is on). The backward keeps the
-    inputs and the two score matrices (6 bytes a token, head and chunk
-    position for 16-bit inputs, kept only when a gradient is needed): the
-    forward's kernels recompute the rest, the shared reverse state pass
+    inputs, the query-key scores and the solve's inverse (4 bytes a token,
+    head and chunk position for 16-bit inputs, kept only when a gradient is
+    needed, as fla keeps its own two): the forward's kernels recompute the
+    rest with no scores launch and no solve, the shared reverse state pass
     runs with its delta-rule switch, the scores' pairs j < t go
     to GLA's sub-chunk kernel (both score matrices in one launch), and two
     kernels of KDA's own do the rest, one program per chunk: before it the
     read-out's, the state update's and the solve's gradients (the last as
-    products with the solve's inverse, which the recomputed solve also
-    writes), after it the sums, the gate's in-chunk reverse cumulative
-    sum and the L2 norm's gradient (attention_kernels/kda/chunk_backward.py).
-    A gate below GATE_FLOOR (-inf) gets gradient 0.
+    products with the kept inverse), after it the sums, dβ, the gate's
+    in-chunk reverse cumulative sum and the L2 norm's gradient
+    (attention_kernels/kda/chunk_backward.py). A gate below GATE_FLOOR
+    (-inf) gets gradient 0.
 
     fla's arguments in fla's order, A_log and dt_bias by keyword (fla reads
     them from its **kwargs). With use_gate_in_kernel, g is the raw gate

@@ -578,22 +578,23 @@ _INTRA_STAGES = 1
 # heads, K = 128, bf16, an H100): all of K on 8 warps 1,773 us, tiles of 64 on 8 warps 1,722, on 4 warps
 # 1,583, tiles of 32 on 4 warps 1,427, on 2 warps 1,397 (notes/TUNING.md "2026-12-07 (35)"). ptxas (sm_90a,
 # bf16): 92 registers at tiles of 32 on 2 warps, 80 at 64 on 4, 113 over all of K on 8; no spills. KDA's launch
-# (fp32 q and k, both score matrices, TF32 products): 126 at tiles of 32 on 2 warps, no spills; untimed.
+# (fp32 q and k, both score matrices, β on the columns, TF32 products): 128 at tiles of 32 on 2 warps, no spills.
 _INTRA_BK, _INTRA_WARPS = 32, 2
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _chunk_dqk_intra_kernel(
     q, k, b, dA, dq, dk, T, H,
     K: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    DOT_PREC: tl.constexpr, dA_kk=None, dk_rows=None, KEY_PAIRS: tl.constexpr = False,
+    DOT_PREC: tl.constexpr, dA_kk=None, dk_rows=None, beta=None, KEY_PAIRS: tl.constexpr = False,
 ):
     # one program: sub-chunk i_c of chunk i_t, key channels [i_k·BK, ..); its rows' dq and its columns' dk
     # from the pairs j < t (the pairs j = t are left to the chunk-wide kernel, which drops them from the
     # gate's gradient). Each key channel's terms are its own (a gate per channel: no sum across channels).
     # The elementwise diagonal block and the tensor-core products accumulate apart and meet once, at the
     # store: an elementwise update of an accumulator in the products' layout is a shared-memory round trip.
-    # KEY_PAIRS: a second score matrix with k in both places (KDA's A_kk) over the same pairs, its rows to
-    # dk_rows and its columns into dk: the two share every exponential and every load of k and b.
+    # KEY_PAIRS: a second score matrix with k in both places (KDA's A_kk, under a weight β per row) over the
+    # same pairs, its rows without β to dk_rows and its columns with it into dk: the two share every
+    # exponential and every load of k and b.
     i_kc, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_k, i_c = i_kc // (BT // BC), i_kc % (BT // BC)
     i_b, i_h = i_bh // H, i_bh % H
@@ -613,7 +614,7 @@ def _chunk_dqk_intra_kernel(
         p_x = o_cr[:, None] * K + o_k[None, :]
         p_dA = dA + o_cr * BT                                         # row starts of this sub-chunk's dA
         if KEY_PAIRS:
-            dA_kk, dk_rows = dA_kk + r_c * BT, dk_rows + r_c * K
+            dA_kk, dk_rows, beta = dA_kk + r_c * BT, dk_rows + r_c * K, beta + r_c   # beta: [B, T, H]
             p_dA2 = dA_kk + o_cr * BT
         b_g = tl.load(b + o_cr[:, None] * G + o_gk[None, :], mask=m_tk, other=0.0)
 
@@ -657,7 +658,8 @@ def _chunk_dqk_intra_kernel(
                 b_dk_off += tl.dot(tl.trans(b_dAi).to(k.dtype.element_ty), b_qn, input_precision=DOT_PREC)
                 if KEY_PAIRS:
                     b_ki = tl.load(k + p_i * K + o_k[None, :], mask=m_ik, other=0.0)
-                    b_kin = (b_ki * b_ei).to(k.dtype.element_ty)
+                    b_bi = tl.load(beta + p_i, mask=(o_i < T)[:, None], other=0.0).to(tl.float32)
+                    b_kin = (b_ki * b_ei * b_bi).to(k.dtype.element_ty)
                     b_dAi = tl.load(dA_kk + p_i * BT + i_c * BC + o_r[None, :], mask=(o_i < T)[:, None], other=0.0)
                     b_dk_off += tl.dot(tl.trans(b_dAi).to(k.dtype.element_ty), b_kin, input_precision=DOT_PREC)
             b_dk_off *= tl.exp(tl.where(m_tk, b_gn[None, :] - b_g, 0.0))
@@ -687,6 +689,7 @@ def _chunk_dqk_intra_kernel(
                 # k_s is the query of row s's pairs in A_kk
                 b_dAc = tl.load(p_dA2 + i_c * BC + s, mask=m_t & (o_r > s), other=0.0)
                 b_dAr = tl.load(dA_kk + p_s * BT + i_c * BC + o_r, mask=o_r < s, other=0.0)
+                b_dAr *= tl.load(beta + p_s).to(tl.float32)
                 b_dq2_diag += (b_dAc[:, None] * b_e) * b_ks[None, :]
                 b_dk_diag += (b_dAr[:, None] * b_e) * b_ks[None, :]
 
@@ -856,7 +859,8 @@ def _chunk_dqk_kernel(
             tl.store(dg + r_c * K + p_x, b_dg.to(dg.dtype.element_ty), mask=m_tk)
 
 
-def chunk_dqk_intra(q, k, b, dA, dq, dk, *, input_precision: str | None = None, dA_kk=None, dk_rows=None) -> None:
+def chunk_dqk_intra(q, k, b, dA, dq, dk, *, input_precision: str | None = None, dA_kk=None, dk_rows=None,
+                    beta=None) -> None:
     """The intra-chunk pairs j < t of scores with a gate per key channel,
     A_tj = Σ_c q_tc k_jc e^{b_tc - b_jc}, all chunks in parallel:
     dq_t = Σ_{j<t} dA_tj k_j ⊙ e^{b_t - b_j} and dk_j = Σ_{t>j} dA_tj q_t ⊙
@@ -870,22 +874,25 @@ def chunk_dqk_intra(q, k, b, dA, dq, dk, *, input_precision: str | None = None, 
     input_precision: that of the tensor-core products (default
     `dot_precision(q.dtype)`). GLA's `chunk_dqk` launches it first.
 
-    dA_kk and dk_rows (KDA's backward): the gradient of a second score matrix
-    over the same pairs with k in both places, A_kk (fp32, dA's layout); its
-    rows' share Σ_{j<t} dA_kk,tj k_j ⊙ e^{b_t - b_j} is written to dk_rows
-    and its columns' share is added into dk, in the same launch (the two
-    matrices share every exponential and every load of k and b).
+    dA_kk, dk_rows and beta (KDA's backward): a second score matrix over the
+    same pairs with k in both places, A_kk, whose rows are weighted by beta
+    ([B, T, H]): dA_kk (fp32, dA's layout) is the gradient of diag(β) A_kk.
+    Its rows' share without β, Σ_{j<t} dA_kk,tj k_j ⊙ e^{b_t - b_j}, is
+    written to dk_rows (the caller takes β_t times it to k_t, and k_t · it
+    to β_t), and its columns' share Σ_{t>j} β_t dA_kk,tj k_t ⊙ e^{b_t - b_j}
+    is added into dk, in the same launch (the two matrices share every
+    exponential and every load of k and b).
 
         >>> dq, dk = torch.empty_like(b), torch.empty_like(b)
         >>> chunk_dqk_intra(q, k, b, dA, dq, dk)
     """
-    if (dA_kk is None) != (dk_rows is None):
-        raise ValueError("chunk_dqk_intra takes dA_kk and dk_rows together or neither")
+    if not (dA_kk is None) == (dk_rows is None) == (beta is None):
+        raise ValueError("chunk_dqk_intra takes dA_kk, dk_rows and beta together or none of them")
     B, T, H, K = q.shape
     BK = pow2_at_least_16(K) if _INTRA_BK is None else _INTRA_BK     # key channels a program
     _chunk_dqk_intra_kernel[(cdiv(K, BK) * (CHUNK // SUB_CHUNK), cdiv(T, CHUNK), B * H)](
         q, k, b, dA, dq, dk, T, H, K, b.shape[-1], BT=CHUNK, BC=SUB_CHUNK, BK=BK,
-        DOT_PREC=input_precision or dot_precision(q.dtype), dA_kk=dA_kk, dk_rows=dk_rows,
+        DOT_PREC=input_precision or dot_precision(q.dtype), dA_kk=dA_kk, dk_rows=dk_rows, beta=beta,
         KEY_PAIRS=dA_kk is not None, num_warps=_INTRA_WARPS, num_stages=_INTRA_STAGES)
 
 
