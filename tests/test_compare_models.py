@@ -100,3 +100,55 @@ def test_the_hybrid_table_on_an_unmeasured_decode_table():
     assert table["step ms"].isna().all() and (table["GiB"] > 0).all()
     minimax = table.loc[("MiniMax-01", "7 : 1", 16384, 1), "GiB"]
     assert minimax * 2 ** 30 == MODELS["MiniMax-01"].bytes_per_sequence(16384)
+
+
+def test_one_layers_memory_against_the_context():
+    """One sequence in one layer at the decode table's shapes: LLaMA-3-8B's GQA cache adds 4 KiB a token
+    (4 MiB at 1K, 4 GiB at 1M); MiniMax-01's Lightning state is 4 MiB at both. The figure draws the same
+    values, in MiB."""
+    from attention_kernels.compare.hybrid import plot_layer_memory
+
+    memory = models.layer_memory((1024, 1 << 20))
+    assert memory.loc[1024, "GQA"] == 4 * 2 ** 20 and memory.loc[1 << 20, "GQA"] == 4 * 2 ** 30
+    assert memory.loc[1024, "Lightning"] == memory.loc[1 << 20, "Lightning"] == 64 * 128 * 128 * 4 == 4 * 2 ** 20
+    fig = plot_layer_memory((1024, 1 << 20))
+    lines = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].get_lines()}
+    assert lines["GQA, LLaMA-3-8B (cache)"] == [4, 4096]
+    assert lines["Lightning, MiniMax-01 (state)"] == [4, 4]
+    assert len(lines) == len(models.LAYERS)
+
+
+def test_where_a_cache_passes_a_fixed_state():
+    """state bytes / cache bytes per token: LLaMA-3-8B's cache passes MiniMax-01's 4 MiB Lightning state at
+    1K tokens, DeepSeek-V3's latent cache passes Kimi Linear's KDA state (2 MiB and its convolutions' last
+    inputs) at 1884. Every crossing lies below the decode table's shortest context, 4K, and the GQA cache's
+    at or below 1K (as the chapter reads the figure)."""
+    from attention_kernels.compare import bench as compare_bench
+
+    assert models.memory_crossover(models.LLAMA3_GQA, models.MINIMAX_LIGHTNING) == 1024
+    assert models.memory_crossover(models.DEEPSEEK_MLA, models.KIMI_KDA) == pytest.approx(
+        (2 * 2 ** 20 + 3 * 3 * 32 * 128 * 2) / 1152)
+    table = models.memory_crossovers()
+    assert table.loc["KDA, Kimi Linear 48B", "MLA, DeepSeek-V3"] == 1884
+    assert list(table.index) == ["GLA, 32 heads of 128", "Lightning, MiniMax-01", "KDA, Kimi Linear 48B",
+                                 "Mamba-2 2.7B"]
+    assert (table.to_numpy() < min(compare_bench.DECODE_T)).all()
+    assert (table["GQA, LLaMA-3-8B"] <= 1024).all()
+    with pytest.raises(ValueError, match="cache layer"):
+        models.memory_crossover(models.KIMI_KDA, models.LLAMA3_GQA)
+
+
+def test_the_prefill_table_loads_whatever_providers_it_was_measured_with():
+    """The GQA rows declare SDPA's cuDNN backend, as the training table does; a committed table holds only
+    the providers its run timed, and loads as it is (no column is made up for a declared provider)."""
+    from attention_kernels.bench import run, summary
+    from attention_kernels.compare import bench as compare_bench
+
+    assert {"SDPA flash", "SDPA cuDNN", "FlexAttention", "FA4"} <= set(compare_bench.PREFILL.providers)
+    assert compare_bench.PREFILL_PEERS["SDPA cuDNN"]["GQA"] is compare_bench.fa_bench.GQA.providers["SDPA cuDNN"]
+    prefill = run(compare_bench.PREFILL)
+    assert set(prefill["provider"]) <= set(compare_bench.PREFILL.providers)
+    if len(prefill):
+        table = summary(prefill.assign(tokens_per_s=prefill["T"] / prefill["ms"] * 1e3),
+                        index=["layer", "T"], values="tokens_per_s", digits=0)
+        assert table is not None and len(table) == len(compare_bench.PREFILL.cases)

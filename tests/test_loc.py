@@ -82,6 +82,7 @@ def test_the_books_kernels_are_counted_in_every_language(monkeypatch):
     table = loc.loc_table()
     book = table.xs("book", level="source")
     assert set(table.xs("MLA decode").index.get_level_values("language")) >= {"Triton", "Gluon", "TileLang"}
+    assert set(table.xs("GLA chunk prefill").index.get_level_values("language")) == {"Triton", "TileLang"}
     for (kernel, language), row in book.iterrows():
         assert 0 < row["kernel lines"] and 0 < row["host lines"], (kernel, language)
         assert row["kernel lines"] + row["host lines"] <= row["all lines"], (kernel, language)

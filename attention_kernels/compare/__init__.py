@@ -5,9 +5,12 @@ training, each family at a real model's layer shape).
 
     >>> from attention_kernels.compare import MODELS, shapes_table
     >>> shapes_table()                   # bytes per token and per sequence, one row per model
+    >>> memory_crossovers()              # one layer of each kind: where a cache passes a fixed state
 """
-from .models import (LAYERS, MODELS, Layer, Model, kv_cache_bytes_per_token, linear_state_bytes,
-                     mamba2_state_bytes, mla_cache_bytes_per_token, shapes_table, stack_bytes, stack_time)
+from .models import (LAYERS, MODELS, Layer, Model, kv_cache_bytes_per_token, layer_memory, linear_state_bytes,
+                     mamba2_state_bytes, memory_crossovers, mla_cache_bytes_per_token, shapes_table, stack_bytes,
+                     stack_time)
 
-__all__ = ["LAYERS", "MODELS", "Layer", "Model", "kv_cache_bytes_per_token", "linear_state_bytes",
-           "mamba2_state_bytes", "mla_cache_bytes_per_token", "shapes_table", "stack_bytes", "stack_time"]
+__all__ = ["LAYERS", "MODELS", "Layer", "Model", "kv_cache_bytes_per_token", "layer_memory", "linear_state_bytes",
+           "mamba2_state_bytes", "memory_crossovers", "mla_cache_bytes_per_token", "shapes_table", "stack_bytes",
+           "stack_time"]

@@ -18,7 +18,9 @@ Cases: layer (its kind), B, T, H (query heads), D (head width: 576 for MLA's lat
 Mamba-2); each layer's other numbers (KV heads, dstate, groups) come from its `Layer`. Providers: "book"
 (the family's kernel), and the strongest peer each family's chapter measured ("SDPA flash", "FlashMLA",
 "fla", "mamba_ssm"), "n/a" on the layers it does not run; the GQA rows of PREFILL and TRAIN also time
-"FlexAttention" and "FA4" (the FlashAttention chapter's FlexAttention and FlashAttention-4, where installed).
+"SDPA cuDNN", "FlexAttention" and "FA4" (the FlashAttention chapter's providers of those names, the last two
+where installed). A committed table written before a provider was declared has no rows for it: `run` loads it
+as it is, and the chapter's tables show the providers it holds.
 """
 from __future__ import annotations
 
@@ -132,6 +134,7 @@ PREFILL_BOOK = {"GQA": fa_bench.GQA.providers["book"], "GLA": gla_bench.PREFILL.
                 "Mamba-2": mamba2_bench.PREFILL.providers["book: SSD chunk scan"]}
 PREFILL_PEERS = {
     "SDPA flash": {"GQA": fa_bench.GQA.providers["SDPA flash"]},
+    "SDPA cuDNN": {"GQA": fa_bench.GQA.providers["SDPA cuDNN"]},   # as in the training table: the strongest peer
     "FlexAttention": {"GQA": fa_bench.GQA.providers["FlexAttention"]},
     "FA4": {"GQA": fa_bench.GQA.providers["FA4"]},
     "fla": {"GLA": gla_bench.PREFILL.providers["fla chunk_gla"],

@@ -92,3 +92,32 @@ def plot_memory(contexts=(4096, 16384, 65536, 262144, 1048576), model_names=tupl
         plt.close(fig)  # shown once, as the cell's value
         return fig
     return draw()
+
+
+def plot_layer_memory(contexts=models.LAYER_CONTEXTS, layers=models.LAYERS):
+    """MiB one sequence keeps in one layer of each kind against its context length (log-log), at the layer
+    shapes the decode table times (`models.layer_memory`): the caches (solid) rise with T, the fixed states
+    (dashed) stay flat. `models.memory_crossovers` gives where they cross."""
+    from ..plot import column_figure, figure_title, log2_axis, styled
+
+    memory = models.layer_memory(contexts, layers) / models.MIB
+    markers = dict(zip(layers, "osDv^p"))
+
+    @styled
+    def draw():
+        import matplotlib.pyplot as plt
+
+        fig, (ax,) = column_figure(height=3.6)
+        for kind, layer in layers.items():
+            cache = bool(layer.cache_bytes_per_token())
+            ax.plot(memory.index, memory[kind], marker=markers.get(kind, "o"), linestyle="-" if cache else "--",
+                    label=models.layer_label(kind, layers) + (" (cache)" if cache else " (state)"))
+        ax.set_yscale("log")
+        log2_axis(ax, contexts)
+        ax.set_xlabel("context length T (tokens)")
+        ax.set_ylabel("MiB per sequence, one layer")
+        ax.set_title(figure_title("Cache or state of one sequence in one layer of each kind"), fontsize=11)
+        ax.legend(fontsize=8, ncol=2, loc="upper left")
+        plt.close(fig)  # shown once, as the cell's value
+        return fig
+    return draw()

@@ -1,7 +1,7 @@
 """Lines of code of the same kernel in several languages: the book's MLA decode in Triton, Gluon and
-TileLang, its Mamba-2 kernels in Triton, and, where their source is on this machine, the peers' own
-(FlashMLA's CUDA decode, mamba_ssm's Triton SSD and state update). No GPU, nothing imported: the files
-are read and parsed.
+TileLang, its GLA chunk prefill in Triton and TileLang, its Mamba-2 kernels in Triton, and, where their
+source is on this machine, the peers' own (FlashMLA's CUDA decode, mamba_ssm's Triton SSD and state
+update). No GPU, nothing imported: the files are read and parsed.
 
     >>> loc_table()                        # one row per (kernel, language, source)
     >>> count_python("attention_kernels/mla/decode.py")
@@ -128,6 +128,11 @@ SOURCES = [
                    f"{_FLASHMLA_SMXX}/combine/combine.cu",
                    f"{_FLASHMLA_SMXX}/get_decoding_sched_meta/get_decoding_sched_meta.cu"),
            host=("csrc/api/dense_decode.h",)),
+    # GLA's chunked forward: its scores kernel with the chunk kernels the linear families share (those also
+    # carry Lightning's and KDA's options), and the TileLang form, which does the same in two kernels
+    Source("GLA chunk prefill", "Triton", "book",
+           python=("attention_kernels/gla/chunk.py", "attention_kernels/linear/chunk.py")),
+    Source("GLA chunk prefill", "TileLang", "book", python=("attention_kernels/gla/tilelang_chunk.py",)),
     Source("Mamba-2 SSD chunk scan", "Triton", "book", python=("attention_kernels/mamba2/chunk.py",)),
     Source("Mamba-2 SSD chunk scan", "Triton", "mamba_ssm", python=tuple(f"mamba_ssm/ops/triton/{f}" for f in _SSD)),
     Source("Mamba-2 decode step", "Triton", "book", python=("attention_kernels/mamba2/decode.py",)),

@@ -214,3 +214,44 @@ def shapes_table(contexts: Sequence[int] = (131072, 1048576), models: Mapping[st
 
 def _tokens(T: int) -> str:
     return f"{T // 1048576}M" if T % 1048576 == 0 else f"{T // 1024}K"
+
+
+# ------------------------------------------------------------------ one layer of each kind, against the context
+LAYER_CONTEXTS = (1024, 4096, 16384, 65536, 262144, 1048576)  # 1K to 1M tokens
+
+
+def layer_label(kind: str, layers: Mapping[str, Layer] = LAYERS) -> str:
+    """The kind and whose layer it is: "GQA, LLaMA-3-8B" (the first model of `MODELS` that has this very
+    layer; its name alone where it starts with the kind, "Mamba-2 2.7B"), or its heads where no model here
+    has it ("GLA, 32 heads of 128")."""
+    layer = layers[kind]
+    model = next((m.name for m in MODELS.values() if any(each == layer for each, _ in m.stack)), None)
+    if model is None:
+        return f"{kind}, {layer.heads} heads of {layer.head_dim}"
+    return model if model.startswith(kind) else f"{kind}, {model}"
+
+
+def layer_memory(contexts: Sequence[int] = LAYER_CONTEXTS, layers: Mapping[str, Layer] = LAYERS) -> pd.DataFrame:
+    """Bytes one sequence keeps in one layer of each kind (`LAYERS`: the shapes the decode table times),
+    one row per context length T, one column per kind: a cache grows with T, a fixed state does not."""
+    return pd.DataFrame({kind: [layer.bytes_per_sequence(T) for T in contexts] for kind, layer in layers.items()},
+                        index=pd.Index(contexts, name="T"))
+
+
+def memory_crossover(cache: Layer, state: Layer) -> float:
+    """The context length at which a cache layer keeps as many bytes per sequence as a fixed-state layer:
+    the state's bytes over the bytes every token adds to the cache."""
+    if not cache.cache_bytes_per_token() or cache.state_bytes() or not state.state_bytes():
+        raise ValueError(f"memory_crossover takes a cache layer and a fixed-state layer, got {cache.kind} "
+                         f"and {state.kind}")
+    return state.state_bytes() / cache.cache_bytes_per_token()
+
+
+def memory_crossovers(layers: Mapping[str, Layer] = LAYERS) -> pd.DataFrame:
+    """The context length (tokens, rounded) at which each cache layer of `layers` (columns) passes each
+    fixed-state layer (rows) in bytes per sequence, one layer of each at the shapes of `LAYERS`."""
+    caches = [k for k, layer in layers.items() if layer.cache_bytes_per_token()]
+    states = [k for k, layer in layers.items() if layer.state_bytes()]
+    return pd.DataFrame([[round(memory_crossover(layers[c], layers[s])) for c in caches] for s in states],
+                        index=pd.Index([layer_label(s, layers) for s in states], name="fixed state"),
+                        columns=pd.Index([layer_label(c, layers) for c in caches], name="cache passes it at T ="))
