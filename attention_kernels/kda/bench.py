@@ -89,7 +89,7 @@ def prefill_flops(c):
     """The matmul work of the chunked algorithm: GLA's (costs.chunk_flops:
     the query-key scores, their product with the values, Q S and the state
     update) plus KDA's own, per chunk and head: the key-key scores C(C+1)·K,
-    W and W' from the inverse 2·C²·(K + V), and W S 2·C·K·V."""
+    W and Ũ from the inverse 2·C²·(K + V), and W S 2·C·K·V."""
     C, K, V = CHUNK, c["D"], c["D"]
     nt = -(-c["T"] // C)
     return costs.chunk_flops(c) + c["B"] * c["H"] * nt * (C * (C + 1) * K + 2 * C * C * (K + V) + 2 * C * K * V)

@@ -3,19 +3,19 @@ solve inside it. The gate pass (with the L2 norm of q and k), the state pass (wi
 switch) and the output are the linear families' shared ones (attention_kernels/linear/chunk.py).
 
 Inside a chunk of C = 64 tokens, with b_t the in-chunk cumulative log gate and S the state at the
-chunk's start, unroll the step S_t = Diag(e^{g_t}) S_{t-1} + k_t u_tᵀ,
-u_t = β_t (v_t - k_tᵀ Diag(e^{g_t}) S_{t-1}):
+chunk's start, unroll the step S_t = Diag(e^{g_t}) S_{t-1} + k_t û_tᵀ, with û_t, what the token writes,
+û_t = β_t (v_t - k_tᵀ Diag(e^{g_t}) S_{t-1}):
 
-    u_t = β_t (v_t - (k_t ⊙ e^{b_t})ᵀ S - Σ_{j<t} (k_t · (k_j ⊙ e^{b_t - b_j})) u_j)
+    û_t = β_t (v_t - (k_t ⊙ e^{b_t})ᵀ S - Σ_{j<t} (k_t · (k_j ⊙ e^{b_t - b_j})) û_j)
 
-Every u_t depends on the earlier ones through a strictly lower-triangular matrix
+Every û_t depends on the earlier ones through a strictly lower-triangular matrix
 A_tj = β_t Σ_c k_tc k_jc e^{b_tc - b_jc} (j < t), so in matrices (I + A) U = diag(β) (V - (K ⊙ e^b) S):
 
-    U = W' - W S,     W' = (I + A)⁻¹ diag(β) V,     W = (I + A)⁻¹ diag(β) (K ⊙ e^b)
+    U = Ũ - W S,     Ũ = (I + A)⁻¹ diag(β) V,     W = (I + A)⁻¹ diag(β) (K ⊙ e^b)
 
-W and W' (the pseudo-values) do not depend on S: every chunk computes them in parallel, with one
+W and Ũ (the pseudo-values) do not depend on S: every chunk computes them in parallel, with one
 64 x 64 triangular solve (`kda_wy`). Then the walk over chunks (`chunk_state_pass` with w and v_new)
-is GLA's, with U = W' - W S formed on the way in place of V: one more matmul per chunk. The chain of T rank-1
+is GLA's, with U = Ũ - W S formed on the way in place of V: one more matmul per chunk. The chain of T rank-1
 updates has become matmuls of 64 rows. The output is GLA's with U in place of V:
 o = (Q ⊙ e^b) S · scale + A_qk U, A_qk being GLA's intra-chunk scores.
 """
@@ -219,7 +219,7 @@ def _kda_wy_kernel(
         b_Xd = _kda_solve(Akk + r_c * BT, beta, b_beta, i_b, i_h, i_t, o_c, m_t, T, H, BT, BS, NB, SOLVE_PREC
                           ).to(k.dtype.element_ty)
         if STORE_INVERSE:
-            # for the backward, which multiplies by Xᵀ and recomputes W and W' from it: as W and W' take it
+            # for the backward, which multiplies by Xᵀ and recomputes W and Ũ from it: as W and Ũ take it
             tl.store(inverse + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :], b_Xd, mask=m_t[:, None])
     k, b, kg, w, v, u = k + r_c * K, b + r_c * K, kg + r_c * K, w + r_c * K, v + r_c * V, u + r_c * V
 
@@ -241,7 +241,7 @@ def _kda_wy_kernel(
     b_w = dot_causal(b_Xd, b_kb, tl.zeros([BT, BK], dtype=tl.float32), DOT_PREC)
     tl.store(w + p_k, b_w.to(w.dtype.element_ty), mask=m_tk)
 
-    # W' = X diag(β) V, V in tiles of BV columns
+    # Ũ = X diag(β) V, V in tiles of BV columns
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
@@ -264,9 +264,9 @@ def kda_wy(k, v, b, beta, Akk, w, u, kg, inverse=None, inverse_computed: bool = 
     k: [B, T, H, K]; v: [B, T, H, V]; b: fp32 [B, T, H, K], the in-chunk cumulative gates; beta:
     [B, T, H]; Akk: fp32 [B, T, H, CHUNK], the key-key scores Σ_c k_tc k_jc e^{b_tc - b_jc} (GLA's
     scores with k for q and scale 1), read strictly below the diagonal. Written, in k's dtype: w and kg
-    [B, T, H, K], u [B, T, H, V]: W = (I + A)⁻¹ diag(β) (K ⊙ e^b), W' = (I + A)⁻¹ diag(β) V, and the keys
-    decayed to their chunk's last token, K ⊙ e^{b_last - b}, which the state pass adds with. inverse: [B, T,
-    H, CHUNK] in k's dtype, or None; given, it receives X = (I + A)⁻¹ as W and W' take it (Akk's layout, zeros
+    [B, T, H, K], u [B, T, H, V]: W = (I + A)⁻¹ diag(β) (K ⊙ e^b), Ũ = (I + A)⁻¹ diag(β) V (in u), and the
+    keys decayed to their chunk's last token, K ⊙ e^{b_last - b}, which the state pass adds with. inverse: [B, T,
+    H, CHUNK] in k's dtype, or None; given, it receives X = (I + A)⁻¹ as W and Ũ take it (Akk's layout, zeros
     above the diagonal; from a chunk's first non-finite row of A on, NaN), which the backward multiplies by.
     inverse_computed: inverse holds that X already (the backward's recomputation): no solve, and Akk is not
     read (None will do).
@@ -283,8 +283,8 @@ def kda_wy(k, v, b, beta, Akk, w, u, kg, inverse=None, inverse_computed: bool = 
 # ------------------------------------------------------------------ 3. the forward up to its output
 class ChunkIntermediates(NamedTuple):
     """What the forward computes before its output, and the backward recomputes: the (normalised) q and k,
-    the in-chunk cumulative gates b (fp32), the query-key scores Aqk, the solve's W, W' and K_g, the
-    chunk-start states, the corrected values U = W' - W S, the final state (or None), and the solve's
+    the in-chunk cumulative gates b (fp32), the query-key scores Aqk, the solve's W, Ũ and K_g, the
+    chunk-start states, the corrected values U = Ũ - W S, the final state (or None), and the solve's
     inverse X = (I + A)⁻¹ (k's dtype, [B, T, H, CHUNK], or None)."""
     q: torch.Tensor
     k: torch.Tensor

@@ -1,12 +1,12 @@
 """chunk_kda's backward. It takes from the training forward what fla's chunk_kda keeps from its own: the
 query-key scores A_qk and the solve's inverse X = (I + A)⁻¹, both in the input dtype (computed again when not
 given). The forward's own launches (`chunk_kda_intermediates`, attention_kernels/kda/chunk.py) recompute the
-in-chunk cumulative gates b, the solve's W and W' (from the kept X: no scores launch and no solve), the keys
+in-chunk cumulative gates b, the solve's W and Ũ (from the kept X: no scores launch and no solve), the keys
 decayed to their chunk's end K_g, and the state S at every chunk start (in `chunk_state_dtype`, the input dtype
 for 16-bit inputs, as are the state gradients). The forward of one chunk (attention_kernels/kda/chunk.py has
 the derivation):
 
-    U = W' - W S,                         W = (I + A)⁻¹ diag(β) (K ⊙ e^b),  W' = (I + A)⁻¹ diag(β) V
+    U = Ũ - W S,                         W = (I + A)⁻¹ diag(β) (K ⊙ e^b),  Ũ = (I + A)⁻¹ diag(β) V
     S_next = e^{b_last} ⊙ S + K_gᵀ U,     K_g = K ⊙ e^{b_last - b}
     O = scale (Q ⊙ e^b) S + A_qk U
 
@@ -29,7 +29,7 @@ states and their gradients read as stored, 16-bit for 16-bit inputs), their prod
 and TF32 for 16-bit ones, as the sub-chunk launch's. `_kda_chunk_grad_kernel`, before the sub-chunk launch:
 the read-out's and the state update's gradients (products with S and dS' over the value dim in tiles); the
 solve's, as products with the transpose of its inverse X (dR = Xᵀ dW: dR_k = -Xᵀ (dU Sᵀ), dR_v = Xᵀ dU, so dv
-= β dR_v; no triangular solve), and dA = -(dR_k Wᵀ + dR_v W'ᵀ) below the diagonal; dR's shares of dβ; and
+= β dR_v; no triangular solve), and dA = -(dR_k Wᵀ + dR_v Ũᵀ) below the diagonal; dR's shares of dβ; and
 the scores' gradients dA_qk = scale dO Uᵀ (on and below the diagonal) and dA, which the sub-chunk launch
 reads. It writes dv (in v's dtype), partial dq, dk, db (the gradient to b) and dβ in fp32, and q and k in fp32
 (normalised when the L2 norm is on) for the sub-chunk launch. `_kda_dqk_combine_kernel`, after it: the
@@ -104,8 +104,8 @@ def _kda_chunk_grad_kernel(
         b_rq = tl.full([BT], 1.0, tl.float32)
         b_rk = b_rq
 
-    # the value side, over the value dim: dO Uᵀ (A_qk's gradient) and W' = X diag(β) V's: dR_v = Xᵀ dU,
-    # dv = β dR_v, and dR_v's shares of dβ (Σ dR_v ⊙ v) and of dA (dR_v W'ᵀ). Every product takes fp32
+    # the value side, over the value dim: dO Uᵀ (A_qk's gradient) and Ũ = X diag(β) V's: dR_v = Xᵀ dU,
+    # dv = β dR_v, and dR_v's shares of dβ (Σ dR_v ⊙ v) and of dA (dR_v Ũᵀ). Every product takes fp32
     # operands at DOT_PREC: TF32 holds a 16-bit input exactly (as many mantissa bits as fp16, more than bf16),
     # so a product of two 16-bit inputs is what 16-bit tensor cores give, and all the accumulators share one
     # register layout
@@ -132,8 +132,8 @@ def _kda_chunk_grad_kernel(
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
-        # the key side, over the value dim: dO Sᵀ (the read-out), U dS'ᵀ (the state update), dU Sᵀ (W's share
-        # of U = W' - W S) and rowsum(S ⊙ dS') (b_last's); the states as stored (16-bit for 16-bit inputs),
+        # the key side, over the value dim: dO Sᵀ (the read-out), U dS'ᵀ (the state update), dU Sᵀ (Ũs share
+        # of U = Ũ - W S) and rowsum(S ⊙ dS') (b_last's); the states as stored (16-bit for 16-bit inputs),
         # multiplied in fp32
         b_dqs = tl.zeros([BT, BK], dtype=tl.float32)
         b_dkg = tl.zeros([BT, BK], dtype=tl.float32)
@@ -187,7 +187,7 @@ def _kda_chunk_grad_kernel(
             tl.store(qn + p_k, b_q, mask=m_tk)
         tl.store(db + p_k, b_db + b_dq * b_q, mask=m_tk)
 
-    # dA = -(dR_k Wᵀ + dR_v W'ᵀ) for A = diag(β) A_kk, strictly below the diagonal, for the sub-chunk launch:
+    # dA = -(dR_k Wᵀ + dR_v Ũᵀ) for A = diag(β) A_kk, strictly below the diagonal, for the sub-chunk launch:
     # its share of dβ, Σ_j dA_tj A_kk,tj, is k_t · Σ_j dA_tj k_j ⊙ e^{b_t - b_j}, that launch's rows (A_kk
     # itself is neither kept nor recomputed). dβ's other shares, here, in fp32
     b_dA = tl.where((o_c[:, None] > o_c[None, :]) & m_t[:, None], -b_dA, 0.0)

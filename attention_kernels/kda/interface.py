@@ -194,7 +194,7 @@ def _chunk_kda_fwd_keeping_scores(q, k, v, g, beta, scale, h0: torch.Tensor | No
     own two. Kept rather than recomputed: 4 bytes a token, head and chunk position for 16-bit inputs (8 for
     fp32; q's size at K = 128, bf16), where the backward's score launches took about a twentieth of the step's
     GPU time (0.78 of 13.8 ms at B 1, 16K, 32 heads; notes/TUNING.md 2026-12-07 (37)) and its solve runs in
-    the launch that recomputes W and W' (0.87 ms there, against fla's 0.43 for that launch without one)."""
+    the launch that recomputes W and Ũ (0.87 ms there, against fla's 0.43 for that launch without one)."""
     (B, T, H, _, _), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, output_final_state,
                                                               use_qk_l2norm_in_kernel, cu_seqlens)
     # the blocks above the diagonal stay unwritten
@@ -225,7 +225,7 @@ def _chunk_kda_bwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, do, dht: to
                    use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None = None,
                    Aqk: torch.Tensor | None = None, inverse: torch.Tensor | None = None):
     """The backward (attention_kernels/kda/chunk_backward.py), once or once per packed sequence: recompute the gates,
-    W and W' and the chunk-start states (and the scores and the solve unless given), the delta rule's reverse
+    W and Ũ and the chunk-start states (and the scores and the solve unless given), the delta rule's reverse
     state pass, then every gradient. do: o's gradient, dht: the final state's (or None); Aqk, inverse: the
     forward's scores and solve's inverse (`_chunk_kda_fwd_keeping_scores`), both or neither. Returns (dq, dk,
     dv, dg, dbeta, dh0 or None)."""
