@@ -376,9 +376,27 @@ def measure_command(names: Sequence[str]) -> str:
     return "python3 scripts/gpu_probe.py " + " ".join(names)
 
 
+def script_tables() -> dict[str, str]:
+    """The tables a page shows that a script of their own writes, not gpu_probe.py (every family's bench.py may
+    declare them in SCRIPT_TABLES): name -> the command that measures them on a GPU."""
+    return {name: command for family in families()
+            for name, command in getattr(importlib.import_module(f"attention_kernels.{family}.bench"),
+                                         "SCRIPT_TABLES", {}).items()}
+
+
+def measure_commands(names: Sequence[str]) -> list[str]:
+    """The commands that measure these tables on a GPU: one gpu_probe.py call for the benchmark tables
+    (`measure_command`), then each script table's own (`script_tables`), once each."""
+    scripts = script_tables()
+    probed = [name for name in names if name not in scripts]
+    own = list(dict.fromkeys(scripts[name] for name in names if name in scripts))
+    return ([measure_command(probed)] if probed else []) + own
+
+
 def unmeasured() -> list[str]:
-    """The declared tables (every family's BENCHMARKS) that have no committed results."""
-    return [b.name for found in discover().values() for b in found if not is_measured(b.name)]
+    """The declared tables (every family's BENCHMARKS, then its SCRIPT_TABLES) that have no committed results."""
+    declared = [b.name for found in discover().values() for b in found] + list(script_tables())
+    return [name for name in declared if not is_measured(name)]
 
 
 def _time_in_fresh_process(benchmarks) -> None:

@@ -57,10 +57,10 @@ def _gpu_memory(request, tmp_path_factory):
 def pytest_terminal_summary(terminalreporter):
     """The declared tables no GPU run has measured yet: the chapters show one line for each of them
     until one does. Listed, not failed on."""
-    from attention_kernels.bench import measure_command, unmeasured
+    from attention_kernels.bench import measure_commands, unmeasured
 
     names = unmeasured()
     if names:
-        terminalreporter.write_sep("-", f"{len(names)} benchmark table(s) not measured yet on a GPU")
+        terminalreporter.write_sep("-", f"{len(names)} table(s) not measured yet on a GPU")
         terminalreporter.write_line(", ".join(names))
-        terminalreporter.write_line(f"measure them: {measure_command(names)}")
+        terminalreporter.write_line("measure them: " + "; ".join(measure_commands(names)))

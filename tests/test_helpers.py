@@ -255,7 +255,22 @@ def test_unmeasured_lists_declared_tables_without_results(tmp_path, monkeypatch)
     monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
     names = bench.unmeasured()
     declared = [b.name for found in bench.discover().values() for b in found]
-    assert names == declared and names  # nothing in an empty folder is measured
+    assert names == declared + list(bench.script_tables()) and declared  # nothing in an empty folder is measured
+    # the loss curves of "In a model" come from their own script, not gpu_probe.py
+    assert bench.script_tables()["in_a_model_losses"] == "python3 scripts/train_tiny.py"
+    assert bench.measure_commands(names) == [bench.measure_command(declared), "python3 scripts/train_tiny.py"]
+    assert bench.measure_commands(["in_a_model_losses"]) == ["python3 scripts/train_tiny.py"]
+
+
+def test_unmeasured_tables_script_names_the_script_tables(tmp_path):
+    """scripts/unmeasured_tables.py on an empty results folder lists the benchmark tables and the loss curves,
+    each with the command that measures it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "KERNELS_RESULTS_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, os.path.join(root, "scripts", "unmeasured_tables.py")], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=300, check=True)
+    assert "in_a_model_losses" in done.stdout and "compare_train" in done.stdout
+    assert done.stdout.rstrip().endswith("; python3 scripts/train_tiny.py"), done.stdout
 
 
 @pytest.mark.parametrize("csv_text, message", [

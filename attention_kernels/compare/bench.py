@@ -38,6 +38,7 @@ from ..linear import costs
 from ..mamba2 import bench as mamba2_bench
 from ..mla import bench as mla_bench
 from ..peers import fla, sdpa
+from . import tiny
 from .models import LAYERS
 
 DT = torch.bfloat16
@@ -283,7 +284,10 @@ STACK = Benchmark(
     {"book": _stack_book}, _stack_count(DECODE_FLOPS), _stack_count(DECODE_BYTES), module=__name__)
 
 BENCHMARKS = [DECODE, PREFILL, TRAIN, TRAIN_MEMORY, STACK]
+# Tables a page shows that a script of their own writes, not gpu_probe.py: name -> the command that measures them
+# (the loss curves of "In a model", trained by scripts/train_tiny.py)
+SCRIPT_TABLES = {tiny.RESULTS_NAME: tiny.MEASURE_COMMAND}
 HEADLINE = None  # the comparison is its own chapter's figure, not a panel of the headline
 
-__all__ = ["DECODE", "PREFILL", "TRAIN", "TRAIN_MEMORY", "STACK", "BENCHMARKS", "HEADLINE", "STACKS", "family_case",
-           "against_peer"]
+__all__ = ["DECODE", "PREFILL", "TRAIN", "TRAIN_MEMORY", "STACK", "BENCHMARKS", "SCRIPT_TABLES", "HEADLINE", "STACKS",
+           "family_case", "against_peer"]

@@ -26,6 +26,7 @@ from torch import nn
 FAMILIES = ("softmax", "gla", "lightning", "kda", "mamba2")
 TITLES = {"softmax": "Softmax (GQA)", "gla": "GLA", "lightning": "Lightning", "kda": "KDA", "mamba2": "Mamba-2"}
 RESULTS_NAME = "in_a_model_losses"
+MEASURE_COMMAND = "python3 scripts/train_tiny.py"   # writes results/RESULTS_NAME.* on a GPU
 
 
 @dataclass(frozen=True)
@@ -269,7 +270,7 @@ def load_losses(directory=None) -> pd.DataFrame:
     out = _results_dir(directory)
     csv, js = out / f"{RESULTS_NAME}.csv", out / f"{RESULTS_NAME}.json"
     if not csv.exists() or not js.exists():
-        raise FileNotFoundError(f"no {csv.name} and {js.name} in {out}: on a GPU, python3 scripts/train_tiny.py")
+        raise FileNotFoundError(f"no {csv.name} and {js.name} in {out}: on a GPU, {MEASURE_COMMAND}")
     df = pd.read_csv(csv)
     missing = {"family", "provider", "step", "loss"} - set(df.columns)
     if missing:
@@ -284,7 +285,7 @@ def not_measured() -> str:
 
     from ..bench import TEXT_WIDTH
 
-    return textwrap.fill(f"Not measured yet: {RESULTS_NAME} (on a GPU: python3 scripts/train_tiny.py)", TEXT_WIDTH)
+    return textwrap.fill(f"Not measured yet: {RESULTS_NAME} (on a GPU: {MEASURE_COMMAND})", TEXT_WIDTH)
 
 
 def describe(df: pd.DataFrame) -> str:

@@ -400,9 +400,10 @@ def dq_and_delta(do, q, k, v, o, lse, causal: bool, softmax_scale: float):
     S, HKV = k.shape[1], k.shape[2]
     dq = torch.empty_like(q)
     delta = torch.empty(lse.shape, device=q.device, dtype=torch.float32)
-    # dk and dv: the dQ programs write neither, dq stands in for both
+    # dk and dv None: with DKDV off the kernel never traces the dK/dV programs that would write them (as the one
+    # launch passes None for delta, which its dK/dV programs compute)
     launch(_attn_bwd_kernel, lambda BM, BN: (cdiv(T, BN) * B * HQ,), dq_tiles(D),
-           ("bwd dq alone", q.device, q.dtype, D, causal), q, k, v, o, do, dq, dq, dq, lse, delta, None, None,
+           ("bwd dq alone", q.device, q.dtype, D, causal), q, k, v, o, do, dq, None, None, lse, delta, None, None,
            B, T, S, HQ, HQ // HKV, 1, softmax_scale * LOG2E, softmax_scale, D=D, CAUSAL=causal, DQ=True, DKDV=False,
            VARLEN=False, PARTIAL=False)
     return dq, delta
