@@ -175,10 +175,10 @@ def test_kda_backward_takes_the_forward_scores(packed, monkeypatch):
     from attention_kernels.kda import interface
     launches, solves = [], []
     scores, wy = kda_chunk.kda_scores, kda_chunk.kda_wy
-    monkeypatch.setattr(kda_chunk, "kda_scores", lambda *a: launches.append(a[0].shape) or scores(*a))
+    monkeypatch.setattr(kda_chunk, "kda_scores", lambda *a, **kw: launches.append(a[0].shape) or scores(*a, **kw))
     monkeypatch.setattr(kda_chunk, "kda_wy",
-                        lambda *a, inverse_computed=False: solves.append(not inverse_computed) or
-                        wy(*a, inverse_computed=inverse_computed))
+                        lambda *a, inverse_computed=False, **kw: solves.append(not inverse_computed) or
+                        wy(*a, inverse_computed=inverse_computed, **kw))
     (q, k, v, g, beta), h0, do, dht = kda_inputs(1, 70, 2, 16, 32, "paper", "uniform", True, True)
     cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=DEVICE) if packed else None
     h0 = torch.cat([h0, h0.flip(0) + 1]) if packed else h0
@@ -187,12 +187,12 @@ def test_kda_backward_takes_the_forward_scores(packed, monkeypatch):
     o, ht = chunk_kda(*leaves[:5], initial_state=leaves[5], output_final_state=True, use_qk_l2norm_in_kernel=True,
                       cu_seqlens=cu)
     torch.autograd.backward((o, ht), (do, dht))
-    n_seq = 2 if packed else 1
-    assert len(launches) == n_seq                          # the forward's, once per sequence
-    assert solves == [True] * n_seq + [False] * n_seq      # the backward's W and W' from the kept inverse
+    n_seq = 2 if packed else 1                            # the backward runs once per packed sequence
+    assert len(launches) == 1                              # the forward's, over every sequence's chunks
+    assert solves == [True] + [False] * n_seq              # the backward's W and Ũ from the kept inverse
     again = interface._chunk_kda_bwd(q, k, v, g, beta, 16 ** -0.5, h0, do, dht, True, cu)
-    assert len(launches) == 2 * n_seq
-    assert solves[2 * n_seq:] == [True] * n_seq
+    assert len(launches) == 1 + n_seq
+    assert solves[1 + n_seq:] == [True] * n_seq
     for name, kept, recomputed in zip(NAMES + ["dh0"], [t.grad for t in leaves], again, strict=True):
         assert torch.equal(kept, recomputed), name
 

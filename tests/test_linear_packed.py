@@ -76,6 +76,21 @@ def test_packed_equals_each_sequence_alone(form):
         assert all(torch.isfinite(g).all() for g in expected)
 
 
+@pytest.mark.parametrize("form", ["chunk_gla", "chunk_lightning", "chunk_kda"])
+def test_chunk_forward_runs_packed_sequences_in_one_set_of_launches(form, monkeypatch):
+    # the chunk forms' kernels read the chunk table (packed_chunks) themselves: no launch per sequence on the
+    # host, and the chunk table has each sequence's chunks from its first token
+    from attention_kernels.linear import packed
+    monkeypatch.setattr(packed, "_rows", lambda *a: pytest.fail("the forward cut out a sequence's rows"))
+    call, n_rows, _ = FORMS[form]
+    rows, cu, h0 = _inputs(LENGTHS)
+    o, ht = call(rows[:n_rows], initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    assert o.isfinite().all() and ht.shape == h0.shape
+    table = packed.packed_chunks(cu, sum(LENGTHS))
+    assert table.chunk_indices.tolist() == [[1, 0], [2, 0], [2, 1], [3, 0], [4, 0]]
+    assert table.chunk_offsets.tolist() == [0, 0, 1, 3, 4, 5, 5] and table.n_chunks == 5
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy, computing with inf as asked
 @pytest.mark.parametrize("form", FORMS)
 def test_an_infinite_v_stays_in_its_sequence(form):
@@ -143,3 +158,30 @@ def test_packed_with_fla_state_layout():
     o_t, ht_t = chunk_gla(*rows[:4], initial_state=h0.transpose(-1, -2), output_final_state=True,
                           state_v_first=True, cu_seqlens=cu)
     assert torch.equal(o, o_t) and torch.equal(ht, ht_t.transpose(-1, -2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["chunk_gla", "chunk_lightning", "chunk_kda"])
+def test_packed_chunk_forward_gpu(form):
+    # the compiled packed kernels (chunk table, one state pass program per sequence and head) against each
+    # sequence run alone, bf16 at K = V = 128 on a long-tailed mix of lengths (two of them empty, most starting
+    # mid-chunk)
+    from attention_kernels.common import assert_close, tolerance
+    call, n_rows, _ = FORMS[form]
+    lengths = [0, 1, 63, 64, 65, 700, 2, 0, 1500, 129]
+    T, D = sum(lengths), 128
+    q, k, v = (torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    g = (-torch.rand(1, T, H, D, device="cuda") * 0.2).to(torch.bfloat16)
+    beta = torch.rand(1, T, H, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    h0 = torch.randn(len(lengths), H, D, D, device="cuda")
+    rows = [q, k, v, g, beta][:n_rows]
+    o, ht = call(rows, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    offsets = cu.tolist()
+    for n, (s, e) in enumerate(zip(offsets[:-1], offsets[1:])):
+        if s == e:
+            assert torch.equal(ht[n], h0[n])
+            continue
+        o_n, ht_n = call([t[:, s:e] for t in rows], initial_state=h0[n:n + 1], output_final_state=True)
+        assert_close(o[:, s:e], o_n, tolerance(torch.bfloat16), f"o of sequence {n}")
+        assert_close(ht[n], ht_n[0], tolerance(torch.bfloat16), f"final state of sequence {n}")

@@ -15,8 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..launch import autotune_configs, cdiv, pow2_at_least_16
-from ..linear.chunk import CHUNK, SUB_CHUNK, chunk_row, dot_precision
+from ..launch import autotune_configs, pow2_at_least_16
+from ..linear.chunk import CHUNK, SUB_CHUNK, chunk_at, chunk_row, dot_precision, n_chunks, varlen
 
 BC = SUB_CHUNK  # rows per sub-chunk
 
@@ -26,11 +26,13 @@ BC = SUB_CHUNK  # rows per sub-chunk
 def _chunk_gla_scores_kernel(
     q, k, g, A, scale, T, H,
     K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
+    cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False,
 ):
-    # one program: the BC rows of sub-chunk i_c of chunk i_t, against every
+    # one program: the BC rows of sub-chunk i_c of chunk i_t (of a batch row,
+    # or of a packed sequence: linear/chunk.py's chunk_at), against every
     # column j <= t
-    i_c, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_c, i_b, i_h = tl.program_id(0), tl.program_id(2) // H, tl.program_id(2) % H
+    tok0, i_t, T = chunk_at(tl.program_id(1), i_b, T, cu_seqlens, chunk_indices, VARLEN)
     t0 = i_t * BT + i_c * BC                       # first row of the sub-chunk
     if t0 < T:
         o_r = tl.arange(0, BC)
@@ -40,7 +42,7 @@ def _chunk_gla_scores_kernel(
         m_k = o_k < K
         m_q = m_t[:, None] & m_k[None, :]
         # the sub-chunk's first row, 64-bit (linear/chunk.py's chunk_row); rows and columns after it 32-bit
-        r_s = chunk_row(i_b, t0, i_h, T, H)
+        r_s = chunk_row(0, tok0 + t0, i_h, T, H)
         q, k, g = q + r_s * K, k + r_s * K, g + r_s * K
         p_q = (o_r[:, None] * H) * K + o_k[None, :]
         b_q = tl.load(q + p_q, mask=m_q, other=0.0).to(tl.float32) * scale
@@ -87,16 +89,18 @@ def _chunk_gla_scores_kernel(
         # masks them
 
 
-def chunk_gla_scores(q, k, g, A, scale: float) -> None:
+def chunk_gla_scores(q, k, g, A, scale: float, packed=None) -> None:
     """GLA's intra-chunk scores, every sub-chunk of every chunk in parallel.
 
     q, k: [B, T, H, K]; g: fp32 [B, T, H, K], the in-chunk cumulative gates. Written: A
     [B, T, H, CHUNK] in q's dtype, A[b, t, h, c] = the score of token t against token
     (t // CHUNK) * CHUNK + c, scale included, on and below the diagonal (the rest is left as it was).
+    packed: packed sequences (`packed_chunks`, B = 1), whose chunks start at each sequence's first token.
 
         >>> A = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=q.device)
         >>> chunk_gla_scores(q, k, g, A, scale=K ** -0.5)
     """
     B, T, H, K = q.shape
-    _chunk_gla_scores_kernel[(CHUNK // BC, cdiv(T, CHUNK), B * H)](
-        q, k, g, A, scale, T, H, K, BT=CHUNK, BC=BC, BK=pow2_at_least_16(K), DOT_PREC=dot_precision(q.dtype))
+    _chunk_gla_scores_kernel[(CHUNK // BC, n_chunks(T, packed), B * H)](
+        q, k, g, A, scale, T, H, K, BT=CHUNK, BC=BC, BK=pow2_at_least_16(K), DOT_PREC=dot_precision(q.dtype),
+        **varlen(packed))

@@ -9,7 +9,8 @@ scale defaults to K ** -0.5. initial_state: fp32 [B, H, K, V] or None (zeros).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
 Packed sequences (chunk_gla and fused_recurrent_gla): cu_seqlens, int32 [N + 1] offsets of N sequences
 concatenated along T in one batch row (B = 1); the states are then [N, H, K, V], one per sequence
-(attention_kernels/linear/packed.py).
+(attention_kernels/linear/packed.py: the chunk forward's kernels read the chunk table themselves, the rest
+runs once per sequence).
 fused_recurrent_gla also serves: a pool of states, each batch row's slot, the state updated in place
 (inplace_final_state, ssm_state_indices: attention_kernels/linear/slots.py).
 chunk_gla trains (gradients to q, k, v, gk and initial_state, through o and the final state); the other
@@ -28,13 +29,13 @@ from .. import peers
 from . import tilelang_chunk
 from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_fake
 from ..linear.autograd import chunk_function
-from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_dtype, chunk_state_pass
+from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_dtype, chunk_state_pass, n_chunks
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 from ..checks import check_bool, check_no_grad, check_tensor
 from ..launch import cdiv
 from ..linear.inputs import check_linear_inputs, check_output_gradients
 from ..linear.inputs import state_v_first_in as _state_in, state_v_first_out as _state_out
-from ..linear.packed import backward_per_sequence, forward_per_sequence
+from ..linear.packed import backward_per_sequence, forward_per_sequence, packed_chunks
 from ..linear.slots import check_serving_options, pooled_state, step_outputs
 from .chunk import chunk_gla_scores
 from .fused_recurrent import fused_recurrent_fwd
@@ -164,7 +165,7 @@ def sequential_chunk_gla(q, k, v, gk, scale=None, initial_state=None, output_fin
 @compiled_as_op("attention_kernels::chunk_gla_fwd", fake=linear_attention_fake, tuple_size=2)
 def _chunk_gla_fwd(q, k, v, gk, scale, h0: torch.Tensor | None, output_final_state: bool,
                    cu_seqlens: torch.Tensor | None = None):
-    """The forward without a backward to follow (it keeps nothing), once or once per packed sequence; returns
+    """The forward without a backward to follow (it keeps nothing), over a batch or packed sequences; returns
     (o, final_state or None). Its inputs are checked again, by the op's names (a lookup for a call the public
     function has checked): the op is reachable on its own (torch.ops.attention_kernels.chunk_gla_fwd)."""
     _, scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, h0, output_final_state, cu_seqlens)
@@ -191,29 +192,29 @@ def _chunk_gla_fwd_keeping_scores(q, k, v, gk, scale, h0: torch.Tensor | None, o
 
 
 def _forward_dense_or_packed(q, k, v, gk, scale, h0, output_final_state, cu_seqlens, A):
-    """The forward, once or once per packed sequence, its scores written into A (a packed sequence's into its
-    rows: every sequence's chunks start at its first token) or, A None, into a buffer dropped after it."""
-    if cu_seqlens is None:
-        return _forward(q, k, v, gk, scale, h0, output_final_state, A)
-    rows = (q, k, v, gk) if A is None else (q, k, v, gk, A)
-    return forward_per_sequence(lambda rows_n, h0_n, final: _forward(*rows_n[:4], scale, h0_n, final, *rows_n[4:]),
-                                rows, v, h0, output_final_state, cu_seqlens)
+    """The forward over a batch or over packed sequences (the kernels read the chunk table), its scores written
+    into A (a packed sequence's into its rows: every sequence's chunks start at its first token) or, A None,
+    into a buffer dropped after it."""
+    packed = None if cu_seqlens is None else packed_chunks(cu_seqlens, q.shape[1])
+    return _forward(q, k, v, gk, scale, h0, output_final_state, A, packed)
 
 
-def _forward(q, k, v, gk, scale, h0, output_final_state, A=None):
-    """The forward's four launches; the scores go to A (allocated here when None)."""
+def _forward(q, k, v, gk, scale, h0, output_final_state, A=None, packed=None):
+    """The forward's four launches; the scores go to A (allocated here when None). packed: packed sequences
+    (`packed_chunks`, B = 1), one state and one final state per sequence."""
     B, T, H, K = q.shape
     V, dev = v.shape[-1], q.device
+    N = B if packed is None else packed.n_sequences
     g = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
-    chunk_local_cumsum(gk, g)
-    states = torch.empty(B, cdiv(T, CHUNK), H, K, V, dtype=q.dtype, device=dev)
-    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
-    chunk_state_pass(k, v, g, states, h0, ht)
+    chunk_local_cumsum(gk, g, packed=packed)
+    states = torch.empty(B, n_chunks(T, packed), H, K, V, dtype=q.dtype, device=dev)
+    ht = torch.empty(N, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    chunk_state_pass(k, v, g, states, h0, ht, packed=packed)
     if A is None:
         A = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)   # blocks above the diagonal stay unwritten
-    chunk_gla_scores(q, k, g, A, scale)
+    chunk_gla_scores(q, k, g, A, scale, packed=packed)
     o = torch.empty_like(v)
-    chunk_output(q, v, g, states, A, o, scale)
+    chunk_output(q, v, g, states, A, o, scale, packed=packed)
     return o, ht
 
 

@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, cdiv, pow2_at_least_16
-from ..linear.chunk import CHUNK, SUB_CHUNK, chunk_local_cumsum, chunk_row, chunk_state_pass, dot_precision
+from ..linear.chunk import (CHUNK, SUB_CHUNK, chunk_at, chunk_local_cumsum, chunk_row, chunk_state_pass, dot_precision,
+                            n_chunks, varlen)
 from ..tl_helpers import dot_causal
 from .reference import L2NORM_EPS
 
@@ -45,13 +46,15 @@ from .reference import L2NORM_EPS
 def _kda_scores_kernel(
     q, k, b, Aqk, Akk, scale, T, H,
     K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
+    cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False,
 ):
-    # one program: the BC rows of sub-chunk i_c >= 1 of chunk i_t against the
+    # one program: the BC rows of sub-chunk i_c >= 1 of chunk i_t (of a batch
+    # row or a packed sequence: linear/chunk.py's chunk_at) against the
     # earlier sub-chunks, re-based at b_n = b[t0] as GLA's scores are: the
     # rows times e^{b - b_n}, the columns times e^{b_n - b}, every exponent
     # <= 0; both products share the columns
-    i_c, i_t, i_bh = tl.program_id(0) + 1, tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_c, i_b, i_h = tl.program_id(0) + 1, tl.program_id(2) // H, tl.program_id(2) % H
+    tok0, i_t, T = chunk_at(tl.program_id(1), i_b, T, cu_seqlens, chunk_indices, VARLEN)
     t0 = i_t * BT + i_c * BC                       # first row of the sub-chunk
     if t0 < T:
         o_r = tl.arange(0, BC)
@@ -61,7 +64,7 @@ def _kda_scores_kernel(
         m_k = o_k < K
         m_q = m_t[:, None] & m_k[None, :]
         # the sub-chunk's first row, 64-bit (linear/chunk.py's chunk_row); rows and columns after it 32-bit
-        r_s = chunk_row(i_b, t0, i_h, T, H)
+        r_s = chunk_row(0, tok0 + t0, i_h, T, H)
         q, k, b, Aqk, Akk = q + r_s * K, k + r_s * K, b + r_s * K, Aqk + r_s * BT, Akk + r_s * BT
         p_q = (o_r[:, None] * H) * K + o_k[None, :]
         b_gn = tl.load(b + o_k, mask=m_k, other=0.0)
@@ -89,32 +92,41 @@ def _kda_scores_kernel(
 def _kda_diag_scores_kernel(
     q, k, b, Aqk, Akk, scale, T, H,
     K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr,
+    cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False,
 ):
     # one program: token t of one batch row, BH heads (adjacent in memory),
     # against the tokens j <= t of its own sub-chunk, one column per step.
     # Every exponent b_tc - b_jc is <= 0, and no later token is ever read, so
-    # a NaN or inf in one reaches no earlier row.
+    # a NaN or inf in one reaches no earlier row. Packed sequences: program
+    # c·BT + r takes row r of chunk c (linear/chunk.py's chunk_at), if the
+    # sequence has that row.
     i_bt, i_hb = tl.program_id(0), tl.program_id(1)
-    i_b, i_t = i_bt // T, i_bt % T
-    o_h = i_hb * BH + tl.arange(0, BH)
-    o_k = tl.arange(0, BK)
-    m = (o_h < H)[:, None] & (o_k < K)[None, :]
-    r_t = chunk_row(i_b, i_t, 0, T, H)              # token t's head 0, 64-bit (linear/chunk.py's chunk_row)
-    q, k, b, Aqk, Akk = q + r_t * K, k + r_t * K, b + r_t * K, Aqk + r_t * BT, Akk + r_t * BT
-    p_t = o_h[:, None] * K + o_k[None, :]
-    b_q = tl.load(q + p_t, mask=m, other=0.0).to(tl.float32) * scale
-    b_k = tl.load(k + p_t, mask=m, other=0.0).to(tl.float32)
-    b_g = tl.load(b + p_t, mask=m, other=0.0)
-    p_A = o_h * BT
-    t_sub = i_t // BC * BC                          # the first token of t's sub-chunk
-    for j in range(t_sub, i_t + 1):
-        p_j = p_t + (j - i_t) * H * K
-        b_ke = tl.load(k + p_j, mask=m, other=0.0).to(tl.float32) * tl.exp(b_g - tl.load(b + p_j, mask=m, other=0.0))
-        tl.store(Aqk + p_A + j % BT, tl.sum(b_q * b_ke, axis=1).to(Aqk.dtype.element_ty), mask=o_h < H)
-        tl.store(Akk + p_A + j % BT, tl.sum(b_k * b_ke, axis=1).to(Akk.dtype.element_ty), mask=o_h < H)
+    if VARLEN:
+        tok0, i_c, T = chunk_at(i_bt // BT, 0, T, cu_seqlens, chunk_indices, VARLEN)
+        i_t = i_c * BT + i_bt % BT                   # t's place in its sequence
+    else:
+        tok0, i_t = i_bt // T * T, i_bt % T
+    if i_t < T:
+        o_h = i_hb * BH + tl.arange(0, BH)
+        o_k = tl.arange(0, BK)
+        m = (o_h < H)[:, None] & (o_k < K)[None, :]
+        r_t = chunk_row(0, tok0 + i_t, 0, T, H)     # token t's head 0, 64-bit (linear/chunk.py's chunk_row)
+        q, k, b, Aqk, Akk = q + r_t * K, k + r_t * K, b + r_t * K, Aqk + r_t * BT, Akk + r_t * BT
+        p_t = o_h[:, None] * K + o_k[None, :]
+        b_q = tl.load(q + p_t, mask=m, other=0.0).to(tl.float32) * scale
+        b_k = tl.load(k + p_t, mask=m, other=0.0).to(tl.float32)
+        b_g = tl.load(b + p_t, mask=m, other=0.0)
+        p_A = o_h * BT
+        t_sub = i_t // BC * BC                      # the first token of t's sub-chunk
+        for j in range(t_sub, i_t + 1):
+            p_j = p_t + (j - i_t) * H * K
+            b_ke = tl.load(k + p_j, mask=m, other=0.0).to(tl.float32) \
+                * tl.exp(b_g - tl.load(b + p_j, mask=m, other=0.0))
+            tl.store(Aqk + p_A + j % BT, tl.sum(b_q * b_ke, axis=1).to(Aqk.dtype.element_ty), mask=o_h < H)
+            tl.store(Akk + p_A + j % BT, tl.sum(b_k * b_ke, axis=1).to(Akk.dtype.element_ty), mask=o_h < H)
 
 
-def kda_scores(q, k, b, Aqk, Akk, scale: float) -> None:
+def kda_scores(q, k, b, Aqk, Akk, scale: float, packed=None) -> None:
     """The two intra-chunk score matrices KDA needs, in two launches: the blocks below the diagonal
     16 x 16 blocks (one program per sub-chunk), the diagonal blocks (one program per token and group
     of heads).
@@ -122,19 +134,22 @@ def kda_scores(q, k, b, Aqk, Akk, scale: float) -> None:
     q, k: [B, T, H, K]; b: fp32 [B, T, H, K], the in-chunk cumulative gates. Written, on and below the
     diagonal of each chunk (the rest is left as it was): Aqk [B, T, H, CHUNK] in q's dtype, the
     query-key scores with scale (GLA's A); Akk fp32 [B, T, H, CHUNK], the key-key scores without β.
-    Row t, column c holds the score against token (t // CHUNK) * CHUNK + c.
+    Row t, column c holds the score against token (t // CHUNK) * CHUNK + c. packed: packed sequences
+    (`packed_chunks`, B = 1), whose chunks start at each sequence's first token.
     """
     B, T, H, K = q.shape
     BK = pow2_at_least_16(K)
-    _kda_scores_kernel[(CHUNK // SUB_CHUNK - 1, cdiv(T, CHUNK), B * H)](
-        q, k, b, Aqk, Akk, scale, T, H, K, BT=CHUNK, BC=SUB_CHUNK, BK=BK, DOT_PREC=dot_precision(q.dtype))
-    _kda_diag_scores_kernel[lambda m: (B * T, cdiv(H, m["BH"]))](
-        q, k, b, Aqk, Akk, scale, T, H, K, BT=CHUNK, BC=SUB_CHUNK, BK=BK)
+    _kda_scores_kernel[(CHUNK // SUB_CHUNK - 1, n_chunks(T, packed), B * H)](
+        q, k, b, Aqk, Akk, scale, T, H, K, BT=CHUNK, BC=SUB_CHUNK, BK=BK, DOT_PREC=dot_precision(q.dtype),
+        **varlen(packed))
+    rows = B * T if packed is None else packed.n_chunks * CHUNK     # a program per token (and padding row)
+    _kda_diag_scores_kernel[lambda m: (rows, cdiv(H, m["BH"]))](
+        q, k, b, Aqk, Akk, scale, T, H, K, BT=CHUNK, BC=SUB_CHUNK, BK=BK, **varlen(packed))
 
 
 # ------------------------------------------------------------------ 2. the in-chunk solve
 @triton.jit
-def _kda_solve(Akk, beta, b_beta, i_b, i_h, i_t, o_c, m_t, T, H, BT: tl.constexpr, BS: tl.constexpr,
+def _kda_solve(Akk, beta, b_beta, tok0, i_h, i_t, o_c, m_t, T, H, BT: tl.constexpr, BS: tl.constexpr,
                NB: tl.constexpr, SOLVE_PREC: tl.constexpr):
     """X = (I + A)⁻¹ of one chunk, fp32 [BT, BT], A = diag(β) Akk strictly below the diagonal (Akk at the
     chunk's first row), its rows from the first non-finite row of A on set to NaN."""
@@ -164,7 +179,7 @@ def _kda_solve(Akk, beta, b_beta, i_b, i_h, i_t, o_c, m_t, T, H, BT: tl.constexp
     m3 = t3 < T
     b_A3 = tl.load(Akk + ((t3 - i_t * BT) * H) * BT + o_n[:, None, None] * BS + o_s[None, None, :],
                    mask=m3, other=0.0)
-    b_beta3 = tl.load(beta + (i_b * T + t3) * H + i_h, mask=m3, other=0.0).to(tl.float32)
+    b_beta3 = tl.load(beta + (tok0 + t3) * H + i_h, mask=m3, other=0.0).to(tl.float32)
     # select before multiplying: the entries on and above the diagonal were
     # never written
     b_A3 = tl.where(o_s[None, :, None] > o_s[None, None, :], b_A3, 0.0) * b_beta3
@@ -202,21 +217,24 @@ def _kda_wy_kernel(
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
     NB: tl.constexpr, DOT_PREC: tl.constexpr, SOLVE_PREC: tl.constexpr,
     inverse=None, STORE_INVERSE: tl.constexpr = False, LOAD_INVERSE: tl.constexpr = False,
+    cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False,
 ):
-    # one program: the BT rows of chunk i_t of one (batch, head)
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    # one program: the BT rows of chunk i_t of one (batch, head), or of a packed sequence (linear/chunk.py's
+    # chunk_at)
+    i_bh = tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
+    tok0, i_t, T = chunk_at(tl.program_id(0), i_b, T, cu_seqlens, chunk_indices, VARLEN)
     o_c = tl.arange(0, BT)
     o_t = i_t * BT + o_c
     m_t = o_t < T
-    b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)    # [B, T, H]: 32-bit
+    b_beta = tl.load(beta + (tok0 + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)    # [B, T, H]: 32-bit
     # the chunk's first row, 64-bit (linear/chunk.py's chunk_row); rows and columns after it 32-bit
-    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)
+    r_c = chunk_row(0, tok0 + i_t * BT, i_h, T, H)
     if LOAD_INVERSE:
         # the backward's recomputation: X as an earlier launch of this kernel stored it, no solve
         b_Xd = tl.load(inverse + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
     else:
-        b_Xd = _kda_solve(Akk + r_c * BT, beta, b_beta, i_b, i_h, i_t, o_c, m_t, T, H, BT, BS, NB, SOLVE_PREC
+        b_Xd = _kda_solve(Akk + r_c * BT, beta, b_beta, tok0, i_h, i_t, o_c, m_t, T, H, BT, BS, NB, SOLVE_PREC
                           ).to(k.dtype.element_ty)
         if STORE_INVERSE:
             # for the backward, which multiplies by Xᵀ and recomputes W and Ũ from it: as W and Ũ take it
@@ -258,7 +276,7 @@ def _kda_wy_kernel(
 _SOLVE_PRECISION = None
 
 
-def kda_wy(k, v, b, beta, Akk, w, u, kg, inverse=None, inverse_computed: bool = False) -> None:
+def kda_wy(k, v, b, beta, Akk, w, u, kg, inverse=None, inverse_computed: bool = False, packed=None) -> None:
     """The pseudo-values of every chunk, all chunks in parallel (one program per chunk and batch·head).
 
     k: [B, T, H, K]; v: [B, T, H, V]; b: fp32 [B, T, H, K], the in-chunk cumulative gates; beta:
@@ -269,15 +287,15 @@ def kda_wy(k, v, b, beta, Akk, w, u, kg, inverse=None, inverse_computed: bool = 
     H, CHUNK] in k's dtype, or None; given, it receives X = (I + A)⁻¹ as W and Ũ take it (Akk's layout, zeros
     above the diagonal; from a chunk's first non-finite row of A on, NaN), which the backward multiplies by.
     inverse_computed: inverse holds that X already (the backward's recomputation): no solve, and Akk is not
-    read (None will do).
+    read (None will do). packed: packed sequences (`packed_chunks`, B = 1).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
-    _kda_wy_kernel[(cdiv(T, CHUNK), B * H)](
+    _kda_wy_kernel[(n_chunks(T, packed), B * H)](
         k, v, b, beta, Akk, w, u, kg, T, H, K, V, BT=CHUNK, BK=pow2_at_least_16(K),
         BV=min(64, pow2_at_least_16(V)), BS=SUB_CHUNK, NB=CHUNK // SUB_CHUNK, DOT_PREC=dot_precision(k.dtype),
         SOLVE_PREC=_SOLVE_PRECISION or dot_precision(k.dtype), inverse=inverse,
-        STORE_INVERSE=inverse is not None and not inverse_computed, LOAD_INVERSE=inverse_computed)
+        STORE_INVERSE=inverse is not None and not inverse_computed, LOAD_INVERSE=inverse_computed, **varlen(packed))
 
 
 # ------------------------------------------------------------------ 3. the forward up to its output
@@ -302,7 +320,7 @@ class ChunkIntermediates(NamedTuple):
 def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool, state_dtype: torch.dtype,
                             output_final_state: bool = False, store_inverse: bool = False,
                             kept: tuple[torch.Tensor, torch.Tensor] | None = None, kept_computed: bool = False,
-                            gated_queries: torch.Tensor | None = None) -> ChunkIntermediates:
+                            gated_queries: torch.Tensor | None = None, packed=None) -> ChunkIntermediates:
     """The forward's first five launches on contiguous, checked inputs: the gate pass (q and k normalised
     when l2norm), the scores, the solve, the state pass with the delta rule. The chunk-start states are kept
     in state_dtype: the input dtype for the forward's output product, `chunk_state_dtype` for the backward.
@@ -310,17 +328,19 @@ def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool,
     the scores launch and the solve write (the training forward's, which keeps them), or, with kept_computed,
     which an earlier forward wrote (the backward's: no scores launch and no solve); None: allocated here.
     gated_queries: like q, written by the gate pass with scale · q ⊙ e^b (q normalised first with l2norm), for
-    the delta rule's reverse state pass (`chunk_state_grad_pass`'s gated_queries)."""
+    the delta rule's reverse state pass (`chunk_state_grad_pass`'s gated_queries). packed: packed sequences
+    (`packed_chunks`, B = 1; h0 and the final state one per sequence)."""
     B, T, H, K = q.shape
     V, dev = v.shape[-1], q.device
+    N = B if packed is None else packed.n_sequences
     b = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
     if l2norm:
         qn, kn = torch.empty_like(q), torch.empty_like(k)
         chunk_local_cumsum(g, b, q=q, k=k, q_normed=qn, k_normed=kn, eps=L2NORM_EPS, q_gated=gated_queries,
-                           scale=scale)
+                           scale=scale, packed=packed)
         q, k = qn, kn
     else:
-        chunk_local_cumsum(g, b, q=q, q_gated=gated_queries, scale=scale)
+        chunk_local_cumsum(g, b, q=q, q_gated=gated_queries, scale=scale, packed=packed)
     if kept is not None:
         Aqk, inverse = kept
     else:     # the blocks above the diagonal stay unwritten
@@ -329,14 +349,14 @@ def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool,
     Akk = None
     if not kept_computed:
         Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)
-        kda_scores(q, k, b, Aqk, Akk, scale)
+        kda_scores(q, k, b, Aqk, Akk, scale, packed=packed)
     w, kg, u = torch.empty_like(k), torch.empty_like(k), torch.empty_like(v)
-    kda_wy(k, v, b, beta, Akk, w, u, kg, inverse, inverse_computed=kept_computed)
+    kda_wy(k, v, b, beta, Akk, w, u, kg, inverse, inverse_computed=kept_computed, packed=packed)
     del Akk
-    states = torch.empty(B, cdiv(T, CHUNK), H, K, V, dtype=state_dtype, device=dev)
+    states = torch.empty(B, n_chunks(T, packed), H, K, V, dtype=state_dtype, device=dev)
     v_new = torch.empty_like(v)
-    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
-    chunk_state_pass(kg, u, b, states, h0, ht, w=w, v_new=v_new, decayed_keys=True)
+    ht = torch.empty(N, H, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    chunk_state_pass(kg, u, b, states, h0, ht, w=w, v_new=v_new, decayed_keys=True, packed=packed)
     return ChunkIntermediates(q, k, b, Aqk, w, u, kg, states, v_new, ht, inverse)
 
 

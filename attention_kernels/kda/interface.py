@@ -10,7 +10,8 @@ None (zeros). use_qk_l2norm_in_kernel: divide q and k by their L2 norm first (th
 be normalised for the delta rule to stay a contraction; pass False if they already are).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
 Packed sequences (both forms): cu_seqlens, int32 [N + 1] offsets of N sequences concatenated along T in one
-batch row (B = 1); the states are then [N, H, K, V], one per sequence (attention_kernels/linear/packed.py).
+batch row (B = 1); the states are then [N, H, K, V], one per sequence (attention_kernels/linear/packed.py: the
+chunk forward's kernels read the chunk table themselves, the rest runs once per sequence).
 fused_recurrent_kda also serves: a pool of states, each batch row's slot, the state updated in place
 (inplace_final_state, ssm_state_indices: attention_kernels/linear/slots.py).
 chunk_kda trains (gradients to q, k, v, g, beta and initial_state, through o and the final state, and
@@ -36,7 +37,7 @@ from ..checks import check_bool, check_no_grad, check_tensor
 from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_fake
 from ..linear.chunk import CHUNK, chunk_output
 from ..linear.inputs import check_linear_inputs, check_output_gradients, state_v_first_in, state_v_first_out
-from ..linear.packed import backward_per_sequence, forward_per_sequence
+from ..linear.packed import backward_per_sequence, forward_per_sequence, packed_chunks
 from ..linear.slots import check_serving_options, pooled_state, step_outputs
 from .chunk import chunk_kda_intermediates
 from .chunk_backward import chunk_kda_bwd
@@ -164,18 +165,14 @@ fused_recurrent_kda.op = _fused_recurrent_kda.op   # its op, as every other publ
 @compiled_as_op("attention_kernels::chunk_kda_fwd", fake=linear_attention_fake, tuple_size=2)
 def _chunk_kda_fwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, output_final_state: bool,
                    use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None = None):
-    """The forward, once or once per packed sequence; returns (o, final_state or None). Its inputs are checked
+    """The forward, over a batch or packed sequences; returns (o, final_state or None). Its inputs are checked
     again, by the op's names (a lookup for a call the public function has checked): the op is reachable on its
     own (torch.ops.attention_kernels.chunk_kda_fwd)."""
     _, scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, output_final_state,
                                                 use_qk_l2norm_in_kernel, cu_seqlens)
 
-    def run(rows, h0_n, final):
-        return _forward(*rows, scale, h0_n, final, use_qk_l2norm_in_kernel)
-
-    if cu_seqlens is None:
-        return run((q, k, v, g, beta), h0, output_final_state)
-    return forward_per_sequence(run, (q, k, v, g, beta), v, h0, output_final_state, cu_seqlens)
+    packed = None if cu_seqlens is None else packed_chunks(cu_seqlens, q.shape[1])
+    return _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, packed=packed)
 
 
 def _keeping_scores_fake(q, v, output_final_state, cu_seqlens=None, **_):
@@ -197,26 +194,23 @@ def _chunk_kda_fwd_keeping_scores(q, k, v, g, beta, scale, h0: torch.Tensor | No
     the launch that recomputes W and Ũ (0.87 ms there, against fla's 0.43 for that launch without one)."""
     (B, T, H, _, _), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, output_final_state,
                                                               use_qk_l2norm_in_kernel, cu_seqlens)
-    # the blocks above the diagonal stay unwritten
+    # the blocks above the diagonal stay unwritten; each packed sequence's rows hold its own chunks (they start
+    # at its first token)
     Aqk, inverse = (torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=q.device) for _ in range(2))
-
-    def run(rows, h0_n, final):
-        return _forward(*rows[:5], scale, h0_n, final, use_qk_l2norm_in_kernel, kept=rows[5:])
-
-    if cu_seqlens is None:     # each packed sequence's scores go into its own rows (its chunks start there)
-        o, ht = run((q, k, v, g, beta, Aqk, inverse), h0, output_final_state)
-    else:
-        o, ht = forward_per_sequence(run, (q, k, v, g, beta, Aqk, inverse), v, h0, output_final_state, cu_seqlens)
+    packed = None if cu_seqlens is None else packed_chunks(cu_seqlens, T)
+    o, ht = _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, kept=(Aqk, inverse),
+                     packed=packed)
     return o, Aqk, inverse, ht
 
 
-def _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, kept=None):
-    """The forward's six launches; kept: (Aqk, X) buffers the query-key scores and the solve's inverse are
-    written into (the training forward's), or None for buffers dropped after it."""
+def _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, kept=None, packed=None):
+    """The forward's six launches over a batch or over packed sequences (`packed_chunks`); kept: (Aqk, X)
+    buffers the query-key scores and the solve's inverse are written into (the training forward's), or None
+    for buffers dropped after it."""
     x = chunk_kda_intermediates(q, k, v, g, beta, scale, h0, l2norm=use_qk_l2norm_in_kernel, state_dtype=q.dtype,
-                                output_final_state=output_final_state, kept=kept)
+                                output_final_state=output_final_state, kept=kept, packed=packed)
     o = torch.empty_like(v)
-    chunk_output(x.q, x.v_new, x.b, x.states, x.Aqk, o, scale)
+    chunk_output(x.q, x.v_new, x.b, x.states, x.Aqk, o, scale, packed=packed)
     return o, x.final_state
 
 

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, cdiv
-from ..linear.chunk import CHUNK, dot_precision, load_log_decay, output_tile, tiles_that_fit
+from ..linear.chunk import CHUNK, dot_precision, load_log_decay, n_chunks, output_tile, tiles_that_fit, varlen
 from ..tl_helpers import dot_causal
 
 # (BK, BV), num_warps, num_stages: BV = V = 128 computes Q K^T once per chunk and head. On the H200
@@ -38,11 +38,12 @@ _fits = tiles_that_fit()
 def _chunk_lightning_output_kernel(
     q, k, v, h, gamma, o, scale, T, H, NT,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False,
 ):
     # one program: the BT rows of chunk i_t, value columns [i_v·BV,
-    # (i_v+1)·BV), of one (batch, head)
-    i_h, o_c, o_t, m_t, o_v, m_v, p_hc, r_c = output_tile(h, T, H, NT, K, V, BT, BV)
+    # (i_v+1)·BV), of one (batch, head) or one packed sequence's chunk
+    i_h, o_c, o_t, m_t, o_v, m_v, p_hc, r_c = output_tile(h, T, H, NT, K, V, BT, BV, cu_seqlens, chunk_indices,
+                                                          VARLEN)
     q, k, v, o = q + r_c * K, k + r_c * K, v + r_c * V, o + r_c * V    # 64-bit (linear/chunk.py's chunk_row)
     p_row = o_c[:, None] * H                   # the chunk's tokens' rows after r_c
     b_g = load_log_decay(gamma, i_h)           # the log decay per step, -s <= 0 (-inf raised to finite)
@@ -78,13 +79,14 @@ def _chunk_lightning_output_kernel(
     tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_ov)
 
 
-def chunk_lightning_output(q, k, v, states, gamma, o, scale: float) -> None:
+def chunk_lightning_output(q, k, v, states, gamma, o, scale: float, packed=None) -> None:
     """O = diag(λ^(c+1)) (Q kv_prev) · scale + ((Q K^T) ⊙ M) V · scale for every chunk, all chunks in
     parallel (one program per V-tile, chunk and batch·head).
 
     q, k: [B, T, H, K]; v: [B, T, H, V]; states: [B, NT, H, K, V], the state at every chunk start
     (`chunk_state_pass` with the same gamma); gamma: fp32 [H], the log decay per step (-slopes).
-    Written: o [B, T, H, V]. All contiguous.
+    Written: o [B, T, H, V]. All contiguous. packed: packed sequences (`packed_chunks`, B = 1; the states as
+    `chunk_state_pass` writes them for them).
 
         >>> states = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, dtype=q.dtype, device=q.device)
         >>> chunk_state_pass(k, v, None, states, gamma=-slopes)
@@ -92,9 +94,10 @@ def chunk_lightning_output(q, k, v, states, gamma, o, scale: float) -> None:
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT = cdiv(T, CHUNK)
+    NT = n_chunks(T, packed)
     _chunk_lightning_output_kernel[lambda m: (cdiv(V, m["BV"]), NT, B * H)](
-        q, k, v, states, gamma, o, scale, T, H, NT, K, V, BT=CHUNK, DOT_PREC=dot_precision(q.dtype))
+        q, k, v, states, gamma, o, scale, T, H, NT, K, V, BT=CHUNK, DOT_PREC=dot_precision(q.dtype),
+        **varlen(packed))
 
 
 __all__ = ["chunk_lightning_output"]

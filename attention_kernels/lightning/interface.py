@@ -9,7 +9,8 @@ GPU, fp32), slopes any of them (used in fp32); K, V <= 256, any T >= 1. scale de
 None also means 1.0). initial_state: fp32 [B, H, K, V] or None (zeros).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
 Packed sequences (both forms): cu_seqlens, int32 [N + 1] offsets of N sequences concatenated along T in one
-batch row (B = 1); the states are then [N, H, K, V], one per sequence (attention_kernels/linear/packed.py).
+batch row (B = 1); the states are then [N, H, K, V], one per sequence (attention_kernels/linear/packed.py: the
+chunk forward's kernels read the chunk table themselves, the rest runs once per sequence).
 fused_recurrent_lightning also serves: a pool of states, each batch row's slot, the state updated in place
 (inplace_final_state, ssm_state_indices: attention_kernels/linear/slots.py).
 chunk_lightning trains (gradients to q, k, v and initial_state, through o and the final state; the slopes
@@ -24,12 +25,12 @@ import torch
 
 from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_fake
 from ..linear.autograd import chunk_function
-from ..linear.chunk import CHUNK, chunk_state_dtype, chunk_state_pass
+from ..linear.chunk import CHUNK, chunk_state_dtype, chunk_state_pass, n_chunks
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 from ..checks import check_no_grad
 from ..launch import cdiv
 from ..linear.inputs import check_linear_inputs, check_output_gradients
-from ..linear.packed import backward_per_sequence, forward_per_sequence
+from ..linear.packed import backward_per_sequence, forward_per_sequence, packed_chunks
 from ..linear.slots import check_serving_options, pooled_state, step_outputs
 from .chunk import chunk_lightning_output
 from .fused_recurrent import fused_recurrent_fwd
@@ -115,25 +116,25 @@ fused_recurrent_lightning.op = _fused_recurrent_lightning.op   # its op, as ever
 @compiled_as_op("attention_kernels::chunk_lightning_fwd", fake=linear_attention_fake, tuple_size=2)
 def _chunk_lightning_fwd(q, k, v, gamma, scale, h0: torch.Tensor | None, output_final_state: bool,
                          cu_seqlens: torch.Tensor | None = None):
-    """The forward, once or once per packed sequence; returns (o, final_state or None). Its inputs are checked
-    again (a lookup for a call the public function has checked): the op is reachable on its own
-    (torch.ops.attention_kernels.chunk_lightning_fwd)."""
+    """The forward over a batch or over packed sequences (the kernels read the chunk table); returns (o,
+    final_state or None). Its inputs are checked again (a lookup for a call the public function has checked):
+    the op is reachable on its own (torch.ops.attention_kernels.chunk_lightning_fwd)."""
     _, scale, (q, k, v, gamma, h0) = _checked(q, k, v, gamma, scale, h0, output_final_state, cu_seqlens)
-    if cu_seqlens is None:
-        return _forward(q, k, v, gamma, scale, h0, output_final_state)
-    return forward_per_sequence(lambda rows, h0_n, final: _forward(*rows, gamma, scale, h0_n, final),
-                                (q, k, v), v, h0, output_final_state, cu_seqlens)
+    packed = None if cu_seqlens is None else packed_chunks(cu_seqlens, q.shape[1])
+    return _forward(q, k, v, gamma, scale, h0, output_final_state, packed)
 
 
-def _forward(q, k, v, gamma, scale, h0, output_final_state):
-    """The forward's two launches."""
+def _forward(q, k, v, gamma, scale, h0, output_final_state, packed=None):
+    """The forward's two launches. packed: packed sequences (`packed_chunks`, B = 1), one state and one final
+    state per sequence."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    states = torch.empty(B, cdiv(T, CHUNK), H, K, V, dtype=q.dtype, device=q.device)
-    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
-    chunk_state_pass(k, v, None, states, h0, ht, gamma=gamma)
+    N = B if packed is None else packed.n_sequences
+    states = torch.empty(B, n_chunks(T, packed), H, K, V, dtype=q.dtype, device=q.device)
+    ht = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    chunk_state_pass(k, v, None, states, h0, ht, gamma=gamma, packed=packed)
     o = torch.empty_like(v)
-    chunk_lightning_output(q, k, v, states, gamma, o, scale)
+    chunk_lightning_output(q, k, v, states, gamma, o, scale, packed=packed)
     return o, ht
 
 

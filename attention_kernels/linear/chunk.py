@@ -104,6 +104,47 @@ def chunk_state_base(i_b, i_t, i_h, NT, H, K, V):
     return ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V
 
 
+@triton.jit
+def chunk_at(i_c, i_b, T, cu_seqlens, chunk_indices, VARLEN: tl.constexpr):
+    """Where chunk program i_c works: (the first token of its sequence among the B·T tokens, the chunk's index
+    in that sequence, the sequence's length). Dense inputs [B, T, ...]: batch row i_b, chunk i_c. Packed
+    (VARLEN, B = 1): chunk_indices[i_c] = (sequence n, its chunk), sequence n from cu_seqlens[n] to
+    cu_seqlens[n + 1] (`attention_kernels.linear.packed.packed_chunks`): every sequence's chunks start at its
+    first token, and none holds tokens of two sequences."""
+    if VARLEN:
+        i_n = tl.load(chunk_indices + 2 * i_c)
+        tok0 = tl.load(cu_seqlens + i_n)
+        return tok0, tl.load(chunk_indices + 2 * i_c + 1), tl.load(cu_seqlens + i_n + 1) - tok0
+    else:
+        return i_b * T, i_c, T
+
+
+@triton.jit
+def sequence_at(i_b, T, NT, cu_seqlens, chunk_offsets, VARLEN: tl.constexpr):
+    """Where a program that walks sequence i_b's chunks works: (its first token among the B·T tokens, its length,
+    its first chunk among all sequences' chunks, the slot of its first state). Packed (VARLEN): sequence i_b
+    of cu_seqlens, its chunks from chunk_offsets[i_b] on."""
+    if VARLEN:
+        tok0 = tl.load(cu_seqlens + i_b)
+        return tok0, tl.load(cu_seqlens + i_b + 1) - tok0, tl.load(chunk_offsets + i_b)
+    else:
+        return i_b * T, T, i_b * NT
+
+
+def n_chunks(T: int, packed=None) -> int:
+    """The chunk programs of a launch: ceil(T / CHUNK) per batch row, or every packed sequence's chunks."""
+    return cdiv(T, CHUNK) if packed is None else packed.n_chunks
+
+
+def varlen(packed=None, offsets: bool = False) -> dict:
+    """A kernel's packed-sequence arguments: none for dense inputs; the offsets and the chunk table (`chunk_at`)
+    or, with offsets, the offsets and each sequence's first chunk (`sequence_at`)."""
+    if packed is None:
+        return {}
+    table = dict(chunk_offsets=packed.chunk_offsets) if offsets else dict(chunk_indices=packed.chunk_indices)
+    return dict(cu_seqlens=packed.cu_seqlens, **table, VARLEN=True)
+
+
 # ------------------------------------------------------------------ 1. the in-chunk cumulative gate
 # T, H and the chunk count NT change with every prompt; they only enter address arithmetic
 # (always multiplied by the constexpr head dims), so `do_not_specialize` lets one compiled
@@ -112,13 +153,15 @@ def chunk_state_base(i_b, i_t, i_h, NT, H, K, V):
 def _chunk_local_cumsum_kernel(g, b, T, H, G: tl.constexpr, FLOOR: tl.constexpr,
                                BT: tl.constexpr, BG: tl.constexpr,
                                q=None, k=None, qn=None, kn=None, L2NORM: tl.constexpr = False,
-                               EPS: tl.constexpr = 0.0, qg=None, scale=1.0, GATED_Q: tl.constexpr = False):
-    i_g, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+                               EPS: tl.constexpr = 0.0, qg=None, scale=1.0, GATED_Q: tl.constexpr = False,
+                               cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False):
+    i_g, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    tok0, i_t, T = chunk_at(i_c, i_b, T, cu_seqlens, chunk_indices, VARLEN)
     o_t = i_t * BT + tl.arange(0, BT)
     o_g = i_g * BG + tl.arange(0, BG)
     m_g = (o_t < T)[:, None] & (o_g < G)[None, :]
-    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)       # 64-bit (comment above chunk_row)
+    r_c = chunk_row(0, tok0 + i_t * BT, i_h, T, H)       # 64-bit (comment above chunk_row)
     g, b = g + r_c * G, b + r_c * G
     p_g = (tl.arange(0, BT)[:, None] * H) * G + o_g[None, :]
     b_g = tl.load(g + p_g, mask=m_g, other=0.0).to(tl.float32)
@@ -146,7 +189,7 @@ def _chunk_local_cumsum_kernel(g, b, T, H, G: tl.constexpr, FLOOR: tl.constexpr,
 
 
 def chunk_local_cumsum(g: torch.Tensor, b: torch.Tensor, *, q=None, k=None, q_normed=None, k_normed=None,
-                       eps: float = 0.0, q_gated=None, scale: float = 1.0) -> None:
+                       eps: float = 0.0, q_gated=None, scale: float = 1.0, packed=None) -> None:
     """b = the cumulative sum of the log gates g inside each chunk of CHUNK tokens, in fp32.
 
     g: [B, T, H, G] (G = K per-channel gates, or 1 for a gate per head), contiguous, any float
@@ -155,6 +198,7 @@ def chunk_local_cumsum(g: torch.Tensor, b: torch.Tensor, *, q=None, k=None, q_no
     writes q / sqrt(Σ q² + eps) and the same for k (KDA's use_qk_l2norm_in_kernel). With q and
     q_gated (like q, written; G = K), it also writes scale · q ⊙ e^b, q normalised first when q_normed is
     given: the queries as the delta rule's reverse state pass multiplies them (`gated_queries` there).
+    packed: the chunks of packed sequences (`packed_chunks`, B = 1), each sequence's starting at its first token.
 
         >>> b = torch.empty(gk.shape, dtype=torch.float32, device=gk.device)
         >>> chunk_local_cumsum(gk, b)
@@ -166,8 +210,8 @@ def chunk_local_cumsum(g: torch.Tensor, b: torch.Tensor, *, q=None, k=None, q_no
     gated = {} if q_gated is None else dict(qg=q_gated, scale=scale, GATED_Q=True)
     # the norm sums over every key channel: one program holds whole rows then
     BG = pow2_at_least_16(G) if l2norm else min(64, next_power_of_2(G))
-    _chunk_local_cumsum_kernel[(cdiv(G, BG), cdiv(T, CHUNK), B * H)](
-        g, b, T, H, G, FLOOR=GATE_FLOOR, BT=CHUNK, BG=BG, q=q, **l2norm, **gated)
+    _chunk_local_cumsum_kernel[(cdiv(G, BG), n_chunks(T, packed), B * H)](
+        g, b, T, H, G, FLOOR=GATE_FLOOR, BT=CHUNK, BG=BG, q=q, **l2norm, **gated, **varlen(packed))
 
 
 # ------------------------------------------------------------------ 2. the inter-chunk state pass
@@ -221,9 +265,13 @@ def _chunk_state_kernel(
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
     gamma=None, GAMMA: tl.constexpr = False,
     w=None, v_new=None, DELTA: tl.constexpr = False, DECAYED_KEYS: tl.constexpr = False,
+    cu_seqlens=None, chunk_offsets=None, VARLEN: tl.constexpr = False,
 ):
+    # one program: key rows [i_k·BK, ..) and value columns [i_v·BV, ..) of one (sequence, head)'s state,
+    # walking that sequence's chunks
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    tok0, T, slot0 = sequence_at(i_b, T, NT, cu_seqlens, chunk_offsets, VARLEN)
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     o_gk = o_k if G == K else o_k * 0          # a gate per head (G = 1): every key channel reads it
@@ -235,20 +283,21 @@ def _chunk_state_kernel(
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
 
-    # the batch row's first token of head i_h, 64-bit (comment above chunk_row)
-    r_b = chunk_row(i_b, 0, i_h, T, H)
+    # the sequence's first token of head i_h, 64-bit (comment above chunk_row)
+    r_b = chunk_row(0, tok0, i_h, T, H)
     k, v = k + r_b * K, v + r_b * V
     if not GAMMA:   # (a fixed decay has no gate tensor)
         if G == K:
             b = b + r_b * G
         else:
-            b = b + (i_b * T * H + i_h)         # a gate per head: [B, T, H] scalars, 32-bit
+            b = b + (tok0 * H + i_h)            # a gate per head: [B, T, H] scalars, 32-bit
     if DELTA:
         w, v_new = w + r_b * K, v_new + r_b * V
-    for i_t in range(NT):
+    for i_t in range(tl.cdiv(T, BT)):
         # the state at the start of chunk i_t, for the output kernel (in the
         # input dtype)
-        tl.store(h + chunk_state_base(i_b, i_t, i_h, NT, H, K, V) + p_h, b_h.to(h.dtype.element_ty), mask=m_h)
+        tl.store(h + chunk_state_base(0, slot0 + i_t, i_h, NT, H, K, V) + p_h, b_h.to(h.dtype.element_ty),
+                 mask=m_h)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
         # K^T and b^T as [BK, BT] tiles, V as [BT, BV]
@@ -287,16 +336,20 @@ _delta_state_kernel = triton.autotune(configs=_DELTA_STATE_CONFIGS, key=["K", "V
                                       prune_configs_by={"early_config_prune": _fits})(_chunk_state_kernel.fn)
 
 
-def launch_state_pass(kernel, delta_kernel, args: tuple, flags: dict, delta: dict | None = None) -> None:
+def launch_state_pass(kernel, delta_kernel, args: tuple, flags: dict, delta: dict | None = None,
+                      packed=None) -> None:
     """Launch a sequential state pass, forward or backward: `kernel`, one program per K-tile, V-tile and
     batch·head, or, with `delta` (the delta rule's tensors by their parameter names), `delta_kernel`, whose
     program holds a whole key row. args: the kernels' leading arguments, which begin with the per-token inputs
     ([B, T, H, K], [B, T, H, V], the gates [B, T, H, G] or None); the sizes (T, H, NT, B·H, K, V, G) follow
-    them. flags: the constexprs and the gamma."""
+    them. flags: the constexprs and the gamma. packed: packed sequences (`packed_chunks`), one program per
+    sequence and head walking that sequence's chunks."""
     x, y, b = args[:3]
     B, T, _, K = x.shape
     _, _, H, V = y.shape             # the heads: y's (x may hold one row per group of heads)
-    args = (*args, T, H, cdiv(T, CHUNK), B * H, K, V, 1 if b is None else b.shape[-1])
+    if packed is not None:
+        B, flags = packed.n_sequences, {**flags, **varlen(packed, offsets=True)}
+    args = (*args, T, H, n_chunks(T, packed), B * H, K, V, 1 if b is None else b.shape[-1])
     if delta is None:
         kernel[lambda m: (cdiv(K, m["BK"]), cdiv(V, m["BV"]), B * H)](*args, **flags)
     else:
@@ -305,7 +358,7 @@ def launch_state_pass(kernel, delta_kernel, args: tuple, flags: dict, delta: dic
 
 
 def chunk_state_pass(k, v, b, states, initial_state=None, final_state=None, *, gamma=None, w=None, v_new=None,
-                     decayed_keys=False) -> None:
+                     decayed_keys=False, packed=None) -> None:
     """The state at the start of every chunk, and after the last: the only pass that is sequential
     over chunks (one program per K-tile, V-tile and batch·head walks them).
 
@@ -322,6 +375,9 @@ def chunk_state_pass(k, v, b, states, initial_state=None, final_state=None, *, g
     decayed_keys: k already holds the keys decayed to their chunk's last token, K ⊙ e^{b_last - b}
     (KDA's solve computes them in parallel over chunks), so the pass reads only b's last row per chunk.
 
+    packed: packed sequences (`packed_chunks`, B = 1): states [1, NC, H, K, V] hold every sequence's chunks in
+    order (NC = packed.n_chunks), initial_state and final_state one state per sequence, [N, H, K, V].
+
         >>> states = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, dtype=k.dtype, device=k.device)
         >>> chunk_state_pass(k, v, b, states)
         >>> states[:, 1]            # S after the first chunk, [B, H, K, V]
@@ -336,24 +392,28 @@ def chunk_state_pass(k, v, b, states, initial_state=None, final_state=None, *, g
     flags = dict(BT=CHUNK, USE_H0=initial_state is not None, STORE_HT=final_state is not None,
                  DOT_PREC=dot_precision(k.dtype), gamma=gamma, GAMMA=gamma is not None, DECAYED_KEYS=decayed_keys)
     launch_state_pass(_chunk_state_kernel, _delta_state_kernel, args, flags,
-                      None if w is None else dict(w=w, v_new=v_new))
+                      None if w is None else dict(w=w, v_new=v_new), packed)
 
 
 # ------------------------------------------------------------------ 3. the output assembly
 @triton.jit
-def output_tile(h, T, H, NT, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+def output_tile(h, T, H, NT, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                cu_seqlens, chunk_indices, VARLEN: tl.constexpr):
     """Where an output program works: grid (V / BV, NT, B·H), the BT rows of chunk i_t and value
-    columns [i_v·BV, (i_v+1)·BV) of one (batch, head). Returns i_h, the rows inside the chunk o_c and in
-    the sequence o_t (mask m_t), the value columns o_v (mask m_v), a pointer to the state at the chunk's
-    start in h [B, NT, H, K, V], and the chunk's first row r_c (`chunk_row`, 64-bit): token t's row of a
-    [B, T, H, D] tensor starts at (r_c + (t - i_t·BT)·H)·D."""
-    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    columns [i_v·BV, (i_v+1)·BV) of one (batch, head), or of packed sequences' chunk program_id(1)
+    (`chunk_at`). Returns i_h, the rows inside the chunk o_c and in the sequence o_t (mask m_t), the value
+    columns o_v (mask m_v), a pointer to the state at the chunk's start in h [B, NT, H, K, V], and the
+    chunk's first row r_c (`chunk_row`, 64-bit): token t's row of a [B, T, H, D] tensor starts at
+    (r_c + (t - i_t·BT)·H)·D."""
+    i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    tok0, i_t, T = chunk_at(i_c, i_b, T, cu_seqlens, chunk_indices, VARLEN)
     o_c = tl.arange(0, BT)
     o_t = i_t * BT + o_c
     o_v = i_v * BV + tl.arange(0, BV)
-    p_hc = h + chunk_state_base(i_b, i_t, i_h, NT, H, K, V)
-    return i_h, o_c, o_t, o_t < T, o_v, o_v < V, p_hc, chunk_row(i_b, i_t * BT, i_h, T, H)
+    # the chunk's state: chunk i_c of batch row i_b, or of the packed sequences' NT chunks in order (B = 1)
+    p_hc = h + chunk_state_base(i_b, i_c, i_h, NT, H, K, V)
+    return i_h, o_c, o_t, o_t < T, o_v, o_v < V, p_hc, chunk_row(0, tok0 + i_t * BT, i_h, T, H)
 
 
 # (BK, BV), num_warps, num_stages. V = 64 keeps only the BV = 64 one.
@@ -367,8 +427,10 @@ def _chunk_output_kernel(
     q, v, b, h, A, o, scale, T, H, NT,
     K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+    cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False,
 ):
-    i_h, o_c, o_t, m_t, o_v, m_v, p_hc, r_c = output_tile(h, T, H, NT, K, V, BT, BV)
+    i_h, o_c, o_t, m_t, o_v, m_v, p_hc, r_c = output_tile(h, T, H, NT, K, V, BT, BV, cu_seqlens, chunk_indices,
+                                                          VARLEN)
     q, b, A, v, o = q + r_c * K, b + r_c * G, A + r_c * BT, v + r_c * V, o + r_c * V
     p_row = o_c[:, None] * H                   # the chunk's tokens' rows after r_c
 
@@ -397,23 +459,26 @@ def _chunk_output_kernel(
     tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_ov)
 
 
-def chunk_output(q, v, b, states, A, o, scale: float) -> None:
+def chunk_output(q, v, b, states, A, o, scale: float, packed=None) -> None:
     """o = (Q ⊙ e^b) S_start · scale + A V for every chunk, all chunks in parallel (one program per
     V-tile, chunk and batch·head): two matmuls, no loop over tokens.
 
     q: [B, T, H, K]; v: [B, T, H, V]; b: fp32 [B, T, H, G] (G = K or 1); states: [B, NT, H, K, V]
     (`chunk_state_pass`); A: [B, T, H, CHUNK], row t's scores against the tokens of its chunk,
-    scale included, read on and below the diagonal only. Written: o [B, T, H, V]. All contiguous.
+    scale included, read on and below the diagonal only. Written: o [B, T, H, V]. All contiguous. packed:
+    packed sequences (`packed_chunks`, B = 1; states as `chunk_state_pass` writes them for them).
 
         >>> o = torch.empty_like(v)
         >>> chunk_output(q, v, b, states, A, o, scale=K ** -0.5)
     """
     B, T, H, K = q.shape
     V, G = v.shape[-1], b.shape[-1]
-    NT = cdiv(T, CHUNK)
+    NT = n_chunks(T, packed)
     _chunk_output_kernel[lambda m: (cdiv(V, m["BV"]), NT, B * H)](
-        q, v, b, states, A, o, scale, T, H, NT, K, V, G, BT=CHUNK, DOT_PREC=dot_precision(q.dtype))
+        q, v, b, states, A, o, scale, T, H, NT, K, V, G, BT=CHUNK, DOT_PREC=dot_precision(q.dtype),
+        **varlen(packed))
 
 
 __all__ = ["CHUNK", "SUB_CHUNK", "GATE_FLOOR", "chunk_local_cumsum", "chunk_state_pass", "chunk_output",
-           "chunk_row", "chunk_state_dtype", "decay_exponent", "dot_precision", "load_log_decay"]
+           "chunk_at", "chunk_row", "chunk_state_dtype", "decay_exponent", "dot_precision", "load_log_decay",
+           "n_chunks", "varlen"]

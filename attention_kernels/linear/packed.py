@@ -3,20 +3,28 @@ one batch row, their offsets in `cu_seqlens` (int32 [N + 1], as flash-attn's and
 one initial and one final state per sequence ([N, H, K, V]).
 
 Each sequence is a recurrence of its own: no state crosses from one sequence into the next, and each one's
-chunks start at its first token, wherever that falls in the packed row. The forms here do the simplest exact
-thing: read the offsets on the host once per call and run the unpacked launches on each sequence's rows
-(views: the rows of one sequence in a batch-1 tensor are contiguous), forward and backward alike. That costs a
-wait for the GPU before the first launch (so a packed call cannot be captured in a CUDA graph) and one set of
-launches per sequence, which many short sequences feel; a kernel that reads the offsets itself, starting a
-new state at each sequence's first token, would remove both.
+chunks start at its first token, wherever that falls in the packed row. Two ways run them:
+
+- The chunk forward's kernels read the offsets themselves (`packed_chunks`): one launch each over every
+  sequence's chunks, the state pass one program per sequence and head, as fla's varlen kernels do
+  (`prepare_chunk_indices` in fla/ops/utils/index.py). The chunk table is built on the host from one read of
+  the offsets.
+- Everything else (the backward, the recurrent forms) reads the offsets on the host once per call and runs
+  the unpacked launches on each sequence's rows (views: the rows of one sequence in a batch-1 tensor are
+  contiguous): one set of launches per sequence, which many short sequences feel.
+
+Both wait for the GPU before the first launch (the host read), so a packed call cannot be captured in a CUDA
+graph.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
 from ..checks import check_offset_values
+from ..launch import cdiv
+from .chunk import CHUNK
 
 
 def sequences(cu_seqlens: torch.Tensor, T: int) -> list[tuple[int, int]]:
@@ -24,6 +32,36 @@ def sequences(cu_seqlens: torch.Tensor, T: int) -> list[tuple[int, int]]:
     offsets = cu_seqlens.tolist()
     check_offset_values(offsets, T, name="q")
     return list(zip(offsets[:-1], offsets[1:]))
+
+
+class PackedChunks(NamedTuple):
+    """Packed sequences cut into chunks that each start at their sequence's first token CHUNK·i: cu_seqlens
+    (int32 [N + 1]); chunk_indices (int32 [NC, 2]), chunk c's (sequence, index in it), in order; chunk_offsets
+    (int32 [N + 1]), each sequence's first chunk among the NC; n_chunks = NC; n_sequences = N."""
+    cu_seqlens: torch.Tensor
+    chunk_indices: torch.Tensor
+    chunk_offsets: torch.Tensor
+    n_chunks: int
+    n_sequences: int
+
+
+def packed_chunks(cu_seqlens: torch.Tensor, T: int) -> PackedChunks:
+    """The chunk table of packed sequences, from one host read of their offsets (checked against T, the
+    packed length): what the chunk kernels' `chunk_at` and `sequence_at` read. An empty sequence has no chunk.
+
+        >>> packed_chunks(torch.tensor([0, 70, 70, 100], dtype=torch.int32), 100).chunk_indices.tolist()
+        [[0, 0], [0, 1], [2, 0]]
+    """
+    spans = sequences(cu_seqlens, T)
+    counts = [cdiv(end - start, CHUNK) for start, end in spans]
+    offsets = [0]
+    for n in counts:
+        offsets.append(offsets[-1] + n)
+    table = [(i, c) for i, n in enumerate(counts) for c in range(n)]
+    device = cu_seqlens.device
+    indices = torch.tensor(table, dtype=torch.int32).reshape(-1, 2).to(device)
+    return PackedChunks(cu_seqlens.to(torch.int32).contiguous(), indices,
+                        torch.tensor(offsets, dtype=torch.int32, device=device), offsets[-1], len(spans))
 
 
 def _rows(tensors, start: int, end: int) -> tuple:
