@@ -61,3 +61,38 @@ def test_declared_softmax_baselines_state_their_kv_heads():
     for bench, hkv in ((lightning_bench, 4), (gla_bench, 8)):
         cases = bench.CONTEXT_SOFTMAX.cases
         assert cases and all(costs.kv_heads(c) == hkv and c["H"] == 32 for c in cases)
+
+
+@pytest.mark.parametrize("family, peer", [("gla", "fla chunk_gla"), ("lightning", "fla chunk_simple_gla"),
+                                          ("kda", "fla chunk_kda")])
+def test_packed_tables_time_the_packed_call_against_padding_and_fla(family, peer, monkeypatch):
+    """Each linear family's packed table: the training step on the FlashAttention chapter's length mix (16K tokens
+    of `packed_lengths`, seed 0) at H = 32, D = 128, as the packed call, the same sequences padded to the longest
+    (N rows of T_max, no offsets) and fla's packed call; its work is the TRAIN table's, summed sequence by
+    sequence (the padding counts nothing)."""
+    import importlib
+
+    from attention_kernels.flash_attn import bench as fa_bench
+    from attention_kernels.flash_attn.bench import packed_lengths
+
+    bench = importlib.import_module(f"attention_kernels.{family}.bench")
+    table = bench.PACKED
+    assert table.name == f"{family}_packed" and table in bench.BENCHMARKS
+    assert list(table.providers) == ["book: packed", "book: padded", peer]
+    assert table.timer == bench.TRAIN.timer == "flushed"
+    lengths = packed_lengths(16384, seed=0)
+    [case] = table.cases
+    assert case == {"B": len(lengths), "T": 16384, "H": 32, "D": 128, "seed": 0}
+
+    one = lambda n: {"B": 1, "T": n, "H": 32, "D": 128}   # noqa: E731
+    assert table.flops(case) == sum(bench.TRAIN.flops(one(n)) for n in lengths)
+    assert table.bytes_moved(case) == sum(bench.TRAIN.bytes_moved(one(n)) for n in lengths)
+    padded = {"B": len(lengths), "T": max(lengths), "H": 32, "D": 128}
+    assert table.flops(case) < bench.TRAIN.flops(padded)   # what padding adds is not counted
+
+    # the shapes each provider is handed: one packed row with its offsets, or the padded batch without
+    seen = []
+    monkeypatch.setattr(costs, "cu_seqlens", lambda lengths, device=None: fa_bench.cu_seqlens(lengths))
+    costs.packed(lambda c, cu: seen.append((c, cu.tolist())))(case)
+    costs.padded(lambda c, cu_seqlens=None: seen.append((c, cu_seqlens)))(case)
+    assert seen == [({**case, "B": 1}, fa_bench.cu_seqlens(lengths).tolist()), ({**case, **padded}, None)]

@@ -7,6 +7,9 @@
     PREFILL                       a whole prompt: chunk-parallel (Triton, and TileLang where it is installed),
                                   the article's chunk kernel, fla, SDPA
     TRAIN                         a training step (forward and backward) of chunk_gla, fla's, and SDPA's
+    PACKED                        the same step on 16K tokens of packed sequences of long-tailed lengths
+                                  (flash_attn.bench.packed_lengths): chunk_gla with cu_seqlens, the same
+                                  sequences padded to the longest, fla's chunk_gla with cu_seqlens
 
     >>> from attention_kernels.bench import run
     >>> df = run(PREFILL)          # times on a GPU, loads results/gla_prefill.csv elsewhere
@@ -135,16 +138,17 @@ PREFILL = Benchmark(
 
 # ---------------------------------------------------------------- training
 def _train(fn):
-    """fn(q, k, v, gk) forward and backward to all four, on the case's inputs."""
-    def factory(c):
+    """fn(q, k, v, gk) forward and backward to all four, on the case's inputs; given cu_seqlens, a packed
+    call (`costs.packed`)."""
+    def factory(c, cu_seqlens=None):
         inputs = [x.requires_grad_() for x in _qkvg(c["B"], c["T"], c["H"], c["D"])]
-        return costs.train_step(fn, inputs, inputs)
+        return costs.train_step(lambda *x: fn(*x, **costs.offsets(cu_seqlens)), inputs, inputs)
     return factory
 
 
-def _fla_train(c):
+def _fla_train(c, cu_seqlens=None):
     fla_chunk_gla = fla("gla", "chunk_gla")
-    return None if fla_chunk_gla is None else _train(fla_chunk_gla)(c)
+    return None if fla_chunk_gla is None else _train(fla_chunk_gla)(c, cu_seqlens)
 
 
 # B = 1 and 8, H = 32, D = 128, T = 4K and 16K: forward + backward, plain calls. Four vectors in, four
@@ -155,7 +159,16 @@ TRAIN = Benchmark(
     {"book: chunk": _train(chunk_gla), "fla chunk_gla": _fla_train, "SDPA flash": costs.sdpa_causal_train},
     costs.train_flops, costs.train_bytes(inputs_per_token=4), timer="flushed", module=__name__)
 
-BENCHMARKS = [CONTEXT_SOFTMAX, CONTEXT_GLA, DECODE_PLAIN, DECODE_GRAPH, PREFILL, TRAIN]
+# The training step on packed sequences: 16K tokens of long-tailed lengths (the FlashAttention chapter's mix,
+# `costs.packed_cases`), H = 32, D = 128, plain calls. The packed call, the same sequences padded to the
+# longest into a [N, T_max, H, D] batch, and fla's packed call; the work is TRAIN's, sequence by sequence.
+PACKED = Benchmark(
+    "gla_packed", costs.packed_cases(H=32, D=128),
+    {"book: packed": costs.packed(_train(chunk_gla)), "book: padded": costs.padded(_train(chunk_gla)),
+     "fla chunk_gla": costs.packed(_fla_train)},
+    costs.per_sequence(TRAIN.flops), costs.per_sequence(TRAIN.bytes_moved), timer="flushed", module=__name__)
+
+BENCHMARKS = [CONTEXT_SOFTMAX, CONTEXT_GLA, DECODE_PLAIN, DECODE_GRAPH, PREFILL, TRAIN, PACKED]
 
 HEADLINE = Panel("gla_prefill", {"B": 1}, "T", "ms", ("book: chunk", "fla chunk_gla", "SDPA flash"),
                  "GLA prefill (SDPA: causal softmax)\nB=1, H=32, D=128")

@@ -4,6 +4,9 @@
     PREFILL                      a whole prompt, T = 1K, 4K, 16K: the book's chunked prefill, fla's
                                  chunk_kda, and causal softmax (SDPA flash)
     TRAIN                        a training step (forward and backward) of chunk_kda, fla's, and SDPA's
+    PACKED                       the same step on 16K tokens of packed sequences of long-tailed lengths
+                                 (flash_attn.bench.packed_lengths): chunk_kda with cu_seqlens, the same
+                                 sequences padded to the longest, fla's chunk_kda with cu_seqlens
 
     >>> from attention_kernels.bench import run
     >>> df = run(PREFILL)          # times on a GPU, loads results/kda_prefill.csv elsewhere
@@ -129,16 +132,17 @@ def train_flops(c):
 
 def _train(fn):
     """fn(q, k, v, g, beta, use_qk_l2norm_in_kernel=True) forward and backward to all five, on the case's
-    inputs."""
-    def factory(c):
+    inputs; given cu_seqlens, a packed call (`costs.packed`)."""
+    def factory(c, cu_seqlens=None):
         inputs = [x.requires_grad_() for x in _inputs(c["B"], c["T"], c["H"], c["D"])]
-        return costs.train_step(lambda *x: fn(*x, use_qk_l2norm_in_kernel=True), inputs, inputs)
+        packed = costs.offsets(cu_seqlens)
+        return costs.train_step(lambda *x: fn(*x, use_qk_l2norm_in_kernel=True, **packed), inputs, inputs)
     return factory
 
 
-def _fla_train(c):
+def _fla_train(c, cu_seqlens=None):
     chunk = fla("kda", "chunk_kda")
-    return None if chunk is None else _train(chunk)(c)
+    return None if chunk is None else _train(chunk)(c, cu_seqlens)
 
 
 # B = 1 and 8, H = 32, D = 128, T = 4K and 16K: forward + backward, plain calls. Four vectors in and four
@@ -149,11 +153,21 @@ TRAIN = Benchmark(
     {"book: chunk": _train(chunk_kda), "fla chunk_kda": _fla_train, "SDPA flash": costs.sdpa_causal_train},
     train_flops, costs.train_bytes(inputs_per_token=4), timer="flushed", module=__name__)
 
-BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL, TRAIN]
+# The training step on packed sequences: 16K tokens of long-tailed lengths (the FlashAttention chapter's mix,
+# `costs.packed_cases`), H = 32, D = 128, the L2 norm in the kernel, plain calls. The packed call, the same
+# sequences padded to the longest into a [N, T_max, H, D] batch, and fla's packed call; the work is TRAIN's,
+# sequence by sequence.
+PACKED = Benchmark(
+    "kda_packed", costs.packed_cases(H=32, D=128),
+    {"book: packed": costs.packed(_train(chunk_kda)), "book: padded": costs.padded(_train(chunk_kda)),
+     "fla chunk_kda": costs.packed(_fla_train)},
+    costs.per_sequence(TRAIN.flops), costs.per_sequence(TRAIN.bytes_moved), timer="flushed", module=__name__)
+
+BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL, TRAIN, PACKED]
 
 HEADLINE = Panel("kda_prefill", {"B": 1}, "T", "ms", ("book: chunk", "fla chunk_kda", "SDPA flash"),
                  "KDA prefill (SDPA: causal softmax)\nB=1, H=32, D=128")
 
 
-__all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "TRAIN", "BENCHMARKS", "HEADLINE", "STEP_BYTES",
+__all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "TRAIN", "PACKED", "BENCHMARKS", "HEADLINE", "STEP_BYTES",
            "decode_flops", "prefill_flops", "prefill_bytes", "train_flops"]

@@ -8,6 +8,10 @@ harness runs.
     PREFILL                             a whole prompt, T = 1K..16K: the book's tiled prefill, fla's
                                         chunk_simple_gla, and causal softmax (SDPA flash): the crossover
     TRAIN                               a training step (forward and backward) of the same three
+    PACKED                              the same step on 16K tokens of packed sequences of long-tailed
+                                        lengths (flash_attn.bench.packed_lengths): chunk_lightning with
+                                        cu_seqlens, the same sequences padded to the longest, fla's
+                                        chunk_simple_gla with cu_seqlens
 
     >>> from attention_kernels.bench import run
     >>> df = run(PREFILL)          # times on a GPU, loads results/lightning_prefill.csv elsewhere
@@ -138,19 +142,21 @@ PREFILL = Benchmark(
 
 
 # ---------------------------------------------------------------- training
-def _book_train(c):
+def _book_train(c, cu_seqlens=None):
+    """chunk_lightning forward and backward to q, k, v; given cu_seqlens, a packed call (`costs.packed`)."""
     q, k, v = (x.requires_grad_() for x in _qkv(c["B"], c["T"], c["H"], c["D"]))
-    s = _slopes(c["H"])
-    return costs.train_step(lambda *x: chunk_lightning(*x, s), (q, k, v), (q, k, v))
+    s, packed = _slopes(c["H"]), costs.offsets(cu_seqlens)
+    return costs.train_step(lambda *x: chunk_lightning(*x, s, **packed), (q, k, v), (q, k, v))
 
 
-def _fla_train(c):
+def _fla_train(c, cu_seqlens=None):
     chunk = fla("simple_gla", "chunk_simple_gla")
     if chunk is None:
         return None
     q, k, v = (x.requires_grad_() for x in _qkv(c["B"], c["T"], c["H"], c["D"]))
     decay = _fla_decay(chunk, _slopes(c["H"]), c["B"], c["T"])
-    return costs.train_step(lambda *x: chunk(*x, **decay, scale=1.0), (q, k, v), (q, k, v))
+    packed = costs.offsets(cu_seqlens)
+    return costs.train_step(lambda *x: chunk(*x, **decay, scale=1.0, **packed), (q, k, v), (q, k, v))
 
 
 # B = 1 and 8, H = 32, D = 128, T = 4K and 16K: forward + backward to q, k, v (the decay is fixed), plain calls.
@@ -161,11 +167,20 @@ TRAIN = Benchmark(
     {"book: chunk": _book_train, "fla chunk_simple_gla": _fla_train, "SDPA flash": costs.sdpa_causal_train},
     costs.train_flops, costs.train_bytes(inputs_per_token=3), timer="flushed", module=__name__)
 
-BENCHMARKS = [CONTEXT_SOFTMAX, CONTEXT_LIGHTNING, DECODE_PLAIN, DECODE_GRAPH, PREFILL, TRAIN]
+# The training step on packed sequences: 16K tokens of long-tailed lengths (the FlashAttention chapter's mix,
+# `costs.packed_cases`), H = 32, D = 128, plain calls. The packed call, the same sequences padded to the
+# longest into a [N, T_max, H, D] batch, and fla's packed call; the work is TRAIN's, sequence by sequence.
+PACKED = Benchmark(
+    "lightning_packed", costs.packed_cases(H=32, D=128),
+    {"book: packed": costs.packed(_book_train), "book: padded": costs.padded(_book_train),
+     "fla chunk_simple_gla": costs.packed(_fla_train)},
+    costs.per_sequence(TRAIN.flops), costs.per_sequence(TRAIN.bytes_moved), timer="flushed", module=__name__)
+
+BENCHMARKS = [CONTEXT_SOFTMAX, CONTEXT_LIGHTNING, DECODE_PLAIN, DECODE_GRAPH, PREFILL, TRAIN, PACKED]
 
 HEADLINE = Panel("lightning_prefill", {"B": 1}, "T", "ms", ("book: chunk", "fla chunk_simple_gla", "SDPA flash"),
                  "Lightning prefill (SDPA: causal softmax)\nB=1, H=32, D=128")
 
 
-__all__ = ["CONTEXT_SOFTMAX", "CONTEXT_LIGHTNING", "DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "TRAIN", "BENCHMARKS",
-           "HEADLINE", "STEP_BYTES", "prefill_flops", "prefill_bytes"]
+__all__ = ["CONTEXT_SOFTMAX", "CONTEXT_LIGHTNING", "DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "TRAIN", "PACKED",
+           "BENCHMARKS", "HEADLINE", "STEP_BYTES", "prefill_flops", "prefill_bytes"]

@@ -5,9 +5,13 @@ and context sweeps, T; a softmax baseline's case may hold HKV, its KV heads (H w
 
     >>> step_bytes = decode_bytes(vectors_per_token=4)     # q, k, v in, o out
     >>> Benchmark("x_decode_graph", cases, providers, decode_flops, step_bytes, module=__name__)
+
+Packed sequences (`packed_cases`, `per_sequence`, `packed`, `padded`): the FlashAttention chapter's length
+mix, the same sequences in one packed row or padded into a batch, and their work counted sequence by sequence.
 """
 import torch
 
+from ..flash_attn.bench import VARLEN_SEED, VARLEN_TOKENS, cu_seqlens, packed_lengths
 from .chunk import CHUNK
 
 DT = torch.bfloat16  # the benchmarks' inputs; the state is fp32
@@ -136,3 +140,41 @@ def sdpa_causal(c):
     attend = sdpa("flash")
     q, k, v, grouped = _softmax_inputs(c, c["T"])
     return lambda: attend(q, k, v, causal=True, enable_gqa=grouped)
+
+
+# ---------------------------------------------------------------- packed sequences
+def packed_cases(H, D):
+    """The packed tables' one case: the FlashAttention chapter's mix, VARLEN_TOKENS tokens of
+    `packed_lengths` (seed VARLEN_SEED), with B its number of sequences and T its tokens in all."""
+    lengths = packed_lengths(VARLEN_TOKENS, VARLEN_SEED)
+    return [{"B": len(lengths), "T": VARLEN_TOKENS, "H": H, "D": D, "seed": VARLEN_SEED}]
+
+
+def per_sequence(count):
+    """A count of a packed case: `count` of each sequence alone (B = 1, T its length), summed over the
+    sequences; the tokens a padded batch adds count nothing."""
+    return lambda c: sum(count({**c, "B": 1, "T": n}) for n in packed_lengths(c["T"], c["seed"]))
+
+
+def packed(factory):
+    """A provider: factory(case, cu_seqlens) on the case's sequences packed one after another into one
+    batch row (the case at B = 1, T its tokens in all), their int32 offsets on the GPU."""
+    def provider(c):
+        return factory({**c, "B": 1}, cu_seqlens(packed_lengths(c["T"], c["seed"]), "cuda"))
+    return provider
+
+
+def padded(factory):
+    """A provider: factory(case) on the same sequences padded to the longest, one dense batch
+    [N, T_max, H, D] and no offsets. Padding at each sequence's end leaves its own tokens' outputs as
+    they are (the recurrence runs forward in time); the time is what the padded tokens cost, the copies
+    into and out of the batch not included."""
+    def provider(c):
+        lengths = packed_lengths(c["T"], c["seed"])
+        return factory({**c, "B": len(lengths), "T": max(lengths)})
+    return provider
+
+
+def offsets(cu_seqlens):
+    """The keyword arguments of a packed call: {"cu_seqlens": cu_seqlens}, or none for a dense one."""
+    return {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
