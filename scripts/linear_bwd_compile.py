@@ -327,7 +327,7 @@ def kda_backward() -> list:
                configs=[({"BV": lbw._DELTA_HALVES_CONFIG[0]}, *lbw._DELTA_HALVES_CONFIG[1:])]),
         Launch("kda sub-chunk pairs (A_qk and A_kk in one launch)", lbw._chunk_dqk_intra_kernel,
                dict(q="*fp32", k="*fp32", b="*fp32", dA="*fp32", dq="*fp32", dk="*fp32", T="i32", H="i32",
-                    dA_kk="*fp32", dk_rows="*fp32", beta="*fp32"),
+                    dA_kk="*fp32", dk_rows="*fp32", beta="*bf16"),
                dict(K=K, G=K, BT=L, BC=16, BK=bk, DOT_PREC="tf32", KEY_PAIRS=True),
                4 * NT * H * (K // bk), "<= 3 sub-chunks + 16 rows", 3 * 2.5 * thk * f4 + 2 * thl * f4,
                3 * thk * f4, 2 * 2 * 1.5 * 2 * T * 16 * K * H / 1e9, "tf32 TC",

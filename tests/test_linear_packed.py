@@ -21,8 +21,9 @@ def _forms():
     return {
         "chunk_gla": (lambda r, **kw: chunk_gla(*r, **kw), 4, True),
         "fused_recurrent_gla": (lambda r, **kw: fused_recurrent_gla(*r, **kw), 4, False),
-        "chunk_lightning": (lambda r, **kw: chunk_lightning(*r[:3], SLOPES, **kw), 3, True),
-        "fused_recurrent_lightning": (lambda r, **kw: fused_recurrent_lightning(*r[:3], SLOPES, **kw), 3, False),
+        "chunk_lightning": (lambda r, **kw: chunk_lightning(*r[:3], SLOPES.to(r[0].device), **kw), 3, True),
+        "fused_recurrent_lightning": (lambda r, **kw: fused_recurrent_lightning(*r[:3], SLOPES.to(r[0].device),
+                                                                                   **kw), 3, False),
         "chunk_kda": (lambda r, **kw: chunk_kda(*r, use_qk_l2norm_in_kernel=True, **kw), 5, True),
         "fused_recurrent_kda": (lambda r, **kw: fused_recurrent_kda(*r, use_qk_l2norm_in_kernel=True, **kw), 5, False),
     }

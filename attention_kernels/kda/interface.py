@@ -189,9 +189,10 @@ def _chunk_kda_fwd_keeping_scores(q, k, v, g, beta, scale, h0: torch.Tensor | No
     the solve's inverse X = (I + A)⁻¹ too, (o, Aqk, X, final_state or None), both [B, T, H, CHUNK] in q's dtype,
     for the backward to take instead of launching the scores and the solve again, as fla's chunk_kda keeps its
     own two. Kept rather than recomputed: 4 bytes a token, head and chunk position for 16-bit inputs (8 for
-    fp32; q's size at K = 128, bf16), where the backward's score launches took about a twentieth of the step's
-    GPU time (0.78 of 13.8 ms at B 1, 16K, 32 heads; notes/TUNING.md 2026-12-07 (37)) and its solve runs in
-    the launch that recomputes W and Ũ (0.87 ms there, against fla's 0.43 for that launch without one)."""
+    fp32; q's size at K = 128, bf16). Recomputed, the backward's score launches took about a twentieth of the
+    step's GPU time (0.78 of 13.8 ms at B 1, 16K, 32 heads; notes/TUNING.md 2026-12-07 (37)) and its solve ran
+    in the launch that recomputes W and Ũ (0.87 ms a launch there, half of the forward's and the backward's
+    1.74, against 0.43 for fla's `recompute_w_u` without a solve)."""
     (B, T, H, _, _), scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, output_final_state,
                                                               use_qk_l2norm_in_kernel, cu_seqlens)
     # the blocks above the diagonal stay unwritten; each packed sequence's rows hold its own chunks (they start

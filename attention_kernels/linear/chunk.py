@@ -347,9 +347,13 @@ def launch_state_pass(kernel, delta_kernel, args: tuple, flags: dict, delta: dic
     x, y, b = args[:3]
     B, T, _, K = x.shape
     _, _, H, V = y.shape             # the heads: y's (x may hold one row per group of heads)
+    # NBH, the autotune key, is the program count; a packed batch's sequence count changes from batch to batch,
+    # so it is rounded up to a power of two there (each new count would tune the pass again)
+    nbh = B * H
     if packed is not None:
         B, flags = packed.n_sequences, {**flags, **varlen(packed, offsets=True)}
-    args = (*args, T, H, n_chunks(T, packed), B * H, K, V, 1 if b is None else b.shape[-1])
+        nbh = next_power_of_2(B) * H
+    args = (*args, T, H, n_chunks(T, packed), nbh, K, V, 1 if b is None else b.shape[-1])
     if delta is None:
         kernel[lambda m: (cdiv(K, m["BK"]), cdiv(V, m["BV"]), B * H)](*args, **flags)
     else:

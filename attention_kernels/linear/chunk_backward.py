@@ -578,7 +578,7 @@ _INTRA_STAGES = 1
 # heads, K = 128, bf16, an H100): all of K on 8 warps 1,773 us, tiles of 64 on 8 warps 1,722, on 4 warps
 # 1,583, tiles of 32 on 4 warps 1,427, on 2 warps 1,397 (notes/TUNING.md "2026-12-07 (35)"). ptxas (sm_90a,
 # bf16): 92 registers at tiles of 32 on 2 warps, 80 at 64 on 4, 113 over all of K on 8; no spills. KDA's launch
-# (fp32 q and k, both score matrices, β on the columns, TF32 products): 128 at tiles of 32 on 2 warps, no spills.
+# (fp32 q and k, both score matrices, bf16 β on the columns, TF32 products): 136 at tiles of 32 on 2 warps, no spills.
 _INTRA_BK, _INTRA_WARPS = 32, 2
 
 @triton.jit(do_not_specialize=["T", "H"])

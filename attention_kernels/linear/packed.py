@@ -119,4 +119,4 @@ def backward_per_sequence(backward: Callable, rows: tuple, h0, do: torch.Tensor,
     return (*grads, dh0)
 
 
-__all__ = ["sequences", "forward_per_sequence", "backward_per_sequence"]
+__all__ = ["PackedChunks", "packed_chunks", "sequences", "forward_per_sequence", "backward_per_sequence"]
