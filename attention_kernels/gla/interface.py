@@ -169,7 +169,7 @@ def _chunk_gla_fwd(q, k, v, gk, scale, h0: torch.Tensor | None, output_final_sta
     (o, final_state or None). Its inputs are checked again, by the op's names (a lookup for a call the public
     function has checked): the op is reachable on its own (torch.ops.attention_kernels.chunk_gla_fwd)."""
     _, scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, h0, output_final_state, cu_seqlens)
-    return _forward_dense_or_packed(q, k, v, gk, scale, h0, output_final_state, cu_seqlens, None)
+    return _forward(q, k, v, gk, scale, h0, output_final_state, packed=packed_chunks(cu_seqlens, q.shape[1]))
 
 
 def _keeping_scores_fake(q, v, output_final_state, cu_seqlens=None, **_):
@@ -187,16 +187,9 @@ def _chunk_gla_fwd_keeping_scores(q, k, v, gk, scale, h0: torch.Tensor | None, o
     CHUNK values a token and head (half of q at K = 128), the scores kernel one of the step's longest."""
     (B, T, H, _, _), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, h0, output_final_state, cu_seqlens)
     A = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=q.device)
-    o, ht = _forward_dense_or_packed(q, k, v, gk, scale, h0, output_final_state, cu_seqlens, A)
+    # a packed sequence's scores go into its rows: every sequence's chunks start at its first token
+    o, ht = _forward(q, k, v, gk, scale, h0, output_final_state, A, packed_chunks(cu_seqlens, T))
     return o, A, ht
-
-
-def _forward_dense_or_packed(q, k, v, gk, scale, h0, output_final_state, cu_seqlens, A):
-    """The forward over a batch or over packed sequences (the kernels read the chunk table), its scores written
-    into A (a packed sequence's into its rows: every sequence's chunks start at its first token) or, A None,
-    into a buffer dropped after it."""
-    packed = None if cu_seqlens is None else packed_chunks(cu_seqlens, q.shape[1])
-    return _forward(q, k, v, gk, scale, h0, output_final_state, A, packed)
 
 
 def _forward(q, k, v, gk, scale, h0, output_final_state, A=None, packed=None):

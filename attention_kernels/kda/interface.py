@@ -170,9 +170,8 @@ def _chunk_kda_fwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, output_fina
     own (torch.ops.attention_kernels.chunk_kda_fwd)."""
     _, scale, (q, k, v, g, beta, h0) = _checked(q, k, v, g, beta, scale, h0, output_final_state,
                                                 use_qk_l2norm_in_kernel, cu_seqlens)
-
-    packed = None if cu_seqlens is None else packed_chunks(cu_seqlens, q.shape[1])
-    return _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, packed=packed)
+    return _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
+                    packed=packed_chunks(cu_seqlens, q.shape[1]))
 
 
 def _keeping_scores_fake(q, v, output_final_state, cu_seqlens=None, **_):
@@ -198,9 +197,8 @@ def _chunk_kda_fwd_keeping_scores(q, k, v, g, beta, scale, h0: torch.Tensor | No
     # the blocks above the diagonal stay unwritten; each packed sequence's rows hold its own chunks (they start
     # at its first token)
     Aqk, inverse = (torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=q.device) for _ in range(2))
-    packed = None if cu_seqlens is None else packed_chunks(cu_seqlens, T)
     o, ht = _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, kept=(Aqk, inverse),
-                     packed=packed)
+                     packed=packed_chunks(cu_seqlens, T))
     return o, Aqk, inverse, ht
 
 

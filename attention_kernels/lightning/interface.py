@@ -120,8 +120,7 @@ def _chunk_lightning_fwd(q, k, v, gamma, scale, h0: torch.Tensor | None, output_
     final_state or None). Its inputs are checked again (a lookup for a call the public function has checked):
     the op is reachable on its own (torch.ops.attention_kernels.chunk_lightning_fwd)."""
     _, scale, (q, k, v, gamma, h0) = _checked(q, k, v, gamma, scale, h0, output_final_state, cu_seqlens)
-    packed = None if cu_seqlens is None else packed_chunks(cu_seqlens, q.shape[1])
-    return _forward(q, k, v, gamma, scale, h0, output_final_state, packed)
+    return _forward(q, k, v, gamma, scale, h0, output_final_state, packed_chunks(cu_seqlens, q.shape[1]))
 
 
 def _forward(q, k, v, gamma, scale, h0, output_final_state, packed=None):

@@ -45,13 +45,16 @@ class PackedChunks(NamedTuple):
     n_sequences: int
 
 
-def packed_chunks(cu_seqlens: torch.Tensor, T: int) -> PackedChunks:
+def packed_chunks(cu_seqlens: torch.Tensor | None, T: int) -> PackedChunks | None:
     """The chunk table of packed sequences, from one host read of their offsets (checked against T, the
     packed length): what the chunk kernels' `chunk_at` and `sequence_at` read. An empty sequence has no chunk.
+    cu_seqlens None (a dense batch): None, which the chunk kernels' launchers take as no table.
 
         >>> packed_chunks(torch.tensor([0, 70, 70, 100], dtype=torch.int32), 100).chunk_indices.tolist()
         [[0, 0], [0, 1], [2, 0]]
     """
+    if cu_seqlens is None:
+        return None
     spans = sequences(cu_seqlens, T)
     counts = [cdiv(end - start, CHUNK) for start, end in spans]
     offsets = [0]
