@@ -163,10 +163,10 @@ def test_packed_with_fla_state_layout():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("form", ["chunk_gla", "chunk_lightning", "chunk_kda"])
-def test_packed_chunk_forward_gpu(form):
-    # the compiled packed kernels (chunk table, one state pass program per sequence and head) against each
-    # sequence run alone, bf16 at K = V = 128 on a long-tailed mix of lengths (two of them empty, most starting
-    # mid-chunk)
+def test_packed_chunk_forms_gpu(form):
+    # the compiled packed kernels (chunk table, one state pass program per sequence and head, forward and
+    # backward) against each sequence run alone, bf16 at K = V = 128 on a long-tailed mix of lengths (two of
+    # them empty, most starting mid-chunk): outputs, final states and every gradient
     from attention_kernels.common import assert_close, tolerance
     call, n_rows, _ = FORMS[form]
     lengths = [0, 1, 63, 64, 65, 700, 2, 0, 1500, 129]
@@ -176,13 +176,23 @@ def test_packed_chunk_forward_gpu(form):
     beta = torch.rand(1, T, H, device="cuda", dtype=torch.bfloat16)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     h0 = torch.randn(len(lengths), H, D, D, device="cuda")
-    rows = [q, k, v, g, beta][:n_rows]
+    rows = [t.requires_grad_() for t in [q, k, v, g, beta][:n_rows]]
+    h0.requires_grad_()
     o, ht = call(rows, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    grads = torch.autograd.grad((o.float() * do).sum() + (ht * dht).sum(), rows + [h0])
+    bound = tolerance(torch.bfloat16)
     offsets = cu.tolist()
     for n, (s, e) in enumerate(zip(offsets[:-1], offsets[1:])):
         if s == e:
-            assert torch.equal(ht[n], h0[n])
+            assert torch.equal(ht[n], h0[n]) and torch.equal(grads[-1][n], dht[n])
             continue
-        o_n, ht_n = call([t[:, s:e] for t in rows], initial_state=h0[n:n + 1], output_final_state=True)
-        assert_close(o[:, s:e], o_n, tolerance(torch.bfloat16), f"o of sequence {n}")
-        assert_close(ht[n], ht_n[0], tolerance(torch.bfloat16), f"final state of sequence {n}")
+        alone = [t[:, s:e].detach().requires_grad_() for t in rows]
+        h0_n = h0[n:n + 1].detach().requires_grad_()
+        o_n, ht_n = call(alone, initial_state=h0_n, output_final_state=True)
+        assert_close(o[:, s:e], o_n, bound, f"o of sequence {n}")
+        assert_close(ht[n], ht_n[0], bound, f"final state of sequence {n}")
+        expected = torch.autograd.grad((o_n.float() * do[:, s:e]).sum() + (ht_n * dht[n:n + 1]).sum(), alone + [h0_n])
+        for name, grad, grad_n in zip("q k v g beta".split()[:n_rows], grads, expected):
+            assert_close(grad[:, s:e], grad_n, bound, f"d{name} of sequence {n}")
+        assert_close(grads[-1][n], expected[-1][0], bound, f"dh0 of sequence {n}")

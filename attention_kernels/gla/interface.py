@@ -9,8 +9,8 @@ scale defaults to K ** -0.5. initial_state: fp32 [B, H, K, V] or None (zeros).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
 Packed sequences (chunk_gla and fused_recurrent_gla): cu_seqlens, int32 [N + 1] offsets of N sequences
 concatenated along T in one batch row (B = 1); the states are then [N, H, K, V], one per sequence
-(attention_kernels/linear/packed.py: the chunk forward's kernels read the chunk table themselves, the rest
-runs once per sequence).
+(attention_kernels/linear/packed.py: the chunk form's kernels, forward and backward, read the chunk table
+themselves; the recurrent form runs once per sequence).
 fused_recurrent_gla also serves: a pool of states, each batch row's slot, the state updated in place
 (inplace_final_state, ssm_state_indices: attention_kernels/linear/slots.py).
 chunk_gla trains (gradients to q, k, v, gk and initial_state, through o and the final state); the other
@@ -32,10 +32,9 @@ from ..linear.autograd import chunk_function
 from ..linear.chunk import CHUNK, chunk_local_cumsum, chunk_output, chunk_state_dtype, chunk_state_pass, n_chunks
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 from ..checks import check_bool, check_no_grad, check_tensor
-from ..launch import cdiv
 from ..linear.inputs import check_linear_inputs, check_output_gradients
 from ..linear.inputs import state_v_first_in as _state_in, state_v_first_out as _state_out
-from ..linear.packed import backward_per_sequence, forward_per_sequence, packed_chunks
+from ..linear.packed import forward_per_sequence, packed_chunks
 from ..linear.slots import check_serving_options, pooled_state, step_outputs
 from .chunk import chunk_gla_scores
 from .fused_recurrent import fused_recurrent_fwd
@@ -214,43 +213,38 @@ def _forward(q, k, v, gk, scale, h0, output_final_state, A=None, packed=None):
 @compiled_as_op("attention_kernels::chunk_gla_bwd", fake=gradients_like("q", "k", "v", "gk", "h0"), tuple_size=5)
 def _chunk_gla_bwd(q, k, v, gk, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None,
                    cu_seqlens: torch.Tensor | None = None, A: torch.Tensor | None = None):
-    """The backward, once or once per packed sequence. do: o's gradient, dht: the final state's (or
-    None); A: the forward's scores (`_chunk_gla_fwd_keeping_scores`), or None to recompute them. Returns
-    (dq, dk, dv, dgk, dh0 or None)."""
+    """The backward, over a batch or packed sequences. do: o's gradient, dht: the final state's (or None); A:
+    the forward's scores (`_chunk_gla_fwd_keeping_scores`), or None to recompute them. Returns (dq, dk, dv,
+    dgk, dh0 or None)."""
     (B, T, H, K, _), scale, (q, k, v, gk, h0) = _checked(q, k, v, gk, scale, h0, False, cu_seqlens)
     check_output_gradients(do, dht, v, K, cu_seqlens)
     if A is not None:
         A = check_tensor("A", A, dtypes=(q.dtype,), shape=(B, T, H, CHUNK)).contiguous()
-    if cu_seqlens is None:
-        return _backward(q, k, v, gk, scale, h0, do, dht, A)
-    # each sequence's rows of A are its own scores, cut from the packed row as q, k, v and gk are
-    return backward_per_sequence(
-        lambda rows_n, h0_n, do_n, dht_n: _backward(*rows_n[:4], scale, h0_n, do_n, dht_n, *rows_n[4:]),
-        (q, k, v, gk), h0, do, dht, cu_seqlens, kept=() if A is None else (A,))
+    return _backward(q, k, v, gk, scale, h0, do, dht, A, packed_chunks(cu_seqlens, T))
 
 
-def _backward(q, k, v, gk, scale, h0, do, dht, A=None):
+def _backward(q, k, v, gk, scale, h0, do, dht, A=None, packed=None):
     """The backward's launches: recompute the cumulative gates and the chunk-start states, and the scores
     only where A is None (the training forward keeps its A, as fla's chunk_gla does), then the reverse
     state pass, dv, and dq, dk, dgk. The per-chunk states and their gradients are in
-    `chunk_state_dtype` (the input dtype for 16-bit inputs)."""
+    `chunk_state_dtype` (the input dtype for 16-bit inputs). packed: packed sequences (`packed_chunks`), whose
+    kept scores sit in their own rows (every sequence's chunks start at its first token)."""
     B, T, H, K = q.shape
     V, dev = v.shape[-1], q.device
-    NT = cdiv(T, CHUNK)
     g = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
-    chunk_local_cumsum(gk, g)      # recomputed, not kept: fp32 and as large as q in fp32, and cheap to redo
-    states = torch.empty(B, NT, H, K, V, dtype=chunk_state_dtype(q.dtype), device=dev)
-    chunk_state_pass(k, v, g, states, h0)
+    chunk_local_cumsum(gk, g, packed=packed)   # recomputed, not kept: fp32, as large as q in fp32, cheap to redo
+    states = torch.empty(B, n_chunks(T, packed), H, K, V, dtype=chunk_state_dtype(q.dtype), device=dev)
+    chunk_state_pass(k, v, g, states, h0, packed=packed)
     if A is None:
         A = torch.empty(B, T, H, CHUNK, dtype=q.dtype, device=dev)
-        chunk_gla_scores(q, k, g, A, scale)
+        chunk_gla_scores(q, k, g, A, scale, packed=packed)
     dstates = torch.empty_like(states)
     dh0 = None if h0 is None else torch.empty_like(h0)
-    chunk_state_grad_pass(q, do, g, dstates, scale, dht, dh0)
+    chunk_state_grad_pass(q, do, g, dstates, scale, dht, dh0, packed=packed)
     dv, dA = torch.empty_like(v), torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)
-    chunk_dv(q, k, v, g, A, dstates, do, dv, dA, scale)
+    chunk_dv(q, k, v, g, A, dstates, do, dv, dA, scale, packed=packed)
     dq, dk, dgk = torch.empty_like(q), torch.empty_like(k), torch.empty_like(gk)
-    chunk_dqk(q, k, v, gk, g, states, dstates, do, dA, dq, dk, dgk, scale)
+    chunk_dqk(q, k, v, gk, g, states, dstates, do, dA, dq, dk, dgk, scale, packed=packed)
     return dq, dk, dv, dgk, dh0
 
 

@@ -10,7 +10,8 @@ None also means 1.0). initial_state: fp32 [B, H, K, V] or None (zeros).
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
 Packed sequences (both forms): cu_seqlens, int32 [N + 1] offsets of N sequences concatenated along T in one
 batch row (B = 1); the states are then [N, H, K, V], one per sequence (attention_kernels/linear/packed.py: the
-chunk forward's kernels read the chunk table themselves, the rest runs once per sequence).
+chunk form's kernels, forward and backward, read the chunk table themselves; the recurrent form runs once per
+sequence).
 fused_recurrent_lightning also serves: a pool of states, each batch row's slot, the state updated in place
 (inplace_final_state, ssm_state_indices: attention_kernels/linear/slots.py).
 chunk_lightning trains (gradients to q, k, v and initial_state, through o and the final state; the slopes
@@ -28,9 +29,8 @@ from ..linear.autograd import chunk_function
 from ..linear.chunk import CHUNK, chunk_state_dtype, chunk_state_pass, n_chunks
 from ..linear.chunk_backward import chunk_dqk, chunk_dv, chunk_state_grad_pass
 from ..checks import check_no_grad
-from ..launch import cdiv
 from ..linear.inputs import check_linear_inputs, check_output_gradients
-from ..linear.packed import backward_per_sequence, forward_per_sequence, packed_chunks
+from ..linear.packed import forward_per_sequence, packed_chunks
 from ..linear.slots import check_serving_options, pooled_state, step_outputs
 from .chunk import chunk_lightning_output
 from .fused_recurrent import fused_recurrent_fwd
@@ -143,28 +143,25 @@ def _chunk_lightning_bwd(q, k, v, gamma, scale, h0: torch.Tensor | None, do, dht
     """The backward's launches, the shared ones with the fixed decay gamma: recompute the chunk-start
     states, then the reverse state pass, dv (the scores recomputed inside), dq and dk. do: o's gradient,
     dht: the final state's (or None). Returns (dq, dk, dv, dh0 or None)."""
-    (_, _, _, K, _), scale, (q, k, v, _, h0) = _checked(q, k, v, gamma, scale, h0, False, cu_seqlens)
+    (_, T, _, K, _), scale, (q, k, v, _, h0) = _checked(q, k, v, gamma, scale, h0, False, cu_seqlens)
     check_output_gradients(do, dht, v, K, cu_seqlens)
-    if cu_seqlens is None:
-        return _backward(q, k, v, gamma, scale, h0, do, dht)
-    return backward_per_sequence(lambda rows, h0_n, do_n, dht_n: _backward(*rows, gamma, scale, h0_n, do_n, dht_n),
-                                 (q, k, v), h0, do, dht, cu_seqlens)
+    return _backward(q, k, v, gamma, scale, h0, do, dht, packed_chunks(cu_seqlens, T))
 
 
-def _backward(q, k, v, gamma, scale, h0, do, dht):
-    """The backward's launches; the per-chunk states and their gradients in `chunk_state_dtype`."""
+def _backward(q, k, v, gamma, scale, h0, do, dht, packed=None):
+    """The backward's launches; the per-chunk states and their gradients in `chunk_state_dtype`. packed: packed
+    sequences (`packed_chunks`, B = 1), one initial state and one final state's gradient per sequence."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT = cdiv(T, CHUNK)
-    states = torch.empty(B, NT, H, K, V, dtype=chunk_state_dtype(q.dtype), device=q.device)
-    chunk_state_pass(k, v, None, states, h0, gamma=gamma)
+    states = torch.empty(B, n_chunks(T, packed), H, K, V, dtype=chunk_state_dtype(q.dtype), device=q.device)
+    chunk_state_pass(k, v, None, states, h0, gamma=gamma, packed=packed)
     dstates = torch.empty_like(states)
     dh0 = None if h0 is None else torch.empty_like(h0)
-    chunk_state_grad_pass(q, do, None, dstates, scale, dht, dh0, gamma=gamma)
+    chunk_state_grad_pass(q, do, None, dstates, scale, dht, dh0, gamma=gamma, packed=packed)
     dv, dA = torch.empty_like(v), torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=q.device)
-    chunk_dv(q, k, v, None, None, dstates, do, dv, dA, scale, gamma=gamma)
+    chunk_dv(q, k, v, None, None, dstates, do, dv, dA, scale, gamma=gamma, packed=packed)
     dq, dk = torch.empty_like(q), torch.empty_like(k)
-    chunk_dqk(q, k, v, None, None, states, dstates, do, dA, dq, dk, None, scale, gamma=gamma)
+    chunk_dqk(q, k, v, None, None, states, dstates, do, dA, dq, dk, None, scale, gamma=gamma, packed=packed)
     return dq, dk, dv, dh0
 
 

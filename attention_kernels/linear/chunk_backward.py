@@ -63,8 +63,8 @@ import triton
 import triton.language as tl
 
 from ..launch import autotune_configs, cdiv, on_machine, pow2_at_least_16
-from .chunk import (CHUNK, GATE_FLOOR, SUB_CHUNK, chunk_row, chunk_state_base, decay_exponent, dot_precision,
-                    launch_state_pass, tiles_that_fit)
+from .chunk import (CHUNK, GATE_FLOOR, SUB_CHUNK, chunk_at, chunk_row, chunk_state_base, decay_exponent,
+                    dot_precision, launch_state_pass, n_chunks, sequence_at, tiles_that_fit, varlen)
 
 _fits = tiles_that_fit()
 
@@ -96,12 +96,13 @@ def _tile(n: int) -> int:
 
 # ------------------------------------------------------------------ 1. the reverse state pass
 @triton.jit
-def _gate_at(b, i_b, i_h, t, T, H, o_k, m_k, G: tl.constexpr):
-    """The cumulative gate of head i_h at token t: a scalar for a gate per head (G = 1), else key channels o_k."""
+def _gate_at(b, i_h, t, H, o_k, m_k, G: tl.constexpr):
+    """The cumulative gate of head i_h at token t of the B·T tokens: a scalar for a gate per head (G = 1), else
+    key channels o_k."""
     if G == 1:
-        return tl.load(b + (i_b * T + t) * H + i_h)
+        return tl.load(b + t * H + i_h)
     else:
-        return tl.load(b + chunk_row(i_b, t, i_h, T, H) * G + o_k, mask=m_k, other=0.0)
+        return tl.load(b + chunk_row(0, t, i_h, 0, H) * G + o_k, mask=m_k, other=0.0)
 
 
 # (BK, BV), num_warps, num_stages: the forward state pass's space (chunk.py), and tiles for more programs where
@@ -121,9 +122,17 @@ def _chunk_state_grad_kernel(
     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
     gamma=None, GAMMA: tl.constexpr = False,
     Aqk=None, kg=None, w=None, du=None, DELTA: tl.constexpr = False, GROUP=1,
+    cu_seqlens=None, chunk_offsets=None, VARLEN: tl.constexpr = False,
 ):
+    # one program: key rows [i_k·BK, ..) and value columns [i_v·BV, ..) of one (sequence, head)'s gradient,
+    # walking that sequence's chunks backward
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    tok0, T, slot0 = sequence_at(i_b, T, NT, cu_seqlens, chunk_offsets, VARLEN)
+    t_end = tok0 + T - 1            # the sequence's last token
+    if VARLEN:
+        NT = tl.cdiv(T, BT)
+        t_end = tl.maximum(t_end, 0)    # an empty sequence: any token in the tensor (its gate goes unused)
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
@@ -136,17 +145,18 @@ def _chunk_state_grad_kernel(
     if not GAMMA:
         # the gate at the last token of the chunk the next step takes, loaded a step ahead: loaded in the step,
         # its latency would stand before the step's product (Lightning's decay is computed)
-        b_gl_next = _gate_at(b, i_b, i_h, T - 1, T, H, o_k, m_k, G)
+        b_gl_next = _gate_at(b, i_h, t_end, H, o_k, m_k, G)
 
-    r_b = chunk_row(i_b, 0, i_h, T, H)      # batch row i_b's first row (64-bit comment above)
-    q_b = q + chunk_row(i_b, 0, i_h // GROUP, T, H // GROUP) * K
+    r_b = chunk_row(0, tok0, i_h, T, H)     # the sequence's first row (64-bit comment above)
+    q_b = q + chunk_row(0, tok0, i_h // GROUP, T, H // GROUP) * K
     do_b = do + r_b * V
     for i_s in range(NT):
         # chunk NT - 1 - i_s; the maximum keeps the addresses a pipelined prefetch computes for the steps
         # past the last (predicated off, at negative chunks) inside the tensors
         i_t = tl.maximum(NT - 1 - i_s, 0)
         # the gradient at the end of chunk i_t (from every later chunk and the final state)
-        tl.store(dh + chunk_state_base(i_b, i_t, i_h, NT, H, K, V) + p_h, b_dh.to(dh.dtype.element_ty), mask=m_h)
+        tl.store(dh + chunk_state_base(0, slot0 + i_t, i_h, NT, H, K, V) + p_h, b_dh.to(dh.dtype.element_ty),
+                 mask=m_h)
         o_c = tl.arange(0, BT)
         o_t = i_t * BT + o_c
         m_t = o_t < T
@@ -154,7 +164,7 @@ def _chunk_state_grad_kernel(
         t_last = tl.minimum(i_t * BT + BT, T) - 1
         if not GAMMA:
             b_gl = b_gl_next
-            b_gl_next = _gate_at(b, i_b, i_h, tl.maximum(i_t * BT - 1, 0), T, H, o_k, m_k, G)
+            b_gl_next = _gate_at(b, i_h, tok0 + tl.maximum(i_t * BT - 1, 0), H, o_k, m_k, G)
         # Q^T as a [BK, BT] tile, dO as [BT, BV]
         m_kt = m_k[:, None] & m_t[None, :]
         # q: one row per GROUP heads (Mamba-2's C, per group)
@@ -185,7 +195,7 @@ def _chunk_state_grad_kernel(
                 b_et = tl.exp(decay_exponent(b_gam, o_t - i_t * BT + 1))
                 b_el = tl.exp(decay_exponent(b_gam, t_last + 1 - i_t * BT))
             else:
-                b_et = tl.exp(tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0))
+                b_et = tl.exp(tl.load(b + (tok0 + o_t) * H + i_h, mask=m_t, other=0.0))
                 b_el = tl.exp(b_gl)
             b_dh = b_dh * b_el
             b_dh += tl.dot(b_qt, (b_do * (b_et * scale)[:, None]).to(b_do.dtype), input_precision=DOT_PREC)
@@ -286,12 +296,16 @@ def _delta_state_grad_halves_kernel(
     q, do, b, dh, dht, dh0, scale, Aqk, kg, w, du, T, H, NT,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HALF: tl.constexpr, BV: tl.constexpr,
     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr, GATED_Q: tl.constexpr = False,
+    cu_seqlens=None, chunk_offsets=None, VARLEN: tl.constexpr = False,
 ):
-    # one program: value columns [i_v·BV, ..) of one (batch, head), all K key rows as two halves of HALF; with
-    # GATED_Q, q holds scale · q ⊙ e^b (`chunk_local_cumsum`'s q_gated) and b is read for the chunks' last rows
-    # only
+    # one program: value columns [i_v·BV, ..) of one (sequence, head), all K key rows as two halves of HALF;
+    # with GATED_Q, q holds scale · q ⊙ e^b (`chunk_local_cumsum`'s q_gated) and b is read for the chunks' last
+    # rows only
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
+    tok0, T, slot0 = sequence_at(i_b, T, NT, cu_seqlens, chunk_offsets, VARLEN)
+    if VARLEN:
+        NT = tl.cdiv(T, BT)
     o_k1 = tl.arange(0, HALF)
     o_k2 = HALF + tl.arange(0, HALF)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -308,12 +322,12 @@ def _delta_state_grad_halves_kernel(
     for i_s in range(NT):
         i_t = NT - 1 - i_s
         # the gradient at the end of chunk i_t (from every later chunk and the final state)
-        p_s = dh + chunk_state_base(i_b, i_t, i_h, NT, H, K, V)
+        p_s = dh + chunk_state_base(0, slot0 + i_t, i_h, NT, H, K, V)
         tl.store(p_s + p_h1, b_dh1.to(dh.dtype.element_ty), mask=m_h1)
         tl.store(p_s + p_h2, b_dh2.to(dh.dtype.element_ty), mask=m_h2)
         m_t = i_t * BT + o_c < T
-        r_c = chunk_row(i_b, i_t * BT, i_h, T, H)
-        r_l = chunk_row(i_b, tl.minimum(i_t * BT + BT, T) - 1, i_h, T, H)     # the chunk's last token
+        r_c = chunk_row(0, tok0 + i_t * BT, i_h, T, H)
+        r_l = chunk_row(0, tok0 + tl.minimum(i_t * BT + BT, T) - 1, i_h, T, H)     # the chunk's last token
         b_gl1 = tl.load(b + r_l * K + o_k1, mask=m_k1, other=0.0)
         b_gl2 = tl.load(b + r_l * K + o_k2, mask=m_k2, other=0.0)
         # dU = A_qkᵀ dO + K_g dS' (A_qk read as stored, masked on and below the diagonal), written for the rest
@@ -338,7 +352,8 @@ def _delta_state_grad_halves_kernel(
 
 
 def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *, gamma=None,
-                          Aqk=None, kg=None, w=None, du=None, group_size: int = 1, gated_queries=None) -> None:
+                          Aqk=None, kg=None, w=None, du=None, group_size: int = 1, gated_queries=None,
+                          packed=None) -> None:
     """The gradient of the state at the end of every chunk, walking the
     chunks backward from dht (the final state's gradient), and at the start
     of the first (dh0): the backward's only sequential pass.
@@ -368,6 +383,11 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
 
     group_size: heads sharing one query row, q [B, T, H / group_size, K]
     (Mamba-2's C, one per group of heads; not with the delta rule).
+
+    packed: packed sequences (`packed_chunks`, B = 1): one program per
+    sequence and head walks that sequence's chunks; dstates [1, NC, H, K, V]
+    in the chunk table's order (as `chunk_state_pass` writes the states),
+    dht and dh0 one per sequence, [N, H, K, V].
     """
     if (b is None) == (gamma is None):
         raise ValueError("chunk_state_grad_pass takes exactly one of b (cumulative gates) and gamma")
@@ -381,29 +401,30 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
     if Aqk is not None and delta_walk_in_halves(K, q.device):
         B, T, H = do.shape[:3]
         BV, warps, stages = on_machine(gpu=_DELTA_HALVES_CONFIG, interpreter=(16, 4, 1))
-        _delta_state_grad_halves_kernel[(cdiv(V, BV), B * H)](
+        N = B if packed is None else packed.n_sequences
+        _delta_state_grad_halves_kernel[(cdiv(V, BV), N * H)](
             q if gated_queries is None else gated_queries, do, b, dstates, dht, dh0, scale, Aqk, kg, w, du, T, H,
-            cdiv(T, CHUNK), K, V, BT=CHUNK, HALF=64, BV=BV, USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
-            DOT_PREC=dot_precision(q.dtype), GATED_Q=gated_queries is not None, num_warps=warps, num_stages=stages)
+            n_chunks(T, packed), K, V, BT=CHUNK, HALF=64, BV=BV, USE_DHT=dht is not None,
+            STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype), GATED_Q=gated_queries is not None,
+            **varlen(packed, offsets=True), num_warps=warps, num_stages=stages)
         return
     args = (q, do, b, dstates, dht, dh0, scale)
     flags = dict(BT=CHUNK, USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
                  gamma=gamma, GAMMA=gamma is not None, GROUP=group_size)
     launch_state_pass(_chunk_state_grad_kernel, _delta_state_grad_kernel, args, flags,
-                      None if Aqk is None else dict(Aqk=Aqk, kg=kg, w=w, du=du))
+                      None if Aqk is None else dict(Aqk=Aqk, kg=kg, w=w, du=du), packed)
 
 
 # ------------------------------------------------------------------ 2. dv and the scores' gradient
 @triton.jit
-def _group_rows(x, key_scale, i_b, i_h, t0, o_c, m_t, o_k, m_k, T, H, K: tl.constexpr, GROUP,
-                KEY_SCALE: tl.constexpr):
-    """Head i_h's [BT, BK] tile of x [B, T, H / GROUP, K] (one row per GROUP heads) at tokens t0 + o_c, times
-    key_scale [B, T, H] (one number per head and token, rounded once to x's dtype after the fp32 product) with
-    KEY_SCALE."""
-    b_x = tl.load(x + chunk_row(i_b, t0, i_h // GROUP, T, H // GROUP) * K + (o_c[:, None] * (H // GROUP)) * K
+def _group_rows(x, key_scale, i_h, t0, o_c, m_t, o_k, m_k, H, K: tl.constexpr, GROUP, KEY_SCALE: tl.constexpr):
+    """Head i_h's [BT, BK] tile of x [B, T, H / GROUP, K] (one row per GROUP heads) at tokens t0 + o_c of the
+    B·T tokens, times key_scale [B, T, H] (one number per head and token, rounded once to x's dtype after the
+    fp32 product) with KEY_SCALE."""
+    b_x = tl.load(x + chunk_row(0, t0, i_h // GROUP, 0, H // GROUP) * K + (o_c[:, None] * (H // GROUP)) * K
                   + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
     if KEY_SCALE:
-        b_s = tl.load(key_scale + (i_b * T + t0 + o_c) * H + i_h, mask=m_t, other=0.0)
+        b_s = tl.load(key_scale + (t0 + o_c) * H + i_h, mask=m_t, other=0.0)
         b_x = (b_x.to(tl.float32) * b_s[:, None]).to(x.dtype.element_ty)
     return b_x
 
@@ -415,18 +436,22 @@ def _chunk_dv_kernel(
     DOT_PREC: tl.constexpr, gamma=None, GAMMA: tl.constexpr = False, RECOMPUTE_A: tl.constexpr = False,
     key_scale=None, KEY_SCALE: tl.constexpr = False, GROUP=1,
     skip=None, s_skip_h=None, s_skip_v=None, SKIP: tl.constexpr = False,
+    cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False,
 ):
-    # one program: chunk i_t of one (batch, head), every value column. With SKIP, o also carries skip ⊙ v
-    # (Mamba-2's D ⊙ x, skip[h, v] at strides s_skip_h, s_skip_v), and dv takes do ⊙ skip before its store
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    # one program: chunk i_t of one (batch, head), or of packed sequences' chunk program i_c (`chunk_at`), every
+    # value column. With SKIP, o also carries skip ⊙ v (Mamba-2's D ⊙ x, skip[h, v] at strides s_skip_h,
+    # s_skip_v), and dv takes do ⊙ skip before its store
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
+    tok0, i_t, T = chunk_at(i_c, i_b, T, cu_seqlens, chunk_indices, VARLEN)
+    t0 = tok0 + i_t * BT                                # the chunk's first token among the B·T
     o_c = tl.arange(0, BT)
     o_t = i_t * BT + o_c
     m_t = o_t < T
     t_last = tl.minimum(i_t * BT + BT, T) - 1
     m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
-    p_dhc = dh + chunk_state_base(i_b, i_t, i_h, NT, H, K, V)
-    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)           # 64-bit; the tokens' rows r_c + o_c·H
+    p_dhc = dh + chunk_state_base(i_b, i_c, i_h, NT, H, K, V)
+    r_c = chunk_row(0, t0, i_h, T, H)                   # 64-bit; the tokens' rows r_c + o_c·H
 
     if G == 1:
         # a decay per head (a gate per head, Mamba-2, or λ, Lightning) is one number per token: every factor a
@@ -436,11 +461,11 @@ def _chunk_dv_kernel(
             b_gam = tl.load(gamma + i_h)
             b_row = tl.exp(decay_exponent(b_gam, t_last - o_t))                 # λ^(L - j)
         else:
-            b_gc = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
-            b_gl = tl.load(b + (i_b * T + t_last) * H + i_h)
+            b_gc = tl.load(b + (tok0 + o_t) * H + i_h, mask=m_t, other=0.0)
+            b_gl = tl.load(b + (tok0 + t_last) * H + i_h)
             b_row = tl.exp(tl.where(m_t, b_gl - b_gc, 0.0))                      # <= 1 on every real token
         if KEY_SCALE:
-            b_s = tl.load(key_scale + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+            b_s = tl.load(key_scale + (tok0 + o_t) * H + i_h, mask=m_t, other=0.0)
             b_row *= b_s
     if GAMMA or RECOMPUTE_A:
         # the scores recomputed, transposed: A^T_jt = scale · key_scale_j · (K Q^T)_jt · M_tj, with M_tj =
@@ -454,8 +479,8 @@ def _chunk_dv_kernel(
         for i_k in range(tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
-            b_q = _group_rows(q, None, i_b, i_h, i_t * BT, o_c, m_t, o_k, m_k, T, H, K, GROUP, False)
-            b_k = _group_rows(k, None, i_b, i_h, i_t * BT, o_c, m_t, o_k, m_k, T, H, K, GROUP, False)
+            b_q = _group_rows(q, None, i_h, t0, o_c, m_t, o_k, m_k, H, K, GROUP, False)
+            b_k = _group_rows(k, None, i_h, t0, o_c, m_t, o_k, m_k, H, K, GROUP, False)
             b_At += tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)
             if V <= BV:
                 b_dh = tl.load(p_dhc + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :],
@@ -487,7 +512,7 @@ def _chunk_dv_kernel(
                 for i_k in range(tl.cdiv(K, BK)):
                     o_k = i_k * BK + tl.arange(0, BK)
                     m_k = o_k < K
-                    b_k = _group_rows(k, None, i_b, i_h, i_t * BT, o_c, m_t, o_k, m_k, T, H, K, GROUP, False)
+                    b_k = _group_rows(k, None, i_h, t0, o_c, m_t, o_k, m_k, H, K, GROUP, False)
                     b_dh = tl.load(p_dhc + o_k[:, None] * V + o_v[None, :],
                                    mask=m_k[:, None] & (o_v < V)[None, :], other=0.0)
                     b_kdh += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC)
@@ -498,7 +523,7 @@ def _chunk_dv_kernel(
                 o_k = i_k * BK + tl.arange(0, BK)
                 m_k = o_k < K
                 m_tk = m_t[:, None] & m_k[None, :]
-                b_k = _group_rows(k, key_scale, i_b, i_h, i_t * BT, o_c, m_t, o_k, m_k, T, H, K, GROUP, KEY_SCALE)
+                b_k = _group_rows(k, key_scale, i_h, t0, o_c, m_t, o_k, m_k, H, K, GROUP, KEY_SCALE)
                 b_g = tl.load(b + r_c * G + (o_c[:, None] * H) * G + o_k[None, :], mask=m_tk, other=0.0)
                 b_gl = tl.load(b + r_c * G + ((t_last - i_t * BT) * H) * G + o_k, mask=m_k, other=0.0)
                 b_decay = tl.exp(tl.where(m_tk, b_gl[None, :] - b_g, 0.0))    # <= 0 on every real token
@@ -516,7 +541,7 @@ def _chunk_dv_kernel(
 
 
 def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, group_size: int = 1,
-             key_scale=None, skip=None) -> None:
+             key_scale=None, skip=None, packed=None) -> None:
     """dv = A^T dO + (K ⊙ e^{b_L - b}) dS' for every chunk, and dA = scale ·
     dO V^T on and below the diagonal (the scores' gradient, scale folded in),
     all chunks in parallel.
@@ -537,6 +562,9 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
     (Mamba-2's D): dv then also holds do ⊙ skip, added in fp32 before its
     one store, so dv is v's whole gradient.
 
+    packed: packed sequences (`packed_chunks`, B = 1; dstates as
+    `chunk_state_grad_pass` writes them for them).
+
         >>> dA = torch.empty(B, T, H, CHUNK, device=q.device)
         >>> chunk_dv(q, k, v, b, A, dstates, do, dv := torch.empty_like(v), dA, scale=K ** -0.5)
     """
@@ -546,7 +574,7 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
     recompute = A is None and gamma is None
     if recompute and G != 1:
         raise ValueError(f"chunk_dv recomputes the scores for a gate per head only (G = 1), got G = {G}")
-    NT = cdiv(T, CHUNK)
+    NT = n_chunks(T, packed)
     # the scores read (GLA, K = V = 128): with fp32 states 255 registers and 120 KB of shared memory at 3
     # stages, one program of 4 warps an SM; at 2 stages 248 and 80 KB, two. With bf16 states 252 and 105 KB
     # at 3 stages, 251 and 72 KB at 2. The scores recomputed (Mamba-2, K = 128, V = 64, bf16 states): 248
@@ -562,7 +590,8 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
         q, k, v, b, A, dstates, do, dv, dA, scale, T, H, NT, K, V, G, BT=CHUNK, BK=_tile(K), BV=_tile(V),
         DOT_PREC=dot_precision(k.dtype), gamma=gamma, GAMMA=gamma is not None, RECOMPUTE_A=recompute,
         key_scale=key_scale, KEY_SCALE=key_scale is not None, GROUP=group_size,
-        skip=skip, s_skip_h=s_skip_h, s_skip_v=s_skip_v, SKIP=skip is not None, num_stages=stages)
+        skip=skip, s_skip_h=s_skip_h, s_skip_v=s_skip_v, SKIP=skip is not None, **varlen(packed),
+        num_stages=stages)
 
 
 # ------------------------------------------------------------------ 3. dq, dk and the gate's gradient
@@ -586,6 +615,7 @@ def _chunk_dqk_intra_kernel(
     q, k, b, dA, dq, dk, T, H,
     K: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     DOT_PREC: tl.constexpr, dA_kk=None, dk_rows=None, beta=None, KEY_PAIRS: tl.constexpr = False,
+    cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False,
 ):
     # one program: sub-chunk i_c of chunk i_t, key channels [i_k·BK, ..); its rows' dq and its columns' dk
     # from the pairs j < t (the pairs j = t are left to the chunk-wide kernel, which drops them from the
@@ -595,9 +625,11 @@ def _chunk_dqk_intra_kernel(
     # KEY_PAIRS: a second score matrix with k in both places (KDA's A_kk, under a weight β per row) over the
     # same pairs, its rows without β to dk_rows and its columns with it into dk: the two share every
     # exponential and every load of k and b.
-    i_kc, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # (packed sequences: chunk i_t of the sequence that chunk program i_tc is in, `chunk_at`)
+    i_kc, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_k, i_c = i_kc // (BT // BC), i_kc % (BT // BC)
     i_b, i_h = i_bh // H, i_bh % H
+    tok0, i_t, T = chunk_at(i_tc, i_b, T, cu_seqlens, chunk_indices, VARLEN)
     t0 = i_t * BT + i_c * BC
     if t0 < T:
         o_r = tl.arange(0, BC)
@@ -608,7 +640,7 @@ def _chunk_dqk_intra_kernel(
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
         # every row after r_c, the chunk's first (64-bit), at 32-bit offsets
-        r_c = chunk_row(i_b, i_t * BT, i_h, T, H)
+        r_c = chunk_row(0, tok0 + i_t * BT, i_h, T, H)
         q, k, b, dA, dq, dk = q + r_c * K, k + r_c * K, b + r_c * G, dA + r_c * BT, dq + r_c * K, dk + r_c * K
         o_cr = (i_c * BC + o_r) * H                                   # the rows of this sub-chunk after r_c
         p_x = o_cr[:, None] * K + o_k[None, :]
@@ -700,14 +732,14 @@ def _chunk_dqk_intra_kernel(
 
 
 @triton.jit
-def inter_chunk_products(v, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, NT, K: tl.constexpr,
-                         V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                         GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr):
-    """For chunk i_t of (batch i_b, head i_h) and the key columns o_k: dO S^T and V dS'^T ([BT, BK], fp32),
-    over the value dim in tiles, and rowsum(S ⊙ dS') ([BK], for the gate; zeros without GATE_GRAD)."""
-    h = h + chunk_state_base(i_b, i_t, i_h, NT, H, K, V)             # this chunk's state and its gradient
-    dh = dh + chunk_state_base(i_b, i_t, i_h, NT, H, K, V)
-    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)
+def inter_chunk_products(v, do, h, dh, s_c, r_c, o_c, m_t, o_k, m_k, H, K: tl.constexpr, V: tl.constexpr,
+                         BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE_GRAD: tl.constexpr,
+                         DOT_PREC: tl.constexpr):
+    """For one chunk of one head, whose state and state gradient start at s_c in h and dh ([B, NT, H, K, V],
+    `chunk_state_base`) and whose first token's row is r_c (`chunk_row`), and the key columns o_k: dO S^T and
+    V dS'^T ([BT, BK], fp32), over the value dim in tiles, and rowsum(S ⊙ dS') ([BK], for the gate; zeros
+    without GATE_GRAD)."""
+    h, dh = h + s_c, dh + s_c                                        # this chunk's state and its gradient
     v, do = v + r_c * V, do + r_c * V                                # the chunk's first row, 64-bit
     b_dos = tl.zeros([BT, BK], dtype=tl.float32)
     b_vdh = tl.zeros([BT, BK], dtype=tl.float32)
@@ -715,7 +747,7 @@ def inter_chunk_products(v, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, 
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
-        p_v = ((o_t[:, None] - i_t * BT) * H) * V + o_v[None, :]
+        p_v = (o_c[:, None] * H) * V + o_v[None, :]
         b_do = tl.load(do + p_v, mask=m_t[:, None] & m_v[None, :], other=0.0)
         b_v = tl.load(v + p_v, mask=m_t[:, None] & m_v[None, :], other=0.0)
         p_s = o_k[:, None] * V + o_v[None, :]
@@ -732,11 +764,10 @@ def inter_chunk_products(v, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, 
 
 
 @triton.jit
-def score_grad_tile(dA, i_b, i_t, i_h, o_c, m_t, T, H, BT: tl.constexpr):
-    """Chunk i_t's [BT, BT] tile of dA [B, T, H, BT] (`chunk_dv`'s scores' gradient) for (batch i_b, head i_h);
-    0 on tokens past T."""
-    return tl.load(dA + chunk_row(i_b, i_t * BT, i_h, T, H) * BT + (o_c[:, None] * H) * BT + o_c[None, :],
-                   mask=m_t[:, None], other=0.0)
+def score_grad_tile(dA, r_c, o_c, m_t, H, BT: tl.constexpr):
+    """One chunk's [BT, BT] tile of dA [B, T, H, BT] (`chunk_dv`'s scores' gradient), its first token's row r_c
+    (`chunk_row`); 0 on tokens past the sequence's end (m_t)."""
+    return tl.load(dA + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
 
 
 @triton.jit
@@ -748,16 +779,17 @@ def decayed_score_grad(b_dA, b_gc, m_lo):
 
 
 @triton.jit
-def one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i_h, o_c, o_t, m_t, t_last, T, H,
-                  BT: tl.constexpr, FLOOR: tl.constexpr, GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr,
-                  GAMMA: tl.constexpr, HEAD_MAJOR: tl.constexpr = False):
+def one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, r_c, tok0, i_h, o_c, o_t, m_t, t_last,
+                  H, BT: tl.constexpr, FLOOR: tl.constexpr, GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr,
+                  GAMMA: tl.constexpr):
     """dq and dk of one decay per head (b: the cumulative gates [B, T, H], gk the gates as given) or a fixed
     decay (GAMMA: gamma [H]), from the inter-chunk products (`inter_chunk_products`) and dA, for one chunk of
-    (batch i_b, head i_h) and one key tile (b_q, b_k [BT, BK]); and this key tile's share of the gate's gradient
-    ([BT], zeros without GATE_GRAD or with GAMMA). The decay factors out of the key sum: the intra-chunk part
-    is (dA ⊙ M) K and (dA ⊙ M)^T Q over the whole chunk, M_tj the decay from j to t (dA is zero above the
-    diagonal). b and gk are [B, T, H], or [B, H, T] with HEAD_MAJOR (a head's chunk of gates contiguous)."""
-    b_dA = score_grad_tile(dA, i_b, t_last // BT, i_h, o_c, m_t, T, H, BT)     # chunk t_last // BT
+    head i_h (its first token's row r_c, `chunk_row`; its sequence's first token tok0 among the B·T, o_t and
+    t_last counted from there) and one key tile (b_q, b_k [BT, BK]); and this key tile's share of the gate's
+    gradient ([BT], zeros without GATE_GRAD or with GAMMA). The decay factors out of the key sum: the
+    intra-chunk part is (dA ⊙ M) K and (dA ⊙ M)^T Q over the whole chunk, M_tj the decay from j to t (dA is
+    zero above the diagonal)."""
+    b_dA = score_grad_tile(dA, r_c, o_c, m_t, H, BT)
     if GAMMA:
         # M_tj = λ^(t-j), a fixed decay
         b_gam = tl.load(gamma + i_h)
@@ -765,10 +797,7 @@ def one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i
         b_q_decay = tl.exp(decay_exponent(b_gam, o_c + 1)) * scale
         b_k_decay = tl.exp(decay_exponent(b_gam, t_last - o_t))
     else:
-        if HEAD_MAJOR:
-            p_gc, p_gl = (i_b * H + i_h) * T + o_t, (i_b * H + i_h) * T + t_last
-        else:
-            p_gc, p_gl = (i_b * T + o_t) * H + i_h, (i_b * T + t_last) * H + i_h
+        p_gc, p_gl = (tok0 + o_t) * H + i_h, (tok0 + t_last) * H + i_h
         b_gc = tl.load(b + p_gc, mask=m_t, other=0.0)
         b_gl = tl.load(b + p_gl)
         b_dA = decayed_score_grad(b_dA, b_gc, (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :])
@@ -803,11 +832,14 @@ def _chunk_dqk_kernel(
     q, k, v, gk, b, h, dh, do, dA, dq_intra, dk_intra, dq, dk, dg, scale, T, H, NT,
     K: tl.constexpr, V: tl.constexpr, G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FLOOR: tl.constexpr, GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr, gamma=None, GAMMA: tl.constexpr = False,
-    SUM_PREC: tl.constexpr = "ieee",
+    SUM_PREC: tl.constexpr = "ieee", cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False,
 ):
-    # one program: chunk i_t of one (batch, head), key columns [i_k·BK, (i_k+1)·BK)
-    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # one program: chunk i_t of one (batch, head), or of packed sequences' chunk program i_c (`chunk_at`), key
+    # columns [i_k·BK, (i_k+1)·BK)
+    i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    s_tile = T * tl.num_programs(2)                     # a key tile's share of dg per head: [B, T, H] (G = 1)
+    tok0, i_t, T = chunk_at(i_c, i_b, T, cu_seqlens, chunk_indices, VARLEN)
     o_c = tl.arange(0, BT)
     o_t = i_t * BT + o_c
     m_t = o_t < T
@@ -815,20 +847,20 @@ def _chunk_dqk_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
-    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)           # 64-bit; the tokens' rows r_c + o_c·H
+    r_c = chunk_row(0, tok0 + i_t * BT, i_h, T, H)      # 64-bit; the tokens' rows r_c + o_c·H
     p_x = (o_c[:, None] * H) * K + o_k[None, :]
     q, k, dq, dk = q + r_c * K, k + r_c * K, dq + r_c * K, dk + r_c * K
     b_q = tl.load(q + p_x, mask=m_tk, other=0.0)
     b_k = tl.load(k + p_x, mask=m_tk, other=0.0)
-    b_dos, b_vdh, b_hdh = inter_chunk_products(v, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, NT, K, V,
-                                               BT, BK, BV, GATE_GRAD, DOT_PREC)
+    b_dos, b_vdh, b_hdh = inter_chunk_products(v, do, h, dh, chunk_state_base(i_b, i_c, i_h, NT, H, K, V), r_c,
+                                               o_c, m_t, o_k, m_k, H, K, V, BT, BK, BV, GATE_GRAD, DOT_PREC)
 
     if GAMMA or G == 1:
-        b_dq, b_dk, b_dg = one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, i_b, i_h, o_c, o_t,
-                                         m_t, t_last, T, H, BT, FLOOR, GATE_GRAD, DOT_PREC, GAMMA)
+        b_dq, b_dk, b_dg = one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, r_c, tok0, i_h,
+                                         o_c, o_t, m_t, t_last, H, BT, FLOOR, GATE_GRAD, DOT_PREC, GAMMA)
         if GATE_GRAD and not GAMMA:
             # this key tile's share, summed over the tiles by the caller
-            tl.store(dg + i_k * T * tl.num_programs(2) + (i_b * T + o_t) * H + i_h, b_dg, mask=m_t)
+            tl.store(dg + i_k * s_tile + (tok0 + o_t) * H + i_h, b_dg, mask=m_t)
         tl.store(dq + p_x, b_dq.to(dq.dtype.element_ty), mask=m_tk)
         tl.store(dk + p_x, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     else:
@@ -860,7 +892,7 @@ def _chunk_dqk_kernel(
 
 
 def chunk_dqk_intra(q, k, b, dA, dq, dk, *, input_precision: str | None = None, dA_kk=None, dk_rows=None,
-                    beta=None) -> None:
+                    beta=None, packed=None) -> None:
     """The intra-chunk pairs j < t of scores with a gate per key channel,
     A_tj = Σ_c q_tc k_jc e^{b_tc - b_jc}, all chunks in parallel:
     dq_t = Σ_{j<t} dA_tj k_j ⊙ e^{b_t - b_j} and dk_j = Σ_{t>j} dA_tj q_t ⊙
@@ -883,6 +915,8 @@ def chunk_dqk_intra(q, k, b, dA, dq, dk, *, input_precision: str | None = None, 
     is added into dk, in the same launch (the two matrices share every
     exponential and every load of k and b).
 
+    packed: packed sequences (`packed_chunks`, B = 1).
+
         >>> dq, dk = torch.empty_like(b), torch.empty_like(b)
         >>> chunk_dqk_intra(q, k, b, dA, dq, dk)
     """
@@ -890,13 +924,14 @@ def chunk_dqk_intra(q, k, b, dA, dq, dk, *, input_precision: str | None = None, 
         raise ValueError("chunk_dqk_intra takes dA_kk, dk_rows and beta together or none of them")
     B, T, H, K = q.shape
     BK = pow2_at_least_16(K) if _INTRA_BK is None else _INTRA_BK     # key channels a program
-    _chunk_dqk_intra_kernel[(cdiv(K, BK) * (CHUNK // SUB_CHUNK), cdiv(T, CHUNK), B * H)](
+    _chunk_dqk_intra_kernel[(cdiv(K, BK) * (CHUNK // SUB_CHUNK), n_chunks(T, packed), B * H)](
         q, k, b, dA, dq, dk, T, H, K, b.shape[-1], BT=CHUNK, BC=SUB_CHUNK, BK=BK,
         DOT_PREC=input_precision or dot_precision(q.dtype), dA_kk=dA_kk, dk_rows=dk_rows, beta=beta,
-        KEY_PAIRS=dA_kk is not None, num_warps=_INTRA_WARPS, num_stages=_INTRA_STAGES)
+        KEY_PAIRS=dA_kk is not None, **varlen(packed), num_warps=_INTRA_WARPS, num_stages=_INTRA_STAGES)
 
 
-def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float, *, gamma=None) -> None:
+def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float, *, gamma=None,
+              packed=None) -> None:
     """dq, dk and the gate's gradient dg for every chunk, all chunks in
     parallel: the inter-chunk terms from the chunk-start states and the
     chunk-end gradients, the intra-chunk terms from dA.
@@ -913,7 +948,8 @@ def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float,
     None. All contiguous. A gate per head (G = 1) or gamma: one launch of
     whole-chunk products (the decay factors out of the key sum); a gate per
     key channel (G = K): a first launch sums the pairs j < t in sub-chunks of
-    16 rows.
+    16 rows. packed: packed sequences (`packed_chunks`, B = 1; states and
+    dstates as the passes write them for them).
 
         >>> dq, dk, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(gk)
         >>> chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale=K ** -0.5)
@@ -921,13 +957,13 @@ def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float,
     B, T, H, K = q.shape
     V = v.shape[-1]
     G = 1 if b is None else b.shape[-1]
-    NT, BK = cdiv(T, CHUNK), _tile(K)
+    NT, BK = n_chunks(T, packed), _tile(K)
     NK = cdiv(K, BK)
     dq_intra = dk_intra = dg_tiles = None
     if gamma is None and G != 1:      # a gate per key channel: the intra-chunk pairs in sub-chunks first
         dq_intra = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
         dk_intra = torch.empty_like(dq_intra)
-        chunk_dqk_intra(q, k, b, dA, dq_intra, dk_intra)
+        chunk_dqk_intra(q, k, b, dA, dq_intra, dk_intra, packed=packed)
     gate_out = dg
     if dg is not None and G == 1:
         gate_out = dg_tiles = torch.empty(NK, B, T, H, dtype=torch.float32, device=q.device)
@@ -935,7 +971,7 @@ def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float,
         q, k, v, gk, b, states, dstates, do, dA, dq_intra, dk_intra, dq, dk, gate_out, scale, T, H, NT,
         K, V, G, BT=CHUNK, BK=BK, BV=_tile(V), FLOOR=GATE_FLOOR, GATE_GRAD=dg is not None,
         DOT_PREC=dot_precision(q.dtype), gamma=gamma, GAMMA=gamma is not None, SUM_PREC=_sum_precision(q.dtype),
-        num_warps=4 if gamma is not None or G == 1 else _PER_CHANNEL_WARPS)
+        **varlen(packed), num_warps=4 if gamma is not None or G == 1 else _PER_CHANNEL_WARPS)
     if dg_tiles is not None:
         dg.copy_(dg_tiles.sum(0).unsqueeze(-1))
 

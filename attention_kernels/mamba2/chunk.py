@@ -592,7 +592,8 @@ def _ssd_dqk_intra_kernel(
     for i_r in range(i_run * HEADS, tl.minimum(i_run * HEADS + HEADS, HPG)):
         i_h = i_g * HPG + i_r
         p_th, b_dt, b_gc = _head_scalars(dt, b, i_b, i_h, o_t, m_t, T, H)
-        b_D = decayed_score_grad(score_grad_tile(dA, i_b, i_t, i_h, o_c, m_t, T, H, BT), b_gc, m_lo)
+        b_D = decayed_score_grad(score_grad_tile(dA, chunk_row(i_b, i_t * BT, i_h, T, H), o_c, m_t, H, BT), b_gc,
+                                 m_lo)
         b_W += b_D * b_dt[None, :]
         b_E = b_D * b_cb
         b_R = tl.where(m_below, b_E * b_dt[None, :], 0.0)
@@ -636,7 +637,8 @@ def _ssd_dqk_kernel(
         i_h = i_g * HPG + i_r
         p_th, b_dt, b_gc = _head_scalars(dt, b, i_b, i_h, o_t, m_t, T, H)
         b_gl = tl.load(b + (i_b * H + i_h) * T + t_last)
-        b_dos, b_vdh, b_hdh = inter_chunk_products(x, do, h, dh, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, H, NT, N, P,
+        b_dos, b_vdh, b_hdh = inter_chunk_products(x, do, h, dh, chunk_state_base(i_b, i_t, i_h, NT, H, N, P),
+                                                   chunk_row(i_b, i_t * BT, i_h, T, H), o_c, m_t, o_k, m_k, H, N, P,
                                                    BT, BK, BV, True, DOT_PREC)
         b_dq_inter = b_dos * tl.exp(b_gc)[:, None]
         b_dk_inter = b_vdh * tl.exp(tl.where(m_t, b_gl - b_gc, 0.0))[:, None]
