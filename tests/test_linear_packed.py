@@ -78,15 +78,17 @@ def test_packed_equals_each_sequence_alone(form):
 
 
 @pytest.mark.parametrize("form", ["chunk_gla", "chunk_lightning", "chunk_kda"])
-def test_chunk_forward_runs_packed_sequences_in_one_set_of_launches(form, monkeypatch):
-    # the chunk forms' kernels read the chunk table (packed_chunks) themselves: no launch per sequence on the
-    # host, and the chunk table has each sequence's chunks from its first token
+def test_chunk_forms_run_packed_sequences_in_one_set_of_launches(form, monkeypatch):
+    # the chunk forms' kernels, forward and backward, read the chunk table (packed_chunks) themselves: no
+    # launch per sequence on the host, and the chunk table has each sequence's chunks from its first token
     from attention_kernels.linear import packed
-    monkeypatch.setattr(packed, "_rows", lambda *a: pytest.fail("the forward cut out a sequence's rows"))
+    monkeypatch.setattr(packed, "_rows", lambda *a: pytest.fail("a sequence's rows were cut out"))
     call, n_rows, _ = FORMS[form]
     rows, cu, h0 = _inputs(LENGTHS)
-    o, ht = call(rows[:n_rows], initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    leaves = [t.requires_grad_() for t in rows[:n_rows]]
+    o, ht = call(leaves, initial_state=h0, output_final_state=True, cu_seqlens=cu)
     assert o.isfinite().all() and ht.shape == h0.shape
+    assert all(g.isfinite().all() for g in torch.autograd.grad(o.sum() + ht.sum(), leaves))
     table = packed.packed_chunks(cu, sum(LENGTHS))
     assert table.chunk_indices.tolist() == [[1, 0], [2, 0], [2, 1], [3, 0], [4, 0]]
     assert table.chunk_offsets.tolist() == [0, 0, 1, 3, 4, 5, 5] and table.n_chunks == 5

@@ -46,8 +46,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import cdiv, on_machine, pow2_at_least_16
-from ..linear.chunk import CHUNK, GATE_FLOOR, chunk_row, chunk_state_base, chunk_state_dtype, dot_precision
+from ..launch import on_machine, pow2_at_least_16
+from ..linear.chunk import (CHUNK, GATE_FLOOR, chunk_at, chunk_row, chunk_state_base, chunk_state_dtype, dot_precision,
+                            n_chunks, varlen)
 from ..linear import chunk_backward as linear_backward
 from ..linear.chunk_backward import chunk_dqk_intra, chunk_state_grad_pass
 from .chunk import chunk_kda_intermediates
@@ -74,25 +75,28 @@ def _kda_chunk_grad_kernel(
     dq, dk, db, dv, dbeta, dAqk, dA, qn, kn, scale, T, H, NT,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     L2NORM: tl.constexpr, EPS: tl.constexpr, STORE_QK: tl.constexpr, DOT_PREC: tl.constexpr,
+    cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False,
 ):
-    # one program: chunk i_t of one (batch, head), the key dim in tiles of BK (outer), the value dim in
-    # tiles of BV (inner): each state tile is read once, the chunk's value rows once per key tile
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    # one program: chunk i_t of one (batch, head), or of packed sequences' chunk program i_c (linear/chunk.py's
+    # chunk_at), the key dim in tiles of BK (outer), the value dim in tiles of BV (inner): each state tile is
+    # read once, the chunk's value rows once per key tile
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
+    tok0, i_t, T = chunk_at(i_c, i_b, T, cu_seqlens, chunk_indices, VARLEN)
     o_c = tl.arange(0, BT)
     o_t = i_t * BT + o_c
     m_t = o_t < T
     t_last = tl.minimum(i_t * BT + BT, T) - 1
     # the chunk's first row, 64-bit (linear/chunk.py's chunk_row); rows and columns after it 32-bit
-    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)
+    r_c = chunk_row(0, tok0 + i_t * BT, i_h, T, H)
     q, k, b, w, qn, kn = q + r_c * K, k + r_c * K, b + r_c * K, w + r_c * K, qn + r_c * K, kn + r_c * K
     dq, dk, db = dq + r_c * K, dk + r_c * K, db + r_c * K
     v, u, v_new, do, du, dv = v + r_c * V, u + r_c * V, v_new + r_c * V, do + r_c * V, du + r_c * V, dv + r_c * V
     inverse, dAqk, dA = inverse + r_c * BT, dAqk + r_c * BT, dA + r_c * BT
-    p_h = chunk_state_base(i_b, i_t, i_h, NT, H, K, V)                 # this chunk's state, 64-bit
+    p_h = chunk_state_base(i_b, i_c, i_h, NT, H, K, V)                 # this chunk's state, 64-bit
     states, dstates = states + p_h, dstates + p_h
     p_A = (o_c[:, None] * H) * BT + o_c[None, :]
-    b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)    # [B, T, H]: 32-bit
+    b_beta = tl.load(beta + (tok0 + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)    # [B, T, H]: 32-bit
     # Xᵀ, X = (I + A)⁻¹ lower triangular (the forward's solve wrote it in k's dtype), read again in the key
     # loop rather than held through it
     p_At = (o_c[None, :] * H) * BT + o_c[:, None]
@@ -191,7 +195,7 @@ def _kda_chunk_grad_kernel(
     # its share of dβ, Σ_j dA_tj A_kk,tj, is k_t · Σ_j dA_tj k_j ⊙ e^{b_t - b_j}, that launch's rows (A_kk
     # itself is neither kept nor recomputed). dβ's other shares, here, in fp32
     b_dA = tl.where((o_c[:, None] > o_c[None, :]) & m_t[:, None], -b_dA, 0.0)
-    tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_dbeta, mask=m_t)
+    tl.store(dbeta + (tok0 + o_t) * H + i_h, b_dbeta, mask=m_t)
     tl.store(dA + p_A, b_dA, mask=m_t[:, None])
 
 
@@ -200,15 +204,17 @@ def _kda_chunk_grad_kernel(
 def _kda_dqk_combine_kernel(
     q, k, g, beta, dAqk, dq_part, dk_part, db_part, dbeta_part, dq_qk, dk_rows, dk_cols, dq, dk, dg, dbeta, T, H,
     K: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr,
-    EPS: tl.constexpr, FLOOR: tl.constexpr,
+    EPS: tl.constexpr, FLOOR: tl.constexpr, cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False,
 ):
-    # one program: chunk i_t of one (batch, head), all of K (BK >= K: the L2 norm sums over it), the rows in
-    # blocks of BR from the chunk's last, carrying the sum of db over the rows after the block
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    # one program: chunk i_t of one (batch, head) (or of packed sequences' chunk program i_c, `chunk_at`), all
+    # of K (BK >= K: the L2 norm sums over it), the rows in blocks of BR from the chunk's last, carrying the sum
+    # of db over the rows after the block
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
+    tok0, i_t, T = chunk_at(i_c, i_b, T, cu_seqlens, chunk_indices, VARLEN)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    r_c = chunk_row(i_b, i_t * BT, i_h, T, H)         # 64-bit; the rows after it 32-bit
+    r_c = chunk_row(0, tok0 + i_t * BT, i_h, T, H)    # 64-bit; the rows after it 32-bit
     q, k, g, dq, dk, dg = q + r_c * K, k + r_c * K, g + r_c * K, dq + r_c * K, dk + r_c * K, dg + r_c * K
     dq_part, dk_part, db_part = dq_part + r_c * K, dk_part + r_c * K, db_part + r_c * K
     dq_qk, dk_rows, dk_cols = dq_qk + r_c * K, dk_rows + r_c * K, dk_cols + r_c * K
@@ -240,7 +246,7 @@ def _kda_dqk_combine_kernel(
         # A_kk's rows, Σ_{j<t} dA_tj k_j ⊙ e^{b_t - b_j} for A = diag(β) A_kk: k_t · it to β_t, β_t times it
         # to k_t
         b_dkr = tl.load(dk_rows + p_k, mask=m_rk, other=0.0)
-        o_bt = (i_b * T + i_t * BT + o_r) * H + i_h                    # [B, T, H]: 32-bit
+        o_bt = (tok0 + i_t * BT + o_r) * H + i_h                       # [B, T, H]: 32-bit
         b_dbeta = tl.load(dbeta_part + o_bt, mask=m_r, other=0.0) + tl.sum(b_k * b_dkr, axis=1)
         tl.store(dbeta + o_bt, b_dbeta.to(dbeta.dtype.element_ty), mask=m_r)
         b_dkr *= tl.load(beta + o_bt, mask=m_r, other=0.0).to(tl.float32)[:, None]
@@ -267,7 +273,8 @@ _GRAD_BK, _GRAD_BV, _GRAD_WARPS = 32, 64, 8
 _COMBINE_ROWS, _COMBINE_WARPS = 16, 4
 
 
-def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_kernel: bool, kept=None):
+def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_kernel: bool, kept=None,
+                  packed=None):
     """The gradients of chunk_kda (see the module docstring): the recomputed forward, the reverse state pass,
     every chunk's gradients but the scores' pairs j < t, those pairs (GLA's sub-chunk kernel, both score
     matrices in one launch), then the sums with the gate's and the L2 norm's gradients. Triton throughout;
@@ -276,7 +283,8 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
     q, k, g: [B, T, H, K]; v, do: [B, T, H, V] (do in v's dtype); beta: [B, T, H]; h0, dht: fp32
     [B, H, K, V] or None (zeros); all contiguous. do and dht are the gradients of o and of the final state.
     kept: (Aqk, X), the query-key scores and the solve's inverse as the training forward wrote them
-    (`chunk_kda_intermediates`), or None to compute them again.
+    (`chunk_kda_intermediates`), or None to compute them again. packed: packed sequences (`packed_chunks`,
+    B = 1; h0 and dht one per sequence, [N, H, K, V]): every launch reads the chunk table.
     Returns (dq, dk, dv, dg, dbeta, dh0 or None), each in its input's dtype (dh0 fp32).
 
         >>> q, k, v, g = torch.randn(4, 1, 70, 2, 32, device="cuda").unbind(0)
@@ -285,7 +293,7 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
         ...                                          torch.randn_like(v), None, True)
     """
     B, T, H, K = q.shape
-    V, NT = v.shape[-1], cdiv(T, CHUNK)
+    V, NT = v.shape[-1], n_chunks(T, packed)
     dev, state_dtype = q.device, chunk_state_dtype(q.dtype)
     f32 = dict(dtype=torch.float32, device=dev)
     # ---- the forward's intermediates, by the forward's kernels (the solve's inverse too; from the kept one,
@@ -293,13 +301,13 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
     gated_q = torch.empty_like(q) if linear_backward.delta_walk_takes_gated_queries(K, q.device) else None
     x = chunk_kda_intermediates(q, k, v, g, beta, scale, h0, l2norm=use_qk_l2norm_in_kernel,
                                 state_dtype=state_dtype, store_inverse=True, kept=kept,
-                                kept_computed=kept is not None, gated_queries=gated_q)
+                                kept_computed=kept is not None, gated_queries=gated_q, packed=packed)
     # ---- the reverse state pass (the delta rule's): dS' at every chunk's end, dS at the start, and dU
     dstates = torch.empty(B, NT, H, K, V, dtype=state_dtype, device=dev)
     dU = torch.empty(B, T, H, V, **f32)
     dh0 = None if h0 is None else torch.empty_like(h0)
     chunk_state_grad_pass(x.q, do, x.b, dstates, scale, dht, dh0, Aqk=x.Aqk, kg=x.kg, w=x.w, du=dU,
-                          gated_queries=gated_q)
+                          gated_queries=gated_q, packed=packed)
     del gated_q
 
     # ---- every chunk's gradients but the scores' pairs j < t: dv, the partial dq, dk, db and dbeta, dA_qk
@@ -316,7 +324,8 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
         dq_part, dk_part, db_part, dv, dbeta_part, dAqk, dA, qn, kn, scale, T, H, NT, K, V, BT=CHUNK,
         BK=on_machine(gpu=min(_GRAD_BK, pow2_at_least_16(K)), interpreter=16),
         BV=on_machine(gpu=min(_GRAD_BV, pow2_at_least_16(V)), interpreter=16), L2NORM=use_qk_l2norm_in_kernel,
-        EPS=L2NORM_EPS, STORE_QK=store_qk, DOT_PREC=precision, num_warps=_GRAD_WARPS, num_stages=1)
+        EPS=L2NORM_EPS, STORE_QK=store_qk, DOT_PREC=precision, **varlen(packed), num_warps=_GRAD_WARPS,
+        num_stages=1)
     b = x.b
     # the state-sized and per-token buffers go back before the next ones (the kept scores, when the training
     # forward handed them in, stay with autograd until the backward returns)
@@ -327,7 +336,7 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
     # dk_cols (A_kk's under β); in products of IEEE fp32 for fp32 inputs and TF32 for 16-bit ones
     dq_qk, dk_rows, dk_cols = (torch.empty(B, T, H, K, **f32) for _ in range(3))
     chunk_dqk_intra(qn, kn, b, dAqk, dq_qk, dk_cols, input_precision=precision, dA_kk=dA, dk_rows=dk_rows,
-                    beta=beta)
+                    beta=beta, packed=packed)
 
     # ---- the sums, the diagonal pairs, dβ, the gate's reverse cumulative sum and the L2 norm's gradient
     dq, dk, dg, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(g), torch.empty_like(beta)
@@ -335,7 +344,7 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
         q, k, g, beta, dAqk, dq_part, dk_part, db_part, dbeta_part, dq_qk, dk_rows, dk_cols, dq, dk, dg, dbeta,
         T, H, K, BT=CHUNK,
         BR=_COMBINE_ROWS, BK=pow2_at_least_16(K), L2NORM=use_qk_l2norm_in_kernel, EPS=L2NORM_EPS, FLOOR=GATE_FLOOR,
-        num_warps=_COMBINE_WARPS)
+        **varlen(packed), num_warps=_COMBINE_WARPS)
     return dq, dk, dv, dg, dbeta, dh0
 
 

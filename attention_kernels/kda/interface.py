@@ -11,7 +11,8 @@ be normalised for the delta rule to stay a contraction; pass False if they alrea
 o: [B, T, H, V] in v's dtype; final_state: fp32 [B, H, K, V] when output_final_state, else None.
 Packed sequences (both forms): cu_seqlens, int32 [N + 1] offsets of N sequences concatenated along T in one
 batch row (B = 1); the states are then [N, H, K, V], one per sequence (attention_kernels/linear/packed.py: the
-chunk forward's kernels read the chunk table themselves, the rest runs once per sequence).
+chunk form's kernels, forward and backward, read the chunk table themselves; the recurrent form runs once per
+sequence).
 fused_recurrent_kda also serves: a pool of states, each batch row's slot, the state updated in place
 (inplace_final_state, ssm_state_indices: attention_kernels/linear/slots.py).
 chunk_kda trains (gradients to q, k, v, g, beta and initial_state, through o and the final state, and
@@ -37,7 +38,7 @@ from ..checks import check_bool, check_no_grad, check_tensor
 from ..custom_ops import compiled_as_op, gradients_like, like, linear_attention_fake
 from ..linear.chunk import CHUNK, chunk_output
 from ..linear.inputs import check_linear_inputs, check_output_gradients, state_v_first_in, state_v_first_out
-from ..linear.packed import backward_per_sequence, forward_per_sequence, packed_chunks
+from ..linear.packed import forward_per_sequence, packed_chunks
 from ..linear.slots import check_serving_options, pooled_state, step_outputs
 from .chunk import chunk_kda_intermediates
 from .chunk_backward import chunk_kda_bwd
@@ -217,7 +218,7 @@ def _forward(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_k
 def _chunk_kda_bwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, do, dht: torch.Tensor | None,
                    use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None = None,
                    Aqk: torch.Tensor | None = None, inverse: torch.Tensor | None = None):
-    """The backward (attention_kernels/kda/chunk_backward.py), once or once per packed sequence: recompute the gates,
+    """The backward (attention_kernels/kda/chunk_backward.py), over a batch or packed sequences: recompute the gates,
     W and Ũ and the chunk-start states (and the scores and the solve unless given), the delta rule's reverse
     state pass, then every gradient. do: o's gradient, dht: the final state's (or None); Aqk, inverse: the
     forward's scores and solve's inverse (`_chunk_kda_fwd_keeping_scores`), both or neither. Returns (dq, dk,
@@ -227,18 +228,13 @@ def _chunk_kda_bwd(q, k, v, g, beta, scale, h0: torch.Tensor | None, do, dht: to
     check_output_gradients(do, dht, v, K, cu_seqlens)
     if (Aqk is None) != (inverse is None):
         raise ValueError("chunk_kda's backward takes the forward's Aqk and inverse together, or neither")
-    kept = ()
+    kept = None
     if Aqk is not None:
+        # each packed sequence's rows of the kept two are its own (every sequence's chunks start at its first token)
         kept = (check_tensor("Aqk", Aqk, dtypes=(q.dtype,), shape=(B, T, H, CHUNK)).contiguous(),
                 check_tensor("inverse", inverse, dtypes=(q.dtype,), shape=(B, T, H, CHUNK)).contiguous())
-
-    def run(rows, h0_n, do_n, dht_n):
-        return chunk_kda_bwd(*rows[:5], scale, h0_n, do_n, dht_n, use_qk_l2norm_in_kernel, kept=rows[5:] or None)
-
-    if cu_seqlens is None:
-        return run((q, k, v, g, beta, *kept), h0, do, dht)
-    # each sequence's rows of the kept two are its own, cut from the packed rows as q, k, v, g and beta are
-    return backward_per_sequence(run, (q, k, v, g, beta), h0, do, dht, cu_seqlens, kept=kept)
+    return chunk_kda_bwd(q, k, v, g, beta, scale, h0, do, dht, use_qk_l2norm_in_kernel, kept=kept,
+                         packed=packed_chunks(cu_seqlens, T))
 
 
 class ChunkKDAFunction(torch.autograd.Function):

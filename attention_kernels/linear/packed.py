@@ -5,13 +5,13 @@ one initial and one final state per sequence ([N, H, K, V]).
 Each sequence is a recurrence of its own: no state crosses from one sequence into the next, and each one's
 chunks start at its first token, wherever that falls in the packed row. Two ways run them:
 
-- The chunk forward's kernels read the offsets themselves (`packed_chunks`): one launch each over every
-  sequence's chunks, the state pass one program per sequence and head, as fla's varlen kernels do
-  (`prepare_chunk_indices` in fla/ops/utils/index.py). The chunk table is built on the host from one read of
-  the offsets.
-- Everything else (the backward, the recurrent forms) reads the offsets on the host once per call and runs
-  the unpacked launches on each sequence's rows (views: the rows of one sequence in a batch-1 tensor are
-  contiguous): one set of launches per sequence, which many short sequences feel.
+- The chunk form's kernels, forward and backward, read the offsets themselves (`packed_chunks`): one launch
+  each over every sequence's chunks, the state passes one program per sequence and head, as fla's varlen
+  kernels do (`prepare_chunk_indices` in fla/ops/utils/index.py). The chunk table is built on the host from
+  one read of the offsets.
+- The recurrent forms read the offsets on the host once per call and run the unpacked launches on each
+  sequence's rows (views: the rows of one sequence in a batch-1 tensor are contiguous): one set of launches
+  per sequence, which many short sequences feel.
 
 Both wait for the GPU before the first launch (the host read), so a packed call cannot be captured in a CUDA
 graph.
@@ -96,30 +96,4 @@ def forward_per_sequence(forward: Callable, rows: tuple, v: torch.Tensor, h0, ou
     return o, ht
 
 
-def backward_per_sequence(backward: Callable, rows: tuple, h0, do: torch.Tensor, dht, cu_seqlens: torch.Tensor,
-                          kept: tuple = ()):
-    """Run `backward(rows_n + kept_n, h0_n, do_n, dht_n) -> (*row_grads, dh0_n)` on each packed sequence.
-
-    rows as `forward_per_sequence` takes them; do [1, T, H, V]; dht fp32 [N, H, K, V] or None; kept: per-token
-    tensors the forward kept for the backward (GLA's scores), cut to each sequence's rows as rows are but taking
-    no gradient. Returns the gradients of rows, each shaped and typed like its row tensor, then dh0 (fp32
-    [N, H, K, V]) or None. An empty sequence passes dht through to its dh0.
-    """
-    grads = [torch.zeros_like(t) for t in rows]
-    dh0 = None if h0 is None else torch.zeros_like(h0)
-    for n, (start, end) in enumerate(sequences(cu_seqlens, do.shape[1])):
-        h0_n = None if h0 is None else h0[n:n + 1]
-        dht_n = None if dht is None else dht[n:n + 1]
-        if start == end:
-            if dh0 is not None and dht_n is not None:
-                dh0[n] = dht_n[0]
-            continue
-        *row_grads, dh0_n = backward(_rows(rows + tuple(kept), start, end), h0_n, do[:, start:end], dht_n)
-        for g, g_n in zip(grads, row_grads, strict=True):
-            g[:, start:end] = g_n
-        if dh0 is not None:
-            dh0[n] = dh0_n[0]
-    return (*grads, dh0)
-
-
-__all__ = ["PackedChunks", "packed_chunks", "sequences", "forward_per_sequence", "backward_per_sequence"]
+__all__ = ["PackedChunks", "packed_chunks", "sequences", "forward_per_sequence"]
