@@ -198,3 +198,34 @@ def test_packed_chunk_forms_gpu(form):
         for name, grad, grad_n in zip("q k v g beta".split()[:n_rows], grads, expected):
             assert_close(grad[:, s:e], grad_n, bound, f"d{name} of sequence {n}")
         assert_close(grads[-1][n], expected[-1][0], bound, f"dh0 of sequence {n}")
+
+
+def test_packed_kda_backward_in_key_halves(monkeypatch):
+    # the delta rule's reverse state pass in key halves (launched at 64 < K <= 128 on a GPU with the shared
+    # memory) walks each packed sequence from its own last chunk: gradients bit-equal to each sequence alone,
+    # K 80 (the second half partly padding), an empty sequence at either end
+    from attention_kernels.linear import chunk_backward
+    monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", True)
+    lengths, Kh = [0, 5, 70, 0], 80
+    T = sum(lengths)
+    q, k, g = torch.randn(1, T, H, Kh), torch.randn(1, T, H, Kh), -torch.rand(1, T, H, Kh) * 0.2
+    v, beta = torch.randn(1, T, H, V), torch.rand(1, T, H)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    h0, dht = torch.randn(len(lengths), H, Kh, V), torch.randn(len(lengths), H, Kh, V)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, g, beta, h0)]
+    o, ht = chunk_kda(*leaves[:5], initial_state=leaves[5], output_final_state=True, use_qk_l2norm_in_kernel=True,
+                      cu_seqlens=cu)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), leaves)
+    offsets = cu.tolist()
+    for n, (s, e) in enumerate(zip(offsets[:-1], offsets[1:])):
+        if s == e:
+            assert torch.equal(grads[-1][n], dht[n])
+            continue
+        alone = [t[:, s:e].clone().requires_grad_() for t in (q, k, v, g, beta)] + [h0[n:n + 1].clone().requires_grad_()]
+        o_n, ht_n = chunk_kda(*alone[:5], initial_state=alone[5], output_final_state=True,
+                              use_qk_l2norm_in_kernel=True)
+        expected = torch.autograd.grad((o_n * do[:, s:e]).sum() + (ht_n * dht[n:n + 1]).sum(), alone)
+        for grad, grad_n in zip(grads[:-1], expected[:-1]):
+            assert torch.equal(grad[:, s:e], grad_n)
+        assert torch.equal(grads[-1][n], expected[-1][0])
