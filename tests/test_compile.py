@@ -776,10 +776,13 @@ def _backward_op_calls():
     fq, fk, fv = (t.detach() for t in _flash_inputs(1, 5, 7, 2, 1, 32, torch.float32))
     o, lse = flash_interface.attention_fwd(fq, fk, fv, True, 0.2)
     flash = (flash_interface.attention_bwd.op, (fq[:, :4], fq, fk, fv, o, lse, True, 0.2, True), "do")
-    return {"gla": gla, "lightning": lightning, "mamba2": mamba2, "flash_attn": flash}
+    beta = torch.rand(q.shape[:3])
+    kda = (kda_interface._chunk_kda_bwd.op,   # do [1, 70, 2, 8] where o (v) is [1, 70, 2, 16]
+           (q, k, v, gate, beta, 0.2, h0, torch.randn(1, 70, 2, 8), None, False, None, None, None), "do")
+    return {"gla": gla, "lightning": lightning, "mamba2": mamba2, "flash_attn": flash, "kda": kda}
 
 
-@pytest.mark.parametrize("family", ["gla", "lightning", "mamba2", "flash_attn"])
+@pytest.mark.parametrize("family", ["gla", "lightning", "mamba2", "flash_attn", "kda"])
 def test_backward_ops_refuse_a_wrong_gradient_by_name(family):
     """torch.ops.kernels.*_bwd are reachable without the autograd Function that calls them: an incoming
     gradient of the wrong shape or dtype is refused, naming it, before any launch."""
@@ -790,7 +793,9 @@ def test_backward_ops_refuse_a_wrong_gradient_by_name(family):
 
 def _bad_input_op_calls():
     """(op, arguments with one bad tensor, the name the error must give): the forward launchers of the chunk forms
-    and FlashAttention's backward launcher, each with an input its public function would have refused."""
+    (the training forwards that keep the scores or the ungated output among them) and FlashAttention's backward
+    launcher, each with an input its public function would have refused (or, for the forward keeping Mamba-2's
+    ungated output, without the z that output is kept for)."""
     q, k, v, gate, h0 = _linear_training_inputs("gla", torch.float32)
     beta = torch.rand(q.shape[:3])
     flash_q, flash_k, flash_v = (t.detach() for t in _flash_inputs(1, 5, 7, 2, 1, 32, torch.float32))
@@ -800,6 +805,13 @@ def _bad_input_op_calls():
         given = {"do": torch.randn_like(o), "q": flash_q, "k": flash_k, "v": flash_v, "o": o, "lse": lse, **bad}
         return flash_interface.attention_bwd.op, (*given.values(), True, 0.2, True)
 
+    scan_args, scan_kwargs = _mamba2_scan(DEVICE, torch.float32, True)
+    z = scan_kwargs["z"]
+
+    def ssd_keeping(**bad):
+        args, _ = _mamba2_scan_launch_args(scan_args, {**scan_kwargs, **bad})
+        return args
+
     return {
         "chunk_gla_fwd-gk": (gla_interface._chunk_gla_fwd.op, (q, k, v, gate[:, :60], 0.2, h0, True), "gk"),
         "chunk_lightning_fwd-initial_state": (lightning_interface._chunk_lightning_fwd.op,
@@ -807,6 +819,15 @@ def _bad_input_op_calls():
                                               "initial_state"),
         "chunk_kda_fwd-beta": (kda_interface._chunk_kda_fwd.op,
                                (q, k, v, gate, beta.to(torch.int32), 0.2, h0, True, False), "beta"),
+        # the training forwards, which keep the scores (GLA, KDA) or the output before the gate (Mamba-2)
+        "chunk_gla_fwd_keeping_scores-k": (gla_interface._chunk_gla_fwd_keeping_scores.op,
+                                           (q, k[:, :60], v, gate, 0.2, h0, True), "k"),
+        "chunk_kda_fwd_keeping_scores-g": (kda_interface._chunk_kda_fwd_keeping_scores.op,
+                                           (q, k, v, gate[..., :16], beta, 0.2, h0, True, False), "g"),
+        "ssd_chunk_scan_fwd_keeping_ungated-z": (mamba2_interface._ssd_chunk_scan_fwd_keeping_ungated.op,
+                                                 ssd_keeping(z=z[:, :, :1]), "z"),
+        "ssd_chunk_scan_fwd_keeping_ungated-no_z": (mamba2_interface._ssd_chunk_scan_fwd_keeping_ungated.op,
+                                                    ssd_keeping(z=None), "z"),
         "attention_bwd-k": (*flash_bwd(k=flash_k[..., :16]), "k"),
         "attention_bwd-o": (*flash_bwd(o=o.half()), "o"),
         "attention_bwd-lse": (*flash_bwd(lse=lse[:, :, :4]), "lse"),
