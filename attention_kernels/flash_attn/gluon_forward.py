@@ -232,18 +232,23 @@ def pv_skipping_zeros(acc, p, v_tile, row_o: gl.constexpr):
 @gluon.jit
 def _consumer(WG: gl.constexpr, SCHEDULE: gl.constexpr, o_ptr, lse_ptr, o_base, lse_base, m0, T, S, HQ, shift,
               n_full, n_tiles, scale_log2, q_s, k_s, v_s, q_bar, k_ready, v_ready, k_empty, v_empty, turn):
-    """Warpgroup WG: query rows m0 + 64 WG ... + 63 over every key tile (unmasked tiles first), then O / l and
-    the lse (masked stores: rows past T are not written).
+    """Warpgroup WG: query rows m0 + 64 WG ... + 63 over every key tile
+    (unmasked tiles first), then O / l and the lse (masked stores: rows past
+    T are not written).
 
-    SCHEDULE OVERLAPPED: each unmasked tile's softmax overlapped with the next tile's S = Q K^T (FA3's
-    intra-warpgroup pipelining), one more [64, BN] fp32 tile of scores held in registers. An issued product
-    cannot cross a branch, so that loop takes the unmasked tiles that have an unmasked next one, and the last
-    unmasked tile comes after it. The masked tiles (the diagonal, the ragged end) stay in order either way:
-    their hidden-NaN check needs the registers the next scores would hold.
+    SCHEDULE OVERLAPPED: each unmasked tile's softmax overlapped with the
+    next tile's S = Q K^T (FA3's intra-warpgroup pipelining), one
+    more [64, BN] fp32 tile of scores held in registers. An issued product
+    cannot cross a branch, so that loop takes the unmasked tiles that have an
+    unmasked next one, and the last unmasked tile comes after it. The masked
+    tiles (the diagonal, the ragged end) stay in order either way: their
+    hidden-NaN check needs the registers the next scores would hold.
 
-    SCHEDULE PINGPONG (FA3's inter-warpgroup ping-pong, Shah et al. 2024 section 3.1): round t's products,
-    O += P_{t-1} V_{t-1} and S_t = Q K_t^T, are issued in this warpgroup's turn on the tensor cores, then the
-    turn goes to the other warpgroup, whose products run during this one's softmax of tile t (`_pingpong`)."""
+    SCHEDULE PINGPONG (FA3's inter-warpgroup ping-pong, Shah et al. 2024
+    section 3.1): round t's products, O += P_{t-1} V_{t-1} and S_t = Q K_t^T,
+    are issued in this warpgroup's turn on the tensor cores, then the turn
+    goes to the other warpgroup, whose products run during this one's softmax
+    of tile t (`_pingpong`)."""
     HALF: gl.constexpr = q_s.shape[1]
     BN: gl.constexpr = k_s.shape[1]
     D: gl.constexpr = k_s.shape[2]

@@ -66,14 +66,15 @@ def _fastest_gluon_column(table, names: tuple[str, ...], T: int, S: int, causal:
 
 @functools.lru_cache(maxsize=256)   # asked on every dense call: a pure function of four ints
 def gluon_fwd_loop(T: int, S: int, causal: bool, D: int) -> str | None:
-    """The forward a dense call of T queries and S keys of head dim D should run, by the timings of
-    GLUON_FWD_MEASURED: None for the Triton forward, else the fastest Gluon loop ("in-order", "overlapped" or
-    "ping-pong") where it beat Triton. A length takes the verdict of the longest measured length at or below
-    it (below the shortest, the shortest's); T != S counts as the shorter of the two. Unmeasured head dims:
-    Triton.
+    """The forward a dense call of T queries and S keys of head dim D should
+    run, by the timings of GLUON_FWD_MEASURED: None for the Triton forward,
+    else the fastest Gluon loop ("in-order", "overlapped" or "ping-pong")
+    where it beat Triton. A length takes the verdict of the longest measured
+    length at or below it (below the shortest, the shortest's); T != S counts
+    as the shorter of the two. Unmeasured head dims: Triton.
 
-    >>> gluon_fwd_loop(8192, 8192, False, 128)   # 'ping-pong'
-    >>> gluon_fwd_loop(2048, 2048, True, 128)    # None: Triton measured faster
+    >>> gluon_fwd_loop(8192, 8192, False, 128)  # 'ping-pong'
+    >>> gluon_fwd_loop(2048, 2048, True, 128)  # None: Triton measured faster
     """
     if D not in GLUON_FWD_HEAD_DIMS:
         return None
@@ -417,10 +418,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     Triton; "triton": always Triton; "gluon": always Gluon (the faster
     Gluon form), ValueError saying why where it cannot run.
 
-    >>> q = torch.randn(2, 1000, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    >>> k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
-    >>> flash_attn_func(q, k, v, causal=True).sum().backward()   # q.grad: [2, 1000, 32, 128]
-    >>> o = flash_attn_func(q, k, v, 0.0, None, True)            # flash-attn's positions: the same call
+    >>> q = torch.randn(2, 1000, 32, 128, device="cuda",
+    ...                 dtype=torch.bfloat16, requires_grad=True)
+    >>> k, v = (torch.randn(2, 1000, 8, 128, device="cuda",
+    ...                     dtype=torch.bfloat16) for _ in "kv")
+    >>> flash_attn_func(q, k, v, causal=True).sum().backward()
+    ...     # q.grad: [2, 1000, 32, 128]
+    >>> o = flash_attn_func(q, k, v, 0.0, None, True)
+    ...     # flash-attn's positions: the same call
     """
     causal = _check_peer_options(causal, dropout_p, window_size, softcap, alibi_slopes, deterministic,
                                  return_attn_probs, return_lse)

@@ -41,7 +41,8 @@ def _chunk_gla_scores_kernel(
         o_k = tl.arange(0, BK)                     # the whole key dim (padded to a power of 2)
         m_k = o_k < K
         m_q = m_t[:, None] & m_k[None, :]
-        # the sub-chunk's first row, 64-bit (linear/chunk.py's chunk_row); rows and columns after it 32-bit
+        # the sub-chunk's first row, 64-bit (linear/chunk.py's chunk_row);
+        # rows and columns after it 32-bit
         r_s = chunk_row(0, tok0 + t0, i_h, T, H)
         q, k, g = q + r_s * K, k + r_s * K, g + r_s * K
         p_q = (o_r[:, None] * H) * K + o_k[None, :]
@@ -65,17 +66,20 @@ def _chunk_gla_scores_kernel(
 
         # (b) the diagonal BC x BC block, one column j at a time, elementwise
         # in fp32:
-        #     A[t, j] = sum_k q_tk k_jk e^{b_tk - b_jk} for j <= t (exponent <= 0), exactly 0 above.
-        #     Above the diagonal the factor e^-inf = 0 still leaves 0 * NaN = NaN where a later key
-        #     holds a NaN or inf, so one select on the finished block clears it (a select per column
-        #     inside the loop costs registers the loop does not have).
+        #     A[t, j] = sum_k q_tk k_jk e^{b_tk - b_jk} for j <= t
+        #     (exponent <= 0), exactly 0 above. Above the diagonal the factor
+        #     e^-inf = 0 still leaves 0 * NaN = NaN where a later key holds a
+        #     NaN or inf, so one select on the finished block clears it (a
+        #     select per column inside the loop costs registers the loop does
+        #     not have).
         b_A = tl.zeros([BC, BC], dtype=tl.float32)
         # A rolled loop over the rows present: unrolled, it needs 255
         # registers at 2 warps and spills.
         for j in range(0, tl.minimum(BC, T - t0)):
-            # key j's row loaded into every row of a [BC, BK] tile, so that it
-            # lands in the tile's layout: a [BK] row broadcast from a vector
-            # is converted to that layout through shared memory, each column
+            # key j's row loaded into every row of a [BC, BK] tile, so that
+            # it lands in the tile's layout: a [BK] row broadcast from a
+            # vector is converted to that layout through shared memory, each
+            # column
             p_j = (j * H) * K + o_r[:, None] * 0 + o_k[None, :]
             b_kj = tl.load(k + p_j, mask=m_k[None, :], other=0.0).to(tl.float32)
             b_gj = tl.load(g + p_j, mask=m_k[None, :], other=0.0)

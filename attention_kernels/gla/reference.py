@@ -26,7 +26,8 @@ def naive_recurrent_gla(q, k, v, gk, scale=None, initial_state=None, output_fina
     fp32 (fp64 if any input is fp64). Returns (o [B, T, H, V] in v's dtype,
     final state [B, H, K, V] in the math dtype, or None).
 
-        >>> q, k, gk = (torch.randn(1, 8, 2, 16) for _ in range(3)); gk = -gk.abs()
+        >>> q, k, gk = (torch.randn(1, 8, 2, 16) for _ in range(3))
+        >>> gk = -gk.abs()
         >>> v = torch.randn(1, 8, 2, 16)
         >>> o, S = naive_recurrent_gla(q, k, v, gk, output_final_state=True)
     """

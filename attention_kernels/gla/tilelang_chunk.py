@@ -108,8 +108,9 @@ def _state_kernel(T, K, V, dtype, gate_dtype):
 
 
 def _output_kernel(T, K, V, dtype, gate_dtype):
-    """The output for head dims K, V. q, k [B, T, H, K], v [B, T, H, V], g [B, T, H, K] (gate_dtype),
-    states [B, NT, H, K, V] (dtype, the state at every chunk's start), scale. Writes o [B, T, H, V]."""
+    """The output for head dims K, V. q, k [B, T, H, K], v [B, T, H, V],
+    g [B, T, H, K] (gate_dtype), states [B, NT, H, K, V] (dtype, the state at
+    every chunk's start), scale. Writes o [B, T, H, V]."""
     f32, BV = T.float32, min(V, BV_MAX)
     B, n_tokens, H, NT = T.dynamic("B"), T.dynamic("T"), T.dynamic("H"), T.dynamic("NT")
     load_gates = _gate_loader(T)
@@ -146,8 +147,10 @@ def _output_kernel(T, K, V, dtype, gate_dtype):
                 q_rebased[t, c] = T.cast(q_s[t, c], f32) * T.exp(b_s[t, c])
             T.gemm(q_rebased, h_s, acc, clear_accum=True)
 
-            # the diagonal blocks, elementwise: diagonal[t, j] = A[t, t0' + j] with t0' the first row of
-            # t's block, for j <= t - t0' (exponent <= 0); 0 above (the select skips the exponential)
+            # the diagonal blocks, elementwise:
+            # diagonal[t, j] = A[t, t0' + j] with t0' the first row of t's
+            # block, for j <= t - t0' (exponent <= 0); 0 above (the select
+            # skips the exponential)
             T.clear(diagonal)
             for c in T.serial(K):
                 for t, j in T.Parallel(BT, BC):
@@ -158,8 +161,9 @@ def _output_kernel(T, K, V, dtype, gate_dtype):
             T.clear(a_s)
             for t, j in T.Parallel(BT, BC):
                 a_s[t, t - t % BC + j] = diagonal[t, j]
-            # the blocks below the diagonal, column block by column block on tensor cores, re-based at
-            # the block's last token n: the rows after the block have b <= b_n, the block's own b >= b_n
+            # the blocks below the diagonal, column block by column block on
+            # tensor cores, re-based at the block's last token n: the rows
+            # after the block have b <= b_n, the block's own b >= b_n
             for i_c in T.serial(BT // BC - 1):
                 n = i_c * BC + BC - 1
                 for t, c in T.Parallel(BT, K):

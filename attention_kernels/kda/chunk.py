@@ -63,7 +63,8 @@ def _kda_scores_kernel(
         o_k = tl.arange(0, BK)
         m_k = o_k < K
         m_q = m_t[:, None] & m_k[None, :]
-        # the sub-chunk's first row, 64-bit (linear/chunk.py's chunk_row); rows and columns after it 32-bit
+        # the sub-chunk's first row, 64-bit (linear/chunk.py's chunk_row);
+        # rows and columns after it 32-bit
         r_s = chunk_row(0, tok0 + t0, i_h, T, H)
         q, k, b, Aqk, Akk = q + r_s * K, k + r_s * K, b + r_s * K, Aqk + r_s * BT, Akk + r_s * BT
         p_q = (o_r[:, None] * H) * K + o_k[None, :]
@@ -151,8 +152,9 @@ def kda_scores(q, k, b, Aqk, Akk, scale: float, packed=None) -> None:
 @triton.jit
 def _kda_solve(Akk, beta, b_beta, tok0, i_h, i_t, o_c, m_t, T, H, BT: tl.constexpr, BS: tl.constexpr,
                NB: tl.constexpr, SOLVE_PREC: tl.constexpr):
-    """X = (I + A)⁻¹ of one chunk, fp32 [BT, BT], A = diag(β) Akk strictly below the diagonal (Akk at the
-    chunk's first row), its rows from the first non-finite row of A on set to NaN."""
+    """X = (I + A)⁻¹ of one chunk, fp32 [BT, BT], A = diag(β) Akk strictly
+    below the diagonal (Akk at the chunk's first row), its rows from the
+    first non-finite row of A on set to NaN."""
     # A = diag(β) (K Kᵀ ⊙ decay), strictly below the diagonal (a select: the
     # rest was never written)
     b_A = tl.load(Akk + (o_c[:, None] * H) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
@@ -167,12 +169,14 @@ def _kda_solve(Akk, beta, b_beta, tok0, i_h, i_t, o_c, m_t, T, H, BT: tl.constex
     first_bad = tl.min(tl.min(tl.where(m_bad, o_c[:, None], BT), axis=1), axis=0)
     b_A = tl.where(m_bad, 0.0, b_A)
 
-    # X = (I + A)⁻¹ in two stages, with the chunk cut into NB blocks of BS =
-    # 16 rows. (a) The block-diagonal part D = (I + A_d)⁻¹ by forward
-    # substitution on the NB diagonal blocks,
-    #     held as one [NB, BS, BS] tile (a quarter of the 64 x 64 one), a column at a time: when local
-    #     column s is reached, local row s of each block is final, and it is subtracted from the
-    #     block's later rows with weight A_is. 16 rank-1 updates of 16 x 16 blocks.
+    # X = (I + A)⁻¹ in two stages, with the chunk cut into NB blocks of
+    # BS = 16 rows.
+    # (a) The block-diagonal part D = (I + A_d)⁻¹ by forward substitution on
+    #     the NB diagonal blocks, held as one [NB, BS, BS] tile (a quarter of
+    #     the 64 x 64 one), a column at a time: when local column s is
+    #     reached, local row s of each block is final, and it is subtracted
+    #     from the block's later rows with weight A_is. 16 rank-1 updates of
+    #     16 x 16 blocks.
     o_n = tl.arange(0, NB)
     o_s = tl.arange(0, BS)
     t3 = i_t * BT + o_n[:, None, None] * BS + o_s[None, :, None]            # the token of (block, row)
@@ -196,10 +200,10 @@ def _kda_solve(Akk, beta, b_beta, tok0, i_h, i_t, o_c, m_t, T, H, BT: tl.constex
     o_blk = o_c // BS
     m_same = o_blk[:, None] == o_blk[None, :]
     # (b) The rest from I + A = D⁻¹ (I + N), N = D A_o (A_o: the blocks below
-    # the diagonal). N is
-    #     strictly block-lower with four blocks, so N⁴ = 0 and X = (I - N + N² - N³) D: four products
-    #     of 64 x 64 tiles on tensor cores (IEEE fp32 for fp32 inputs; TF32 for 16-bit ones, whose X is
-    #     rounded to 16 bits next anyway).
+    #     the diagonal). N is strictly block-lower with four blocks, so
+    #     N⁴ = 0 and X = (I - N + N² - N³) D: four products of 64 x 64 tiles
+    #     on tensor cores (IEEE fp32 for fp32 inputs; TF32 for 16-bit ones,
+    #     whose X is rounded to 16 bits next anyway).
     b_N = tl.dot(b_X, tl.where(m_same, 0.0, b_A), input_precision=SOLVE_PREC)
     b_N2 = tl.dot(b_N, b_N, input_precision=SOLVE_PREC)
     b_N3 = tl.dot(b_N2, b_N, input_precision=SOLVE_PREC)
@@ -219,8 +223,8 @@ def _kda_wy_kernel(
     inverse=None, STORE_INVERSE: tl.constexpr = False, LOAD_INVERSE: tl.constexpr = False,
     cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False,
 ):
-    # one program: the BT rows of chunk i_t of one (batch, head), or of a packed sequence (linear/chunk.py's
-    # chunk_at)
+    # one program: the BT rows of chunk i_t of one (batch, head), or of a
+    # packed sequence (linear/chunk.py's chunk_at)
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     tok0, i_t, T = chunk_at(tl.program_id(0), i_b, T, cu_seqlens, chunk_indices, VARLEN)
@@ -228,16 +232,19 @@ def _kda_wy_kernel(
     o_t = i_t * BT + o_c
     m_t = o_t < T
     b_beta = tl.load(beta + (tok0 + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)    # [B, T, H]: 32-bit
-    # the chunk's first row, 64-bit (linear/chunk.py's chunk_row); rows and columns after it 32-bit
+    # the chunk's first row, 64-bit (linear/chunk.py's chunk_row); rows and
+    # columns after it 32-bit
     r_c = chunk_row(0, tok0 + i_t * BT, i_h, T, H)
     if LOAD_INVERSE:
-        # the backward's recomputation: X as an earlier launch of this kernel stored it, no solve
+        # the backward's recomputation: X as an earlier launch of this kernel
+        # stored it, no solve
         b_Xd = tl.load(inverse + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
     else:
         b_Xd = _kda_solve(Akk + r_c * BT, beta, b_beta, tok0, i_h, i_t, o_c, m_t, T, H, BT, BS, NB, SOLVE_PREC
                           ).to(k.dtype.element_ty)
         if STORE_INVERSE:
-            # for the backward, which multiplies by Xᵀ and recomputes W and Ũ from it: as W and Ũ take it
+            # for the backward, which multiplies by Xᵀ and recomputes W and Ũ
+            # from it: as W and Ũ take it
             tl.store(inverse + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :], b_Xd, mask=m_t[:, None])
     k, b, kg, w, v, u = k + r_c * K, b + r_c * K, kg + r_c * K, w + r_c * K, v + r_c * V, u + r_c * V
 

@@ -48,7 +48,8 @@ def naive_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output
 
         >>> q, k, v, g = (torch.randn(1, 8, 2, 16) for _ in range(4))
         >>> beta = torch.rand(1, 8, 2)
-        >>> o, S = naive_recurrent_kda(q, k, v, -g.abs(), beta, output_final_state=True,
+        >>> o, S = naive_recurrent_kda(q, k, v, -g.abs(), beta,
+        ...                            output_final_state=True,
         ...                            use_qk_l2norm_in_kernel=True)
     """
     B, T, H, K, V, scale = check_linear_inputs(q, k, v, _gates(g, beta, False), scale, initial_state,

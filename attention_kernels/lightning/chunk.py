@@ -67,8 +67,9 @@ def _chunk_lightning_output_kernel(
     # product instead of every element of Q
     b_o = b_o * (tl.exp(b_g * (o_c + 1).to(tl.float32)) * scale)[:, None]
 
-    # intra-block: (Q K^T ⊙ M) V, M_ts = λ^(t-s) below and on the diagonal. The select (not a factor
-    # 0) clears the pairs s > t, where a later key's NaN or inf would otherwise reach row t.
+    # intra-block: (Q K^T ⊙ M) V, M_ts = λ^(t-s) below and on the diagonal.
+    # The select (not a factor 0) clears the pairs s > t, where a later key's
+    # NaN or inf would otherwise reach row t.
     m_lo = o_c[:, None] >= o_c[None, :]
     b_M = tl.exp(b_g * tl.maximum(o_c[:, None] - o_c[None, :], 0).to(tl.float32))
     b_A = tl.where(m_lo, b_A * b_M * scale, 0.0)

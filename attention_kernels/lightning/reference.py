@@ -31,7 +31,8 @@ def lightning_slopes(num_heads: int, layer_idx: int = 0, num_layers: int = 1) ->
     Returns fp32 [num_heads] on the CPU (move it with `.to(device)`).
 
         >>> s = lightning_slopes(32, layer_idx=0, num_layers=80)
-        >>> s[0], s[-1]          # 2^(-1/4) ≈ 0.841 and 2^(-8) ≈ 0.0039 (times 1 + 1e-5)
+        >>> s[0], s[-1]
+        ...     # 2^(-1/4) ≈ 0.841 and 2^(-8) ≈ 0.0039 (times 1 + 1e-5)
         >>> torch.exp(-s)        # the per-head decay λ_h
     """
     H = check_int("num_heads", num_heads, low=1)
@@ -55,7 +56,8 @@ def naive_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, ou
     None).
 
         >>> q, k, v = (torch.randn(1, 8, 2, 16) for _ in range(3))
-        >>> o, S = naive_recurrent_lightning(q, k, v, lightning_slopes(2), output_final_state=True)
+        >>> o, S = naive_recurrent_lightning(q, k, v, lightning_slopes(2),
+        ...                                  output_final_state=True)
         >>> S.shape              # torch.Size([1, 2, 16, 16])
     """
     scale = 1.0 if scale is None else scale
@@ -107,7 +109,8 @@ def naive_recurrent_elu_linear(q, k, v, eps=1e-6, initial_state=None, output_fin
     """Katharopoulos et al.'s causal linear attention with the ELU+1 feature
     map, correctly normalised:
 
-        S_t = S_{t-1} + φ(k_t) v_t^T,   z_t = z_{t-1} + φ(k_t),   o_t = φ(q_t)^T S_t / (φ(q_t)·z_t + eps)
+        S_t = S_{t-1} + φ(k_t) v_t^T,   z_t = z_{t-1} + φ(k_t),
+        o_t = φ(q_t)^T S_t / (φ(q_t)·z_t + eps)
 
     (no decay; the denominator is the sum of the positive weights
     φ(q_t)·φ(k_j), j <= t, so each o_t is a weighted mean of the values
@@ -121,7 +124,8 @@ def naive_recurrent_elu_linear(q, k, v, eps=1e-6, initial_state=None, output_fin
     or None).
 
         >>> q, k, v = (torch.randn(1, 8, 2, 16) for _ in range(3))
-        >>> o, (S, z) = naive_recurrent_elu_linear(q, k, v, output_final_state=True)
+        >>> o, (S, z) = naive_recurrent_elu_linear(q, k, v,
+        ...                                        output_final_state=True)
         >>> z.min() > 0          # tensor(True): every weight is positive
     """
     S0, z0 = (None, None) if initial_state is None else initial_state
@@ -184,8 +188,11 @@ def minimax_lightning_block(x, w_qkv, w_gate, w_out, norm_weight, slopes, attent
 
         >>> C, H, D = 64, 4, 16
         >>> x = torch.randn(1, 10, C)
-        >>> y = minimax_lightning_block(x, torch.randn(C, 3 * H * D) / 8, torch.randn(C, H * D) / 8,
-        ...                             torch.randn(H * D, C) / 8, torch.ones(H * D), lightning_slopes(H))
+        >>> y = minimax_lightning_block(x, torch.randn(C, 3 * H * D) / 8,
+        ...                             torch.randn(C, H * D) / 8,
+        ...                             torch.randn(H * D, C) / 8,
+        ...                             torch.ones(H * D),
+        ...                             lightning_slopes(H))
     """
     H = slopes.shape[0]
     B, T, C = x.shape

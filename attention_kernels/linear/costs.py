@@ -40,15 +40,18 @@ def chunk_flops(c):
     """Matmul work of the chunk algorithm (chunk C = 64, NT = ceil(T / C)
     chunks), per (batch, head):
 
-    per chunk, intra scores Q K^T on the causal triangle: C(C+1)/2 pairs x 2K = C(C+1)·K;
-    intra (scores) V on the same triangle: C(C+1)·V; inter Q S (queries decayed to the chunk start):
-    2·C·K·V; the state update K^T V (keys decayed to the chunk end): 2·C·K·V.
-    Total B·H·NT·(C(C+1)(K+V) + 4·C·K·V), the same count for every provider (SDPA's own work is
-    different: read its ms). At K = V = 128 that is 5.3 MFLOP per chunk and head, 82,176 FLOP a token
-    against 1,024 bytes of four bf16 vectors (q, k, v, o): 80 FLOP per byte (64 with a gate per
-    channel, 1,280 bytes). That is below the H200's ridge of about 160 FLOP/byte (the measured matmul
-    ceiling over the copy bandwidth), so the roofline is the memory floor (reading the inputs and
-    writing o once); the chunk states are extra traffic on top.
+    per chunk, intra scores Q K^T on the causal triangle:
+    C(C+1)/2 pairs x 2K = C(C+1)·K; intra (scores) V on the same triangle:
+    C(C+1)·V; inter Q S (queries decayed to the chunk start): 2·C·K·V; the
+    state update K^T V (keys decayed to the chunk end): 2·C·K·V.
+    Total B·H·NT·(C(C+1)(K+V) + 4·C·K·V), the same count for every provider
+    (SDPA's own work is different: read its ms). At K = V = 128 that is 5.3
+    MFLOP per chunk and head, 82,176 FLOP a token against 1,024 bytes of four
+    bf16 vectors (q, k, v, o): 80 FLOP per byte (64 with a gate per channel,
+    1,280 bytes). That is below the H200's ridge of about 160 FLOP/byte (the
+    measured matmul ceiling over the copy bandwidth), so the roofline is the
+    memory floor (reading the inputs and writing o once); the chunk states
+    are extra traffic on top.
     """
     C, K, V = CHUNK, c["D"], c["D"]
     nt = -(-c["T"] // C)

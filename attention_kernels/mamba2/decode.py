@@ -48,9 +48,9 @@ def _selective_state_update_kernel(
     TIE_HDIM: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_SLOTS: tl.constexpr,
 ):
-    # One program, one tile: a (batch row, head, BM headdim rows) slice of the
-    # state, BN covering the whole dstate. The row tile varies fastest, then
-    # the head, then the batch row.
+    # One program, one tile: a (batch row, head, BM headdim rows) slice of
+    # the state, BN covering the whole dstate. The row tile varies fastest,
+    # then the head, then the batch row.
     n_p = tl.cdiv(P, BM)
     i_bh, i_p = tl.program_id(0) // n_p, tl.program_id(0) % n_p
     i_b, i_h = i_bh // H, i_bh % H

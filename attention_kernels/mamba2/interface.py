@@ -34,17 +34,24 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
                            state_batch_indices=None):
     """One Mamba-2 decode step (Triton), the state updated in place.
 
-    state: fp32 [b, nheads, headdim, dstate], or [slots, ...] with state_batch_indices (int [b]: batch
-    row i reads and writes state[state_batch_indices[i]]; a slot named twice is refused on the CPU and
-    undefined on the GPU, as in mamba_ssm). state is updated where it lies (any strides, not
-    expanded: stride 0 is refused). x, dt, z: [b, nheads, headdim];
-    A: [nheads, headdim, dstate] (stride-0 broadcast of one scalar per head: the fast path);
-    B, C: [b, ngroups, dstate], ngroups dividing nheads; D, dt_bias: [nheads, headdim].
-    x, B, C, z one dtype (fp16, bf16 on a GPU, fp32); dt, A, D, dt_bias any of them. dstate <= 256.
+    state: fp32 [b, nheads, headdim, dstate], or [slots, ...] with
+    state_batch_indices (int [b]: batch row i reads and writes
+    state[state_batch_indices[i]]; a slot named twice is refused on the CPU
+    and undefined on the GPU, as in mamba_ssm). state is updated where it
+    lies (any strides, not expanded: stride 0 is refused).
+    x, dt, z: [b, nheads, headdim];
+    A: [nheads, headdim, dstate] (stride-0 broadcast of one scalar per head:
+    the fast path);
+    B, C: [b, ngroups, dstate], ngroups dividing nheads;
+    D, dt_bias: [nheads, headdim].
+    x, B, C, z one dtype (fp16, bf16 on a GPU, fp32); dt, A, D, dt_bias any
+    of them. dstate <= 256.
     Returns y [b, nheads, headdim] in x's dtype.
 
-        >>> A = (-torch.exp(A_log))[:, None, None].expand(80, 64, 128)    # one scalar per head, stride 0
-        >>> y = selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+        >>> A = (-torch.exp(A_log))[:, None, None].expand(80, 64, 128)
+        ...     # one scalar per head, stride 0
+        >>> y = selective_state_update(state, x, dt, A, B, C, D=D, z=z,
+        ...                            dt_bias=dt_bias, dt_softplus=True)
     """
     check_step_inputs(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices)
     x, B, C = x.contiguous(), B.contiguous(), C.contiguous()

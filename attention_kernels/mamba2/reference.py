@@ -34,7 +34,8 @@ def mamba2_step(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus
     A [H, P, N] (mamba_ssm's decode layout: a Mamba-2 model passes one scalar
     per head, broadcast); B, C [b, G, N]; D, dt_bias [H, P].
 
-        >>> y, h = mamba2_step(torch.zeros(1, 2, 4, 8), x, dt, A, B, C, dt_softplus=True)
+        >>> y, h = mamba2_step(torch.zeros(1, 2, 4, 8), x, dt, A, B, C,
+        ...                    dt_softplus=True)
     """
     check_step_inputs(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, kernel=False, writes_state=False)
     md = _math_dtype(state, x, dt, A, B, C, D, z, dt_bias)

@@ -31,35 +31,50 @@ def mla_decode(q, kv_cache, block_table: torch.Tensor | None, cache_seqlens, hea
     """MLA decode attention over a latent cache (absorbed form), FlashMLA's
     contract and argument order.
 
-    q: [B, s_q, H, D_qk] (D_qk = 576 for DeepSeek: the absorbed 512 then the 64 RoPE dims), s_q >= 1.
-    kv_cache: [B, T_max, D_qk] with block_table None; or, with block_table (int32 [B, max_blocks]), a paged
-        cache [num_blocks, page_size, D_qk], or FlashMLA's [num_blocks, page_size, 1, D_qk] (read as a view),
-        where position t of sequence b is row t % page_size of page block_table[b, t // page_size]. Page slots
-        past a sequence's length are never read (they may hold anything, NaN included).
-        The value is the first head_dim_v columns of the cache (the latent c_kv).
-    cache_seqlens: int32 [B], 1 <= seqlen <= capacity; positions past a sequence's length are never read.
-    head_dim_v: default 512. softmax_scale: default D_qk ** -0.5 (FlashMLA's; DeepSeek-V3 with YaRN: ~0.1352).
-    causal: query i of s_q sees cache positions < seqlen - s_q + i + 1 (and nothing else reaches its row).
-    num_splits: slices per sequence (split-KV); None picks from B, H, length and the SM count (the longest
-        length when check_seqlens reads it, else the cache's capacity: no device sync).
-    check_seqlens: validate seqlens / block table values (one device sync); False in graphs, timing loops and
-        serving loops (then nothing is read back from the GPU, and a call like an earlier one, in its tensors'
-        shapes, strides, dtypes, devices, requires_grad and alignment and in the other arguments, skips the
-        checks and the choices: it launches as that call did; see the module docstring).
-    backend: "auto" (the Gluon kernel where it applies, see `planning.py`; else Triton), "triton",
-        or "gluon" (ValueError, saying why, where it does not apply).
-    dtypes: q and kv_cache of one dtype, bf16/fp16/fp32 on a CUDA GPU (fp32 products in TF32),
-        fp16/fp32 on CPU tensors under Triton's interpreter. No input may require grad (the kernels have no
-        backward; ValueError naming it). Strided inputs are fine (copied where the kernels need dense rows).
-        A cache with 16-byte aligned rows is read with TMA (the copy engine bounds every tile by the sequence
-        length), paged ones with pages of 64 in the Gluon kernel; other paged or unaligned caches with pointer
-        loads.
-    Returns out [B, s_q, H, head_dim_v] in q's dtype and lse fp32 [B, H, s_q] (natural log; NaN for a row
-    that saw a NaN score, +inf for one that saw a +inf score).
+    q: [B, s_q, H, D_qk] (D_qk = 576 for DeepSeek: the absorbed 512 then the
+        64 RoPE dims), s_q >= 1.
+    kv_cache: [B, T_max, D_qk] with block_table None; or, with block_table
+        (int32 [B, max_blocks]), a paged cache [num_blocks, page_size, D_qk],
+        or FlashMLA's [num_blocks, page_size, 1, D_qk] (read as a view),
+        where position t of sequence b is row t % page_size of page
+        block_table[b, t // page_size]. Page slots past a sequence's length
+        are never read (they may hold anything, NaN included). The value is
+        the first head_dim_v columns of the cache (the latent c_kv).
+    cache_seqlens: int32 [B], 1 <= seqlen <= capacity; positions past a
+        sequence's length are never read.
+    head_dim_v: default 512. softmax_scale: default D_qk ** -0.5 (FlashMLA's;
+        DeepSeek-V3 with YaRN: ~0.1352).
+    causal: query i of s_q sees cache positions < seqlen - s_q + i + 1 (and
+        nothing else reaches its row).
+    num_splits: slices per sequence (split-KV); None picks from B, H, length
+        and the SM count (the longest length when check_seqlens reads it,
+        else the cache's capacity: no device sync).
+    check_seqlens: validate seqlens / block table values (one device sync);
+        False in graphs, timing loops and serving loops (then nothing is read
+        back from the GPU, and a call like an earlier one, in its tensors'
+        shapes, strides, dtypes, devices, requires_grad and alignment and in
+        the other arguments, skips the checks and the choices: it launches as
+        that call did; see the module docstring).
+    backend: "auto" (the Gluon kernel where it applies, see `planning.py`;
+        else Triton), "triton", or "gluon" (ValueError, saying why, where it
+        does not apply).
+    dtypes: q and kv_cache of one dtype, bf16/fp16/fp32 on a CUDA GPU (fp32
+        products in TF32), fp16/fp32 on CPU tensors under Triton's
+        interpreter. No input may require grad (the kernels have no backward;
+        ValueError naming it). Strided inputs are fine (copied where the
+        kernels need dense rows). A cache with 16-byte aligned rows is read
+        with TMA (the copy engine bounds every tile by the sequence length),
+        paged ones with pages of 64 in the Gluon kernel; other paged or
+        unaligned caches with pointer loads.
+    Returns out [B, s_q, H, head_dim_v] in q's dtype and lse fp32 [B, H, s_q]
+    (natural log; NaN for a row that saw a NaN score, +inf for one that saw a
+    +inf score).
 
     >>> q = torch.randn(4, 1, 128, 576, device="cuda", dtype=torch.bfloat16)
     >>> kv = torch.randn(4, 8192, 576, device="cuda", dtype=torch.bfloat16)
-    >>> out, lse = mla_decode(q, kv, None, torch.full((4,), 8192, dtype=torch.int32, device="cuda"))
+    >>> out, lse = mla_decode(q, kv, None,
+    ...                       torch.full((4,), 8192, dtype=torch.int32,
+    ...                                  device="cuda"))
     """
     # ---- a call like an earlier one, both with check_seqlens=False: checked
     # and planned then, launch as it did

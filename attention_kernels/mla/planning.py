@@ -48,7 +48,8 @@ def num_splits(B: int, n_hblocks: int, max_len: int, n_sm: int) -> int:
     max_len: the longest sequence;
     n_sm: the GPU's SM count.
 
-    >>> num_splits(1, 2, 16384, 132)    # one sequence, 128 heads: cut into slices
+    >>> num_splits(1, 2, 16384, 132)
+    ...     # one sequence, 128 heads: cut into slices
     >>> num_splits(128, 2, 16384, 132)  # a full batch fills the GPU: 1
     """
     progs = B * n_hblocks
@@ -82,7 +83,8 @@ def gluon_misfit(q, kv_cache, block_table, head_dim_v):
     q [B, s_q, H, D_qk]; kv_cache [B, T_max, D_qk], or [num_blocks,
     page_size, D_qk] with block_table.
 
-    >>> gluon_misfit(q, kv_cache, None, 512)    # None on a Hopper GPU for bf16 DeepSeek shapes
+    >>> gluon_misfit(q, kv_cache, None, 512)
+    ...     # None on a Hopper GPU for bf16 DeepSeek shapes
     """
     B, S_Q, H, D_QK = q.shape
     page = gluon_decode.BN

@@ -48,7 +48,8 @@ def mla_naive(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale):
     softmax_scale: required (a float > 0). Returns [B, s_q, H, d_v] in the
     inputs' dtype.
 
-    >>> out = mla_naive(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale=0.1352)
+    >>> out = mla_naive(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv,
+    ...                 softmax_scale=0.1352)
     >>> out.shape    # [B, s_q, H, 128]
     """
     softmax_scale = _check_mla_inputs(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale)
@@ -71,8 +72,10 @@ def mla_absorbed(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale):
     so the keys and values are the cached latent itself, never rebuilt per
     head.
 
-    >>> out = mla_absorbed(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale=0.1352)
-    >>> torch.testing.assert_close(out, mla_naive(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, 0.1352))
+    >>> out = mla_absorbed(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv,
+    ...                    softmax_scale=0.1352)
+    >>> torch.testing.assert_close(
+    ...     out, mla_naive(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, 0.1352))
     """
     softmax_scale = _check_mla_inputs(c_kv, k_pe, q_nope, q_pe, W_uk, W_uv, softmax_scale)
     q_abs = torch.einsum("bshd,hdc->bshc", q_nope, W_uk)            # fold W_uk into q

@@ -1,14 +1,19 @@
-"""The primer's benchmarks on the H200 (bf16, do_bench medians): two memory-bound kernels against
-PyTorch, read against the copy-bandwidth ceiling.
+"""The primer's benchmarks on the H200 (bf16, do_bench medians): two
+memory-bound kernels against PyTorch, read against the copy-bandwidth
+ceiling.
 
-    VECTOR_ADD   x + y for n = B·T·H·D elements (B=1, H=32, D=128: one layer's q), T = 1K..64K
-    SOFTMAX      a row softmax of scores [B, H, T, S] (B=1, H=32, T=1024 query rows), row length S = 256..16K
+    VECTOR_ADD   x + y for n = B·T·H·D elements (B=1, H=32, D=128: one
+                 layer's q), T = 1K..64K
+    SOFTMAX      a row softmax of scores [B, H, T, S] (B=1, H=32, T=1024
+                 query rows), row length S = 256..16K
 
     >>> from attention_kernels.bench import run
-    >>> df = run(VECTOR_ADD, SOFTMAX)     # times on a GPU, loads results/primer_*.csv elsewhere
+    >>> df = run(VECTOR_ADD, SOFTMAX)
+    ...     # times on a GPU, loads results/primer_*.csv elsewhere
 
-Both kernels read each input once and write the output once, and do a few FLOPs per element: their
-roofline is bytes moved / copy bandwidth (the matmul ceiling is thousands of times further away).
+Both kernels read each input once and write the output once, and do a few
+FLOPs per element: their roofline is bytes moved / copy bandwidth (the matmul
+ceiling is thousands of times further away).
 """
 from __future__ import annotations
 
