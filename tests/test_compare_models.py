@@ -102,6 +102,42 @@ def test_the_hybrid_table_on_an_unmeasured_decode_table():
     assert minimax * 2 ** 30 == MODELS["MiniMax-01"].bytes_per_sequence(16384)
 
 
+def _context_table():
+    """GQA's step 0.1, 0.4, 1.6 ms at 4K, 16K, 64K (fourfold a fourfold context), MLA's 0.01, 0.04, 0.16; KDA's
+    fixed step 0.05 ms, timed at 4K only."""
+    import pandas as pd
+    rows = [("GQA", 64, T, ms) for T, ms in ((4096, 0.1), (16384, 0.4), (65536, 1.6))] \
+        + [("MLA", 64, T, ms) for T, ms in ((4096, 0.01), (16384, 0.04), (65536, 0.16))] + [("KDA", 64, 4096, 0.05)]
+    return pd.DataFrame(rows, columns=["layer", "B", "T", "ms"])
+
+
+def test_a_decode_step_against_the_context():
+    from attention_kernels.compare.hybrid import step_against_context, time_crossovers
+
+    steps = step_against_context(_context_table())
+    assert list(steps.index) == [(64, 4096), (64, 16384), (64, 65536)]
+    assert steps["KDA"].tolist() == pytest.approx([50, 50, 50])        # the fixed state's one time, in µs
+    assert steps["GQA"].tolist() == pytest.approx([100, 400, 1600])
+    crossings = time_crossovers(_context_table())
+    kda = models.layer_label("KDA")
+    # GQA is slower from the shortest context; MLA's step is linear in T on log-log axes, 10 µs at 4K and 40 at
+    # 16K, so it reaches KDA's 50 µs at 4K · 5 = 20K (between 16K and 64K)
+    assert crossings.loc[kda, (64, models.layer_label("GQA"))] == "< 4K"
+    assert crossings.loc[kda, (64, models.layer_label("MLA"))] == "≈ 20K"
+    slow = _context_table().assign(ms=lambda d: d["ms"].where(d["layer"] != "KDA", 10.0))
+    assert time_crossovers(slow).loc[kda, (64, models.layer_label("MLA"))] == "> 64K"
+
+
+def test_the_step_figure_waits_for_its_table():
+    from attention_kernels.bench import not_measured
+    from attention_kernels.compare import bench as compare_bench
+    from attention_kernels.compare.hybrid import plot_step_against_context
+
+    assert plot_step_against_context(not_measured(compare_bench.DECODE)) is None
+    fig = plot_step_against_context(_context_table())
+    assert len(fig.axes) == 1 and len(fig.axes[0].lines) == 3
+
+
 def test_one_layers_memory_against_the_context():
     """One sequence in one layer at the decode table's shapes: LLaMA-3-8B's GQA cache adds 4 KiB a token
     (4 MiB at 1K, 4 GiB at 1M); MiniMax-01's Lightning state is 4 MiB at both. The figure draws the same

@@ -43,6 +43,89 @@ def layer_times(decode: pd.DataFrame, B: int, T: int) -> dict[str, float]:
     return times
 
 
+CACHE_KINDS = ("GQA", "MLA")       # the layers whose step reads a cache that grows with the context
+
+
+def step_against_context(decode: pd.DataFrame) -> pd.DataFrame:
+    """µs of one decode step of each layer kind (columns: the fastest provider's time, `layer_times`) against
+    the context (rows), for each batch the table holds: the cache layers as timed at each context, each
+    fixed-state layer's one time at every context (its step does not read the context). Rows (B, T)."""
+    contexts = sorted(decode.loc[decode["layer"].isin(CACHE_KINDS) & decode["ms"].notna(), "T"].unique())
+    batches = sorted(decode.loc[decode["ms"].notna(), "B"].unique())
+    rows = {(int(B), int(T)): {kind: ms * 1000 for kind, ms in layer_times(decode, B, T).items()}
+            for B in batches for T in contexts}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index = table.index.set_names(["B", "T"])
+    return table
+
+
+def _crossing(times: pd.Series, fixed: float) -> str:
+    """Where a cache layer's step times (µs, indexed by context) pass `fixed`, on log-log axes between the two
+    measured contexts around it; below the shortest or past the longest context timed, a bound."""
+    from ..plot import size_label
+
+    T, t = times.index.to_numpy(float), times.to_numpy(float)
+    if t[0] >= fixed:
+        return f"< {size_label(T[0])}"
+    for (T0, t0), (T1, t1) in zip(zip(T, t), zip(T[1:], t[1:])):
+        if t1 >= fixed:
+            at = T0 * (T1 / T0) ** (math.log(fixed / t0) / math.log(t1 / t0))
+            return f"≈ {size_label(round(at / 1024) * 1024)}"
+    return f"> {size_label(T[-1])}"
+
+
+def time_crossovers(decode: pd.DataFrame) -> pd.DataFrame:
+    """The context at which each cache layer's decode step (columns, per batch) becomes slower than each
+    fixed-state layer's (rows), from `step_against_context`: "≈ 9K" interpolated between two measured contexts,
+    "< 4K" where the cache layer is already slower at the shortest context timed, "> 64K" where it is still
+    faster at the longest."""
+    steps = step_against_context(decode)
+    caches = [k for k in CACHE_KINDS if k in steps]
+    states = [k for k in steps if k not in CACHE_KINDS]
+    columns = pd.MultiIndex.from_tuples([(B, models.layer_label(c)) for B in steps.index.unique("B") for c in caches],
+                                        names=["B", "cache slower than the state from T ="])
+    return pd.DataFrame([[_crossing(steps.loc[B, c], steps.loc[B, s].iloc[0]) for B, c in
+                          ((B, c) for B in steps.index.unique("B") for c in caches)] for s in states],
+                        index=pd.Index([models.layer_label(s) for s in states], name="fixed state"), columns=columns)
+
+
+def plot_step_against_context(decode: pd.DataFrame):
+    """One decode step's time against the context (log-log), one panel per batch: the cache layers' steps
+    (solid) grow with the context, the fixed-state layers' (dashed) do not. None before the table is
+    measured."""
+    from ..plot import column_figure, figure_title, log2_axis, styled
+
+    if decode.empty or not decode["ms"].notna().any():
+        return None
+    steps = step_against_context(decode)
+    markers = dict(zip(models.LAYERS, "osDv^p"))
+
+    @styled
+    def draw():
+        import matplotlib.pyplot as plt
+
+        batches = list(steps.index.unique("B"))
+        fig, axes = column_figure(len(batches), height=2.9, sharex=True)
+        for ax, B in zip(axes, batches):
+            part = steps.loc[B]
+            for kind in sorted(part, key=lambda k: k not in CACHE_KINDS):      # the caches first
+                cache = kind in CACHE_KINDS
+                ax.plot(part.index, part[kind], marker=markers.get(kind, "o") if cache else None,
+                        linestyle="-" if cache else "--", label=models.layer_label(kind))
+            ax.set_yscale("log")
+            log2_axis(ax, part.index)
+            ax.set_ylabel("µs per step")
+            ax.set_title(f"B = {B}", loc="left")
+        axes[-1].set_xlabel("context length T (tokens)")
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=8)
+        fig.suptitle(figure_title("One decode step of one layer, the fastest kernel of each kind",
+                                  decode.attrs.get("meta", {}).get("gpu", "")), fontsize=11)
+        plt.close(fig)  # shown once, as the cell's value
+        return fig
+    return draw()
+
+
 def hybrid_case(decode: pd.DataFrame, pair: str, linear_per_softmax: int | None, T: int, B: int) -> dict:
     """One case: the stack's layer mix, its memory for B sequences of T tokens (GiB) and its modelled
     decode step (ms; NaN where a layer's time is not measured)."""
