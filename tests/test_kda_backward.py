@@ -128,6 +128,37 @@ def test_kda_walk_with_gated_queries_matches_the_walk_that_gates_them(K, l2norm,
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("lengths", [None, [0, 5, 70, 0]], ids=["dense", "packed"])
+def test_kda_walk_with_the_local_share_of_du_first(lengths, monkeypatch):
+    # the experiment `_DELTA_LOCAL_DU`: A_qkᵀ dO for every chunk in a launch of its own before the walk in key
+    # halves, which then adds K_g dS' to it; the same products summed in the same order, so the gradients equal
+    # the walk's that forms both (the fp64 loop checks that one above), dense and on packed sequences
+    from attention_kernels.linear import chunk_backward
+    local = []
+    kernel = chunk_backward._delta_state_grad_local_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                local.append(grid)
+                return kernel[grid](*args, **kwargs)
+            return launch
+    monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", True)
+    monkeypatch.setattr(chunk_backward, "_delta_state_grad_local_kernel", Recording())
+    T = 70 if lengths is None else sum(lengths)
+    tensors, h0, do, dht = kda_inputs(1, T, 2, 80, 24, "paper", "uniform", True, True)
+    kw = {} if lengths is None else {"cu_seqlens": torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
+                                                                dtype=torch.int32, device=DEVICE)}
+    if lengths is not None:
+        h0, dht = h0.expand(len(lengths), -1, -1, -1).contiguous(), dht.expand(len(lengths), -1, -1, -1).contiguous()
+    walked = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=True, **kw)
+    monkeypatch.setattr(chunk_backward, "_DELTA_LOCAL_DU", True)
+    handed = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=True, **kw)
+    assert len(local) == 1 and local[0][1] == (2 if lengths is None else 3)      # one program per chunk
+    for name, a, b in zip(NAMES + ["dh0"], walked[2], handed[2], strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_kda_walk_at_a_short_key_dim_is_the_one_tile_pass(monkeypatch):
     # K <= 64: a second key half would be all padding, so the one-tile pass runs, and no gated queries
     from attention_kernels.linear import chunk_backward
