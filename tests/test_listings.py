@@ -84,30 +84,6 @@ def test_refresh_rewrites_a_stale_listing(tmp_path):
     assert others == [c.get("outputs") for i, c in enumerate(fresh) if i != index]
 
 
-# Listings whose docstrings or comments are still wider than TEXT_WIDTH. Their files (linear/chunk.py,
-# linear/chunk_backward.py, the GLA, KDA and Lightning interfaces, mamba2/chunk.py) are being changed
-# elsewhere; these listings are to be rewrapped there, and each then leaves this list (the test below says
-# when one fits).
-PROSE_WIDTH_PENDING = {
-    "attention_kernels.gla.interface.chunk_gla",
-    "attention_kernels.gla.interface.fused_recurrent_gla",
-    "attention_kernels.kda.interface.chunk_kda",
-    "attention_kernels.kda.interface.fused_recurrent_kda",
-    "attention_kernels.lightning.interface.chunk_lightning",
-    "attention_kernels.lightning.interface.fused_recurrent_lightning",
-    "attention_kernels.linear.chunk._chunk_local_cumsum_kernel",
-    "attention_kernels.linear.chunk._chunk_state_kernel",
-    "attention_kernels.linear.chunk_backward.chunk_dqk",
-    "attention_kernels.linear.chunk_backward.chunk_dv",
-    "attention_kernels.linear.chunk_backward.chunk_state_grad_pass",
-    "attention_kernels.mamba2.chunk._ssd_chunk_state_kernel",
-    "attention_kernels.mamba2.chunk._ssd_output_kernel",
-    "attention_kernels.mamba2.chunk._ssd_state_pass_kernel",
-    "attention_kernels.mamba2.chunk.ssd_chunk_scan_bwd",
-    "attention_kernels.mamba2.chunk.ssd_chunk_scan_fwd",
-}
-
-
 def _listed_name(obj) -> str:
     """The module and qualified name of what `show_source(obj)` shows (a kernel's Python function, a
     cached or registered function's own)."""
@@ -155,8 +131,5 @@ def test_listing_prose_fits_the_column(path, index, expr):
     wide = [f"line {number}: {len(line)} characters: {line.strip()[:60]!r}"
             for number, line in prose_lines(show_source(obj).data) if len(line) > TEXT_WIDTH]
     name = _listed_name(obj)
-    if name in PROSE_WIDTH_PENDING:
-        assert wide, f"{name}'s docstrings and comments fit now: take it off PROSE_WIDTH_PENDING"
-        return
     assert not wide, (f"{path.name}: `{expr}` ({name}) has docstring or comment lines over {TEXT_WIDTH} "
                       "characters; rewrap them (then `make listings`):\n" + "\n".join(wide))

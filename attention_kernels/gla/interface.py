@@ -116,12 +116,19 @@ def fused_recurrent_gla(q, k, v, gk=None, gv=None, scale=None, initial_state=Non
     pool [S, H, K, V]; inplace_final_state=True writes the final states back
     where they were read and returns initial_state as the final state.
 
-        >>> q, k, v, gk = torch.randn(4, 1, 1, 32, 128, device="cuda").unbind(0)
+        >>> q, k, v, gk = torch.randn(4, 1, 1, 32, 128,
+        ...                           device="cuda").unbind(0)
         >>> S = torch.zeros(1, 32, 128, 128, device="cuda")
-        >>> o, S = fused_recurrent_gla(q, k, v, -gk.abs(), initial_state=S, output_final_state=True)
-        >>> pool, slots = torch.zeros(64, 32, 128, 128, device="cuda"), torch.tensor([7], device="cuda")
-        >>> o, _ = fused_recurrent_gla(q, k, v, -gk.abs(), initial_state=pool, inplace_final_state=True,
-        ...                            ssm_state_indices=slots)             # pool[7] holds the new state
+        >>> o, S = fused_recurrent_gla(q, k, v, -gk.abs(), initial_state=S,
+        ...                            output_final_state=True)
+        >>> pool, slots = torch.zeros(64, 32, 128, 128,
+        ...                           device="cuda"), torch.tensor([7],
+        ...                               device="cuda")
+        >>> o, _ = fused_recurrent_gla(q, k, v, -gk.abs(),
+        ...                            initial_state=pool,
+        ...                            inplace_final_state=True,
+        ...                            ssm_state_indices=slots)
+        ...     # pool[7] holds the new state
     """
     _refuse_fla_options("fused_recurrent_gla", gv=gv, reverse=reverse)
     inplace = check_serving_options("fused_recurrent_gla", inplace_final_state, ssm_state_indices, cu_seqlens,
@@ -278,9 +285,12 @@ def chunk_gla(q, k, v, g=None, scale=None, initial_state=None, output_final_stat
     cu_seqlens: packed sequences (the module docstring); cu_seqlens_cpu,
     fla's host copy of them, must be None (ValueError naming it).
 
-        >>> q, k, v, gk = torch.randn(4, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
-        >>> gk = (torch.nn.functional.logsigmoid(gk.float()) / 16).requires_grad_()
-        >>> o, _ = chunk_gla(q, k, v, gk); o.sum().backward()       # gk.grad: [1, 4096, 32, 128]
+        >>> q, k, v, gk = torch.randn(4, 1, 4096, 32, 128, device="cuda",
+        ...                           dtype=torch.bfloat16).unbind(0)
+        >>> gk = (torch.nn.functional.logsigmoid(gk.float())
+        ...       / 16).requires_grad_()
+        >>> o, _ = chunk_gla(q, k, v, gk); o.sum().backward()
+        ...     # gk.grad: [1, 4096, 32, 128]
     """
     if g is not None and gk is not None:
         raise ValueError("g and gk are two names of chunk_gla's gate (fla's and this module's): pass one")

@@ -140,10 +140,13 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
     read and returns initial_state as the final state (fla's own default
     there is True; here, as in fla's fused_recurrent_kda, False).
 
-        >>> q, k, v, g = torch.randn(4, 1, 1, 32, 128, device="cuda").unbind(0)
+        >>> q, k, v, g = torch.randn(4, 1, 1, 32, 128,
+        ...                          device="cuda").unbind(0)
         >>> beta = torch.rand(1, 1, 32, device="cuda")
         >>> S = torch.zeros(1, 32, 128, 128, device="cuda")
-        >>> o, S = fused_recurrent_kda(q, k, v, -g.abs(), beta, initial_state=S, output_final_state=True,
+        >>> o, S = fused_recurrent_kda(q, k, v, -g.abs(), beta,
+        ...                            initial_state=S,
+        ...                            output_final_state=True,
         ...                            use_qk_l2norm_in_kernel=True)
     """
     g, beta = _gate_and_beta("fused_recurrent_kda", g, beta, A_log, dt_bias, use_gate_in_kernel,
@@ -326,10 +329,13 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     state_v_first=True takes initial_state as [B, H, V, K] and returns the
     final state so (a transposed view; gradients flow through it).
 
-        >>> q, k, v, g = torch.randn(4, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
-        >>> g = (torch.nn.functional.logsigmoid(g.float()) / 16).requires_grad_()
+        >>> q, k, v, g = torch.randn(4, 1, 4096, 32, 128, device="cuda",
+        ...                          dtype=torch.bfloat16).unbind(0)
+        >>> g = (torch.nn.functional.logsigmoid(g.float())
+        ...      / 16).requires_grad_()
         >>> beta = torch.rand(1, 4096, 32, device="cuda")
-        >>> o, _ = chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True); o.sum().backward()
+        >>> o, _ = chunk_kda(q, k, v, g, beta,
+        ...     use_qk_l2norm_in_kernel=True); o.sum().backward()
     """
     _refuse_fla_options(disable_recompute, return_intermediate_states, cu_seqlens_cpu, cp_context, chunk_size)
     g, beta = _gate_and_beta("chunk_kda", g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel,

@@ -97,9 +97,13 @@ def fused_recurrent_lightning(q, k, v, slopes, scale=1.0, initial_state=None, ou
     where they were read and returns initial_state as the final state.
 
         >>> q, k, v = torch.randn(3, 1, 1, 32, 128, device="cuda").unbind(0)
-        >>> S, s = torch.zeros(1, 32, 128, 128, device="cuda"), lightning_slopes(32).cuda()
-        >>> o, S = fused_recurrent_lightning(q, k, v, s, initial_state=S, output_final_state=True)
-        >>> o, S = fused_recurrent_lightning(q, k, v, s, initial_state=S, inplace_final_state=True)  # S updated
+        >>> S, s = torch.zeros(1, 32, 128, 128,
+        ...                    device="cuda"), lightning_slopes(32).cuda()
+        >>> o, S = fused_recurrent_lightning(q, k, v, s, initial_state=S,
+        ...                                  output_final_state=True)
+        >>> o, S = fused_recurrent_lightning(q, k, v, s, initial_state=S,
+        ...                                  inplace_final_state=True)
+        ...     # S updated
     """
     if check_serving_options("fused_recurrent_lightning", inplace_final_state, ssm_state_indices, cu_seqlens):
         return (_fused_recurrent_lightning_inplace(q, k, v, slopes, initial_state, scale, ssm_state_indices),
@@ -186,8 +190,11 @@ def chunk_lightning(q, k, v, slopes, scale=1.0, initial_state=None, output_final
     only the inputs). The slopes are fixed per head: a slopes tensor that
     requires grad is refused.
 
-        >>> q, k, v = torch.randn(3, 1, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).unbind(0)
-        >>> o, _ = chunk_lightning(q, k, v, lightning_slopes(32, layer_idx=0, num_layers=80).cuda())
+        >>> q, k, v = torch.randn(3, 1, 4096, 32, 128, device="cuda",
+        ...                       dtype=torch.bfloat16).unbind(0)
+        >>> o, _ = chunk_lightning(q, k, v,
+        ...                        lightning_slopes(32, layer_idx=0,
+        ...                                         num_layers=80).cuda())
         >>> o.shape              # torch.Size([1, 4096, 32, 128])
     """
     _, scale, (q, k, v, s, h0) = _checked(q, k, v, slopes, scale, initial_state, output_final_state, cu_seqlens)

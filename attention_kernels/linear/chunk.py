@@ -179,8 +179,9 @@ def _chunk_local_cumsum_kernel(g, b, T, H, G: tl.constexpr, FLOOR: tl.constexpr,
         tl.store(kn + p_g, (b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=1) + EPS)[:, None]).to(kn.dtype.element_ty),
                  mask=m_g)
     if GATED_Q:
-        # the queries decayed from their chunk's start, scale · q ⊙ e^b (q normalised first with L2NORM), in
-        # q's dtype: rounded as the delta rule's reverse state pass would round them itself
+        # the queries decayed from their chunk's start, scale · q ⊙ e^b (q
+        # normalised first with L2NORM), in q's dtype: rounded as the delta
+        # rule's reverse state pass would round them itself
         if L2NORM:
             b_qs = b_qn
         else:
@@ -267,8 +268,8 @@ def _chunk_state_kernel(
     w=None, v_new=None, DELTA: tl.constexpr = False, DECAYED_KEYS: tl.constexpr = False,
     cu_seqlens=None, chunk_offsets=None, VARLEN: tl.constexpr = False,
 ):
-    # one program: key rows [i_k·BK, ..) and value columns [i_v·BV, ..) of one (sequence, head)'s state,
-    # walking that sequence's chunks
+    # one program: key rows [i_k·BK, ..) and value columns [i_v·BV, ..) of
+    # one (sequence, head)'s state, walking that sequence's chunks
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     tok0, T, slot0 = sequence_at(i_b, T, NT, cu_seqlens, chunk_offsets, VARLEN)
@@ -283,7 +284,8 @@ def _chunk_state_kernel(
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
 
-    # the sequence's first token of head i_h, 64-bit (comment above chunk_row)
+    # the sequence's first token of head i_h, 64-bit (comment above
+    # chunk_row)
     r_b = chunk_row(0, tok0, i_h, T, H)
     k, v = k + r_b * K, v + r_b * V
     if not GAMMA:   # (a fixed decay has no gate tensor)

@@ -399,7 +399,8 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
     [B, H, K, V] unless None. dht: fp32 [B, H, K, V] or None (zeros). All
     contiguous.
 
-        >>> dstates = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V, dtype=chunk_state_dtype(q.dtype),
+        >>> dstates = torch.empty(B, triton.cdiv(T, CHUNK), H, K, V,
+        ...                       dtype=chunk_state_dtype(q.dtype),
         ...                       device=q.device)
         >>> chunk_state_grad_pass(q, do, b, dstates, K ** -0.5, dht, dh0)
         >>> dstates[:, -1]          # dht itself
@@ -602,7 +603,8 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
     `chunk_state_grad_pass` writes them for them).
 
         >>> dA = torch.empty(B, T, H, CHUNK, device=q.device)
-        >>> chunk_dv(q, k, v, b, A, dstates, do, dv := torch.empty_like(v), dA, scale=K ** -0.5)
+        >>> chunk_dv(q, k, v, b, A, dstates, do, dv := torch.empty_like(v),
+        ...          dA, scale=K ** -0.5)
     """
     B, T, _, K = k.shape
     H, V = v.shape[2], v.shape[3]
@@ -611,14 +613,18 @@ def chunk_dv(q, k, v, b, A, dstates, do, dv, dA, scale: float, *, gamma=None, gr
     if recompute and G != 1:
         raise ValueError(f"chunk_dv recomputes the scores for a gate per head only (G = 1), got G = {G}")
     NT = n_chunks(T, packed)
-    # the scores read (GLA, K = V = 128): with fp32 states 255 registers and 120 KB of shared memory at 3
-    # stages, one program of 4 warps an SM; at 2 stages 248 and 80 KB, two. With bf16 states 252 and 105 KB
-    # at 3 stages, 251 and 72 KB at 2. The scores recomputed (Mamba-2, K = 128, V = 64, bf16 states): 248
-    # registers and 72 KB at 3 stages with the skip added (227 without: do ⊙ skip takes do into the products'
-    # layout), two programs an SM either way (ptxas, sm_90a, bf16: scripts/linear_bwd_compile.py)
+    # the scores read (GLA, K = V = 128): with fp32 states 255 registers and
+    # 120 KB of shared memory at 3 stages, one program of 4 warps an SM; at 2
+    # stages 248 and 80 KB, two. With bf16 states 252 and 105 KB at 3 stages,
+    # 251 and 72 KB at 2. The scores recomputed (Mamba-2, K = 128, V = 64,
+    # bf16 states): 248 registers and 72 KB at 3 stages with the skip added
+    # (227 without: do ⊙ skip takes do into the products' layout), two
+    # programs an SM either way (ptxas, sm_90a, bf16:
+    # scripts/linear_bwd_compile.py)
     stages = 2 if A is not None else 3
-    # skip's strides; [H] is read as [H, V] at value stride 0. Without skip they are None, so the kernel takes
-    # no argument for them and compiles as it would without this option
+    # skip's strides; [H] is read as [H, V] at value stride 0. Without skip
+    # they are None, so the kernel takes no argument for them and compiles as
+    # it would without this option
     s_skip_h = s_skip_v = None
     if skip is not None:
         s_skip_h, s_skip_v = skip.stride(0), skip.stride(1) if skip.dim() == 2 else 0
@@ -987,8 +993,10 @@ def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float,
     16 rows. packed: packed sequences (`packed_chunks`, B = 1; states and
     dstates as the passes write them for them).
 
-        >>> dq, dk, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(gk)
-        >>> chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale=K ** -0.5)
+        >>> dq, dk, dg = torch.empty_like(q), torch.empty_like(
+        ...     k), torch.empty_like(gk)
+        >>> chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg,
+        ...           scale=K ** -0.5)
     """
     B, T, H, K = q.shape
     V = v.shape[-1]

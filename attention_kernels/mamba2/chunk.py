@@ -203,9 +203,11 @@ def _ssd_chunk_state_kernel(
     N: tl.constexpr, P: tl.constexpr, L: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    # one program: dstate rows [i_k·BK, ..) and headdim columns [i_v·BV, ..) of chunk i_t's own state, of
-    # one (batch, head): Σ_s (dt_s e^{b_last - b_s} B_s) x_sᵀ over the chunk's tokens, from a zero state. No
-    # program waits for another; a chunk of L tokens is read in blocks of BT <= 64 (unrolled)
+    # one program: dstate rows [i_k·BK, ..) and headdim columns [i_v·BV, ..)
+    # of chunk i_t's own state, of one (batch, head):
+    # Σ_s (dt_s e^{b_last - b_s} B_s) x_sᵀ over the chunk's tokens, from a
+    # zero state. No program waits for another; a chunk of L tokens is read
+    # in blocks of BT <= 64 (unrolled)
     i_t, i_kv, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NV = tl.cdiv(P, BV)
     i_k, i_v = i_kv // NV, i_kv % NV
@@ -233,9 +235,11 @@ def _ssd_state_pass_kernel(
     N: tl.constexpr, P: tl.constexpr, L: tl.constexpr, BE: tl.constexpr,
     IN_PLACE: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
 ):
-    # one program: state elements [i_e·BE, ..) of one (batch, head), walking the chunks in order:
-    # S_start(c+1) = e^{b_last(c)} S_start(c) + local(c), one multiply-add per element and chunk. With
-    # IN_PLACE the chunk-start states overwrite the local ones (chunk c's is read before it is written)
+    # one program: state elements [i_e·BE, ..) of one (batch, head), walking
+    # the chunks in order:
+    # S_start(c+1) = e^{b_last(c)} S_start(c) + local(c), one multiply-add
+    # per element and chunk. With IN_PLACE the chunk-start states overwrite
+    # the local ones (chunk c's is read before it is written)
     i_e, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_e = i_e * BE + tl.arange(0, BE)
@@ -248,13 +252,14 @@ def _ssd_state_pass_kernel(
     else:
         b_h = tl.zeros([BE], dtype=tl.float32)
     p_c = chunk_state_base(i_b, 0, i_h, NT, H, N, P) + o_e   # chunk 0's state of this head
-    # the next chunk's local state and decay are loaded one step ahead, so that their latency overlaps
-    # the current step instead of stalling it
+    # the next chunk's local state and decay are loaded one step ahead, so
+    # that their latency overlaps the current step instead of stalling it
     b_next = tl.load(local + p_c, mask=m_e, other=0.0)
     g_next = tl.load(b + (i_b * T + tl.minimum(L, T) - 1) * H + i_h)
     for i_t in range(NT):
         b_loc, g_last = b_next, g_next
-        # the condition as a tensor (o_e * 0 + ...): newer Tritons' interpreter refuses a scalar in a mask
+        # the condition as a tensor (o_e * 0 + ...): newer Tritons'
+        # interpreter refuses a scalar in a mask
         b_next = tl.load(local + p_c + H * N * P, mask=m_e & (o_e * 0 + i_t + 1 < NT), other=0.0)
         g_next = tl.load(b + (i_b * T + tl.minimum(i_t * L + 2 * L, T) - 1) * H + i_h)
         tl.store(h + p_c, b_h.to(h.dtype.element_ty), mask=m_e)
@@ -345,8 +350,8 @@ def _ssd_output_kernel(
     b_b = tl.load(b + p_th, mask=m_t, other=0.0)         # [BT] cumulative log decay from the chunk start
     b_dt = tl.load(dt + p_th, mask=m_t, other=0.0)       # [BT] dt after bias and softplus
 
-    # C S_start and C Bᵀ, both over dstate in tiles of BK: [BT, BV] and [BT,
-    # BT]
+    # C S_start and C Bᵀ, both over dstate in tiles of BK: [BT, BV] and
+    # [BT, BT]
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_S = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(N, BK)):
@@ -382,11 +387,13 @@ def _ssd_output_kernel(
                            + o_v[None, :], mask=m_v[None, :], other=0.0)
             b_o += tl.dot((b_Sj * b_Lj).to(b_xj.dtype), b_xj, input_precision=DOT_PREC)
 
-    # intra-chunk, the block itself: (L ∘ C Bᵀ) diag(dt) x, with L_ts = e^{b_t - b_s} on and below the
-    # diagonal: column s of the scores takes token s's dt, so x·dt is never formed. The exponent is -inf
-    # above the diagonal (e^{b_t - b_s} there would overflow when the gates grow); on and below it is the
-    # recurrence's, unclamped, whatever the sign of dt·A. The select (not a factor 0) keeps the pairs
-    # s > t out, whatever a later token's values.
+    # intra-chunk, the block itself: (L ∘ C Bᵀ) diag(dt) x, with
+    # L_ts = e^{b_t - b_s} on and below the diagonal: column s of the scores
+    # takes token s's dt, so x·dt is never formed. The exponent is -inf above
+    # the diagonal (e^{b_t - b_s} there would overflow when the gates grow);
+    # on and below it is the recurrence's, unclamped, whatever the sign of
+    # dt·A. The select (not a factor 0) keeps the pairs s > t out, whatever a
+    # later token's values.
     m_lo = o_c[:, None] >= o_c[None, :]
     b_L = tl.exp(tl.where(m_lo, b_b[:, None] - b_b[None, :], float("-inf"))) * b_dt[None, :]
     b_S = tl.where(m_lo, b_S * b_L, 0.0)
@@ -438,8 +445,8 @@ def ssd_chunk_scan_fwd(dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softp
                        return_final_states, y_ungated=None):
     """The scan on checked inputs (interface.ssd_chunk_scan): returns (y,
     final_states or None). y_ungated (with z; contiguous, x's shape and
-    dtype), where given, is written with the output before its gate, o + D ⊙ x,
-    for a backward to take instead of recomputing it."""
+    dtype), where given, is written with the output before its gate,
+    o + D ⊙ x, for a backward to take instead of recomputing it."""
     Bt, T, H, P, N, G = dims
     x, B, C = x.contiguous(), B.contiguous(), C.contiguous()
     z = None if z is None else z.contiguous()
@@ -677,30 +684,30 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
 
     SSD is linear attention with one log gate per head and token (chunk.py's
     docstring), so the chunk recurrence's gradient is the shared backward's
-    (attention_kernels/linear/chunk_backward.py) with q = C and k = B·dt, read
-    per group of heads (group_size; k's dt per head applied in the kernels:
-    chunk_dv scales the rows of its fp32 products of B by it, the dq/dk kernels
-    the columns of their fp32 score gradients), v = x, scale 1, the gate g =
-    dt·A per head and the states transposed ([dstate, headdim] = [K, V]); the
-    chunk-start states and their gradients in `chunk_state_dtype` (x's dtype
-    for 16-bit x). dq and dk are summed over each group's heads in two
-    launches, which read B and C per group (the same for every head of a
-    group). The first does the intra-chunk work once per chunk and head: the
-    decay tile, the intra-chunk score gradients summed over a run of heads
-    before their products, W = Σ_h D_h ⊙ dt_h, and the intra shares of the
-    gate's gradient and of dt's through the keys (dk · B). The second, per
-    dstate tile, does each head's inter-chunk products and their shares, then
-    W's two products once; it writes B's and C's gradients as partial sums
-    over runs of heads: no [Bt, T, H, N] gradient is written. Before them, one
-    elementwise launch (fp32 inside, every tensor of [Bt, T, H, P] read or
-    written once) for the tail y = (o + D ⊙ x) ⊙ silu(z): dz, o's gradient
-    do in x's dtype and dD's per-tile sums (with z, its o + D ⊙ x is the
-    forward's y_ungated, or recomputed by the output kernel where none is
-    given: the same function at any chunk size, so the forward's is taken
-    whatever its chunk). The skip's share of x's gradient, do ⊙ D, is added
-    by chunk_dv to its dv in fp32 before its one store (skip = D), so dv is
-    dx, written once in x's dtype. dt's gate and softplus paths, on [Bt, T,
-    H], stay in PyTorch.
+    (attention_kernels/linear/chunk_backward.py) with q = C and k = B·dt,
+    read per group of heads (group_size; k's dt per head applied in the
+    kernels: chunk_dv scales the rows of its fp32 products of B by it, the
+    dq/dk kernels the columns of their fp32 score gradients), v = x, scale 1,
+    the gate g = dt·A per head and the states transposed
+    ([dstate, headdim] = [K, V]); the chunk-start states and their gradients
+    in `chunk_state_dtype` (x's dtype for 16-bit x). dq and dk are summed
+    over each group's heads in two launches, which read B and C per group
+    (the same for every head of a group). The first does the intra-chunk work
+    once per chunk and head: the decay tile, the intra-chunk score gradients
+    summed over a run of heads before their products, W = Σ_h D_h ⊙ dt_h, and
+    the intra shares of the gate's gradient and of dt's through the keys
+    (dk · B). The second, per dstate tile, does each head's inter-chunk
+    products and their shares, then W's two products once; it writes B's and
+    C's gradients as partial sums over runs of heads: no [Bt, T, H, N]
+    gradient is written. Before them, one elementwise launch (fp32 inside,
+    every tensor of [Bt, T, H, P] read or written once) for the tail
+    y = (o + D ⊙ x) ⊙ silu(z): dz, o's gradient do in x's dtype and dD's
+    per-tile sums (with z, its o + D ⊙ x is the forward's y_ungated, or
+    recomputed by the output kernel where none is given: the same function at
+    any chunk size, so the forward's is taken whatever its chunk). The skip's
+    share of x's gradient, do ⊙ D, is added by chunk_dv to its dv in fp32
+    before its one store (skip = D), so dv is dx, written once in x's dtype.
+    dt's gate and softplus paths, on [Bt, T, H], stay in PyTorch.
 
     Returns the gradients of x, dt, A, B, C, then of D, z, dt_bias and
     initial_states where those are given (an absent argument has no entry, so
@@ -742,8 +749,8 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
             dD = dD_part.sum(0).view(H, P)
             dD = (dD if D.dim() == 2 else dD.sum(-1)).to(D.dtype)
 
-    # the chunk recurrence: q = C and k = B·dt, read per group (B scaled by each head's dt in the kernels),
-    # v = x, the gate dt·A per head
+    # the chunk recurrence: q = C and k = B·dt, read per group (B scaled by
+    # each head's dt in the kernels), v = x, the gate dt·A per head
     Af = A.to(f32)
     dstates = torch.empty_like(states)
     dht = None if dfinal is None else dfinal.to(f32).transpose(-1, -2).contiguous()
@@ -752,17 +759,21 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
     dx = torch.empty_like(x)      # chunk_dv's dv with the skip's do ⊙ D: x's whole gradient
     dscores = torch.empty(Bt, T, H, CHUNK, dtype=f32, device=dev)
     chunk_dv(C, B, x, b, None, dstates, do, dx, dscores, 1.0, group_size=H // G, key_scale=dtf, skip=D)
-    # dq and dk summed over each group's heads (dC, dB) with dt's share through the keys, in runs of _DQK_HEADS
-    # heads a program: partial sums per run; the gate's and dt's shares per key tile, the intra ones in the last
+    # dq and dk summed over each group's heads (dC, dB) with dt's share
+    # through the keys, in runs of _DQK_HEADS heads a program: partial sums
+    # per run; the gate's and dt's shares per key tile, the intra ones in the
+    # last
     BK = min(_DQK_BK, pow2_at_least_16(N))
     NK, runs = cdiv(N, BK), cdiv(H // G, _DQK_HEADS)
-    # its per-head scalars read head-major ([Bt, H, T]: a head's chunk contiguous), its dg and ddt tiles written so
+    # its per-head scalars read head-major ([Bt, H, T]: a head's chunk
+    # contiguous), its dg and ddt tiles written so
     dt_heads = dtf.transpose(1, 2).contiguous()
     b_heads = b.view(Bt, T, H).transpose(1, 2).contiguous()
     g_heads = dt_heads * Af[:, None]      # as given: a gate below the floor gets gradient 0 (both dq/dk kernels)
     dC_part, dB_part = (torch.empty(runs, Bt, T, G, N, dtype=f32, device=dev) for _ in range(2))
     dg_tiles, ddt_tiles = (torch.empty(NK + 1, Bt, H, T, dtype=f32, device=dev) for _ in range(2))
-    # the intra-chunk work once per chunk and head: W = Σ_h D_h ⊙ dt_h (in B's dtype) and the intra shares
+    # the intra-chunk work once per chunk and head: W = Σ_h D_h ⊙ dt_h (in
+    # B's dtype) and the intra shares
     W = torch.empty(runs, Bt, NT, G, CHUNK, CHUNK, dtype=B.dtype, device=dev)
     _ssd_dqk_intra_kernel[(NT, Bt * G * runs)](
         C, B, dt_heads, g_heads, b_heads, dscores, W, dg_tiles[NK], ddt_tiles[NK], T, H, NT, H // G, G, Bt,
@@ -773,8 +784,9 @@ def ssd_chunk_scan_bwd(x, dt, A, B, C, D: torch.Tensor | None, z: torch.Tensor |
                 ddt_tiles, T, H, NT, H // G, G, Bt, N, P)
     dqk_meta = dict(BT=CHUNK, BK=BK, BV=min(_DQK_BV, pow2_at_least_16(P)), HEADS=_DQK_HEADS, FLOOR=GATE_FLOOR,
                     DOT_PREC=dot_precision(x.dtype), num_warps=_DQK_WARPS)
-    # with fp32 inputs a GPU with less shared memory a program than the H100 (~100 KB on sm_86 and sm_89)
-    # refuses three stages: the first refusal is remembered per device, so later calls launch two at once
+    # with fp32 inputs a GPU with less shared memory a program than the H100
+    # (~100 KB on sm_86 and sm_89) refuses three stages: the first refusal is
+    # remembered per device, so later calls launch two at once
     stages = _DQK_STAGES_ON.get(dev, _DQK_STAGES)
     try:
         _ssd_dqk_kernel[(NK, NT, Bt * G * runs)](*dqk_args, **dqk_meta, num_stages=stages)
