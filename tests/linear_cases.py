@@ -37,7 +37,10 @@ def linear_input_cases(token_tensors, key_tensors) -> list[Case]:
         Case("mixed-dtypes", replace(k=lambda a: a["k"].half()), TypeError, "q, k, v must share one dtype"),
         Case("k-length", replace(k=lambda a: a["k"][:, :4]), ValueError, r"k must be \[B, T, H, K\] = \[1, 8, 2, 16\]"),
         Case("v-length", replace(v=lambda a: a["v"][:, :4]), ValueError, r"v must be \[B, T, H, V\] = \[1, 8, 2, 12\]"),
-        Case("v-heads", replace(v=lambda a: a["v"][:, :, :1]), ValueError, r"v must be \[B, T, H, V\]"),
+        Case("v-heads", replace(v=lambda a: a["v"][:, :, :1]), ValueError, r"v must have as many heads as q \(H = 2\)"),
+        Case("v-grouped-heads", replace(v=lambda a: torch.cat([a["v"], a["v"]], dim=2)), ValueError,
+             r"v must have as many heads as q \(H = 2\), got 4 .*grouped value heads \(fla's num_v_heads\) are "
+             r"not supported"),
         Case("initial_state-shape", replace(initial_state=lambda a: a["initial_state"][:, :1]), ValueError,
              r"initial_state must be \[B, H, K, V\] = \[1, 2, 16, 12\]"),
         Case("initial_state-transposed", replace(initial_state=lambda a: a["initial_state"].transpose(-1, -2)),

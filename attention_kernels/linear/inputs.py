@@ -33,7 +33,8 @@ def check_linear_inputs(q, k, v, gates, scale=None, initial_state=None, output_f
                         cu_seqlens=None):
     """Validate a linear-attention call; return (B, T, H, K, V, scale).
 
-    q, k: [B, T, H, K]; v: [B, T, H, V], one dtype (fp16, bf16, fp32; fp64 too when kernel=False).
+    q, k: [B, T, H, K]; v: [B, T, H, V], one dtype (fp16, bf16, fp32; fp64 too when kernel=False). v has
+        q's heads: grouped value heads (fla's num_v_heads, more heads in v than in q) are refused by name.
     gates: {name: (tensor, letters)}, each gate any float dtype of the same list, its shape given in
         the letters B, T, H, K, V (e.g. {"gk": (gk, "B T H K")}); an empty dict for none.
     scale: a float > 0, default K ** -0.5 (the shared scale rule: bool, str -> TypeError; <= 0, nan,
@@ -64,6 +65,9 @@ def check_linear_inputs(q, k, v, gates, scale=None, initial_state=None, output_f
     check_not_empty("v", v, ", ".join(layout.split() + ["V"]))
     sizes = {"T": 1, **dict(zip(layout.split() + ["K"], q.shape)), "V": v.shape[-1]}  # T = 1 for a step
     _check_dims("k", k, f"{layout} K", sizes)
+    if v.shape[-2] != sizes["H"]:  # fla's num_v_heads: more value heads than query heads, q and k shared
+        raise ValueError(f"v must have as many heads as q (H = {sizes['H']}), got {v.shape[-2]} "
+                         f"(v is {list(v.shape)}): grouped value heads (fla's num_v_heads) are not supported")
     _check_dims("v", v, f"{layout} V", sizes)
     for name, (g, letters) in gates.items():
         _check_dims(name, g, letters, sizes)
