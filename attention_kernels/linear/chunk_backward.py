@@ -993,8 +993,8 @@ def chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg, scale: float,
     16 rows. packed: packed sequences (`packed_chunks`, B = 1; states and
     dstates as the passes write them for them).
 
-        >>> dq, dk, dg = torch.empty_like(q), torch.empty_like(
-        ...     k), torch.empty_like(gk)
+        >>> dq, dk = torch.empty_like(q), torch.empty_like(k)
+        >>> dg = torch.empty_like(gk)
         >>> chunk_dqk(q, k, v, gk, b, states, dstates, do, dA, dq, dk, dg,
         ...           scale=K ** -0.5)
     """
