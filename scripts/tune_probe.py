@@ -528,13 +528,16 @@ DELTA_VARIANTS = {
     "halves, BV 32, 4w 2s": {"_DELTA_HALVES_CONFIG": (32, 4, 2)},
     "halves, BV 64, 8w 1s": {"_DELTA_HALVES_CONFIG": (64, 8, 1)},
     "gated queries": {"_DELTA_GATED_QUERIES": True},
+    "A_qkᵀ dO first": {"_DELTA_LOCAL_DU": True},
+    "both": {"_DELTA_GATED_QUERIES": True, "_DELTA_LOCAL_DU": True},
 }
 
 
 def delta_state_grad(variant=None):
     """KDA's backward (B 1, T 16K, 32 heads, K = V = 128, bf16) with the delta rule's reverse state pass as
     launched (two halves of 64 key rows at `_DELTA_HALVES_CONFIG`) and with one of DELTA_VARIANTS (the one-tile
-    pass, the halves at other (BV, warps, stages), the halves handed the gated queries), each variant in a
+    pass, the halves at other (BV, warps, stages), the halves handed the gated queries, A_qkᵀ dO from a launch
+    before the walk, both), each variant in a
     process of its own (one that reads out of bounds ends its process, not the probe): the gradients against
     the launched pass's, then the pass's and the backward's GPU time."""
     import subprocess
