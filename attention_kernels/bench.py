@@ -211,6 +211,14 @@ class Benchmark:
                              "_graph or _plain")
         object.__setattr__(self, "timer", self.timer or implied)
 
+    def replayed(self, providers: Sequence[str], max_T: int = 4096) -> Benchmark:
+        """The table `<name>_graph`: this one's cases at B = 1 up to max_T tokens, for the named providers, replayed
+        from a CUDA graph. A short prompt is a few launches of little work each; a single call's time there can
+        hold the host's share, the replay's is the GPU's alone."""
+        return dataclasses.replace(self, name=f"{self.name}_graph", timer="graph",
+                                   cases=[c for c in self.cases if c["B"] == 1 and c["T"] <= max_T],
+                                   providers={p: self.providers[p] for p in providers})
+
 
 TIMERS = {"graph": time_graph_ms, "plain": time_loop_ms, "flushed": time_ms}
 

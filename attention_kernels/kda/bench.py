@@ -3,6 +3,7 @@
     DECODE_PLAIN, DECODE_GRAPH   one KDA step at B = 1, 8, 64: plain calls back to back, CUDA-graph replay
     PREFILL                      a whole prompt, T = 1K, 4K, 16K: the book's chunked prefill, fla's
                                  chunk_kda, and causal softmax (SDPA flash)
+    PREFILL_GRAPH                PREFILL's B = 1 prompts up to 4K, replayed from a CUDA graph (GPU time)
     TRAIN                        a training step (forward and backward) of chunk_kda, fla's, and SDPA's
     PACKED                       the same step on 16K tokens of packed sequences of long-tailed lengths
                                  (flash_attn.bench.packed_lengths): chunk_kda with cu_seqlens, the same
@@ -163,7 +164,10 @@ PACKED = Benchmark(
      "fla chunk_kda": costs.packed(_fla_train)},
     costs.per_sequence(TRAIN.flops), costs.per_sequence(TRAIN.bytes_moved), timer="flushed", module=__name__)
 
-BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL, TRAIN, PACKED]
+# The prompts at B = 1 up to 4K replayed from a CUDA graph: the GPU's time, without the host's
+PREFILL_GRAPH = PREFILL.replayed(("book: chunk", "fla chunk_kda", "SDPA flash"))
+
+BENCHMARKS = [DECODE_PLAIN, DECODE_GRAPH, PREFILL, PREFILL_GRAPH, TRAIN, PACKED]
 
 HEADLINE = Panel("kda_prefill", {"B": 1}, "T", "ms", ("book: chunk", "fla chunk_kda", "SDPA flash"),
                  "KDA prefill (SDPA: causal softmax)\nB=1, H=32, D=128")

@@ -7,6 +7,7 @@ harness runs.
     DECODE_PLAIN, DECODE_GRAPH          one Lightning step at B = 1, 8, 64: plain calls, CUDA-graph replay
     PREFILL                             a whole prompt, T = 1K..16K: the book's tiled prefill, fla's
                                         chunk_simple_gla, and causal softmax (SDPA flash): the crossover
+    PREFILL_GRAPH                       PREFILL's B = 1 prompts up to 4K, replayed from a CUDA graph
     TRAIN                               a training step (forward and backward) of the same three
     PACKED                              the same step on 16K tokens of packed sequences of long-tailed
                                         lengths (flash_attn.bench.packed_lengths): chunk_lightning with
@@ -176,7 +177,10 @@ PACKED = Benchmark(
      "fla chunk_simple_gla": costs.packed(_fla_train)},
     costs.per_sequence(TRAIN.flops), costs.per_sequence(TRAIN.bytes_moved), timer="flushed", module=__name__)
 
-BENCHMARKS = [CONTEXT_SOFTMAX, CONTEXT_LIGHTNING, DECODE_PLAIN, DECODE_GRAPH, PREFILL, TRAIN, PACKED]
+# The prompts at B = 1 up to 4K replayed from a CUDA graph: the GPU's time, without the host's
+PREFILL_GRAPH = PREFILL.replayed(("book: chunk", "fla chunk_simple_gla", "SDPA flash"))
+
+BENCHMARKS = [CONTEXT_SOFTMAX, CONTEXT_LIGHTNING, DECODE_PLAIN, DECODE_GRAPH, PREFILL, PREFILL_GRAPH, TRAIN, PACKED]
 
 HEADLINE = Panel("lightning_prefill", {"B": 1}, "T", "ms", ("book: chunk", "fla chunk_simple_gla", "SDPA flash"),
                  "Lightning prefill (SDPA: causal softmax)\nB=1, H=32, D=128")
