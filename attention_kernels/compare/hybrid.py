@@ -43,14 +43,17 @@ def layer_times(decode: pd.DataFrame, B: int, T: int) -> dict[str, float]:
     return times
 
 
-CACHE_KINDS = ("GQA", "MLA")       # the layers whose step reads a cache that grows with the context
+def _reads_a_cache(kind: str) -> bool:
+    """Whether a layer kind's decode step reads a cache that grows with the context (GQA, MLA)."""
+    return bool(models.LAYERS[kind].cache_bytes_per_token())
 
 
 def step_against_context(decode: pd.DataFrame) -> pd.DataFrame:
     """µs of one decode step of each layer kind (columns: the fastest provider's time, `layer_times`) against
     the context (rows), for each batch the table holds: the cache layers as timed at each context, each
     fixed-state layer's one time at every context (its step does not read the context). Rows (B, T)."""
-    contexts = sorted(decode.loc[decode["layer"].isin(CACHE_KINDS) & decode["ms"].notna(), "T"].unique())
+    timed = decode[decode["ms"].notna()]
+    contexts = sorted(timed.loc[timed["layer"].map(_reads_a_cache), "T"].unique())
     batches = sorted(decode.loc[decode["ms"].notna(), "B"].unique())
     rows = {(int(B), int(T)): {kind: ms * 1000 for kind, ms in layer_times(decode, B, T).items()}
             for B in batches for T in contexts}
@@ -64,6 +67,7 @@ def _crossing(times: pd.Series, fixed: float) -> str:
     measured contexts around it; below the shortest or past the longest context timed, a bound."""
     from ..plot import size_label
 
+    times = times.dropna()
     T, t = times.index.to_numpy(float), times.to_numpy(float)
     if t[0] >= fixed:
         return f"< {size_label(T[0])}"
@@ -80,8 +84,8 @@ def time_crossovers(decode: pd.DataFrame) -> pd.DataFrame:
     "< 4K" where the cache layer is already slower at the shortest context timed, "> 64K" where it is still
     faster at the longest."""
     steps = step_against_context(decode)
-    caches = [k for k in CACHE_KINDS if k in steps]
-    states = [k for k in steps if k not in CACHE_KINDS]
+    caches = [k for k in steps if _reads_a_cache(k)]
+    states = [k for k in steps if not _reads_a_cache(k)]
     columns = pd.MultiIndex.from_tuples([(B, models.layer_label(c)) for B in steps.index.unique("B") for c in caches],
                                         names=["B", "cache slower than the state from T ="])
     return pd.DataFrame([[_crossing(steps.loc[B, c], steps.loc[B, s].iloc[0]) for B, c in
@@ -108,8 +112,8 @@ def plot_step_against_context(decode: pd.DataFrame):
         fig, axes = column_figure(len(batches), height=2.9, sharex=True)
         for ax, B in zip(axes, batches):
             part = steps.loc[B]
-            for kind in sorted(part, key=lambda k: k not in CACHE_KINDS):      # the caches first
-                cache = kind in CACHE_KINDS
+            for kind in sorted(part, key=lambda k: not _reads_a_cache(k)):      # the caches first
+                cache = _reads_a_cache(kind)
                 ax.plot(part.index, part[kind], marker=markers.get(kind, "o") if cache else None,
                         linestyle="-" if cache else "--", label=models.layer_label(kind))
             ax.set_yscale("log")
