@@ -671,6 +671,24 @@ def train_ncu():
     _profile_once(steps, "train_ncu")
 
 
+def plain_order():
+    """Why the plain decode tables are slower at B = 1 than at B = 8 (e.g. GLA 53.0 against 45.0 µs, H100): B = 1
+    is each sweep's first case. Each family's book step, timed back to back as its table times it
+    (`time_loop_ms`), at B = 1, 8, 1, 64, 1 in one process: a first B = 1 slower than the later ones is the
+    sweep's warm-up, equal ones are the step's own."""
+    from attention_kernels.bench import time_loop_ms
+    from attention_kernels.gla import bench as gla_bench
+    from attention_kernels.kda import bench as kda_bench
+    from attention_kernels.lightning import bench as lightning_bench
+    from attention_kernels.mamba2 import bench as mamba2_bench
+    print("--- the book's decode step, back to back (time_loop_ms), µs per call, B in the order timed", flush=True)
+    for name, table in (("GLA", gla_bench.DECODE_PLAIN), ("Lightning", lightning_bench.DECODE_PLAIN),
+                        ("KDA", kda_bench.DECODE_PLAIN), ("Mamba-2", mamba2_bench.DECODE_PLAIN)):
+        cases = {c["B"]: c for c in table.cases}
+        times = [(B, time_loop_ms(table.providers["book"](cases[B])) * 1e3) for B in (1, 8, 1, 64, 1)]
+        print(f"  {name:10s} " + "  ".join(f"B {B}: {us:6.1f}" for B, us in times), flush=True)
+
+
 def kda_step():
     """KDA's step at B = 1, 8, 64 (H = 32, K = V = 128): single calls with L2 flushed (do_bench, as most chapters
     timed plain calls before), back to back (as the chapters time them now), graph replay and host time."""
@@ -888,4 +906,4 @@ if __name__ == "__main__":
          "kda_step": kda_step, "mla_splits": mla_splits, "mla_mixed": mla_mixed, "kda_prefill": kda_prefill,
          "train_kernels": train_kernels, "train_ncu": train_ncu, "ssd_dqk_configs": ssd_dqk_configs,
          "gla_intra_configs": gla_intra_configs, "ssd_state_split": ssd_state_split,
-         "kda_solve_precision": kda_solve_precision}[part]()
+         "kda_solve_precision": kda_solve_precision, "plain_order": plain_order}[part]()

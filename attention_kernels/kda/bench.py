@@ -173,5 +173,5 @@ HEADLINE = Panel("kda_prefill", {"B": 1}, "T", "ms", ("book: chunk", "fla chunk_
                  "KDA prefill (SDPA: causal softmax)\nB=1, H=32, D=128")
 
 
-__all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "TRAIN", "PACKED", "BENCHMARKS", "HEADLINE", "STEP_BYTES",
-           "decode_flops", "prefill_flops", "prefill_bytes", "train_flops"]
+__all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "PREFILL_GRAPH", "TRAIN", "PACKED", "BENCHMARKS", "HEADLINE",
+           "STEP_BYTES", "decode_flops", "prefill_flops", "prefill_bytes", "train_flops"]

@@ -186,5 +186,5 @@ HEADLINE = Panel("lightning_prefill", {"B": 1}, "T", "ms", ("book: chunk", "fla 
                  "Lightning prefill (SDPA: causal softmax)\nB=1, H=32, D=128")
 
 
-__all__ = ["CONTEXT_SOFTMAX", "CONTEXT_LIGHTNING", "DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "TRAIN", "PACKED",
-           "BENCHMARKS", "HEADLINE", "STEP_BYTES", "prefill_flops", "prefill_bytes"]
+__all__ = ["CONTEXT_SOFTMAX", "CONTEXT_LIGHTNING", "DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "PREFILL_GRAPH", "TRAIN",
+           "PACKED", "BENCHMARKS", "HEADLINE", "STEP_BYTES", "prefill_flops", "prefill_bytes"]

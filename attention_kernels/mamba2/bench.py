@@ -283,6 +283,5 @@ HEADLINE = Panel("mamba2_prefill", {"B": 1}, "T", "ms",
                  ("book: SSD chunk scan", "mamba_ssm", "SDPA flash"),
                  "Mamba-2 prefill (SDPA: causal softmax)\nB=1, 80 heads x 64, dstate 128")
 
-__all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "PREFILL_CHUNKS", "LAYER", "TRAIN", "BENCHMARKS", "HEADLINE",
-           "step_bytes", "step_flops", "prefill_flops", "prefill_bytes", "train_flops",
-           "train_bytes"]
+__all__ = ["DECODE_PLAIN", "DECODE_GRAPH", "PREFILL", "PREFILL_GRAPH", "PREFILL_CHUNKS", "LAYER", "TRAIN", "BENCHMARKS",
+           "HEADLINE", "step_bytes", "step_flops", "prefill_flops", "prefill_bytes", "train_flops", "train_bytes"]
