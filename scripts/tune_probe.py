@@ -53,9 +53,8 @@ gla_intra_configs: GLA's sub-chunk dq/dk kernel (`_chunk_dqk_intra_kernel`) as l
   training step at 16K (B 1, 32 heads, K = V = 128, bf16): gradients checked against the first config's, then
   the kernel's and the backward's GPU time (~30 s).
 delta_state_grad: KDA's backward at 16K with the delta rule's reverse state pass as launched (key halves of 64) and
-  as one tile, in halves at two other (BV, warps, stages), and handed the gated queries (`_DELTA_GATED_QUERIES`),
-  each variant in its own process: gradients checked against the launched pass's, then the pass's and the
-  backward's GPU time (~2 min).
+  as one tile and in halves at two other (BV, warps, stages), each variant in its own process: gradients checked
+  against the launched pass's, then the pass's and the backward's GPU time (~1 min).
 kda_solve_precision: KDA's in-chunk solve for bf16 inputs in TF32 (as launched) and in IEEE fp32, at 16K: the
   output's and the gradients' errors against the fp32 step, the solve's and the forward's GPU time (~30 s).
 ssd_state_split: Mamba-2's state pass at chunks of 64 (what the backward and the book's forward take) at 16K, the
@@ -527,17 +526,13 @@ DELTA_VARIANTS = {
     "one tile": {"_DELTA_HALVES": False},
     "halves, BV 32, 4w 2s": {"_DELTA_HALVES_CONFIG": (32, 4, 2)},
     "halves, BV 64, 8w 1s": {"_DELTA_HALVES_CONFIG": (64, 8, 1)},
-    "gated queries": {"_DELTA_GATED_QUERIES": True},
-    "A_qkᵀ dO first": {"_DELTA_LOCAL_DU": True},
-    "both": {"_DELTA_GATED_QUERIES": True, "_DELTA_LOCAL_DU": True},
 }
 
 
 def delta_state_grad(variant=None):
     """KDA's backward (B 1, T 16K, 32 heads, K = V = 128, bf16) with the delta rule's reverse state pass as
     launched (two halves of 64 key rows at `_DELTA_HALVES_CONFIG`) and with one of DELTA_VARIANTS (the one-tile
-    pass, the halves at other (BV, warps, stages), the halves handed the gated queries, A_qkᵀ dO from a launch
-    before the walk, both), each variant in a
+    pass, the halves at other (BV, warps, stages)), each variant in a
     process of its own (one that reads out of bounds ends its process, not the probe): the gradients against
     the launched pass's, then the pass's and the backward's GPU time."""
     import subprocess

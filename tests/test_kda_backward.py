@@ -103,79 +103,12 @@ def test_kda_gradients_with_the_state_gradient_in_key_halves(K, monkeypatch):
     assert launched == [(2, 2)]                  # (value tiles of 16, B x H)
 
 
-@pytest.mark.parametrize("K, l2norm", [(96, True), (80, False)], ids=["K96-l2norm", "K80-raw"])
-def test_kda_walk_with_gated_queries_matches_the_walk_that_gates_them(K, l2norm, monkeypatch):
-    # the experiment `_DELTA_GATED_QUERIES`: the gate pass writes scale · q ⊙ e^b and the reverse state pass in
-    # key halves takes it instead of q and b's rows; rounded as the pass rounds them itself, so the gradients
-    # are bit-equal to the pass that gates the queries (the fp64 loop checks that one above)
+def test_kda_walk_at_a_short_key_dim_is_the_one_tile_pass():
+    # K <= 64: a second key half would be all padding, so the one-tile pass runs (and above 128)
     from attention_kernels.linear import chunk_backward
-    gated = []
-    kernel = chunk_backward._delta_state_grad_halves_kernel
-
-    class Recording:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                gated.append(kwargs["GATED_Q"])
-                return kernel[grid](*args, **kwargs)
-            return launch
-    monkeypatch.setattr(chunk_backward, "_delta_state_grad_halves_kernel", Recording())
-    tensors, h0, do, dht = kda_inputs(1, 70, 2, K, 24, "paper", "uniform", True, l2norm)
-    walked = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=l2norm)
-    monkeypatch.setattr(chunk_backward, "_DELTA_GATED_QUERIES", True)
-    handed = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=l2norm)
-    assert gated == [False, True]
-    for name, a, b in zip(NAMES + ["dh0"], walked[2], handed[2], strict=True):
-        assert torch.equal(a, b), name
-
-
-@pytest.mark.parametrize("lengths", [None, [0, 5, 70, 0]], ids=["dense", "packed"])
-def test_kda_walk_with_the_local_share_of_du_first(lengths, monkeypatch):
-    # the experiment `_DELTA_LOCAL_DU`: A_qkᵀ dO for every chunk in a launch of its own before the walk in key
-    # halves, which then adds K_g dS' to it; the same products summed in the same order, so the gradients equal
-    # the walk's that forms both (the fp64 loop checks that one above), dense and on packed sequences
-    from attention_kernels.linear import chunk_backward
-    local = []
-    kernel = chunk_backward._delta_state_grad_local_kernel
-
-    class Recording:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                local.append(grid)
-                return kernel[grid](*args, **kwargs)
-            return launch
-    monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", True)
-    monkeypatch.setattr(chunk_backward, "_delta_state_grad_local_kernel", Recording())
-    T = 70 if lengths is None else sum(lengths)
-    tensors, h0, do, dht = kda_inputs(1, T, 2, 80, 24, "paper", "uniform", True, True)
-    kw = {} if lengths is None else {"cu_seqlens": torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
-                                                                dtype=torch.int32, device=DEVICE)}
-    if lengths is not None:
-        h0, dht = h0.expand(len(lengths), -1, -1, -1).contiguous(), dht.expand(len(lengths), -1, -1, -1).contiguous()
-    walked = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=True, **kw)
-    monkeypatch.setattr(chunk_backward, "_DELTA_LOCAL_DU", True)
-    handed = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=True, **kw)
-    assert len(local) == 1 and local[0][1] == (2 if lengths is None else 3)      # one program per chunk
-    for name, a, b in zip(NAMES + ["dh0"], walked[2], handed[2], strict=True):
-        assert torch.equal(a, b), name
-
-
-def test_kda_walk_at_a_short_key_dim_is_the_one_tile_pass(monkeypatch):
-    # K <= 64: a second key half would be all padding, so the one-tile pass runs, and no gated queries
-    from attention_kernels.linear import chunk_backward
-    monkeypatch.setattr(chunk_backward, "_DELTA_GATED_QUERIES", True)
     assert not chunk_backward.delta_walk_in_halves(64, torch.device(DEVICE))
     assert chunk_backward.delta_walk_in_halves(65, torch.device(DEVICE))
-    assert not chunk_backward.delta_walk_takes_gated_queries(48, torch.device(DEVICE))
     assert not chunk_backward.delta_walk_in_halves(192, torch.device(DEVICE))
-
-
-def test_gated_queries_are_refused_outside_the_halves_pass(monkeypatch):
-    from attention_kernels.linear import chunk_backward
-    monkeypatch.setattr(chunk_backward, "_DELTA_GATED_QUERIES", True)
-    monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", False)
-    q = torch.zeros(1, 8, 1, 16, device=DEVICE)
-    with pytest.raises(ValueError, match="gated_queries"):
-        chunk_backward.chunk_state_grad_pass(q, q, q, None, 1.0, Aqk=q, kg=q, w=q, du=q, gated_queries=q)
 
 
 def test_kda_gradients_with_the_state_gradient_as_one_tile(monkeypatch):
@@ -186,9 +119,9 @@ def test_kda_gradients_with_the_state_gradient_as_one_tile(monkeypatch):
     delta_launches = []
     launch = chunk_backward.launch_state_pass
 
-    def recording(kernel, delta_kernel, args, flags, delta=None):
+    def recording(kernel, delta_kernel, args, flags, delta=None, packed=None):
         delta_launches.append(delta is not None)
-        return launch(kernel, delta_kernel, args, flags, delta)
+        return launch(kernel, delta_kernel, args, flags, delta, packed)
     monkeypatch.setattr(chunk_backward, "launch_state_pass", recording)
     tensors, h0, do, dht = kda_inputs(1, 70, 2, 80, 24, "paper", "uniform", True, True)
     out = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=True)

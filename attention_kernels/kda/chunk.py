@@ -327,27 +327,24 @@ class ChunkIntermediates(NamedTuple):
 def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool, state_dtype: torch.dtype,
                             output_final_state: bool = False, store_inverse: bool = False,
                             kept: tuple[torch.Tensor, torch.Tensor] | None = None, kept_computed: bool = False,
-                            gated_queries: torch.Tensor | None = None, packed=None) -> ChunkIntermediates:
+                            packed=None) -> ChunkIntermediates:
     """The forward's first five launches on contiguous, checked inputs: the gate pass (q and k normalised
     when l2norm), the scores, the solve, the state pass with the delta rule. The chunk-start states are kept
     in state_dtype: the input dtype for the forward's output product, `chunk_state_dtype` for the backward.
     store_inverse: the solve also writes its inverse X. kept: (Aqk, X), [B, T, H, CHUNK] in q's dtype, buffers
     the scores launch and the solve write (the training forward's, which keeps them), or, with kept_computed,
     which an earlier forward wrote (the backward's: no scores launch and no solve); None: allocated here.
-    gated_queries: like q, written by the gate pass with scale · q ⊙ e^b (q normalised first with l2norm), for
-    the delta rule's reverse state pass (`chunk_state_grad_pass`'s gated_queries). packed: packed sequences
-    (`packed_chunks`, B = 1; h0 and the final state one per sequence)."""
+    packed: packed sequences (`packed_chunks`, B = 1; h0 and the final state one per sequence)."""
     B, T, H, K = q.shape
     V, dev = v.shape[-1], q.device
     N = B if packed is None else packed.n_sequences
     b = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
     if l2norm:
         qn, kn = torch.empty_like(q), torch.empty_like(k)
-        chunk_local_cumsum(g, b, q=q, k=k, q_normed=qn, k_normed=kn, eps=L2NORM_EPS, q_gated=gated_queries,
-                           scale=scale, packed=packed)
+        chunk_local_cumsum(g, b, q=q, k=k, q_normed=qn, k_normed=kn, eps=L2NORM_EPS, packed=packed)
         q, k = qn, kn
     else:
-        chunk_local_cumsum(g, b, q=q, q_gated=gated_queries, scale=scale, packed=packed)
+        chunk_local_cumsum(g, b, packed=packed)
     if kept is not None:
         Aqk, inverse = kept
     else:     # the blocks above the diagonal stay unwritten

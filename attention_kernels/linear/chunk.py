@@ -153,8 +153,8 @@ def varlen(packed=None, offsets: bool = False) -> dict:
 def _chunk_local_cumsum_kernel(g, b, T, H, G: tl.constexpr, FLOOR: tl.constexpr,
                                BT: tl.constexpr, BG: tl.constexpr,
                                q=None, k=None, qn=None, kn=None, L2NORM: tl.constexpr = False,
-                               EPS: tl.constexpr = 0.0, qg=None, scale=1.0, GATED_Q: tl.constexpr = False,
-                               cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False):
+                               EPS: tl.constexpr = 0.0, cu_seqlens=None, chunk_indices=None,
+                               VARLEN: tl.constexpr = False):
     i_g, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     tok0, i_t, T = chunk_at(i_c, i_b, T, cu_seqlens, chunk_indices, VARLEN)
@@ -178,27 +178,16 @@ def _chunk_local_cumsum_kernel(g, b, T, H, G: tl.constexpr, FLOOR: tl.constexpr,
         tl.store(qn + p_g, b_qn, mask=m_g)
         tl.store(kn + p_g, (b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=1) + EPS)[:, None]).to(kn.dtype.element_ty),
                  mask=m_g)
-    if GATED_Q:
-        # the queries decayed from their chunk's start, scale · q ⊙ e^b (q
-        # normalised first with L2NORM), in q's dtype: rounded as the delta
-        # rule's reverse state pass would round them itself
-        if L2NORM:
-            b_qs = b_qn
-        else:
-            b_qs = tl.load(q + r_c * G + p_g, mask=m_g, other=0.0)
-        tl.store(qg + r_c * G + p_g, (b_qs * tl.exp(b_b) * scale).to(qg.dtype.element_ty), mask=m_g)
 
 
 def chunk_local_cumsum(g: torch.Tensor, b: torch.Tensor, *, q=None, k=None, q_normed=None, k_normed=None,
-                       eps: float = 0.0, q_gated=None, scale: float = 1.0, packed=None) -> None:
+                       eps: float = 0.0, packed=None) -> None:
     """b = the cumulative sum of the log gates g inside each chunk of CHUNK tokens, in fp32.
 
     g: [B, T, H, G] (G = K per-channel gates, or 1 for a gate per head), contiguous, any float
     dtype; b: fp32 [B, T, H, G], written. Gates below GATE_FLOOR count as GATE_FLOOR.
     With q, k (like g, G = K) and q_normed, k_normed (like q, written) given, the same pass also
-    writes q / sqrt(Σ q² + eps) and the same for k (KDA's use_qk_l2norm_in_kernel). With q and
-    q_gated (like q, written; G = K), it also writes scale · q ⊙ e^b, q normalised first when q_normed is
-    given: the queries as the delta rule's reverse state pass multiplies them (`gated_queries` there).
+    writes q / sqrt(Σ q² + eps) and the same for k (KDA's use_qk_l2norm_in_kernel).
     packed: the chunks of packed sequences (`packed_chunks`, B = 1), each sequence's starting at its first token.
 
         >>> b = torch.empty(gk.shape, dtype=torch.float32, device=gk.device)
@@ -208,11 +197,10 @@ def chunk_local_cumsum(g: torch.Tensor, b: torch.Tensor, *, q=None, k=None, q_no
     B, T, H, G = g.shape
     l2norm = {} if q_normed is None else dict(k=k, qn=q_normed, kn=k_normed, L2NORM=True, EPS=eps,
                                               num_warps=8 if G > 64 else 4)
-    gated = {} if q_gated is None else dict(qg=q_gated, scale=scale, GATED_Q=True)
     # the norm sums over every key channel: one program holds whole rows then
     BG = pow2_at_least_16(G) if l2norm else min(64, next_power_of_2(G))
     _chunk_local_cumsum_kernel[(cdiv(G, BG), n_chunks(T, packed), B * H)](
-        g, b, T, H, G, FLOOR=GATE_FLOOR, BT=CHUNK, BG=BG, q=q, **l2norm, **gated, **varlen(packed))
+        g, b, T, H, G, FLOOR=GATE_FLOOR, BT=CHUNK, BG=BG, q=q, **l2norm, **varlen(packed))
 
 
 # ------------------------------------------------------------------ 2. the inter-chunk state pass

@@ -235,18 +235,6 @@ _delta_state_grad_kernel = triton.autotune(configs=_DELTA_STATE_GRAD_CONFIGS, ke
 _DELTA_HALVES = True
 _DELTA_HALVES_CONFIG = (64, 4, 2)          # BV, num_warps, num_stages
 _DELTA_HALVES_SHARED_KB = 152              # what that config's kernel takes a block (ptxas, sm_90a)
-# An experiment, off (`_DELTA_GATED_QUERIES`): the halves' pass handed the queries already decayed and scaled,
-# scale · q ⊙ e^b in q's dtype, which the backward's gate pass writes beside b (`chunk_local_cumsum`'s
-# q_gated), as fla's KDA backward hands its reverse pass `qg`. The walk then loads no [BT, K] fp32 gates (a third
-# of its bytes a step) and takes no exponential; the gated queries cost one write and one read of q's size.
-# Timed by `scripts/tune_probe.py delta_state_grad` against the pass as launched.
-_DELTA_GATED_QUERIES = False
-# An experiment, off (`_DELTA_LOCAL_DU`): U's gradient has a share that needs no state, A_qkᵀ dO; computed for every
-# chunk at once before the walk (`_delta_state_grad_local_kernel`, into du), as fla's backward hands its reverse
-# pass the values' gradient from a parallel launch (`chunk_bwd_dv_local`). The halves' walk then reads that share
-# and adds K_g dS' instead of loading A_qk and multiplying: one product fewer a step on the sequential pass, for
-# one more launch that reads A_qk and dO and writes du once. Timed by `scripts/tune_probe.py delta_state_grad`.
-_DELTA_LOCAL_DU = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -263,12 +251,6 @@ def delta_walk_in_halves(K: int, device: torch.device) -> bool:
     return _DELTA_HALVES and 64 < K <= 128 and _shared_kb_per_block(device) >= _DELTA_HALVES_SHARED_KB
 
 
-def delta_walk_takes_gated_queries(K: int, device: torch.device) -> bool:
-    """Whether the delta rule's reverse state pass takes the gated queries (`gated_queries` of
-    `chunk_state_grad_pass`): the halves' pass only, with `_DELTA_GATED_QUERIES` on."""
-    return _DELTA_GATED_QUERIES and delta_walk_in_halves(K, device)
-
-
 @triton.jit
 def _key_half(x, r_c, o_c, m_t, o_k, m_k, H, K: tl.constexpr, TRANS: tl.constexpr):
     """Rows o_c of x [B, T, H, K] after the chunk's first row r_c (64-bit), key channels o_k: [BT, HALF], or
@@ -280,13 +262,11 @@ def _key_half(x, r_c, o_c, m_t, o_k, m_k, H, K: tl.constexpr, TRANS: tl.constexp
 
 
 @triton.jit
-def _gated_query_half(q, b, r_c, o_c, m_t, o_k, m_k, H, scale, K: tl.constexpr, GATED_Q: tl.constexpr):
-    """One half's queries decayed from their chunk's start and scaled, scale (Q ⊙ e^b)ᵀ [HALF, BT]: read as
-    they are (GATED_Q: q holds them, in its dtype) or formed from q and the gates b (fp32)."""
+def _gated_query_half(q, b, r_c, o_c, m_t, o_k, m_k, H, scale, K: tl.constexpr):
+    """One half's queries decayed from their chunk's start and scaled, scale (Q ⊙ e^b)ᵀ [HALF, BT], formed
+    from q and the gates b (fp32)."""
     b_qt = _key_half(q, r_c, o_c, m_t, o_k, m_k, H, K, True)
-    if not GATED_Q:
-        b_qt = b_qt * tl.exp(_key_half(b, r_c, o_c, m_t, o_k, m_k, H, K, True)) * scale   # every exponent <= 0
-    return b_qt
+    return b_qt * tl.exp(_key_half(b, r_c, o_c, m_t, o_k, m_k, H, K, True)) * scale   # every exponent <= 0
 
 
 @triton.jit
@@ -297,38 +277,14 @@ def _delta_half_step(b_dh, b_qt, b_gl, b_do, b_wt, b_du, DOT_PREC: tl.constexpr)
     return b_dh - tl.dot(b_wt, b_du.to(b_wt.dtype), input_precision=DOT_PREC)
 
 
-@triton.jit(do_not_specialize=["T", "H"])
-def _delta_state_grad_local_kernel(
-    Aqk, do, du, T, H, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-    cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False,
-):
-    # one program: one chunk of one (batch, head) (`chunk_at`), value columns [i_v·BV, ..): du = A_qkᵀ dO, the
-    # share of U's gradient that needs no state (A_qk read as stored, masked on and below the diagonal)
-    i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    tok0, i_t, T = chunk_at(i_c, i_b, T, cu_seqlens, chunk_indices, VARLEN)
-    o_c = tl.arange(0, BT)
-    m_t = i_t * BT + o_c < T
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_tv = m_t[:, None] & (o_v < V)[None, :]
-    r_c = chunk_row(0, tok0 + i_t * BT, i_h, T, H)
-    b_a = tl.load(Aqk + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :],
-                  mask=m_t[:, None] & (o_c[:, None] >= o_c[None, :]), other=0.0)
-    b_do = tl.load(do + r_c * V + (o_c[:, None] * H) * V + o_v[None, :], mask=m_tv, other=0.0)
-    b_du = tl.dot(tl.trans(b_a.to(b_do.dtype)), b_do, input_precision=DOT_PREC)
-    tl.store(du + r_c * V + (o_c[:, None] * H) * V + o_v[None, :], b_du.to(du.dtype.element_ty), mask=m_tv)
-
-
 @triton.jit(do_not_specialize=["T", "H", "NT"])
 def _delta_state_grad_halves_kernel(
     q, do, b, dh, dht, dh0, scale, Aqk, kg, w, du, T, H, NT,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HALF: tl.constexpr, BV: tl.constexpr,
-    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr, GATED_Q: tl.constexpr = False,
-    LOCAL_DU: tl.constexpr = False, cu_seqlens=None, chunk_offsets=None, VARLEN: tl.constexpr = False,
+    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
+    cu_seqlens=None, chunk_offsets=None, VARLEN: tl.constexpr = False,
 ):
-    # one program: value columns [i_v·BV, ..) of one (sequence, head), all K key rows as two halves of HALF;
-    # with GATED_Q, q holds scale · q ⊙ e^b (`chunk_local_cumsum`'s q_gated) and b is read for the chunks' last
-    # rows only; with LOCAL_DU, du holds A_qkᵀ dO already (`_delta_state_grad_local_kernel`)
+    # one program: value columns [i_v·BV, ..) of one (sequence, head), all K key rows as two halves of HALF
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     tok0, T, slot0 = sequence_at(i_b, T, NT, cu_seqlens, chunk_offsets, VARLEN)
@@ -361,22 +317,18 @@ def _delta_state_grad_halves_kernel(
         # dU = A_qkᵀ dO + K_g dS' (A_qk read as stored, masked on and below the diagonal), written for the rest
         # of the backward
         m_tv = m_t[:, None] & m_v[None, :]
-        p_du = du + r_c * V + (o_c[:, None] * H) * V + o_v[None, :]
         b_do = tl.load(do + r_c * V + (o_c[:, None] * H) * V + o_v[None, :], mask=m_tv, other=0.0)
-        if LOCAL_DU:
-            b_du = tl.load(p_du, mask=m_tv, other=0.0).to(tl.float32)
-        else:
-            b_a = tl.load(Aqk + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :],
-                          mask=m_t[:, None] & (o_c[:, None] >= o_c[None, :]), other=0.0)
-            b_du = tl.dot(tl.trans(b_a.to(b_do.dtype)), b_do, input_precision=DOT_PREC)
+        b_a = tl.load(Aqk + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :],
+                      mask=m_t[:, None] & (o_c[:, None] >= o_c[None, :]), other=0.0)
         b_kg1 = _key_half(kg, r_c, o_c, m_t, o_k1, m_k1, H, K, False)
         b_kg2 = _key_half(kg, r_c, o_c, m_t, o_k2, m_k2, H, K, False)
-        b_du = b_du + tl.dot(b_kg1, b_dh1.to(b_kg1.dtype), input_precision=DOT_PREC) \
+        b_du = tl.dot(tl.trans(b_a.to(b_do.dtype)), b_do, input_precision=DOT_PREC) \
+            + tl.dot(b_kg1, b_dh1.to(b_kg1.dtype), input_precision=DOT_PREC) \
             + tl.dot(b_kg2, b_dh2.to(b_kg2.dtype), input_precision=DOT_PREC)
-        tl.store(p_du, b_du.to(du.dtype.element_ty), mask=m_tv)
-        b_dh1 = _delta_half_step(b_dh1, _gated_query_half(q, b, r_c, o_c, m_t, o_k1, m_k1, H, scale, K, GATED_Q),
+        tl.store(du + r_c * V + (o_c[:, None] * H) * V + o_v[None, :], b_du.to(du.dtype.element_ty), mask=m_tv)
+        b_dh1 = _delta_half_step(b_dh1, _gated_query_half(q, b, r_c, o_c, m_t, o_k1, m_k1, H, scale, K),
                                  b_gl1, b_do, _key_half(w, r_c, o_c, m_t, o_k1, m_k1, H, K, True), b_du, DOT_PREC)
-        b_dh2 = _delta_half_step(b_dh2, _gated_query_half(q, b, r_c, o_c, m_t, o_k2, m_k2, H, scale, K, GATED_Q),
+        b_dh2 = _delta_half_step(b_dh2, _gated_query_half(q, b, r_c, o_c, m_t, o_k2, m_k2, H, scale, K),
                                  b_gl2, b_do, _key_half(w, r_c, o_c, m_t, o_k2, m_k2, H, K, True), b_du, DOT_PREC)
     if STORE_DH0:
         tl.store(dh0 + i_bh.to(tl.int64) * K * V + p_h1, b_dh1, mask=m_h1)
@@ -384,8 +336,7 @@ def _delta_state_grad_halves_kernel(
 
 
 def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *, gamma=None,
-                          Aqk=None, kg=None, w=None, du=None, group_size: int = 1, gated_queries=None,
-                          packed=None) -> None:
+                          Aqk=None, kg=None, w=None, du=None, group_size: int = 1, packed=None) -> None:
     """The gradient of the state at the end of every chunk, walking the
     chunks backward from dht (the final state's gradient), and at the start
     of the first (dh0): the backward's only sequential pass.
@@ -410,9 +361,7 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
     (the keys decayed to their chunk's end, and W) and du [B, T, H, V] given:
     each chunk added K_gᵀ U, U = W' - W S, and du receives U's gradient A_qkᵀ
     dO + K_g dS' (in its dtype); q and b are then the normalised queries and
-    KDA's gates. gated_queries: scale · q ⊙ e^b in q's dtype
-    (`chunk_local_cumsum`'s q_gated), taken in place of q and b's rows where
-    `delta_walk_takes_gated_queries(K)`, refused elsewhere.
+    KDA's gates.
 
     group_size: heads sharing one query row, q [B, T, H / group_size, K]
     (Mamba-2's C, one per group of heads; not with the delta rule).
@@ -428,22 +377,14 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
     if any(t is None for t in delta) != all(t is None for t in delta):
         raise ValueError("chunk_state_grad_pass takes Aqk, kg, w and du together (the delta rule) or none")
     K, V = q.shape[-1], do.shape[-1]
-    if gated_queries is not None and (Aqk is None or not delta_walk_takes_gated_queries(K, q.device)):
-        raise ValueError("gated_queries is taken by the delta rule's pass in key halves only "
-                         "(delta_walk_takes_gated_queries)")
     if Aqk is not None and delta_walk_in_halves(K, q.device):
         B, T, H = do.shape[:3]
         BV, warps, stages = on_machine(gpu=_DELTA_HALVES_CONFIG, interpreter=(16, 4, 1))
         N = B if packed is None else packed.n_sequences
-        if _DELTA_LOCAL_DU:
-            BV_local = min(128, pow2_at_least_16(V))
-            _delta_state_grad_local_kernel[(cdiv(V, BV_local), n_chunks(T, packed), B * H)](
-                Aqk, do, du, T, H, V, BT=CHUNK, BV=BV_local, DOT_PREC=dot_precision(q.dtype), **varlen(packed))
         _delta_state_grad_halves_kernel[(cdiv(V, BV), N * H)](
-            q if gated_queries is None else gated_queries, do, b, dstates, dht, dh0, scale, Aqk, kg, w, du, T, H,
-            n_chunks(T, packed), K, V, BT=CHUNK, HALF=64, BV=BV, USE_DHT=dht is not None,
-            STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype), GATED_Q=gated_queries is not None,
-            LOCAL_DU=_DELTA_LOCAL_DU, **varlen(packed, offsets=True), num_warps=warps, num_stages=stages)
+            q, do, b, dstates, dht, dh0, scale, Aqk, kg, w, du, T, H, n_chunks(T, packed), K, V, BT=CHUNK, HALF=64,
+            BV=BV, USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
+            **varlen(packed, offsets=True), num_warps=warps, num_stages=stages)
         return
     args = (q, do, b, dstates, dht, dh0, scale)
     flags = dict(BT=CHUNK, USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
