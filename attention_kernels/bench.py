@@ -215,8 +215,10 @@ class Benchmark:
         """The table `<name>_graph`: this one's cases at B = 1 up to max_T tokens, for the named providers, replayed
         from a CUDA graph. A short prompt is a few launches of little work each; a single call's time there can
         hold the host's share, the replay's is the GPU's alone."""
-        return dataclasses.replace(self, name=f"{self.name}_graph", timer="graph",
-                                   cases=[c for c in self.cases if c["B"] == 1 and c["T"] <= max_T],
+        cases = [c for c in self.cases if c["B"] == 1 and c["T"] <= max_T]
+        if not cases:
+            raise ValueError(f"{self.name} has no case at B = 1 up to T = {max_T} to replay")
+        return dataclasses.replace(self, name=f"{self.name}_graph", timer="graph", cases=cases,
                                    providers={p: self.providers[p] for p in providers})
 
 

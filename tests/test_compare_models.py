@@ -126,6 +126,12 @@ def test_a_decode_step_against_the_context():
     assert crossings.loc[kda, (64, models.layer_label("MLA"))] == "≈ 20K"
     slow = _context_table().assign(ms=lambda d: d["ms"].where(d["layer"] != "KDA", 10.0))
     assert time_crossovers(slow).loc[kda, (64, models.layer_label("MLA"))] == "> 64K"
+    # a layer with no time at a batch: no crossing is claimed there
+    import pandas as pd
+    other_batch = pd.concat([_context_table(), pd.DataFrame([("GQA", 1, 4096, 0.02)], columns=["layer", "B", "T", "ms"])])
+    crossings = time_crossovers(other_batch)
+    assert crossings.loc[kda, (1, models.layer_label("GQA"))] == "not timed"      # KDA untimed at B = 1
+    assert crossings.loc[kda, (1, models.layer_label("MLA"))] == "not timed"      # MLA untimed at B = 1
 
 
 def test_the_step_figure_waits_for_its_table():

@@ -330,6 +330,24 @@ def test_a_table_that_measures_names_no_timer():
         _benchmark(lambda case: None, measure=lambda fn: {"peak_gib": 1.0})
 
 
+def test_a_replayed_table_is_its_short_prompts_from_a_cuda_graph():
+    from attention_kernels.gla import bench as gla_bench
+    from attention_kernels.kda import bench as kda_bench
+    from attention_kernels.lightning import bench as lightning_bench
+    from attention_kernels.mamba2 import bench as mamba2_bench
+    for family in (gla_bench, lightning_bench, kda_bench, mamba2_bench):
+        replayed, single = family.PREFILL_GRAPH, family.PREFILL
+        assert replayed.name == f"{single.name}_graph" and replayed.timer == "graph"
+        assert replayed.cases == [c for c in single.cases if c["B"] == 1 and c["T"] <= 4096] and replayed.cases
+        assert all(replayed.providers[p] is single.providers[p] for p in replayed.providers)
+        assert replayed in family.BENCHMARKS and replayed.module == single.module
+    two = bench.Benchmark("t", [{"B": 8, "T": 1024}, {"B": 1, "T": 8192}], {"book": lambda c: None, "peer": None},
+                          flops=lambda c: 1, bytes_moved=lambda c: 1, timer="flushed", module=__name__)
+    with pytest.raises(ValueError, match="no case at B = 1 up to T = 4096"):
+        two.replayed(["book"])
+    assert list(two.replayed(["book"], max_T=8192).providers) == ["book"]
+
+
 def test_peak_memory_measures_the_second_call_beyond_what_was_there(monkeypatch):
     """`peak_memory` with the allocator's counters stood in for: the first call (compiling, with a scratch peak
     of its own) is left out, what was allocated before the measured call is the inputs, the rest is extra."""

@@ -17,9 +17,9 @@ providers and charged the families' own counted work.
 Cases: layer (its kind), B, T, H (query heads), D (head width: 576 for MLA's latent key, headdim for
 Mamba-2); each layer's other numbers (KV heads, dstate, groups) come from its `Layer`. Providers: "book"
 (the family's kernel), and the strongest peer each family's chapter measured ("SDPA flash", "FlashMLA",
-"fla", "mamba_ssm"), "n/a" on the layers it does not run; the GQA rows of PREFILL and TRAIN also time
-"SDPA cuDNN", "FlexAttention" and "FA4" (the FlashAttention chapter's providers of those names, the last two
-where installed). A committed table written before a provider was declared has no rows for it: `run` loads it
+"fla", "mamba_ssm"), "n/a" on the layers it does not run; the GQA rows of PREFILL also time "SDPA cuDNN",
+"FlexAttention" and "FA4" (the FlashAttention chapter's providers of those names, the last two where installed),
+and those of TRAIN "SDPA cuDNN" and "FA4" instead of "SDPA flash". A committed table written before a provider was declared has no rows for it: `run` loads it
 as it is, and the chapter's tables show the providers it holds.
 """
 from __future__ import annotations
@@ -225,9 +225,9 @@ TRAIN_BYTES = {"GQA": _gqa_train_bytes, "GLA": costs.train_bytes(4), "Lightning"
 TRAIN_BOOK = {"GQA": _gqa_train("bthd", _book_gqa), "GLA": gla_bench.TRAIN.providers["book: chunk"],
               "Lightning": lightning_bench.TRAIN.providers["book: chunk"], "KDA": _kda_train(lambda: chunk_kda),
               "Mamba-2": mamba2_bench.TRAIN.providers["book: chunk 64"]}
-# Softmax's training rows take its two strongest peers only: cuDNN (the FlashAttention chapter's strongest
-# measured one) and FA4 where installed. SDPA flash and FlexAttention are that chapter's to time: FlexAttention's
-# backward compiles for minutes, and a sweep of this table must fit one device call.
+# Softmax's training rows take cuDNN (the FlashAttention chapter's strongest measured peer) and FA4 where it is
+# installed. SDPA flash and FlexAttention are that chapter's to time: FlexAttention's backward compiles for
+# minutes, which would be most of this table's sweep.
 TRAIN_PEERS = {
     "SDPA cuDNN": {"GQA": _gqa_train("bhtd", _sdpa_gqa("cuDNN"))},
     "FA4": {"GQA": _gqa_train("bthd", fa_bench.fa4_forward)},

@@ -30,22 +30,22 @@ CONTEXTS = (16384, 65536)
 BATCHES = (1, 64)
 
 
+def _reads_a_cache(kind: str) -> bool:
+    """Whether a layer kind's decode step reads a cache that grows with the context (GQA, MLA)."""
+    return bool(models.LAYERS[kind].cache_bytes_per_token())
+
+
 def layer_times(decode: pd.DataFrame, B: int, T: int) -> dict[str, float]:
     """kind -> the fastest provider's ms for one step at batch B (cache layers at context T, fixed-state
     layers at whatever context they were timed); kinds without a timed row are left out."""
     timed = decode[decode["ms"].notna() & (decode["B"] == B)]
     times = {}
     for kind, rows in timed.groupby("layer"):
-        if kind in ("GQA", "MLA"):
+        if _reads_a_cache(kind):
             rows = rows[rows["T"] == T]
         if len(rows):
             times[kind] = float(rows["ms"].min())
     return times
-
-
-def _reads_a_cache(kind: str) -> bool:
-    """Whether a layer kind's decode step reads a cache that grows with the context (GQA, MLA)."""
-    return bool(models.LAYERS[kind].cache_bytes_per_token())
 
 
 def step_against_context(decode: pd.DataFrame) -> pd.DataFrame:
@@ -58,16 +58,19 @@ def step_against_context(decode: pd.DataFrame) -> pd.DataFrame:
     rows = {(int(B), int(T)): {kind: ms * 1000 for kind, ms in layer_times(decode, B, T).items()}
             for B in batches for T in contexts}
     table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index = table.index.set_names(["B", "T"])
+    table.index = pd.MultiIndex.from_tuples(list(rows), names=["B", "T"])
     return table
 
 
 def _crossing(times: pd.Series, fixed: float) -> str:
     """Where a cache layer's step times (µs, indexed by context) pass `fixed`, on log-log axes between the two
-    measured contexts around it; below the shortest or past the longest context timed, a bound."""
+    measured contexts around it; below the shortest or past the longest context timed, a bound; "not timed"
+    where either side has no time at this batch."""
     from ..plot import size_label
 
     times = times.dropna()
+    if times.empty or math.isnan(fixed):
+        return "not timed"
     T, t = times.index.to_numpy(float), times.to_numpy(float)
     if t[0] >= fixed:
         return f"< {size_label(T[0])}"
@@ -82,7 +85,7 @@ def time_crossovers(decode: pd.DataFrame) -> pd.DataFrame:
     """The context at which each cache layer's decode step (columns, per batch) becomes slower than each
     fixed-state layer's (rows), from `step_against_context`: "≈ 9K" interpolated between two measured contexts,
     "< 4K" where the cache layer is already slower at the shortest context timed, "> 64K" where it is still
-    faster at the longest."""
+    faster at the longest, "not timed" where either layer has no time at that batch."""
     steps = step_against_context(decode)
     caches = [k for k in steps if _reads_a_cache(k)]
     states = [k for k in steps if not _reads_a_cache(k)]
@@ -121,8 +124,11 @@ def plot_step_against_context(decode: pd.DataFrame):
             ax.set_ylabel("µs per step")
             ax.set_title(f"B = {B}", loc="left")
         axes[-1].set_xlabel("context length T (tokens)")
-        handles, labels = axes[0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=8)
+        entries = {}
+        for ax in axes:     # every kind once, whichever panel drew it
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                entries.setdefault(label, handle)
+        fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=2, fontsize=8)
         fig.suptitle(figure_title("One decode step of one layer, the fastest kernel of each kind",
                                   decode.attrs.get("meta", {}).get("gpu", "")), fontsize=11)
         plt.close(fig)  # shown once, as the cell's value

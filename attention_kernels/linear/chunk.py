@@ -122,8 +122,8 @@ def chunk_at(i_c, i_b, T, cu_seqlens, chunk_indices, VARLEN: tl.constexpr):
 @triton.jit
 def sequence_at(i_b, T, NT, cu_seqlens, chunk_offsets, VARLEN: tl.constexpr):
     """Where a program that walks sequence i_b's chunks works: (its first token among the B·T tokens, its length,
-    its first chunk among all sequences' chunks, the slot of its first state). Packed (VARLEN): sequence i_b
-    of cu_seqlens, its chunks from chunk_offsets[i_b] on."""
+    the slot of its first chunk's state: that chunk's place among all sequences' chunks). Packed (VARLEN):
+    sequence i_b of cu_seqlens, its chunks from chunk_offsets[i_b] on."""
     if VARLEN:
         tok0 = tl.load(cu_seqlens + i_b)
         return tok0, tl.load(cu_seqlens + i_b + 1) - tok0, tl.load(chunk_offsets + i_b)

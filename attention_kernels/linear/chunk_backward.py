@@ -428,7 +428,7 @@ def _chunk_dv_kernel(
     m_t = o_t < T
     t_last = tl.minimum(i_t * BT + BT, T) - 1
     m_lo = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
-    p_dhc = dh + chunk_state_base(i_b, i_c, i_h, NT, H, K, V)
+    p_dhc = dh + chunk_state_base(i_b, i_c, i_h, NT, H, K, V)   # packed: B = 1, chunk program i_c is the slot
     r_c = chunk_row(0, t0, i_h, T, H)                   # 64-bit; the tokens' rows r_c + o_c·H
 
     if G == 1:
@@ -715,9 +715,8 @@ def _chunk_dqk_intra_kernel(
 
 
 @triton.jit
-def inter_chunk_products(v, do, h, dh, s_c, r_c, o_c, m_t, o_k, m_k, H, K: tl.constexpr, V: tl.constexpr,
-                         BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE_GRAD: tl.constexpr,
-                         DOT_PREC: tl.constexpr):
+def inter_chunk_products(v, do, h, dh, s_c, r_c, o_c, m_t, o_k, m_k, H, V: tl.constexpr, BT: tl.constexpr,
+                         BK: tl.constexpr, BV: tl.constexpr, GATE_GRAD: tl.constexpr, DOT_PREC: tl.constexpr):
     """For one chunk of one head, whose state and state gradient start at s_c in h and dh ([B, NT, H, K, V],
     `chunk_state_base`) and whose first token's row is r_c (`chunk_row`), and the key columns o_k: dO S^T and
     V dS'^T ([BT, BK], fp32), over the value dim in tiles, and rowsum(S ⊙ dS') ([BK], for the gate; zeros
@@ -821,7 +820,7 @@ def _chunk_dqk_kernel(
     # columns [i_k·BK, (i_k+1)·BK)
     i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    s_tile = T * tl.num_programs(2)                     # a key tile's share of dg per head: [B, T, H] (G = 1)
+    s_tile = T * tl.num_programs(2)     # the stride between key tiles' [B, T, H] shares of dg (G = 1), whole T
     tok0, i_t, T = chunk_at(i_c, i_b, T, cu_seqlens, chunk_indices, VARLEN)
     o_c = tl.arange(0, BT)
     o_t = i_t * BT + o_c
@@ -835,8 +834,9 @@ def _chunk_dqk_kernel(
     q, k, dq, dk = q + r_c * K, k + r_c * K, dq + r_c * K, dk + r_c * K
     b_q = tl.load(q + p_x, mask=m_tk, other=0.0)
     b_k = tl.load(k + p_x, mask=m_tk, other=0.0)
+    # the chunk's state: (batch row i_b, chunk i_c) dense; packed, B = 1 and chunk program i_c is its slot
     b_dos, b_vdh, b_hdh = inter_chunk_products(v, do, h, dh, chunk_state_base(i_b, i_c, i_h, NT, H, K, V), r_c,
-                                               o_c, m_t, o_k, m_k, H, K, V, BT, BK, BV, GATE_GRAD, DOT_PREC)
+                                               o_c, m_t, o_k, m_k, H, V, BT, BK, BV, GATE_GRAD, DOT_PREC)
 
     if GAMMA or G == 1:
         b_dq, b_dk, b_dg = one_decay_dqk(b_q, b_k, b_dos, b_vdh, b_hdh, dA, b, gk, gamma, scale, r_c, tok0, i_h,

@@ -14,7 +14,7 @@ chunks start at its first token, wherever that falls in the packed row. Two ways
   per sequence, which many short sequences feel.
 
 Both wait for the GPU before the first launch (the host read), so a packed call cannot be captured in a CUDA
-graph.
+graph; a packed training step reads the offsets twice, in its forward and in its backward.
 """
 from __future__ import annotations
 

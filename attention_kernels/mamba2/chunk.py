@@ -645,7 +645,7 @@ def _ssd_dqk_kernel(
         p_th, b_dt, b_gc = _head_scalars(dt, b, i_b, i_h, o_t, m_t, T, H)
         b_gl = tl.load(b + (i_b * H + i_h) * T + t_last)
         b_dos, b_vdh, b_hdh = inter_chunk_products(x, do, h, dh, chunk_state_base(i_b, i_t, i_h, NT, H, N, P),
-                                                   chunk_row(i_b, i_t * BT, i_h, T, H), o_c, m_t, o_k, m_k, H, N, P,
+                                                   chunk_row(i_b, i_t * BT, i_h, T, H), o_c, m_t, o_k, m_k, H, P,
                                                    BT, BK, BV, True, DOT_PREC)
         b_dq_inter = b_dos * tl.exp(b_gc)[:, None]
         b_dk_inter = b_vdh * tl.exp(tl.where(m_t, b_gl - b_gc, 0.0))[:, None]
