@@ -1,6 +1,8 @@
-"""The template family's benchmark declaration: one decode step, replayed from a CUDA graph.
+"""The template family's benchmark declaration: one decode step, replayed
+from a CUDA graph.
 
-Cases: B, H, D with K = V = D (a step has no T). The shared harness (attention_kernels.bench) times it.
+Cases: B, H, D with K = V = D (a step has no T). The shared harness
+(attention_kernels.bench) times it.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The template family's tests (a family's tests/test_<family>.py): the kernel against the reference at a
-shape that is not a block multiple, and one bad input refused by name before any launch."""
+"""The template family's tests (a family's tests/test_<family>.py): the
+kernel against the reference at a shape that is not a block multiple, and one
+bad input refused by name before any launch."""
 import pytest
 import torch
 

@@ -1,8 +1,10 @@
-"""Fused recurrent linear attention: the recurrence in one Triton kernel, state kept in registers.
+"""Fused recurrent linear attention: the recurrence in one Triton kernel,
+state kept in registers.
 
-One program owns one (batch, head, V-tile): it loads the [K, BV] fp32 state tile once, walks the T
-tokens in order (rank-1 update, read-out) and writes the state back once. The step's tiles and its
-launch are the linear families' shared ones (`attention_kernels.linear.recurrent`).
+One program owns one (batch, head, V-tile): it loads the [K, BV] fp32 state
+tile once, walks the T tokens in order (rank-1 update, read-out) and writes
+the state back once. The step's tiles and its launch are the linear
+families' shared ones (`attention_kernels.linear.recurrent`).
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ def _fused_recurrent_linear_kernel(
     H0_AT_SLOTS: tl.constexpr, HT_AT_SLOTS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr,
 ):
-    # BM covers the whole key dim (padded), BN is this program's slice of value columns
+    # BM covers the whole key dim (padded), BN is this program's slice of
+    # value columns
     i_h, o_k, o_v, m_k, m_v, p_h, base_k, base_v = program_tile(T, H, K, V, BM, BN)
     m_h = m_k[:, None] & m_v[None, :]
     b_h = state_tile(h0, slots, p_h, m_h, H, K, V, USE_H0, H0_AT_SLOTS, BM, BN)
@@ -32,10 +35,11 @@ def _fused_recurrent_linear_kernel(
 
 
 def fused_recurrent_fwd(q, k, v, o, scale: float, initial_state=None, final_state=None) -> None:
-    """Launch the kernel, one program per (V-tile, batch·head), with the shared step's tiles.
+    """Launch the kernel, one program per (V-tile, batch·head), with the
+    shared step's tiles.
 
-    q, k: [B, T, H, K]; v, o: [B, T, H, V] (o written); initial_state (read) and final_state (written):
-    fp32 [B, H, K, V] or None. All contiguous.
+    q, k: [B, T, H, K]; v, o: [B, T, H, V] (o written); initial_state (read)
+    and final_state (written): fp32 [B, H, K, V] or None. All contiguous.
     """
     launch_step(_fused_recurrent_linear_kernel, "template step", (q, k, v), o, scale, initial_state, final_state)
 

@@ -1,10 +1,12 @@
-"""The template family's reference in plain PyTorch: the recurrence as published, one token at a time.
+"""The template family's reference in plain PyTorch: the recurrence as
+published, one token at a time.
 
     S_t = S_{t-1} + k_t v_t^T        (S: [K, V] per head)
     o_t = S_t^T (q_t · scale)
 
-It runs on any device and takes fp16, bf16, fp32 and fp64; the math is fp32, or fp64 when any input is
-fp64 (then it serves as the high-precision reference).
+It runs on any device and takes fp16, bf16, fp32 and fp64; the math is fp32,
+or fp64 when any input is fp64 (then it serves as the high-precision
+reference).
 """
 from __future__ import annotations
 
@@ -16,13 +18,15 @@ from ..linear.inputs import check_linear_inputs
 def linear_attention_ref(q, k, v, scale=None, initial_state=None, output_final_state=False):
     """Plain linear attention, token by token.
 
-    q, k: [B, T, H, K]; v: [B, T, H, V]; one float dtype. scale defaults to K ** -0.5.
-    initial_state: [B, H, K, V] fp32 (or fp64) or None (zeros). Returns (o [B, T, H, V] in v's dtype,
-    the final state [B, H, K, V] in the math dtype when output_final_state, else None).
+    q, k: [B, T, H, K]; v: [B, T, H, V]; one float dtype. scale defaults to
+    K ** -0.5. initial_state: [B, H, K, V] fp32 (or fp64) or None (zeros).
+    Returns (o [B, T, H, V] in v's dtype, the final state [B, H, K, V] in the
+    math dtype when output_final_state, else None).
 
         >>> q, k, v = torch.randn(3, 1, 8, 2, 16).unbind(0)
         >>> o, S = linear_attention_ref(q, k, v, output_final_state=True)
-        >>> o.shape, S.shape     # (torch.Size([1, 8, 2, 16]), torch.Size([1, 2, 16, 16]))
+        >>> o.shape, S.shape
+        (torch.Size([1, 8, 2, 16]), torch.Size([1, 2, 16, 16]))
     """
     B, T, H, K, V, scale = check_linear_inputs(q, k, v, {}, scale, initial_state, output_final_state,
                                                kernel=False)
