@@ -54,7 +54,7 @@ def step_against_context(decode: pd.DataFrame) -> pd.DataFrame:
     fixed-state layer's one time at every context (its step does not read the context). Rows (B, T)."""
     timed = decode[decode["ms"].notna()]
     contexts = sorted(timed.loc[timed["layer"].map(_reads_a_cache), "T"].unique())
-    batches = sorted(decode.loc[decode["ms"].notna(), "B"].unique())
+    batches = sorted(timed["B"].unique())
     rows = {(int(B), int(T)): {kind: ms * 1000 for kind, ms in layer_times(decode, B, T).items()}
             for B in batches for T in contexts}
     table = pd.DataFrame.from_dict(rows, orient="index")
@@ -87,13 +87,12 @@ def time_crossovers(decode: pd.DataFrame) -> pd.DataFrame:
     "< 4K" where the cache layer is already slower at the shortest context timed, "> 64K" where it is still
     faster at the longest, "not timed" where either layer has no time at that batch."""
     steps = step_against_context(decode)
-    caches = [k for k in steps if _reads_a_cache(k)]
+    pairs = [(B, c) for B in steps.index.unique("B") for c in steps if _reads_a_cache(c)]
     states = [k for k in steps if not _reads_a_cache(k)]
-    columns = pd.MultiIndex.from_tuples([(B, models.layer_label(c)) for B in steps.index.unique("B") for c in caches],
-                                        names=["B", "cache slower than the state from T ="])
-    return pd.DataFrame([[_crossing(steps.loc[B, c], steps.loc[B, s].iloc[0]) for B, c in
-                          ((B, c) for B in steps.index.unique("B") for c in caches)] for s in states],
-                        index=pd.Index([models.layer_label(s) for s in states], name="fixed state"), columns=columns)
+    return pd.DataFrame([[_crossing(steps.loc[B, c], steps.loc[B, s].iloc[0]) for B, c in pairs] for s in states],
+                        index=pd.Index([models.layer_label(s) for s in states], name="fixed state"),
+                        columns=pd.MultiIndex.from_tuples([(B, models.layer_label(c)) for B, c in pairs],
+                                                          names=["B", "cache slower than the state from T ="]))
 
 
 def plot_step_against_context(decode: pd.DataFrame):
