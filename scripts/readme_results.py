@@ -124,6 +124,21 @@ def _graph_decode(family, peer, heads=32, **extra):
         peer_us=Number(table, peer, "us", {**where, "B": 64}, digits=1))
 
 
+def _graph_prefill(family, peer, book="book: chunk"):
+    """A family's prefill GPU-time row numbers: B=1 up to 4K replayed from a CUDA graph, the book's and the
+    peer's times and the speed-up at each length."""
+    table = f"{family}_prefill_graph"
+    return dict(ms=Number(table, book, "ms", {}, digits=3, join=" / "),
+                peer_ms=Number(table, peer, "ms", {}, digits=3, join=" / "),
+                speedup=Number(table, book, "speedup", {}, peer, join=" / "))
+
+
+def _prefill_gpu_time_row(name, shape, family, peer, peer_name, book="book: chunk"):
+    return Row(f"{name} prefill, GPU time", f"{shape}, CUDA graph",
+               "{ms} ms; {speedup}× the speed of " + peer_name, f"{peer_name} " + "({peer_ms} ms)",
+               _graph_prefill(family, peer, book))
+
+
 ROWS = [
     Row("FlashAttention-2 forward", "B=1, H=32, D=128, T=4K–32K",
         "{tflops} TFLOP/s, {flash}× the speed of SDPA flash",
@@ -193,6 +208,7 @@ ROWS = [
         "{us} µs, {pct} % of the copy bandwidth at B=64; {speedup}× fla",
         "fla `fused_recurrent_gla` {peer_us} µs at B=64",
         _graph_decode("gla", "fla fused_recurrent_gla")),
+    _prefill_gpu_time_row("GLA", "B=1, H=32, D=128, T=1K / 2K / 4K", "gla", "fla chunk_gla", "fla `chunk_gla`"),
     Row("GLA prefill", "B=1, H=32, D=128, T=1K–16K",
         "{ms} ms at 8K / 16K, {long}× the speed of fla, where both are bound by their GPU work; at T=1K–4K fla's "
         "call is bound by its host-side work (its 2K and 4K calls are slower than its 8K call), and the "
@@ -212,6 +228,8 @@ ROWS = [
         "{us} µs, {pct} % of the copy bandwidth at B=64; {speedup}× fla",
         "fla `fused_recurrent_simple_gla`",
         _graph_decode("lightning", "fla fused_recurrent_simple_gla")),
+    _prefill_gpu_time_row("Lightning", "B=1, H=32, D=128, T=1K / 2K / 4K", "lightning", "fla chunk_simple_gla",
+                          "fla `chunk_simple_gla`"),
     Row("Lightning prefill", "B=1, H=32, D=128, T=1K–16K",
         "{ms} ms at 8K / 16K, {long}× fla ({peer_ms} ms); at T=1K–4K {short_ms} ms, where fla's call is "
         "bound by its host time ({peer_short_ms} ms at each of these lengths)",
@@ -231,6 +249,7 @@ ROWS = [
         "{us} µs, {pct} % of the copy bandwidth at B=64; {speedup}× fla",
         "fla `fused_recurrent_kda`",
         _graph_decode("kda", "fla fused_recurrent_kda")),
+    _prefill_gpu_time_row("KDA", "B=1, H=32, D=128, T=1K / 4K", "kda", "fla chunk_kda", "fla `chunk_kda`"),
     Row("KDA prefill", "B=1, H=32, D=128, T=1K / 4K / 16K",
         "{ms} ms, against fla's {peer_ms} ms, which are bound by its host-side work at 1K and 4K",
         "fla `chunk_kda`",
@@ -245,6 +264,9 @@ ROWS = [
         "mamba_ssm `selective_state_update` (Triton)",
         dict(_graph_decode("mamba2", "mamba_ssm selective_state_update", heads=80),
              pct64=Number("mamba2_decode_graph", "book", "pct_roofline", {"H": 64, "B": 64}, digits=0))),
+    _prefill_gpu_time_row("Mamba-2", "80 heads × 64, dstate 128, B=1, T=1K / 2K / 4K, z handed to the scan",
+                          "mamba2", "mamba_ssm", "mamba_ssm `mamba_chunk_scan_combined`",
+                          book="book: SSD chunk scan"),
     Row("Mamba-2 prefill, as a layer calls it", "80 heads × 64, dstate 128, B=1 and 8, T=4K / 16K; the scan "
         "with z=None, then the gated RMSNorm",
         "B=8: {b8}× mamba_ssm ({ms} against {peer_ms} ms at T=16K); B=1: {b1}× (at T=4K mamba_ssm's call "

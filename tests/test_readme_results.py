@@ -31,7 +31,7 @@ def test_a_changed_time_changes_the_table():
 
     honest, changed = readme_results.render(), readme_results.render(tampered)
     assert honest != changed
-    gla = next(line for line in changed.splitlines() if line.startswith("| GLA prefill"))
+    gla = next(line for line in changed.splitlines() if line.startswith("| GLA prefill |"))
     assert "1.475 / 1.948 ms" in gla
 
 
