@@ -316,6 +316,17 @@ def kda_backward() -> list:
                "q, b, K_g, W and A_qk re-read per value tile; 256 dependent steps",
                configs=[({"BV": bv}, warps, stages) for bv, warps, stages in
                         (lbw._DELTA_HALVES_CONFIG, (32, 4, 2), (32, 4, 1), (64, 8, 1))]),
+        Launch("delta rule's reverse state pass, key halves, A_qk row-masked (`_DELTA_AQK_ROW_MASK`)",
+               lbw._delta_state_grad_halves_kernel,
+               dict(q="*bf16", do="*bf16", b="*fp32", dh=STATE_PTR, dht="*fp32", dh0="*fp32", scale="fp32",
+                    Aqk="*bf16", kg="*bf16", w="*bf16", du="*fp32", T="i32", H="i32", NT="i32"),
+               dict(K=K, V=V, BT=L, HALF=64, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32", AQK_ROW_MASK=True),
+               H * V // lbw._DELTA_HALVES_CONFIG[0], f"{NT} chunks",
+               (V // lbw._DELTA_HALVES_CONFIG[0]) * (3 * thk * bf + thk * f4 + thl * bf) + thv * bf,
+               states * sb + thv * f4, NT * H * (2 * 2 * L * L * V + 3 * 2 * L * K * V) / 1e9, "bf16 TC",
+               "the experiment: A_qk's tile under its rows' mask, its upper triangle zeroed after the load",
+               configs=[({"BV": bv}, warps, stages) for bv, warps, stages in
+                        (lbw._DELTA_HALVES_CONFIG, (32, 4, 2))]),
         Launch("kda sub-chunk pairs (A_qk and A_kk in one launch)", lbw._chunk_dqk_intra_kernel,
                dict(q="*fp32", k="*fp32", b="*fp32", dA="*fp32", dq="*fp32", dk="*fp32", T="i32", H="i32",
                     dA_kk="*fp32", dk_rows="*fp32", beta="*bf16"),

@@ -526,6 +526,8 @@ DELTA_VARIANTS = {
     "one tile": {"_DELTA_HALVES": False},
     "halves, BV 32, 4w 2s": {"_DELTA_HALVES_CONFIG": (32, 4, 2)},
     "halves, BV 64, 8w 1s": {"_DELTA_HALVES_CONFIG": (64, 8, 1)},
+    "A_qk row-masked": {"_DELTA_AQK_ROW_MASK": True},
+    "A_qk row-masked, BV 32": {"_DELTA_AQK_ROW_MASK": True, "_DELTA_HALVES_CONFIG": (32, 4, 2)},
 }
 
 

@@ -103,6 +103,31 @@ def test_kda_gradients_with_the_state_gradient_in_key_halves(K, monkeypatch):
     assert launched == [(2, 2)]                  # (value tiles of 16, B x H)
 
 
+def test_kda_walk_with_a_row_masked_score_tile_gives_the_same_gradients(monkeypatch):
+    # the experiment `_DELTA_AQK_ROW_MASK`: A_qk's tile loaded under its rows' mask and its upper triangle
+    # zeroed after the load gives the gradients of the triangle-masked load, bit for bit (the stored upper
+    # triangle filled with NaN, which neither form may read into a product); K 80, T 70
+    from attention_kernels.kda import chunk_backward as kda_backward
+    from attention_kernels.linear import chunk_backward
+    monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", True)
+    tensors, h0, do, dht = kda_inputs(1, 70, 2, 80, 24, "paper", "uniform", True, True)
+    pass_ = kda_backward.chunk_state_grad_pass
+
+    def poisoned(q, do_, b, dstates, scale, dht=None, dh0=None, *, Aqk=None, **kw):
+        if Aqk is not None:      # NaN above the diagonal of every chunk's tile, as memory left unwritten may hold
+            upper = torch.arange(Aqk.shape[-1])[None, :] > (torch.arange(Aqk.shape[1]) % Aqk.shape[-1])[:, None]
+            Aqk = Aqk.masked_fill(upper[None, :, None, :].to(Aqk.device), float("nan"))
+        return pass_(q, do_, b, dstates, scale, dht, dh0, Aqk=Aqk, **kw)
+    monkeypatch.setattr(kda_backward, "chunk_state_grad_pass", poisoned)
+    out = {}
+    for row_mask in (False, True):
+        monkeypatch.setattr(chunk_backward, "_DELTA_AQK_ROW_MASK", row_mask)
+        out[row_mask] = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=True)
+    for name, a, b in zip(NAMES + ["dh0"], out[False][2], out[True][2], strict=True):
+        assert torch.equal(a, b), name
+        assert not a.isnan().any(), name
+
+
 def test_kda_walk_at_a_short_key_dim_is_the_one_tile_pass():
     # K <= 64: a second key half would be all padding, so the one-tile pass runs (and above 128)
     from attention_kernels.linear import chunk_backward

@@ -235,6 +235,13 @@ _delta_state_grad_kernel = triton.autotune(configs=_DELTA_STATE_GRAD_CONFIGS, ke
 _DELTA_HALVES = True
 _DELTA_HALVES_CONFIG = (64, 4, 2)          # BV, num_warps, num_stages
 _DELTA_HALVES_SHARED_KB = 152              # what that config's kernel takes a block (ptxas, sm_90a)
+# An experiment, off (`_DELTA_AQK_ROW_MASK`, untimed): the halves' pass loads A_qk's tile under its rows' mask
+# alone and zeroes the upper triangle after the load. Masked on the triangle, the load varies along each row,
+# so it is issued as 32 two-byte loads a thread after the step's copies have landed, one more round trip on the
+# walk's chain every step; under a row mask it joins the step's asynchronous copies. ptxas (sm_90a, bf16):
+# at BV 64 on 4 warps and 2 stages 255 registers, 144 B spilled, 160 KB of shared memory; at BV 32 on 4 warps
+# and 2 stages 162, none spilled, 144 KB. `scripts/tune_probe.py delta_state_grad` times both.
+_DELTA_AQK_ROW_MASK = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -281,7 +288,7 @@ def _delta_half_step(b_dh, b_qt, b_gl, b_do, b_wt, b_du, DOT_PREC: tl.constexpr)
 def _delta_state_grad_halves_kernel(
     q, do, b, dh, dht, dh0, scale, Aqk, kg, w, du, T, H, NT,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HALF: tl.constexpr, BV: tl.constexpr,
-    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr, AQK_ROW_MASK: tl.constexpr = False,
     cu_seqlens=None, chunk_offsets=None, VARLEN: tl.constexpr = False,
 ):
     # one program: value columns [i_v·BV, ..) of one (sequence, head), all K key rows as two halves of HALF
@@ -318,8 +325,11 @@ def _delta_state_grad_halves_kernel(
         # of the backward
         m_tv = m_t[:, None] & m_v[None, :]
         b_do = tl.load(do + r_c * V + (o_c[:, None] * H) * V + o_v[None, :], mask=m_tv, other=0.0)
-        b_a = tl.load(Aqk + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :],
-                      mask=m_t[:, None] & (o_c[:, None] >= o_c[None, :]), other=0.0)
+        p_a = Aqk + r_c * BT + (o_c[:, None] * H) * BT + o_c[None, :]
+        if AQK_ROW_MASK:
+            b_a = tl.where(o_c[:, None] >= o_c[None, :], tl.load(p_a, mask=m_t[:, None], other=0.0), 0.0)
+        else:
+            b_a = tl.load(p_a, mask=m_t[:, None] & (o_c[:, None] >= o_c[None, :]), other=0.0)
         b_kg1 = _key_half(kg, r_c, o_c, m_t, o_k1, m_k1, H, K, False)
         b_kg2 = _key_half(kg, r_c, o_c, m_t, o_k2, m_k2, H, K, False)
         b_du = tl.dot(tl.trans(b_a.to(b_do.dtype)), b_do, input_precision=DOT_PREC) \
@@ -384,7 +394,7 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
         _delta_state_grad_halves_kernel[(cdiv(V, BV), N * H)](
             q, do, b, dstates, dht, dh0, scale, Aqk, kg, w, du, T, H, n_chunks(T, packed), K, V, BT=CHUNK, HALF=64,
             BV=BV, USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
-            **varlen(packed, offsets=True), num_warps=warps, num_stages=stages)
+            AQK_ROW_MASK=_DELTA_AQK_ROW_MASK, **varlen(packed, offsets=True), num_warps=warps, num_stages=stages)
         return
     args = (q, do, b, dstates, dht, dh0, scale)
     flags = dict(BT=CHUNK, USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
