@@ -528,6 +528,11 @@ DELTA_VARIANTS = {
     "halves, BV 64, 8w 1s": {"_DELTA_HALVES_CONFIG": (64, 8, 1)},
     "A_qk row-masked": {"_DELTA_AQK_ROW_MASK": True},
     "A_qk row-masked, BV 32": {"_DELTA_AQK_ROW_MASK": True, "_DELTA_HALVES_CONFIG": (32, 4, 2)},
+    "gated queries": {"_DELTA_GATED_QUERIES": True},
+    "both, 3 stages": {"_DELTA_GATED_QUERIES": True, "_DELTA_AQK_ROW_MASK": True,
+                       "_DELTA_HALVES_CONFIG": (64, 4, 3), "_DELTA_HALVES_SHARED_KB": 208},
+    "both, BV 32, 3 stages": {"_DELTA_GATED_QUERIES": True, "_DELTA_AQK_ROW_MASK": True,
+                              "_DELTA_HALVES_CONFIG": (32, 4, 3), "_DELTA_HALVES_SHARED_KB": 188},
 }
 
 

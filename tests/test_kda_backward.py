@@ -128,6 +128,44 @@ def test_kda_walk_with_a_row_masked_score_tile_gives_the_same_gradients(monkeypa
         assert not a.isnan().any(), name
 
 
+def test_kda_walk_with_the_queries_gated_by_the_wy_launch_gives_the_same_gradients(monkeypatch):
+    # the experiment `_DELTA_GATED_QUERIES`: `_kda_wy_kernel` writes scale · q ⊙ e^b and the halves' pass
+    # reads it in place of q and the gates; in fp32 the product is the same one, so the gradients are the same
+    # bit for bit; K 80, T 70 (a partial chunk), an initial state and a loss through the final state
+    from attention_kernels.kda import chunk as kda_chunk
+    from attention_kernels.linear import chunk_backward
+    monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", True)
+    launched, kernel = [], kda_chunk._kda_wy_kernel
+
+    class Recording:      # each launch's GATED_Q, then the launch
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched.append(kwargs["GATED_Q"])
+                return kernel[grid](*args, **kwargs)
+            return launch
+    monkeypatch.setattr(kda_chunk, "_kda_wy_kernel", Recording())
+    tensors, h0, do, dht = kda_inputs(1, 70, 2, 80, 24, "paper", "uniform", True, True)
+    out = {}
+    for gated in (False, True):
+        monkeypatch.setattr(chunk_backward, "_DELTA_GATED_QUERIES", gated)
+        launched.clear()
+        out[gated] = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=True)
+        # the forward's launch, then the backward's, which writes the gated queries when the pass takes them
+        assert launched == [False, gated]
+    for name, a, b in zip(NAMES + ["dh0"], out[False][2], out[True][2], strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_the_gated_queries_are_refused_where_the_pass_does_not_take_them(monkeypatch):
+    from attention_kernels.linear import chunk_backward
+    monkeypatch.setattr(chunk_backward, "_DELTA_GATED_QUERIES", False)
+    q = torch.zeros(1, 64, 1, 80)
+    with pytest.raises(ValueError, match="gated_queries"):
+        chunk_backward.chunk_state_grad_pass(q, torch.zeros(1, 64, 1, 16), torch.zeros_like(q),
+                                             torch.zeros(1, 1, 1, 80, 16), 1.0, Aqk=torch.zeros(1, 64, 1, 64),
+                                             kg=q, w=q, du=torch.zeros(1, 64, 1, 16), gated_queries=q)
+
+
 def test_kda_walk_at_a_short_key_dim_is_the_one_tile_pass():
     # K <= 64: a second key half would be all padding, so the one-tile pass runs (and above 128)
     from attention_kernels.linear import chunk_backward

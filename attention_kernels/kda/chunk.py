@@ -214,13 +214,14 @@ def _kda_solve(Akk, beta, b_beta, tok0, i_h, i_t, o_c, m_t, T, H, BT: tl.constex
 
 # num_warps, num_stages: not yet measured with the [NB, BS, BS] forward substitution. The form that loads X
 # (the backward's) tunes apart from the one that solves.
-@triton.autotune(configs=autotune_configs([({}, 4, 1), ({}, 8, 1)]), key=["K", "V", "LOAD_INVERSE"])
+@triton.autotune(configs=autotune_configs([({}, 4, 1), ({}, 8, 1)]), key=["K", "V", "LOAD_INVERSE", "GATED_Q"])
 @triton.jit(do_not_specialize=["T", "H"])
 def _kda_wy_kernel(
     k, v, b, beta, Akk, w, u, kg, T, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
     NB: tl.constexpr, DOT_PREC: tl.constexpr, SOLVE_PREC: tl.constexpr,
     inverse=None, STORE_INVERSE: tl.constexpr = False, LOAD_INVERSE: tl.constexpr = False,
+    q=None, qg=None, scale=1.0, GATED_Q: tl.constexpr = False,
     cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False,
 ):
     # one program: the BT rows of chunk i_t of one (batch, head), or of a
@@ -261,6 +262,13 @@ def _kda_wy_kernel(
     # sequential pass no exponential but one per key row
     b_gl = tl.load(b + ((tl.minimum(i_t * BT + BT, T) - 1 - i_t * BT) * H) * K + o_k, mask=m_k, other=0.0)
     tl.store(kg + p_k, (b_k * tl.exp(b_gl[None, :] - b_g)).to(kg.dtype.element_ty), mask=m_tk)
+    if GATED_Q:
+        # the queries decayed from the chunk's start and scaled, for the
+        # backward's reverse state pass (linear/chunk_backward.py's
+        # _DELTA_GATED_QUERIES), beside the gates this program holds
+        q, qg = q + r_c * K, qg + r_c * K
+        b_q = tl.load(q + p_k, mask=m_tk, other=0.0).to(tl.float32)
+        tl.store(qg + p_k, (b_q * tl.exp(b_g) * scale).to(qg.dtype.element_ty), mask=m_tk)
     # X is lower triangular: dot_causal keeps a NaN or inf in a later token
     # out of the earlier rows
     b_w = dot_causal(b_Xd, b_kb, tl.zeros([BT, BK], dtype=tl.float32), DOT_PREC)
@@ -283,7 +291,8 @@ def _kda_wy_kernel(
 _SOLVE_PRECISION = None
 
 
-def kda_wy(k, v, b, beta, Akk, w, u, kg, inverse=None, inverse_computed: bool = False, packed=None) -> None:
+def kda_wy(k, v, b, beta, Akk, w, u, kg, inverse=None, inverse_computed: bool = False, q=None, q_gated=None,
+           scale: float = 1.0, packed=None) -> None:
     """The pseudo-values of every chunk, all chunks in parallel (one program per chunk and batch·head).
 
     k: [B, T, H, K]; v: [B, T, H, V]; b: fp32 [B, T, H, K], the in-chunk cumulative gates; beta:
@@ -294,15 +303,21 @@ def kda_wy(k, v, b, beta, Akk, w, u, kg, inverse=None, inverse_computed: bool = 
     H, CHUNK] in k's dtype, or None; given, it receives X = (I + A)⁻¹ as W and Ũ take it (Akk's layout, zeros
     above the diagonal; from a chunk's first non-finite row of A on, NaN), which the backward multiplies by.
     inverse_computed: inverse holds that X already (the backward's recomputation): no solve, and Akk is not
-    read (None will do). packed: packed sequences (`packed_chunks`, B = 1).
+    read (None will do). q and q_gated ([B, T, H, K], written in q's dtype), both or neither: it also
+    writes scale · q ⊙ e^b, the queries as the delta rule's reverse state pass takes them gated
+    (linear/chunk_backward.py's `delta_walk_takes_gated_queries`). packed: packed sequences
+    (`packed_chunks`, B = 1).
     """
+    if (q is None) != (q_gated is None):
+        raise ValueError("kda_wy takes q and q_gated together or neither")
     B, T, H, K = k.shape
     V = v.shape[-1]
     _kda_wy_kernel[(n_chunks(T, packed), B * H)](
         k, v, b, beta, Akk, w, u, kg, T, H, K, V, BT=CHUNK, BK=pow2_at_least_16(K),
         BV=min(64, pow2_at_least_16(V)), BS=SUB_CHUNK, NB=CHUNK // SUB_CHUNK, DOT_PREC=dot_precision(k.dtype),
         SOLVE_PREC=_SOLVE_PRECISION or dot_precision(k.dtype), inverse=inverse,
-        STORE_INVERSE=inverse is not None and not inverse_computed, LOAD_INVERSE=inverse_computed, **varlen(packed))
+        STORE_INVERSE=inverse is not None and not inverse_computed, LOAD_INVERSE=inverse_computed, q=q, qg=q_gated,
+        scale=scale, GATED_Q=q is not None, **varlen(packed))
 
 
 # ------------------------------------------------------------------ 3. the forward up to its output
@@ -327,13 +342,15 @@ class ChunkIntermediates(NamedTuple):
 def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool, state_dtype: torch.dtype,
                             output_final_state: bool = False, store_inverse: bool = False,
                             kept: tuple[torch.Tensor, torch.Tensor] | None = None, kept_computed: bool = False,
-                            packed=None) -> ChunkIntermediates:
+                            gated_queries: torch.Tensor | None = None, packed=None) -> ChunkIntermediates:
     """The forward's first five launches on contiguous, checked inputs: the gate pass (q and k normalised
     when l2norm), the scores, the solve, the state pass with the delta rule. The chunk-start states are kept
     in state_dtype: the input dtype for the forward's output product, `chunk_state_dtype` for the backward.
     store_inverse: the solve also writes its inverse X. kept: (Aqk, X), [B, T, H, CHUNK] in q's dtype, buffers
     the scores launch and the solve write (the training forward's, which keeps them), or, with kept_computed,
     which an earlier forward wrote (the backward's: no scores launch and no solve); None: allocated here.
+    gated_queries: like q, or None: receives scale · q ⊙ e^b (q normalised when l2norm), from the launch that
+    forms W (`kda_wy`'s q_gated), for the backward's reverse state pass.
     packed: packed sequences (`packed_chunks`, B = 1; h0 and the final state one per sequence)."""
     B, T, H, K = q.shape
     V, dev = v.shape[-1], q.device
@@ -355,7 +372,8 @@ def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool,
         Akk = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=dev)
         kda_scores(q, k, b, Aqk, Akk, scale, packed=packed)
     w, kg, u = torch.empty_like(k), torch.empty_like(k), torch.empty_like(v)
-    kda_wy(k, v, b, beta, Akk, w, u, kg, inverse, inverse_computed=kept_computed, packed=packed)
+    kda_wy(k, v, b, beta, Akk, w, u, kg, inverse, inverse_computed=kept_computed,
+           q=None if gated_queries is None else q, q_gated=gated_queries, scale=scale, packed=packed)
     del Akk
     states = torch.empty(B, n_chunks(T, packed), H, K, V, dtype=state_dtype, device=dev)
     v_new = torch.empty_like(v)

@@ -49,7 +49,7 @@ import triton.language as tl
 from ..launch import on_machine, pow2_at_least_16
 from ..linear.chunk import (CHUNK, GATE_FLOOR, chunk_at, chunk_row, chunk_state_base, chunk_state_dtype, dot_precision,
                             n_chunks, varlen)
-from ..linear.chunk_backward import chunk_dqk_intra, chunk_state_grad_pass
+from ..linear.chunk_backward import chunk_dqk_intra, chunk_state_grad_pass, delta_walk_takes_gated_queries
 from .chunk import chunk_kda_intermediates
 from .reference import L2NORM_EPS
 
@@ -297,15 +297,17 @@ def chunk_kda_bwd(q, k, v, g, beta, scale: float, h0, do, dht, use_qk_l2norm_in_
     f32 = dict(dtype=torch.float32, device=dev)
     # ---- the forward's intermediates, by the forward's kernels (the solve's inverse too; from the kept one,
     # no scores launch and no solve)
+    gated_q = torch.empty_like(q) if delta_walk_takes_gated_queries(K, dev) else None
     x = chunk_kda_intermediates(q, k, v, g, beta, scale, h0, l2norm=use_qk_l2norm_in_kernel,
                                 state_dtype=state_dtype, store_inverse=True, kept=kept,
-                                kept_computed=kept is not None, packed=packed)
+                                kept_computed=kept is not None, gated_queries=gated_q, packed=packed)
     # ---- the reverse state pass (the delta rule's): dS' at every chunk's end, dS at the start, and dU
     dstates = torch.empty(B, NT, H, K, V, dtype=state_dtype, device=dev)
     dU = torch.empty(B, T, H, V, **f32)
     dh0 = None if h0 is None else torch.empty_like(h0)
     chunk_state_grad_pass(x.q, do, x.b, dstates, scale, dht, dh0, Aqk=x.Aqk, kg=x.kg, w=x.w, du=dU,
-                          packed=packed)
+                          gated_queries=gated_q, packed=packed)
+    del gated_q
 
     # ---- every chunk's gradients but the scores' pairs j < t: dv, the partial dq, dk, db and dbeta, dA_qk
     # and dA. The sub-chunk launch takes q and k in fp32 (normalised when the L2 norm is on): written here

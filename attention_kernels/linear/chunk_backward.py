@@ -242,6 +242,16 @@ _DELTA_HALVES_SHARED_KB = 152              # what that config's kernel takes a b
 # at BV 64 on 4 warps and 2 stages 255 registers, 144 B spilled, 160 KB of shared memory; at BV 32 on 4 warps
 # and 2 stages 162, none spilled, 144 KB. `scripts/tune_probe.py delta_state_grad` times both.
 _DELTA_AQK_ROW_MASK = False
+# An experiment, off (`_DELTA_GATED_QUERIES`, untimed): the halves' pass handed the queries already decayed and
+# scaled, scale · q ⊙ e^b in q's dtype, so that a step loads no [BT, K] fp32 gates (a third of its bytes) and
+# takes no exponential but its last row's. KDA's backward has them written by `_kda_wy_kernel`, which reads q's
+# chunk beside the gates it already loads, as fla's W/U recompute writes its `qg`. (Written by the gate pass
+# instead, the pass took 984 µs against 1,285, but the backward as a whole did not get faster: TUNING (42).)
+# ptxas (sm_90a, bf16, K = V = 128), the two experiments together: at BV 64 on 4 warps 255 registers, 112 B
+# spilled at 2 stages, none at 3 (208 KB of shared memory: `_DELTA_HALVES_SHARED_KB` must follow); at BV 32 on 4
+# warps 193 registers at 2 stages (128 KB), 196 at 3 (188 KB), none spilled. `_kda_wy_kernel` writing the gated
+# queries: 255 registers on 4 warps, 130 on 8 (106 without), none spilled.
+_DELTA_GATED_QUERIES = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -250,6 +260,12 @@ def _shared_kb_per_block(device: torch.device) -> float:
     if device.type != "cuda":
         return float("inf")
     return torch.cuda.get_device_properties(device).shared_memory_per_block_optin / 1024
+
+
+def delta_walk_takes_gated_queries(K: int, device: torch.device) -> bool:
+    """Whether the delta rule's reverse state pass takes the queries gated (`gated_queries` of
+    `chunk_state_grad_pass`): the halves' pass only, with `_DELTA_GATED_QUERIES` on."""
+    return _DELTA_GATED_QUERIES and delta_walk_in_halves(K, device)
 
 
 def delta_walk_in_halves(K: int, device: torch.device) -> bool:
@@ -269,11 +285,13 @@ def _key_half(x, r_c, o_c, m_t, o_k, m_k, H, K: tl.constexpr, TRANS: tl.constexp
 
 
 @triton.jit
-def _gated_query_half(q, b, r_c, o_c, m_t, o_k, m_k, H, scale, K: tl.constexpr):
-    """One half's queries decayed from their chunk's start and scaled, scale (Q ⊙ e^b)ᵀ [HALF, BT], formed
-    from q and the gates b (fp32)."""
+def _gated_query_half(q, b, r_c, o_c, m_t, o_k, m_k, H, scale, K: tl.constexpr, GATED_Q: tl.constexpr):
+    """One half's queries decayed from their chunk's start and scaled, scale (Q ⊙ e^b)ᵀ [HALF, BT]: read as
+    they are (GATED_Q: q holds them, in its dtype) or formed from q and the gates b (fp32)."""
     b_qt = _key_half(q, r_c, o_c, m_t, o_k, m_k, H, K, True)
-    return b_qt * tl.exp(_key_half(b, r_c, o_c, m_t, o_k, m_k, H, K, True)) * scale   # every exponent <= 0
+    if not GATED_Q:
+        b_qt = b_qt * tl.exp(_key_half(b, r_c, o_c, m_t, o_k, m_k, H, K, True)) * scale   # every exponent <= 0
+    return b_qt
 
 
 @triton.jit
@@ -289,9 +307,10 @@ def _delta_state_grad_halves_kernel(
     q, do, b, dh, dht, dh0, scale, Aqk, kg, w, du, T, H, NT,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HALF: tl.constexpr, BV: tl.constexpr,
     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DOT_PREC: tl.constexpr, AQK_ROW_MASK: tl.constexpr = False,
-    cu_seqlens=None, chunk_offsets=None, VARLEN: tl.constexpr = False,
+    GATED_Q: tl.constexpr = False, cu_seqlens=None, chunk_offsets=None, VARLEN: tl.constexpr = False,
 ):
-    # one program: value columns [i_v·BV, ..) of one (sequence, head), all K key rows as two halves of HALF
+    # one program: value columns [i_v·BV, ..) of one (sequence, head), all K key rows as two halves of HALF;
+    # with GATED_Q, q holds scale · q ⊙ e^b and b is read for the chunks' last rows only
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     tok0, T, slot0 = sequence_at(i_b, T, NT, cu_seqlens, chunk_offsets, VARLEN)
@@ -336,9 +355,9 @@ def _delta_state_grad_halves_kernel(
             + tl.dot(b_kg1, b_dh1.to(b_kg1.dtype), input_precision=DOT_PREC) \
             + tl.dot(b_kg2, b_dh2.to(b_kg2.dtype), input_precision=DOT_PREC)
         tl.store(du + r_c * V + (o_c[:, None] * H) * V + o_v[None, :], b_du.to(du.dtype.element_ty), mask=m_tv)
-        b_dh1 = _delta_half_step(b_dh1, _gated_query_half(q, b, r_c, o_c, m_t, o_k1, m_k1, H, scale, K),
+        b_dh1 = _delta_half_step(b_dh1, _gated_query_half(q, b, r_c, o_c, m_t, o_k1, m_k1, H, scale, K, GATED_Q),
                                  b_gl1, b_do, _key_half(w, r_c, o_c, m_t, o_k1, m_k1, H, K, True), b_du, DOT_PREC)
-        b_dh2 = _delta_half_step(b_dh2, _gated_query_half(q, b, r_c, o_c, m_t, o_k2, m_k2, H, scale, K),
+        b_dh2 = _delta_half_step(b_dh2, _gated_query_half(q, b, r_c, o_c, m_t, o_k2, m_k2, H, scale, K, GATED_Q),
                                  b_gl2, b_do, _key_half(w, r_c, o_c, m_t, o_k2, m_k2, H, K, True), b_du, DOT_PREC)
     if STORE_DH0:
         tl.store(dh0 + i_bh.to(tl.int64) * K * V + p_h1, b_dh1, mask=m_h1)
@@ -346,7 +365,8 @@ def _delta_state_grad_halves_kernel(
 
 
 def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *, gamma=None,
-                          Aqk=None, kg=None, w=None, du=None, group_size: int = 1, packed=None) -> None:
+                          Aqk=None, kg=None, w=None, du=None, group_size: int = 1, gated_queries=None,
+                          packed=None) -> None:
     """The gradient of the state at the end of every chunk, walking the
     chunks backward from dht (the final state's gradient), and at the start
     of the first (dh0): the backward's only sequential pass.
@@ -371,7 +391,10 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
     (the keys decayed to their chunk's end, and W) and du [B, T, H, V] given:
     each chunk added K_gᵀ U, U = W' - W S, and du receives U's gradient A_qkᵀ
     dO + K_g dS' (in its dtype); q and b are then the normalised queries and
-    KDA's gates.
+    KDA's gates. gated_queries: scale · q ⊙ e^b in q's dtype, taken in place
+    of q (b is then read at each chunk's last row only) where
+    `delta_walk_takes_gated_queries(K)` (KDA's `kda_wy` writes them), refused
+    elsewhere.
 
     group_size: heads sharing one query row, q [B, T, H / group_size, K]
     (Mamba-2's C, one per group of heads; not with the delta rule).
@@ -387,14 +410,18 @@ def chunk_state_grad_pass(q, do, b, dstates, scale: float, dht=None, dh0=None, *
     if any(t is None for t in delta) != all(t is None for t in delta):
         raise ValueError("chunk_state_grad_pass takes Aqk, kg, w and du together (the delta rule) or none")
     K, V = q.shape[-1], do.shape[-1]
+    if gated_queries is not None and (Aqk is None or not delta_walk_takes_gated_queries(K, q.device)):
+        raise ValueError("gated_queries is taken by the delta rule's pass in key halves only "
+                         "(delta_walk_takes_gated_queries)")
     if Aqk is not None and delta_walk_in_halves(K, q.device):
         B, T, H = do.shape[:3]
         BV, warps, stages = on_machine(gpu=_DELTA_HALVES_CONFIG, interpreter=(16, 4, 1))
         N = B if packed is None else packed.n_sequences
         _delta_state_grad_halves_kernel[(cdiv(V, BV), N * H)](
-            q, do, b, dstates, dht, dh0, scale, Aqk, kg, w, du, T, H, n_chunks(T, packed), K, V, BT=CHUNK, HALF=64,
-            BV=BV, USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
-            AQK_ROW_MASK=_DELTA_AQK_ROW_MASK, **varlen(packed, offsets=True), num_warps=warps, num_stages=stages)
+            q if gated_queries is None else gated_queries, do, b, dstates, dht, dh0, scale, Aqk, kg, w, du, T, H,
+            n_chunks(T, packed), K, V, BT=CHUNK, HALF=64, BV=BV, USE_DHT=dht is not None,
+            STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype), AQK_ROW_MASK=_DELTA_AQK_ROW_MASK,
+            GATED_Q=gated_queries is not None, **varlen(packed, offsets=True), num_warps=warps, num_stages=stages)
         return
     args = (q, do, b, dstates, dht, dh0, scale)
     flags = dict(BT=CHUNK, USE_DHT=dht is not None, STORE_DH0=dh0 is not None, DOT_PREC=dot_precision(q.dtype),
