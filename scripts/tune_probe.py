@@ -526,7 +526,7 @@ DELTA_VARIANTS = {
     "one tile": {"_DELTA_HALVES": False},
     "halves, BV 32, 4w 2s": {"_DELTA_HALVES_CONFIG": (32, 4, 2)},
     "halves, BV 64, 8w 1s": {"_DELTA_HALVES_CONFIG": (64, 8, 1)},
-    "A_qk row-masked": {"_DELTA_AQK_ROW_MASK": True},
+    "A_qk row-masked": {"_DELTA_AQK_ROW_MASK": True, "_DELTA_HALVES_SHARED_KB": 160},
     "A_qk row-masked, BV 32": {"_DELTA_AQK_ROW_MASK": True, "_DELTA_HALVES_CONFIG": (32, 4, 2)},
     "gated queries": {"_DELTA_GATED_QUERIES": True},
     "both, 3 stages": {"_DELTA_GATED_QUERIES": True, "_DELTA_AQK_ROW_MASK": True,
@@ -539,7 +539,8 @@ DELTA_VARIANTS = {
 def delta_state_grad(variant=None):
     """KDA's backward (B 1, T 16K, 32 heads, K = V = 128, bf16) with the delta rule's reverse state pass as
     launched (two halves of 64 key rows at `_DELTA_HALVES_CONFIG`) and with one of DELTA_VARIANTS (the one-tile
-    pass, the halves at other (BV, warps, stages)), each variant in a
+    pass, the halves at other (BV, warps, stages), the experiments `_DELTA_AQK_ROW_MASK` and
+    `_DELTA_GATED_QUERIES` alone and together), each variant in a
     process of its own (one that reads out of bounds ends its process, not the probe): the gradients against
     the launched pass's, then the pass's and the backward's GPU time."""
     import subprocess

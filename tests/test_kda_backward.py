@@ -128,10 +128,12 @@ def test_kda_walk_with_a_row_masked_score_tile_gives_the_same_gradients(monkeypa
         assert not a.isnan().any(), name
 
 
-def test_kda_walk_with_the_queries_gated_by_the_wy_launch_gives_the_same_gradients(monkeypatch):
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_kda_walk_with_the_queries_gated_by_the_wy_launch_gives_the_same_gradients(packed, monkeypatch):
     # the experiment `_DELTA_GATED_QUERIES`: `_kda_wy_kernel` writes scale · q ⊙ e^b and the halves' pass
     # reads it in place of q and the gates; in fp32 the product is the same one, so the gradients are the same
-    # bit for bit; K 80, T 70 (a partial chunk), an initial state and a loss through the final state
+    # bit for bit; K 80, T 70 (a partial chunk) as one sequence or two packed, initial states and a loss
+    # through the final states
     from attention_kernels.kda import chunk as kda_chunk
     from attention_kernels.linear import chunk_backward
     monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", True)
@@ -144,26 +146,37 @@ def test_kda_walk_with_the_queries_gated_by_the_wy_launch_gives_the_same_gradien
                 return kernel[grid](*args, **kwargs)
             return launch
     monkeypatch.setattr(kda_chunk, "_kda_wy_kernel", Recording())
-    tensors, h0, do, dht = kda_inputs(1, 70, 2, 80, 24, "paper", "uniform", True, True)
+    (q, k, v, g, beta), h0, do, _ = kda_inputs(1, 70, 2, 80, 24, "paper", "uniform", True, True)
+    cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=DEVICE) if packed else None
+    h0 = torch.cat([h0, h0.flip(0) + 1]) if packed else h0
+    dht = torch.randn_like(h0)
     out = {}
     for gated in (False, True):
         monkeypatch.setattr(chunk_backward, "_DELTA_GATED_QUERIES", gated)
         launched.clear()
-        out[gated] = grads(chunk_kda, tensors, h0, do, dht, use_qk_l2norm_in_kernel=True)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, g, beta, h0)]
+        o, ht = chunk_kda(*leaves[:5], initial_state=leaves[5], output_final_state=True,
+                          use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+        torch.autograd.backward((o, ht), (do, dht))
+        out[gated] = [t.grad for t in leaves]
         # the forward's launch, then the backward's, which writes the gated queries when the pass takes them
         assert launched == [False, gated]
-    for name, a, b in zip(NAMES + ["dh0"], out[False][2], out[True][2], strict=True):
+    for name, a, b in zip(NAMES + ["dh0"], out[False], out[True], strict=True):
         assert torch.equal(a, b), name
 
 
-def test_the_gated_queries_are_refused_where_the_pass_does_not_take_them(monkeypatch):
+@pytest.mark.parametrize("case", ["switch off", "key dim 64", "no delta rule"])
+def test_the_gated_queries_are_refused_where_the_pass_does_not_take_them(case, monkeypatch):
+    # only the delta rule's pass in key halves (64 < K <= 128) with `_DELTA_GATED_QUERIES` on takes them
     from attention_kernels.linear import chunk_backward
-    monkeypatch.setattr(chunk_backward, "_DELTA_GATED_QUERIES", False)
-    q = torch.zeros(1, 64, 1, 80)
+    monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", True)
+    monkeypatch.setattr(chunk_backward, "_DELTA_GATED_QUERIES", case != "switch off")
+    K = 64 if case == "key dim 64" else 80
+    q, do = torch.zeros(1, 64, 1, K), torch.zeros(1, 64, 1, 16)
+    delta = {} if case == "no delta rule" else dict(Aqk=torch.zeros(1, 64, 1, 64), kg=q, w=q, du=do.clone())
     with pytest.raises(ValueError, match="gated_queries"):
-        chunk_backward.chunk_state_grad_pass(q, torch.zeros(1, 64, 1, 16), torch.zeros_like(q),
-                                             torch.zeros(1, 1, 1, 80, 16), 1.0, Aqk=torch.zeros(1, 64, 1, 64),
-                                             kg=q, w=q, du=torch.zeros(1, 64, 1, 16), gated_queries=q)
+        chunk_backward.chunk_state_grad_pass(q, do, torch.zeros_like(q), torch.zeros(1, 1, 1, K, 16), 1.0,
+                                             gated_queries=q, **delta)
 
 
 def test_kda_walk_at_a_short_key_dim_is_the_one_tile_pass():

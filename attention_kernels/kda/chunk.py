@@ -303,7 +303,7 @@ def kda_wy(k, v, b, beta, Akk, w, u, kg, inverse=None, inverse_computed: bool = 
     H, CHUNK] in k's dtype, or None; given, it receives X = (I + A)⁻¹ as W and Ũ take it (Akk's layout, zeros
     above the diagonal; from a chunk's first non-finite row of A on, NaN), which the backward multiplies by.
     inverse_computed: inverse holds that X already (the backward's recomputation): no solve, and Akk is not
-    read (None will do). q and q_gated ([B, T, H, K], written in q's dtype), both or neither: it also
+    read (None will do). q and q_gated ([B, T, H, K], written in its dtype), both or neither: it also
     writes scale · q ⊙ e^b, the queries as the delta rule's reverse state pass takes them gated
     (linear/chunk_backward.py's `delta_walk_takes_gated_queries`). packed: packed sequences
     (`packed_chunks`, B = 1).

@@ -239,8 +239,9 @@ _DELTA_HALVES_SHARED_KB = 152              # what that config's kernel takes a b
 # alone and zeroes the upper triangle after the load. Masked on the triangle, the load varies along each row,
 # so it is issued as 32 two-byte loads a thread after the step's copies have landed, one more round trip on the
 # walk's chain every step; under a row mask it joins the step's asynchronous copies. ptxas (sm_90a, bf16):
-# at BV 64 on 4 warps and 2 stages 255 registers, 144 B spilled, 160 KB of shared memory; at BV 32 on 4 warps
-# and 2 stages 162, none spilled, 144 KB. `scripts/tune_probe.py delta_state_grad` times both.
+# at BV 64 on 4 warps and 2 stages 255 registers, 144 B spilled, 160 KB of shared memory (`_DELTA_HALVES_SHARED_KB`
+# must follow); at BV 32 on 4 warps and 2 stages 162, none spilled, 144 KB. `scripts/tune_probe.py
+# delta_state_grad` times both.
 _DELTA_AQK_ROW_MASK = False
 # An experiment, off (`_DELTA_GATED_QUERIES`, untimed): the halves' pass handed the queries already decayed and
 # scaled, scale · q ⊙ e^b in q's dtype, so that a step loads no [BT, K] fp32 gates (a third of its bytes) and
