@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 shared=${SHARED:-../shared}
-for ignored in /.whl/ /.whl-book/ /.peers/ /.peers-flashmla/ /.tl/ /.device_commit; do
+for ignored in /.whl/ /.whl-book/ /.peers/ /.peers-flashmla/ /.tl/ /.triton-cache/ /.device_commit; do
   grep -qxF "$ignored" .git/info/exclude 2>/dev/null || echo "$ignored" >> .git/info/exclude
 done
 [ -d .whl ] && [ "$(ls .whl | wc -l)" -gt 30 ] || bash "$shared/gpu/wheels.sh"

@@ -5,6 +5,9 @@
 #   flashmla                build FlashMLA from .peers-flashmla (about a minute) and put it on the path
 #   tilelang-a, tilelang-b  install TileLang's two wheel halves (two calls to one warm machine)
 #   suite                   the whole test suite, as a user with a GPU box runs it
+#   triton-cache            pack this machine's Triton cache into $OUT/triton_cache.tgz; put it here as
+#                           .triton-cache/cache.tgz and carry .triton-cache, and a later call (a fresh machine
+#                           too) starts with it: the peers' autotuned kernels need not compile again
 #   notebooks NB...         execute these chapters in place and redraw the headline figure
 #                           (scripts/refresh_gpu.sh --no-tests; its log, every cell named as it starts, in $OUT)
 #   reader [NB...]          strict nbval of the chapters (all, or these) as a reader runs them: the book's wheel
@@ -47,6 +50,13 @@ keep=/tmp/device-keep
 if [ -d "$keep" ]; then
   cp -r "$keep"/. . && echo "device_run: put back $(find "$keep" -type f | wc -l) files written by earlier calls"
 fi
+# A Triton cache an earlier call packed (`triton-cache`): fla's autotune compiled for 100-215 s a family on a
+# fresh machine (notes/TUNING.md "2026-12-07 (43)"); from the cache it only times its configs
+triton_cache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+if [ -f .triton-cache/cache.tgz ]; then
+  mkdir -p "$triton_cache" && tar xzf .triton-cache/cache.tgz -C "$triton_cache" &&
+    echo "device_run: put back a carried Triton cache ($(tar tzf .triton-cache/cache.tgz | grep -c '[^/]$') files)"
+fi
 touch /tmp/device-call-start
 keep_new() {
   find results book -maxdepth 1 -type f -newer /tmp/device-call-start 2>/dev/null | while read -r f; do
@@ -62,6 +72,9 @@ step() {
       [ -d /tmp/tlsite/tilelang ] || { echo "the machine was recycled: run tilelang-a again"; return 3; }
       pip_install --target /tmp/tlsite .tl/b/*.whl ;;
     suite) python3 -m pytest -q -n 8 tests/ -p no:cacheprovider ;;
+    triton-cache)
+      tar czf "$out/triton_cache.tgz" -C "$triton_cache" . &&
+        echo "device_run: Triton cache packed, $(du -h "$out/triton_cache.tgz" | cut -f1) (over 16 MiB it does not come back)" ;;
     reader|reader\ *) reader ${1#reader} ;;
     notebooks\ *) OUT="$out" bash scripts/refresh_gpu.sh --no-tests ${1#notebooks } ;;
     *) bash -c "$1" ;;
@@ -80,7 +93,7 @@ reader() {
    python3 -m pytest -q -n "${#nbs[@]}" --dist loadfile --nbval ./*.ipynb -p no:cacheprovider)
 }
 export -f step pip_install reader
-export out
+export out triton_cache
 pack() { tar czf "$out/device.tgz" results book/*.ipynb book/images 2>/dev/null; }
 
 [ -d .peers-flashmla/flashmla_src ] && export PYTHONPATH="$PWD/.peers-flashmla/flashmla_src:$PYTHONPATH"
