@@ -298,6 +298,19 @@ def kda_backward() -> list:
     wy_consts = dict(K=K, V=V, BT=L, BK=K, BV=64, BS=16, NB=L // 16, DOT_PREC="tf32", SOLVE_PREC="tf32")
     wy_io = (thk * (bf + f4) + thv * bf + T * H * bf / MB, 2 * thk * bf + thv * bf)
     wy_gflop = NT * H * 2 * L * L * (K + V) / 1e9
+    def halves(variant, switches, note, configs):
+        """The delta rule's reverse state pass in key halves, with these constexpr switches: the gated queries
+        (GATED_Q) read no fp32 gates."""
+        gates = 0 if switches.get("GATED_Q") else thk * f4
+        return Launch("delta rule's reverse state pass, key halves" + variant, lbw._delta_state_grad_halves_kernel,
+                      dict(q="*bf16", do="*bf16", b="*fp32", dh=STATE_PTR, dht="*fp32", dh0="*fp32", scale="fp32",
+                           Aqk="*bf16", kg="*bf16", w="*bf16", du="*fp32", T="i32", H="i32", NT="i32"),
+                      dict(K=K, V=V, BT=L, HALF=64, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32", **switches),
+                      H * V // lbw._DELTA_HALVES_CONFIG[0], f"{NT} chunks",
+                      (V // lbw._DELTA_HALVES_CONFIG[0]) * (3 * thk * bf + gates + thl * bf) + thv * bf,
+                      states * sb + thv * f4, NT * H * (2 * 2 * L * L * V + 3 * 2 * L * K * V) / 1e9, "bf16 TC",
+                      note, configs=[({"BV": bv}, warps, stages) for bv, warps, stages in configs])
+
     return [
         Launch("kda W, W' and K_g from the kept inverse (the recomputed forward)", kda_chunk._kda_wy_kernel,
                wy_types, dict(wy_consts, LOAD_INVERSE=True), NT * H, "2 value tiles",
@@ -311,39 +324,14 @@ def kda_backward() -> list:
                wy_types, dict(wy_consts, STORE_INVERSE=True), NT * H, "16 substitution steps, 2 value tiles",
                wy_io[0] + 2 * thl * f4, wy_io[1] + thl * bf, wy_gflop + NT * H * 4 * 2 * L ** 3 / 1e9, "tf32 TC",
                "A_kk read twice (the 64 x 64 tile and the [4, 16, 16] blocks)"),
-        Launch("delta rule's reverse state pass, key halves", lbw._delta_state_grad_halves_kernel,
-               dict(q="*bf16", do="*bf16", b="*fp32", dh=STATE_PTR, dht="*fp32", dh0="*fp32", scale="fp32",
-                    Aqk="*bf16", kg="*bf16", w="*bf16", du="*fp32", T="i32", H="i32", NT="i32"),
-               dict(K=K, V=V, BT=L, HALF=64, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32"),
-               H * V // lbw._DELTA_HALVES_CONFIG[0], f"{NT} chunks",
-               (V // lbw._DELTA_HALVES_CONFIG[0]) * (3 * thk * bf + thk * f4 + thl * bf) + thv * bf,
-               states * sb + thv * f4, NT * H * (2 * 2 * L * L * V + 3 * 2 * L * K * V) / 1e9, "bf16 TC",
-               "q, b, K_g, W and A_qk re-read per value tile; 256 dependent steps",
-               configs=[({"BV": bv}, warps, stages) for bv, warps, stages in
-                        (lbw._DELTA_HALVES_CONFIG, (32, 4, 2), (32, 4, 1), (64, 8, 1))]),
-        Launch("delta rule's reverse state pass, key halves, A_qk row-masked (`_DELTA_AQK_ROW_MASK`)",
-               lbw._delta_state_grad_halves_kernel,
-               dict(q="*bf16", do="*bf16", b="*fp32", dh=STATE_PTR, dht="*fp32", dh0="*fp32", scale="fp32",
-                    Aqk="*bf16", kg="*bf16", w="*bf16", du="*fp32", T="i32", H="i32", NT="i32"),
-               dict(K=K, V=V, BT=L, HALF=64, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32", AQK_ROW_MASK=True),
-               H * V // lbw._DELTA_HALVES_CONFIG[0], f"{NT} chunks",
-               (V // lbw._DELTA_HALVES_CONFIG[0]) * (3 * thk * bf + thk * f4 + thl * bf) + thv * bf,
-               states * sb + thv * f4, NT * H * (2 * 2 * L * L * V + 3 * 2 * L * K * V) / 1e9, "bf16 TC",
+        halves("", {}, "q, b, K_g, W and A_qk re-read per value tile; 256 dependent steps",
+               (lbw._DELTA_HALVES_CONFIG, (32, 4, 2), (32, 4, 1), (64, 8, 1))),
+        halves(", A_qk row-masked (`_DELTA_AQK_ROW_MASK`)", dict(AQK_ROW_MASK=True),
                "the experiment: A_qk's tile under its rows' mask, its upper triangle zeroed after the load",
-               configs=[({"BV": bv}, warps, stages) for bv, warps, stages in
-                        (lbw._DELTA_HALVES_CONFIG, (32, 4, 2))]),
-        Launch("delta rule's reverse state pass, key halves, gated queries and A_qk row-masked (both experiments)",
-               lbw._delta_state_grad_halves_kernel,
-               dict(q="*bf16", do="*bf16", b="*fp32", dh=STATE_PTR, dht="*fp32", dh0="*fp32", scale="fp32",
-                    Aqk="*bf16", kg="*bf16", w="*bf16", du="*fp32", T="i32", H="i32", NT="i32"),
-               dict(K=K, V=V, BT=L, HALF=64, USE_DHT=False, STORE_DH0=False, DOT_PREC="tf32", AQK_ROW_MASK=True,
-                    GATED_Q=True),
-               H * V // lbw._DELTA_HALVES_CONFIG[0], f"{NT} chunks",
-               (V // lbw._DELTA_HALVES_CONFIG[0]) * (3 * thk * bf + thl * bf) + thv * bf,
-               states * sb + thv * f4, NT * H * (2 * 2 * L * L * V + 3 * 2 * L * K * V) / 1e9, "bf16 TC",
+               (lbw._DELTA_HALVES_CONFIG, (32, 4, 2))),
+        halves(", gated queries and A_qk row-masked (both experiments)", dict(AQK_ROW_MASK=True, GATED_Q=True),
                "the experiments together: no fp32 gates or exponentials in the walk, A_qk with the step's copies",
-               configs=[({"BV": bv}, warps, stages) for bv, warps, stages in
-                        ((64, 4, 2), (64, 4, 3), (32, 4, 2), (32, 4, 3))]),
+               ((64, 4, 2), (64, 4, 3), (32, 4, 2), (32, 4, 3))),
         Launch("kda sub-chunk pairs (A_qk and A_kk in one launch)", lbw._chunk_dqk_intra_kernel,
                dict(q="*fp32", k="*fp32", b="*fp32", dA="*fp32", dq="*fp32", dk="*fp32", T="i32", H="i32",
                     dA_kk="*fp32", dk_rows="*fp32", beta="*bf16"),

@@ -124,19 +124,15 @@ def _graph_decode(family, peer, heads=32, **extra):
         peer_us=Number(table, peer, "us", {**where, "B": 64}, digits=1))
 
 
-def _graph_prefill(family, peer, book="book: chunk"):
-    """A family's prefill GPU-time row numbers: B=1 up to 4K replayed from a CUDA graph, the book's and the
-    peer's times and the speed-up at each length."""
-    table = f"{family}_prefill_graph"
-    return dict(ms=Number(table, book, "ms", {}, digits=3, join=" / "),
-                peer_ms=Number(table, peer, "ms", {}, digits=3, join=" / "),
-                speedup=Number(table, book, "speedup", {}, peer, join=" / "))
-
-
 def _prefill_gpu_time_row(name, shape, family, peer, peer_name, book="book: chunk"):
+    """A family's prefill GPU-time row: B=1 up to 4K replayed from a CUDA graph, the book's and the peer's times
+    and the speed-up at each length."""
+    table = f"{family}_prefill_graph"
     return Row(f"{name} prefill, GPU time", f"{shape}, CUDA graph",
                "{ms} ms; {speedup}× the speed of " + peer_name, f"{peer_name} " + "({peer_ms} ms)",
-               _graph_prefill(family, peer, book))
+               dict(ms=Number(table, book, "ms", {}, digits=3, join=" / "),
+                    peer_ms=Number(table, peer, "ms", {}, digits=3, join=" / "),
+                    speedup=Number(table, book, "speedup", {}, peer, join=" / ")))
 
 
 ROWS = [

@@ -150,10 +150,16 @@ def assert_inf_in_v(o, o_exact, token: int, exact: bool) -> None:
 
 
 class RecordingKernel:
-    """A kernel whose launches record their grid, then run."""
-    def __init__(self, kernel, grids):
-        self.kernel, self.grids = kernel, grids
+    """A kernel whose launches record their grid (or, given `meta`, that keyword argument), then run."""
+    def __init__(self, kernel, grids, meta=None):
+        self.kernel, self.grids, self.meta = kernel, grids, meta
 
     def __getitem__(self, grid):
-        self.grids.append(tuple(grid))
-        return self.kernel[grid]
+        if self.meta is None:
+            self.grids.append(tuple(grid))
+            return self.kernel[grid]
+
+        def launch(*args, **kwargs):
+            self.grids.append(kwargs[self.meta])
+            return self.kernel[grid](*args, **kwargs)
+        return launch

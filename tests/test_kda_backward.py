@@ -137,15 +137,8 @@ def test_kda_walk_with_the_queries_gated_by_the_wy_launch_gives_the_same_gradien
     from attention_kernels.kda import chunk as kda_chunk
     from attention_kernels.linear import chunk_backward
     monkeypatch.setattr(chunk_backward, "_DELTA_HALVES", True)
-    launched, kernel = [], kda_chunk._kda_wy_kernel
-
-    class Recording:      # each launch's GATED_Q, then the launch
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launched.append(kwargs["GATED_Q"])
-                return kernel[grid](*args, **kwargs)
-            return launch
-    monkeypatch.setattr(kda_chunk, "_kda_wy_kernel", Recording())
+    launched = []         # each launch's GATED_Q
+    monkeypatch.setattr(kda_chunk, "_kda_wy_kernel", RecordingKernel(kda_chunk._kda_wy_kernel, launched, "GATED_Q"))
     (q, k, v, g, beta), h0, do, _ = kda_inputs(1, 70, 2, 80, 24, "paper", "uniform", True, True)
     cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=DEVICE) if packed else None
     h0 = torch.cat([h0, h0.flip(0) + 1]) if packed else h0

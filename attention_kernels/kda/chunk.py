@@ -303,13 +303,13 @@ def kda_wy(k, v, b, beta, Akk, w, u, kg, inverse=None, inverse_computed: bool = 
     H, CHUNK] in k's dtype, or None; given, it receives X = (I + A)⁻¹ as W and Ũ take it (Akk's layout, zeros
     above the diagonal; from a chunk's first non-finite row of A on, NaN), which the backward multiplies by.
     inverse_computed: inverse holds that X already (the backward's recomputation): no solve, and Akk is not
-    read (None will do). q and q_gated ([B, T, H, K], written in its dtype), both or neither: it also
-    writes scale · q ⊙ e^b, the queries as the delta rule's reverse state pass takes them gated
+    read (None will do). q_gated ([B, T, H, K], written in its dtype, with q given): it also writes
+    scale · q ⊙ e^b, the queries as the delta rule's reverse state pass takes them gated
     (linear/chunk_backward.py's `delta_walk_takes_gated_queries`). packed: packed sequences
     (`packed_chunks`, B = 1).
     """
-    if (q is None) != (q_gated is None):
-        raise ValueError("kda_wy takes q and q_gated together or neither")
+    if q_gated is not None and q is None:
+        raise ValueError("kda_wy writes q_gated from q: give q too")
     B, T, H, K = k.shape
     V = v.shape[-1]
     _kda_wy_kernel[(n_chunks(T, packed), B * H)](
@@ -317,7 +317,7 @@ def kda_wy(k, v, b, beta, Akk, w, u, kg, inverse=None, inverse_computed: bool = 
         BV=min(64, pow2_at_least_16(V)), BS=SUB_CHUNK, NB=CHUNK // SUB_CHUNK, DOT_PREC=dot_precision(k.dtype),
         SOLVE_PREC=_SOLVE_PRECISION or dot_precision(k.dtype), inverse=inverse,
         STORE_INVERSE=inverse is not None and not inverse_computed, LOAD_INVERSE=inverse_computed, q=q, qg=q_gated,
-        scale=scale, GATED_Q=q is not None, **varlen(packed))
+        scale=scale, GATED_Q=q_gated is not None, **varlen(packed))
 
 
 # ------------------------------------------------------------------ 3. the forward up to its output
@@ -373,7 +373,7 @@ def chunk_kda_intermediates(q, k, v, g, beta, scale: float, h0, *, l2norm: bool,
         kda_scores(q, k, b, Aqk, Akk, scale, packed=packed)
     w, kg, u = torch.empty_like(k), torch.empty_like(k), torch.empty_like(v)
     kda_wy(k, v, b, beta, Akk, w, u, kg, inverse, inverse_computed=kept_computed,
-           q=None if gated_queries is None else q, q_gated=gated_queries, scale=scale, packed=packed)
+           q=q, q_gated=gated_queries, scale=scale, packed=packed)
     del Akk
     states = torch.empty(B, n_chunks(T, packed), H, K, V, dtype=state_dtype, device=dev)
     v_new = torch.empty_like(v)
